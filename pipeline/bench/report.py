@@ -1,0 +1,146 @@
+"""Bench reports: results.json (machine, config, engine build info, every raw sample), summary.md, PNG plots,
+and `bench compare` of two results side by side with ratios."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+
+def machine_info() -> dict:
+    import psutil
+
+    packages = {}
+    for name in ("onnxruntime", "torch", "transformers", "tritonclient", "nvidia-modelopt"):
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+            "cpus_usable": len(os.sched_getaffinity(0)), "ram_gib": round(psutil.virtual_memory().total / 2**30, 1), "packages": packages}
+
+
+def build_info(output: Path) -> dict:
+    """The build's manifest entries (config values read, tool versions, output hashes) for the engine and repository."""
+    lock = output / "build.lock.json"
+    if not lock.is_file():
+        return {}
+    stages = json.loads(lock.read_text()).get("stages", {})
+    return {name: {k: v for k, v in entry.items() if k in ("input_hash", "tools", "metrics", "params")}
+            for name, entry in stages.items() if name in ("engine", "triton_repo")}
+
+
+def results_dir(root: Path, kind: str) -> Path:
+    path = root / f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
+    path.mkdir(parents=True, exist_ok=True)
+    latest = root / f"latest-{kind}"
+    tmp = root / f".latest-{kind}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(path.name)
+    os.replace(tmp, latest)
+    return path
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    fmt = lambda v: "" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))  # noqa: E731
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---:|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def serve_table(levels: list[dict]) -> str:
+    base = levels[0]["summary"]["output_token_throughput"] or 1.0
+    rows = [[lv["label"], lv["summary"]["requests"], lv["summary"]["errors"], lv["summary"]["request_throughput"],
+             lv["summary"]["output_token_throughput"], f"{lv['summary']['output_token_throughput'] / base:.2f}x",
+             lv["summary"]["ttft_ms"]["p50"], lv["summary"]["ttft_ms"]["p99"], lv["summary"]["itl_ms"]["p50"], lv["summary"]["itl_ms"]["p99"],
+             lv["summary"]["e2e_ms"]["p90"], lv["summary"]["goodput"]] for lv in levels]
+    return markdown_table(["load", "requests", "errors", "req/s", "output tok/s", f"vs {levels[0]['label']}", "TTFT p50 ms",
+                           "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "E2E p90 ms", "goodput req/s"], rows)
+
+
+def offline_table(rows: list[dict]) -> str:
+    return markdown_table(["engine", "batch", "input", "output", "TTFT ms", "decode tok/s/seq", "total tok/s", "vs transformers", "peak RSS MiB"],
+                          [[r["engine"], r["batch"], r["input_len"], r["output_len"], r["ttft_ms"], r["decode_tok_s_per_seq"],
+                            r["total_tok_s"], r.get("ratio_vs_transformers"), r["peak_rss_mib"]] for r in rows])
+
+
+def plot_serve(levels: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    tput = [lv["summary"]["output_token_throughput"] for lv in levels]
+    for ax, key, name in ((axes[0], "ttft_ms", "TTFT p50 (ms)"), (axes[1], "itl_ms", "ITL p50 (ms)")):
+        ax.plot(tput, [lv["summary"][key]["p50"] for lv in levels], marker="o")
+        for lv, x in zip(levels, tput):
+            ax.annotate(lv["label"], (x, lv["summary"][key]["p50"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    fig.suptitle("serving: throughput vs latency per load level")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_offline(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for engine in dict.fromkeys(r["engine"] for r in rows):
+        mine = [r for r in rows if r["engine"] == engine]
+        ax.plot([r["batch"] for r in mine], [r["total_tok_s"] for r in mine], marker="o", label=engine)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("generated tokens/s")
+    ax.set_title("offline: tokens/s per batch size")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def compare(a: dict, b: dict) -> str:
+    """Two results side by side: for every metric both have, A, B and B/A."""
+    def flat(results: dict) -> dict[str, float]:
+        out = {}
+        if results["kind"] == "serve":
+            for lv in results["levels"]:
+                s = lv["summary"]
+                out |= {f"{lv['label']} output tok/s": s["output_token_throughput"], f"{lv['label']} req/s": s["request_throughput"],
+                        f"{lv['label']} TTFT p50 ms": s["ttft_ms"]["p50"], f"{lv['label']} ITL p50 ms": s["itl_ms"]["p50"],
+                        f"{lv['label']} goodput": s["goodput"]}
+        else:
+            for r in results["rows"]:
+                role = "ours" if r["engine"].startswith("ours") else r["engine"]  # our engine vs our engine across builds
+                key = f"{role} b{r['batch']} {r['input_len']}/{r['output_len']}"
+                out |= {f"{key} total tok/s": r["total_tok_s"], f"{key} TTFT ms": r["ttft_ms"], f"{key} peak RSS MiB": r["peak_rss_mib"]}
+        return out
+
+    fa, fb = flat(a), flat(b)
+    rows = [[k, fa[k], fb[k], None if not fa[k] or fb[k] is None else f"{fb[k] / fa[k]:.2f}x"] for k in fa if k in fb]
+    return markdown_table(["metric", f"A ({a.get('name', 'A')})", f"B ({b.get('name', 'B')})", "B/A"], rows)
+
+
+def write_report(root: Path, kind: str, title: str, results: dict, table: str, plot, plot_name: str) -> Path:
+    """One run's folder: results.json (machine, build, raw samples), summary.md and a plot; returns the folder."""
+    folder = results_dir(root, kind)
+    write_json(folder / "results.json", {"kind": kind, "machine": machine_info(), **results})
+    (folder / "summary.md").write_text(f"# {title}\n\n{table}\n")
+    plot(folder / plot_name)
+    return folder

@@ -1,0 +1,144 @@
+"""Run the planned stages: each writes into a temporary directory renamed into place when complete.
+
+An interrupted stage leaves only `.tmp-<stage>-*` (deleted by the next run) or, if killed between
+rename and lock update, an output whose hash the lock does not vouch for -- so nothing half-written
+is ever trusted.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+
+from pipeline.config import BuildConfig
+from pipeline.errors import PipelineError, StageError
+from pipeline.lock import hash_paths, read_lock, write_lock
+from pipeline.plan import BLOCKED, NOT_IMPLEMENTED, SKIPPED, UP_TO_DATE, Decision, decide
+from pipeline.stages import STAGES
+
+
+def default_output(config_path: Path) -> Path:
+    return Path("artifacts") / config_path.stem
+
+
+def cache_dir() -> Path:
+    """Downloads shared by all builds (model wheels, evaluation text): $TRTLLM_PIPELINE_CACHE or ~/.cache."""
+    return Path(os.environ.get("TRTLLM_PIPELINE_CACHE", Path.home() / ".cache" / "trtllm-pipeline")).expanduser()
+
+
+@dataclass
+class StageContext:
+    out_dir: Path
+    output: Path
+    cache: Path
+    console: Console
+    metrics: dict = field(default_factory=dict)
+
+    def upstream(self, name: str) -> Path:
+        return self.output / name
+
+    def log(self, message: str) -> None:
+        self.console.print(f"  [dim]{time.strftime('%H:%M:%S')}[/] {message}")
+
+    def progress(self, items, description: str, total: int | None = None):
+        """Iterate with a progress bar (elapsed and remaining time) for long loops such as calibration."""
+        from rich.progress import track
+
+        return track(items, description=f"  {description}", total=total, console=self.console, transient=True)
+
+
+@contextmanager
+def exclusive(output: Path):
+    """One build per output directory at a time."""
+    output.mkdir(parents=True, exist_ok=True)
+    with open(output / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PipelineError(f"another build is running in {output}; wait for it or use --output") from None
+        yield
+
+
+def _remove_leftovers(output: Path) -> None:
+    for stale in output.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in output.glob(".old-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def run_stage(decision: Decision, cfg: BuildConfig, output: Path, lock: dict, console: Console) -> dict:
+    name = decision.stage
+    tmp = output / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    ctx = StageContext(tmp, output, cache_dir(), console)
+    started = time.perf_counter()
+    try:
+        metrics = STAGES[name].run(cfg, ctx) or {}
+    except PipelineError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        if os.environ.get("TRTLLM_PIPELINE_DEBUG"):
+            traceback.print_exc()
+        raise StageError(name, f"{type(exc).__name__}: {exc} (run with --debug for the traceback)") from exc
+    duration = time.perf_counter() - started
+    files, out_hash = hash_paths([tmp], root=tmp)
+    final, old = output / name, output / f".old-{name}-{os.getpid()}"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    # mtimes survive the rename, so the records stay valid for the stat fast path
+    entry = {k: v for k, v in decision.inputs.items()}
+    entry.update(
+        output_hash=out_hash,
+        files=files,
+        duration_s=round(duration, 3),
+        metrics=metrics,
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    lock["stages"][name] = entry
+    write_lock(output, lock)
+    return entry
+
+
+def build(cfg: BuildConfig, output: Path, console: Console, until: str | None = None, force: bool = False) -> list[Decision]:
+    """Run every stage that is not up to date, in order; returns what happened to each."""
+    done: list[Decision] = []
+    with exclusive(output):
+        _remove_leftovers(output)
+        lock = read_lock(output)
+        for name in STAGES:
+            # decided just before running: an upstream re-run that reproduced identical bytes keeps this stage valid
+            decision = decide(name, cfg, output, lock, force)
+            if decision.status == SKIPPED:
+                console.print(f"[dim]- {name}: skipped ({decision.reasons[0]})[/]")
+            elif decision.status == NOT_IMPLEMENTED:
+                console.print(f"[yellow]! {name}: {decision.reasons[0]}; stopping here.[/]")
+                done.append(decision)
+                done.extend(Decision(n, BLOCKED, [f"waits for '{name}'"]) for n in list(STAGES)[list(STAGES).index(name) + 1 :])
+                break
+            elif decision.status == UP_TO_DATE:
+                console.print(f"[green]✓ {name}[/]: up to date")
+            else:
+                console.print(f"[bold cyan]▶ {name}[/]: running ({'; '.join(decision.reasons)})")
+                entry = run_stage(decision, cfg, output, lock, console)
+                console.print(f"[green]✓ {name}[/]: done in {entry['duration_s']:.1f}s → {output / name}")
+            done.append(decision)
+            if name == until:
+                break
+    return done
+

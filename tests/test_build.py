@@ -1,0 +1,139 @@
+"""The stage pipeline and its manifest: skip when unchanged, re-run exactly the readers of a change,
+and never trust a half-written stage."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from pipeline import stages
+from pipeline.build import build
+from pipeline.config import load_config
+from pipeline.lock import read_lock
+from pipeline.plan import NOT_IMPLEMENTED, SKIPPED, UP_TO_DATE, WILL_RUN, plan
+from tests.conftest import REPO, run_cli, write_config
+
+
+def tiny_config(tmp_path: Path, tiny_llama: Path, extra: str = "") -> Path:
+    return write_config(tmp_path / "tiny.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\n{extra}")
+
+
+def statuses(cfg, output):
+    return {d.stage: d.status for d in plan(cfg, output, read_lock(output))}
+
+
+@pytest.fixture
+def every_stage_runs(monkeypatch):
+    """Stand-in bodies for (stage, target) pairs whose implementation has not landed or that cannot run
+    here (the trtllm engine needs a GPU), and for every stage after a stand-in, which would read its
+    missing output; so the planner is tested over the full chain. READS, applicability, upstream
+    wiring and the stages that can run stay real."""
+    from pipeline.targets.trtllm import missing_for_engine
+
+    stood_in: set[str] = set()
+    for module in stages.STAGES.values():
+        stood_in |= {"onnxruntime", "trtllm"} - set(module.TARGETS)
+        if module is stages.engine and missing_for_engine():
+            stood_in.add("trtllm")
+        if not stood_in:
+            continue
+
+        def run(cfg, ctx, module=module, real=getattr(module, "run", None), missing=frozenset(stood_in)):
+            if cfg.target.name not in missing:
+                return real(cfg, ctx)
+            (ctx.out_dir / "params.json").write_text(json.dumps({p: str(getattr(cfg, p.split(".")[0])) for p in module.READS}))
+            return {}
+
+        monkeypatch.setattr(module, "TARGETS", ("onnxruntime", "trtllm"))
+        monkeypatch.setattr(module, "run", run, raising=False)
+
+
+def test_unchanged_rebuild_does_nothing_and_changes_rerun_only_their_readers(tmp_path, tiny_llama, every_stage_runs):
+    console = Console(file=open(os.devnull, "w"))
+    output = tmp_path / "out"
+    cfg = load_config(tiny_config(tmp_path, tiny_llama))
+    build(cfg, output, console)
+    assert set(statuses(cfg, output).values()) <= {UP_TO_DATE, SKIPPED}
+    first = read_lock(output)
+
+    runtime_knob = load_config(tiny_config(tmp_path, tiny_llama, "runtime:\n  enable_kv_cache_reuse: true\n"))
+    assert {s for s, v in statuses(runtime_knob, output).items() if v == WILL_RUN} == {"triton_repo"}
+
+    quantized = load_config(tiny_config(tmp_path, tiny_llama, "quantization:\n  weights: int8\n"))
+    assert {s for s, v in statuses(quantized, output).items() if v == WILL_RUN} == {"engine", "triton_repo"}
+    build(quantized, output, console)
+    second = read_lock(output)
+    assert second["stages"]["import"] == first["stages"]["import"]
+    assert second["stages"]["engine"]["input_hash"] != first["stages"]["engine"]["input_hash"]
+
+
+def test_quantization_change_reruns_from_quantize_on_trtllm(tmp_path, tiny_llama, every_stage_runs):
+    output = tmp_path / "out"
+    cfg = load_config(tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\nquantization:\n  weights: int8\n"))
+    build(cfg, output, Console(file=open(os.devnull, "w")))
+    changed = load_config(tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\nquantization:\n  weights: int4\n  group_size: 32\n"))
+    assert [s for s, v in statuses(changed, output).items() if v == WILL_RUN] == ["quantize", "export", "engine", "triton_repo"]
+
+
+def test_plan_reports_unimplemented_stages_honestly(tmp_path, tiny_llama):
+    cfg = load_config(tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\n"))
+    decisions = {d.stage: d for d in plan(cfg, tmp_path / "out", read_lock(tmp_path / "out"))}
+    unimplemented = [s for s, m in stages.STAGES.items() if "trtllm" not in m.TARGETS and m.applies(cfg) is None]
+    if unimplemented:
+        assert decisions[unimplemented[0]].status == NOT_IMPLEMENTED
+
+
+def test_import_output_is_trusted_only_while_unmodified(tmp_path, tiny_llama):
+    output = tmp_path / "out"
+    config = tiny_config(tmp_path, tiny_llama)
+    assert run_cli("build", str(config), "--output", str(output), "--until", "import").returncode == 0
+    cfg = load_config(config)
+    assert statuses(cfg, output)["import"] == UP_TO_DATE
+    (output / "import" / "tokenizer.json").write_text("{}")
+    decision = plan(cfg, output, read_lock(output))[0]
+    assert decision.status == WILL_RUN and "modified" in decision.reasons[0]
+
+
+def test_killed_stage_leaves_nothing_trusted(tmp_path, tiny_llama):
+    output = tmp_path / "out"
+    config = tiny_config(tmp_path, tiny_llama)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", str(config), "--output", str(output)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(output.glob(".tmp-import-*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(output.glob(".tmp-import-*")), "the import stage never started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (output / "import").exists()
+    cfg = load_config(config)
+    assert statuses(cfg, output)["import"] == WILL_RUN
+
+    result = run_cli("build", str(config), "--output", str(output), "--until", "import")
+    assert result.returncode == 0, result.stderr
+    assert not list(output.glob(".tmp-*")), "leftovers of the killed run were not cleaned"
+    assert statuses(cfg, output)["import"] == UP_TO_DATE
+
+
+def test_second_build_on_same_output_is_refused(tmp_path, tiny_llama):
+    output = tmp_path / "out"
+    output.mkdir()
+    with open(output / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = run_cli("build", str(tiny_config(tmp_path, tiny_llama)), "--output", str(output))
+    assert result.returncode == 1
+    assert "another build is running" in result.stderr
+
+
+def test_until_rejects_unknown_stage(tmp_path, tiny_llama):
+    result = run_cli("build", str(tiny_config(tmp_path, tiny_llama)), "--until", "engin")
+    assert result.returncode == 1 and "unknown stage" in result.stderr

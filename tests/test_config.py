@@ -1,0 +1,139 @@
+"""Build-config validation: every invalid config names its file, line and field, with no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import BuildConfig, load_config, resolved_yaml
+from pipeline.errors import ConfigError
+from pipeline.models import BUILTIN_MODELS
+from tests.conftest import REPO, run_cli, write_config
+
+INVALID = {
+    "seq_shorter_than_input": ("build:\n  max_input_len: 512\n  max_seq_len: 256\n", "build.max_seq_len", 3),
+    "fp8_weights_on_cpu": ("quantization:\n  weights: fp8\n", "quantization.weights", 2),
+    "fp8_kv_on_cpu": ("quantization:\n  kv_cache: fp8\n", "quantization.kv_cache", 2),
+    "fp8_fmha_without_fp8": ("target:\n  name: trtllm\nbuild:\n  use_fp8_context_fmha: true\n", "build.use_fp8_context_fmha", 4),
+    "kv_quant_without_paged": ("target:\n  name: trtllm\nquantization:\n  kv_cache: int8\nbuild:\n  kv_cache_type: continuous\n", "quantization.kv_cache", 4),
+    "tp_not_dividing_heads": ("target:\n  name: trtllm\nparallel:\n  tp_size: 2\n", "parallel.tp_size", 4),
+    "pp_not_dividing_layers": ("target:\n  name: trtllm\nparallel:\n  pp_size: 4\n", "parallel.pp_size", 4),
+    "awq_without_calibration": ("target:\n  name: trtllm\nquantization:\n  weights: int4\n  method: awq\n", "quantization.calibration", 3),
+    "unknown_weights_value": ("quantization:\n  weights: int3\n", "quantization.weights", 2),
+    "negative_batch": ("build:\n  max_batch_size: 0\n", "build.max_batch_size", 2),
+    "beam_on_cpu": ("build:\n  max_beam_width: 4\n", "build.max_beam_width", 2),
+    "reuse_without_paged_fmha": ("target:\n  name: trtllm\nbuild:\n  use_paged_context_fmha: false\nruntime:\n  enable_kv_cache_reuse: true\n", "runtime.enable_kv_cache_reuse", 6),
+    "num_tokens_below_input": ("build:\n  max_num_tokens: 256\n  max_input_len: 512\n", "build.max_num_tokens", 2),
+    "bad_int4_group": ("quantization:\n  weights: int4\n  group_size: 100\n", "quantization.group_size", 3),
+    "unsupported_trtllm_version": ("target:\n  name: trtllm\n  trtllm_version: '0.9'\n", "target.trtllm_version", 3),
+    "seq_beyond_model_positions": ("build:\n  max_seq_len: 10000\n", "build.max_seq_len", 2),
+    "hf_path_missing": ("model:\n  source: hf\n  path: no/such/dir\n", "model.path", 3),
+    "wrong_type": ("runtime:\n  kv_cache_free_gpu_mem_fraction: lots\n", "runtime.kv_cache_free_gpu_mem_fraction", 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_invalid_config_names_file_line_and_field(tmp_path, name):
+    body, field, line = INVALID[name]
+    path = write_config(tmp_path / f"{name}.yaml", body)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    matching = [p for p in info.value.problems if f": {field}: " in p]
+    assert matching, info.value.problems
+    assert matching[0].startswith(f"{path}:{line}"), matching[0]
+
+
+def test_every_error_is_reported_not_just_the_first(tmp_path):
+    path = write_config(tmp_path / "many.yaml", """
+        quantization:
+          weights: fp8
+          kv_cache: fp8
+        build:
+          max_input_len: 512
+          max_seq_len: 256
+          max_beam_width: 2
+    """)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    fields = " ".join(info.value.problems)
+    for field in ("quantization.weights", "quantization.kv_cache", "build.max_seq_len", "build.max_beam_width"):
+        assert field in fields
+
+
+@pytest.mark.parametrize("typo,suggestion", [("max_batchsize", "max_batch_size"), ("tokens_per_blok", "tokens_per_block"), ("kv_cache_typ", "kv_cache_type")])
+def test_unknown_key_gets_did_you_mean(tmp_path, typo, suggestion):
+    path = write_config(tmp_path / "typo.yaml", f"build:\n  {typo}: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{path}:2: build.{typo}: unknown key")
+    assert f"did you mean '{suggestion}'" in problem
+
+
+def test_unknown_section_lists_known_sections(tmp_path):
+    path = write_config(tmp_path / "section.yaml", "quantisation:\n  weights: int8\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "did you mean 'quantization'" in info.value.problems[0]
+
+
+def test_relative_model_path_resolves_against_config_file(tmp_path, tiny_llama):
+    sub = tmp_path / "configs"
+    sub.mkdir()
+    path = write_config(sub / "tiny.yaml", f"model:\n  source: hf\n  path: ../model\n")
+    (tmp_path / "model").symlink_to(tiny_llama)
+    cfg = load_config(path)
+    assert cfg.resolve_path(cfg.model.path) == tiny_llama.resolve()
+    assert cfg.model_facts().num_key_value_heads == 2
+
+
+def test_overrides_apply_and_are_validated(tmp_path):
+    path = write_config(tmp_path / "c.yaml", "build:\n  max_batch_size: 4\n")
+    assert load_config(path, ["build.max_batch_size=16"]).build.max_batch_size == 16
+    with pytest.raises(ConfigError):
+        load_config(path, ["build.max_batch_size=-1"])
+
+
+@pytest.mark.parametrize("config", sorted((REPO / "build_configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_are_valid(config, tmp_path):
+    import yaml
+
+    from tests.targets.test_trtllm import llama_shape
+
+    model = yaml.safe_load(config.read_text()).get("model", {})
+    overrides = []
+    if model.get("source") == "hf" and not Path(model["path"]).exists():  # a GPU example: the checkpoint is downloaded by the user
+        overrides = [f"model.path={llama_shape(tmp_path, '70b' if '70b' in config.name else '8b')}"]
+    cfg = load_config(config, overrides)
+    assert isinstance(cfg, BuildConfig)
+    assert "# default" in resolved_yaml(cfg) or cfg.model_fields_set
+
+
+def test_validate_cli_prints_resolved_config_with_defaults():
+    result = run_cli("validate", "build_configs/smollm2-135m-cpu.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "kv_cache_free_gpu_mem_fraction: 0.9  # default" in result.stdout
+    assert "name: onnxruntime" in result.stdout
+
+
+def test_validate_cli_lists_errors_without_traceback(tmp_path):
+    path = write_config(tmp_path / "bad.yaml", "build:\n  max_batchsize: 4\nquantization:\n  weights: fp8\n")
+    result = run_cli("validate", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "did you mean 'max_batch_size'" in result.stderr
+    assert f"{path}:4: quantization.weights" in result.stderr
+
+
+def test_unreadable_or_malformed_yaml_is_a_config_error(tmp_path):
+    bad = write_config(tmp_path / "bad.yaml", "build: [unclosed\n")
+    for path in (bad, tmp_path / "missing.yaml"):
+        result = run_cli("validate", str(path))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_builtin_model_facts_match_the_gguf_header(smollm2_gguf):
+    from pipeline.models import facts_from_gguf
+
+    assert facts_from_gguf(smollm2_gguf) == BUILTIN_MODELS["smollm2-135m-instruct"].facts

@@ -1,0 +1,86 @@
+"""Model import: local HF directories are checked file by file; GGUF imports reproduce transformers' logits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from pipeline.stages.import_model import check_hf_dir
+from tests.conftest import run_cli, write_config
+
+
+def copy_model(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_complete_checkpoint_has_no_problems(tiny_llama):
+    assert check_hf_dir(tiny_llama) == []
+
+
+def test_missing_tokenizer_is_named(tmp_path, tiny_llama):
+    model = copy_model(tiny_llama, tmp_path / "m")
+    (model / "tokenizer.json").unlink()
+    assert check_hf_dir(model) == [f"{model}: no tokenizer (expected tokenizer.json or tokenizer.model)"]
+
+
+def test_missing_shard_listed_in_index_is_named(tmp_path, tiny_llama):
+    model = copy_model(tiny_llama, tmp_path / "m")
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00002-of-00002.safetensors"}}))
+    assert any("model-00002-of-00002.safetensors which is missing" in p for p in check_hf_dir(model))
+
+
+def test_unsupported_architecture_is_named(tmp_path, tiny_llama):
+    model = copy_model(tiny_llama, tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["BertModel"]
+    (model / "config.json").write_text(json.dumps(config))
+    assert any("architectures[0] is 'BertModel'" in p for p in check_hf_dir(model))
+
+
+def test_tokenizer_larger_than_vocab_fails_the_stage(tmp_path, tiny_llama):
+    model = copy_model(tiny_llama, tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    config["vocab_size"] = 100
+    (model / "config.json").write_text(json.dumps(config))
+    config_file = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {model}\n")
+    result = run_cli("build", str(config_file), "--output", str(tmp_path / "out"))
+    assert result.returncode == 3
+    assert "vocab_size is 100" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "import").exists()
+
+
+def test_hf_import_keeps_logits_and_converts_dtype(tmp_path, tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    config = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\n  dtype: bfloat16\ntarget:\n  name: trtllm\n")
+    result = run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "import")
+    assert result.returncode == 0, result.stderr
+    imported = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "import", dtype="auto")
+    assert imported.dtype == torch.bfloat16
+    original = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16)
+    ids = torch.tensor([[1, 5, 9, 33, 7]])
+    with torch.no_grad():
+        assert torch.equal(imported(ids).logits, original(ids).logits)
+
+
+@pytest.mark.slow
+def test_gguf_import_matches_transformers_loading_the_gguf(smollm2_build, smollm2_gguf):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    imported_dir = smollm2_build / "import"
+    imported = AutoModelForCausalLM.from_pretrained(imported_dir, dtype=torch.float32).eval()
+    direct = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(imported_dir)
+    ids = tokenizer(["The quick brown fox jumps over the lazy dog.", "To be, or not to be"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        a = imported(**ids).logits
+        b = direct(**ids).logits
+    assert torch.equal(a, b)
+    # the GGUF header's special tokens win over transformers' import defaults
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
+    assert tokenizer("hi")["input_ids"][0] != tokenizer.bos_token_id
+    assert not (imported_dir / "tokenizer.model").exists()

@@ -1,0 +1,38 @@
+"""The default build on the real SmolLM2: quality gate numbers, and chat turns ending where the template says."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_engine_passes_its_quality_gate_and_records_it(smollm2_build):
+    lock = json.loads((smollm2_build / "build.lock.json").read_text())
+    engine = lock["stages"]["engine"]["metrics"]
+    assert engine["weights"] == "int8" and engine["quantized_matmuls"] > 200
+    assert 0 <= engine["perplexity_increase"] <= 0.05
+    assert lock["stages"]["export"]["metrics"]["max_abs_logits_diff"] < 1e-3
+    config = json.loads((smollm2_build / "engine" / "config.json").read_text())
+    assert config["build_config"]["end_id"] == 2  # <|im_end|>, from the GGUF header
+
+
+def test_chat_answer_is_english_and_stops_at_end_of_turn(smollm2_build, tmp_path):
+    out = tmp_path / "r.jsonl"
+    result = run_cli("run", str(smollm2_build / "engine"), "--chat", "-p", "What is the capital of France?", "--max-tokens", "40",
+                     "--output-file", str(out))
+    assert result.returncode == 0, result.stderr
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "Paris" in row["text"]
+    assert row["finish_reason"] == "stop" and row["completion_tokens"] < 40
+    assert "<|im" not in row["text"]
+
+
+def test_rebuild_of_default_config_does_nothing(smollm2_build):
+    result = run_cli("build", "build_configs/smollm2-135m-cpu.yaml", "--output", str(smollm2_build))
+    assert result.returncode == 0
+    assert "nothing to do" in result.stdout and "running" not in result.stdout
