@@ -41,6 +41,10 @@ class TargetSection(Section):
         "onnxruntime", description="onnxruntime: CPU engine served by Triton's python backend; trtllm: TensorRT-LLM engine (GPU)."
     )
     trtllm_version: str = Field("0.19", description=f"TensorRT-LLM version targeted (picks flags and templates). Supported: {', '.join(SUPPORTED_TRTLLM_VERSIONS)}.")
+    onnx_graph: Literal["auto", "fused", "optimum"] = Field(
+        "auto", description="onnxruntime: 'fused' builds ONNX Runtime's fused Llama graph (GroupQueryAttention with an in-place KV cache; "
+                            "~3x faster decode, Llama-family checkpoints only), 'optimum' the optimum-onnx export (any architecture); "
+                            "auto: fused when the checkpoint supports it.")
     gpu: Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S", "L4", "A10G", "RTX-4090"] | None = Field(
         None, description="trtllm: the GPU the engine is built for; enables the preflight memory plan (configs that cannot fit are refused).")
 

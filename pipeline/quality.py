@@ -98,8 +98,15 @@ def empty_past(session, batch: int) -> dict[str, np.ndarray]:
 def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
     session = ort_session(onnx_path, threads)
 
+    fused = "seqlens_k" in {i.name for i in session.get_inputs()}  # the graph of pipeline/targets/llama_onnx.py
+
     def logits(ids: np.ndarray) -> np.ndarray:
         batch, length = ids.shape
+        if fused:
+            feeds = {"input_ids": ids, "seqlens_k": np.full(batch, length - 1, dtype=np.int32),
+                     "total_sequence_length": np.array(length, dtype=np.int32), "logits_index": np.arange(batch * length),
+                     **empty_past(session, batch)}
+            return session.run(["logits"], feeds)[0].reshape(batch, length, -1)
         feeds = {
             "input_ids": ids,
             "attention_mask": np.ones((batch, length), dtype=np.int64),

@@ -7,14 +7,10 @@ engine directory built by the `onnxruntime` target, so examples, benchmarks and 
 need one code path for both targets.
 
 How:
-* Prompts of different lengths run together, left-padded (attention_mask 0, position_ids =
-  cumsum(mask) - 1). Long prompts are prefilled in column chunks so the [rows, chunk, vocab] logits
-  stay small.
-* The KV cache never goes through numpy between steps: each step's `present.*` outputs are
-  ORT-allocated OrtValues (I/O binding) fed back as the next step's `past_key_values.*`. The
-  optimum graph concatenates past + new inside (present = past + 1 position), so a preallocated
-  max_seq_len buffer cannot be written in place without changing the graph; this avoids the extra
-  copy a numpy feed loop makes on every step.
+* The KV cache is bound with ONNX Runtime I/O binding and never round-trips through numpy between
+  steps. Two graph layouts are served: the fused graph (GroupQueryAttention writes in place into
+  a buffer the batch owns; rows of any length, no padding, nothing copied per step: `SharedCache`)
+  and the optimum-onnx graph (present = concat(past, new); rows left-padded: `ConcatCache`).
 * Decoding is split into steps on a `Batch` whose row i is request i's KV slot: `prefill` (new
   requests -> a batch holding next-token logits), `merge` (requests join a running batch),
   `sample` (one token per row, stop checks), `retire` (finished rows leave, freeing their slot) and
@@ -104,20 +100,19 @@ class Request:
 
 @dataclass
 class Batch:
-    """Rows decoding together. Row i of every KV tensor is requests[i]'s slot.
-
-    Caches are right-aligned: a row's tokens occupy the last len(row) positions, the columns before
-    are padding with mask 0. `logits` holds each row's next-token logits, waiting for `sample`.
-    """
+    """Rows decoding together. Row i of every KV tensor is requests[i]'s slot; `logits` holds each
+    row's next-token logits, waiting for `sample`. How the cache is laid out is the graph's business
+    (see ConcatCache and SharedCache); `length` is the longest row's cache length."""
 
     requests: list[Request]
-    past: dict  # input name -> OrtValue or ndarray [rows, kv_heads, length, head_size]
-    mask: np.ndarray  # int64 [rows, length], 1 where a cache position holds a real token
+    past: dict  # input name -> OrtValue or ndarray [rows, kv_heads, positions, head_size]
     logits: np.ndarray  # float32 [rows, vocab]
+    mask: np.ndarray | None = None  # ConcatCache: int64 [rows, length], 1 where a position holds a real token
+    lengths: np.ndarray | None = None  # SharedCache: int [rows], tokens in each row's cache
 
     @property
     def length(self) -> int:
-        return self.mask.shape[1]
+        return self.mask.shape[1] if self.mask is not None else int(self.lengths.max(initial=0))
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -230,13 +225,16 @@ class ModelRunner:
         self._pretrained = pretrained
         self.end_id, self.pad_id = _special_ids(engine_dir, config)
         self.max_num_tokens = built.get("max_num_tokens") or max_batch_size * max_input_len
-        self._past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-        self._present_names = [n.replace("past_key_values.", "present.") for n in self._past_names]
-        self._output_names = [o.name for o in session.get_outputs()]
-        missing = [n for n in ["logits", *self._present_names] if n not in self._output_names]
-        if missing or not self._past_names:
+        inputs = {i.name for i in session.get_inputs()}
+        outputs = {o.name for o in session.get_outputs()}
+        past = sorted(n for n in inputs if n.startswith("past_key_values."))
+        missing = [n for n in ["logits", *(p.replace("past_key_values.", "present.") for p in past)] if n not in outputs]
+        if missing or not past:
             raise ValueError(f"{engine_dir / ONNX_FILE} is not a decoder with KV cache (past_key_values.* -> present.*): "
                              f"missing {missing or 'past_key_values.* inputs'}")
+        layout = SharedCache if "seqlens_k" in inputs else ConcatCache
+        self.cache = layout(session, num_kv_heads=self.num_kv_heads, head_size=self.head_size, vocab_size=self.vocab_size,
+                            max_num_tokens=self.max_num_tokens, max_seq_len=max_seq_len)
 
     # ------------------------------------------------------------ construction
 
@@ -338,57 +336,15 @@ class ModelRunner:
     def gather_generation_logits(self) -> bool:
         return False
 
-    # ------------------------------------------------------------ one forward pass
-
-    def _forward(self, input_ids: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
-        """Run the graph on new tokens given the cache; returns last-position logits and the new cache (OrtValues)."""
-        binding = self.session.io_binding()
-        positions = mask.cumsum(axis=1)[:, -input_ids.shape[1]:] - 1
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
-        binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.maximum(positions, 0), dtype=np.int64))
-        for name in self._past_names:
-            value = past[name]
-            if isinstance(value, np.ndarray):
-                binding.bind_cpu_input(name, value)
-            else:
-                binding.bind_ortvalue_input(name, value)
-        for name in self._output_names:
-            binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(binding)
-        outputs = dict(zip(self._output_names, binding.get_outputs()))
-        logits = np.array(outputs["logits"].numpy()[:, -1, :])
-        present = {past_name: outputs[present_name] for past_name, present_name in zip(self._past_names, self._present_names)}
-        return logits, present
-
-    def _empty_past(self, rows: int) -> dict:
-        shape = (rows, self.num_kv_heads, 0, self.head_size)
-        return {name: np.zeros(shape, dtype=np.float32) for name in self._past_names}
-
     # ------------------------------------------------------------ steps (shared with in-flight batching)
 
     def prefill(self, requests: list[Request]) -> Batch:
-        """Run the prompts, left-padded together; the batch holds their next-token logits."""
-        length = max(len(r.prompt) for r in requests)
-        ids = np.zeros((len(requests), length), dtype=np.int64)  # padding ids are masked out: any valid id does
-        mask = np.zeros((len(requests), length), dtype=np.int64)
-        for row, request in enumerate(requests):
-            ids[row, length - len(request.prompt):] = request.prompt
-            mask[row, length - len(request.prompt):] = 1
-        budget = min(self.max_num_tokens, max(1, PREFILL_LOGITS_BYTES // (4 * self.vocab_size)))
-        chunk = max(1, budget // len(requests))
-        past, start = self._empty_past(len(requests)), 0
-        while start < length:
-            end = min(length, start + chunk)
-            logits, past = self._forward(ids[:, start:end], mask[:, :end], past)
-            start = end
-        return Batch(list(requests), past, mask, logits)
+        """Run the prompts; the batch holds their next-token logits."""
+        return self.cache.prefill(requests)
 
     def decode_step(self, batch: Batch) -> None:
-        """Feed each row's last token; replaces the batch's cache and logits."""
-        last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
-        batch.mask = np.concatenate([batch.mask, np.ones((len(batch), 1), dtype=np.int64)], axis=1)
-        batch.logits, batch.past = self._forward(last, batch.mask, batch.past)
+        """Feed each row's last token; updates the batch's cache and logits."""
+        self.cache.decode_step(batch)
 
     @staticmethod
     def sample(batch: Batch) -> list[Request]:
@@ -407,32 +363,18 @@ class ModelRunner:
                 done.append(request)
         return done
 
-    @staticmethod
-    def retire(batch: Batch) -> Batch:
-        """The batch without its finished rows (their KV slots are freed); trims padding no row needs."""
-        rows = [i for i, r in enumerate(batch.requests) if not r.finished]
-        if len(rows) == len(batch):
-            return batch
-        mask = batch.mask[rows]
-        start = int(np.argmax(mask.any(axis=0))) if rows else batch.length
-        past = {name: np.ascontiguousarray(_numpy(value)[rows, :, start:]) for name, value in batch.past.items()}
-        return Batch([batch.requests[i] for i in rows], past, mask[:, start:], batch.logits[rows])
+    def retire(self, batch: Batch) -> Batch:
+        """The batch without its finished rows (their KV slots are freed)."""
+        keep = [i for i, r in enumerate(batch.requests) if not r.finished]
+        return batch if len(keep) == len(batch) else self.cache.select(batch, keep)
 
-    @staticmethod
-    def merge(a: Batch, b: Batch) -> Batch:
-        """One batch from two (requests joining a running batch): the shorter cache is left-padded."""
+    def merge(self, a: Batch, b: Batch) -> Batch:
+        """One batch from two (requests joining a running batch)."""
         if not len(a):
             return b
         if not len(b):
             return a
-        length = max(a.length, b.length)
-
-        def pad(batch: Batch, value) -> np.ndarray:
-            return np.pad(_numpy(value), ((0, 0), (0, 0), (length - batch.length, 0), (0, 0)))
-
-        past = {name: np.concatenate([pad(a, a.past[name]), pad(b, b.past[name])]) for name in a.past}
-        mask = np.concatenate([np.pad(a.mask, ((0, 0), (length - a.length, 0))), np.pad(b.mask, ((0, 0), (length - b.length, 0)))])
-        return Batch(a.requests + b.requests, past, mask, np.concatenate([a.logits, b.logits]))
+        return self.cache.merge(a, b)
 
     def run(self, requests: list[Request]) -> Iterator[list[Request]]:
         """Drive requests to completion; yields after every step (each live row got one token)."""
@@ -532,6 +474,165 @@ class ModelRunner:
         for _ in steps:
             pass
         return result()
+
+
+# ---------------------------------------------------------------- the two KV-cache layouts
+
+
+class ConcatCache:
+    """The optimum-onnx graph: present = concat(past, new), so every step returns a longer cache.
+
+    Rows are left-padded together (attention_mask 0, position_ids = cumsum(mask) - 1); the cache
+    stays in ORT-allocated OrtValues between steps (I/O binding). Long prompts are prefilled in
+    column chunks so the [rows, chunk, vocab] logits stay small.
+    """
+
+    def __init__(self, session, *, num_kv_heads: int, head_size: int, vocab_size: int, max_num_tokens: int, max_seq_len: int):
+        self.session = session
+        self.num_kv_heads, self.head_size, self.vocab_size, self.max_num_tokens = num_kv_heads, head_size, vocab_size, max_num_tokens
+        self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def _forward(self, input_ids: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
+        """Run the graph on new tokens given the cache; returns last-position logits and the new cache (OrtValues)."""
+        binding = self.session.io_binding()
+        positions = mask.cumsum(axis=1)[:, -input_ids.shape[1]:] - 1
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.maximum(positions, 0), dtype=np.int64))
+        for name in self.past_names:
+            value = past[name]
+            if isinstance(value, np.ndarray):
+                binding.bind_cpu_input(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        for name in self.output_names:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        outputs = dict(zip(self.output_names, binding.get_outputs()))
+        logits = np.array(outputs["logits"].numpy()[:, -1, :])
+        return logits, {name: outputs[name.replace("past_key_values.", "present.")] for name in self.past_names}
+
+    def prefill(self, requests: list[Request]) -> Batch:
+        length = max(len(r.prompt) for r in requests)
+        ids = np.zeros((len(requests), length), dtype=np.int64)  # padding ids are masked out: any valid id does
+        mask = np.zeros((len(requests), length), dtype=np.int64)
+        for row, request in enumerate(requests):
+            ids[row, length - len(request.prompt):] = request.prompt
+            mask[row, length - len(request.prompt):] = 1
+        budget = min(self.max_num_tokens, max(1, PREFILL_LOGITS_BYTES // (4 * self.vocab_size)))
+        chunk = max(1, budget // len(requests))
+        past = {name: np.zeros((len(requests), self.num_kv_heads, 0, self.head_size), dtype=np.float32) for name in self.past_names}
+        start = 0
+        while start < length:
+            end = min(length, start + chunk)
+            logits, past = self._forward(ids[:, start:end], mask[:, :end], past)
+            start = end
+        return Batch(list(requests), past, logits, mask=mask)
+
+    def decode_step(self, batch: Batch) -> None:
+        last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
+        batch.mask = np.concatenate([batch.mask, np.ones((len(batch), 1), dtype=np.int64)], axis=1)
+        batch.logits, batch.past = self._forward(last, batch.mask, batch.past)
+
+    @staticmethod
+    def select(batch: Batch, rows: list[int]) -> Batch:
+        """Keep `rows`, trimming the left padding no kept row needs."""
+        mask = batch.mask[rows]
+        start = int(np.argmax(mask.any(axis=0))) if rows else batch.length
+        past = {name: np.ascontiguousarray(_numpy(value)[rows, :, start:]) for name, value in batch.past.items()}
+        return Batch([batch.requests[i] for i in rows], past, batch.logits[rows], mask=mask[:, start:])
+
+    @staticmethod
+    def merge(a: Batch, b: Batch) -> Batch:
+        """The shorter cache is left-padded to the longer one."""
+        length = max(a.length, b.length)
+
+        def pad(batch: Batch, value) -> np.ndarray:
+            return np.pad(_numpy(value), ((0, 0), (0, 0), (length - batch.length, 0), (0, 0)))
+
+        past = {name: np.concatenate([pad(a, a.past[name]), pad(b, b.past[name])]) for name in a.past}
+        mask = np.concatenate([np.pad(a.mask, ((0, 0), (length - a.length, 0))), np.pad(b.mask, ((0, 0), (length - b.length, 0)))])
+        return Batch(a.requests + b.requests, past, np.concatenate([a.logits, b.logits]), mask=mask)
+
+
+class SharedCache:
+    """The fused graph (`pipeline/targets/llama_onnx.py`): GroupQueryAttention writes each step's keys
+    and values in place into a buffer the batch owns, [rows, kv_heads, capacity, head_size].
+
+    Rows need no padding: each has its own length (seqlens_k), so decoding copies nothing; only a
+    request joining or leaving copies the buffers once. The capacity is the longest row's prompt +
+    max_new_tokens, so memory follows what the batch can need, not max_seq_len. Prompts are
+    prefilled together right-padded when they fit in max_num_tokens, else row by row.
+    """
+
+    CAPACITY_STEP = 64  # capacities are rounded up to this: fewer distinct shapes, fewer re-pads on merge
+
+    def __init__(self, session, *, num_kv_heads: int, head_size: int, vocab_size: int, max_num_tokens: int, max_seq_len: int):
+        self.session = session
+        self.num_kv_heads, self.head_size, self.max_num_tokens, self.max_seq_len = num_kv_heads, head_size, max_num_tokens, max_seq_len
+        self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+
+    def _forward(self, input_ids: np.ndarray, lengths: np.ndarray, logits_index: np.ndarray, past: dict) -> np.ndarray:
+        """Run new tokens; `lengths` are the rows' cache lengths after them. Returns logits [len(logits_index), vocab]."""
+        import onnxruntime as ort
+
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(lengths.max(), dtype=np.int32))
+        binding.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
+        binding.bind_output("logits", "cpu")
+        for name, buffer in past.items():
+            value = ort.OrtValue.ortvalue_from_numpy(buffer)  # wraps the buffer: GQA writes into it in place
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()
+
+    def _buffers(self, rows: int, capacity: int) -> dict:
+        return {name: np.zeros((rows, self.num_kv_heads, capacity, self.head_size), dtype=np.float32) for name in self.past_names}
+
+    def _capacity(self, requests: list[Request]) -> int:
+        need = max(len(r.prompt) + r.params.max_new_tokens for r in requests)
+        return max(need, min(self.max_seq_len, -(-need // self.CAPACITY_STEP) * self.CAPACITY_STEP))
+
+    def prefill(self, requests: list[Request]) -> Batch:
+        lengths = np.array([len(r.prompt) for r in requests])
+        past = self._buffers(len(requests), self._capacity(requests))
+        width = int(lengths.max())
+        if width * len(requests) <= self.max_num_tokens:
+            ids = np.zeros((len(requests), width), dtype=np.int64)
+            for row, request in enumerate(requests):
+                ids[row, : lengths[row]] = request.prompt
+            logits = self._forward(ids, lengths, np.arange(len(requests)) * width + lengths - 1, past)
+        else:  # one row at a time: a prompt alone always fits (max_input_len <= max_num_tokens)
+            logits = np.concatenate([self._forward(np.array([r.prompt]), lengths[row: row + 1], lengths[row: row + 1] - 1,
+                                                   {name: buffer[row: row + 1] for name, buffer in past.items()})
+                                     for row, r in enumerate(requests)])
+        return Batch(list(requests), past, logits, lengths=lengths)
+
+    def decode_step(self, batch: Batch) -> None:
+        batch.lengths = batch.lengths + 1
+        last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
+        batch.logits = self._forward(last, batch.lengths, np.arange(len(batch)), batch.past)
+
+    @staticmethod
+    def select(batch: Batch, rows: list[int]) -> Batch:
+        past = {name: buffer[rows] for name, buffer in batch.past.items()}
+        return Batch([batch.requests[i] for i in rows], past, batch.logits[rows], lengths=batch.lengths[rows])
+
+    @staticmethod
+    def merge(a: Batch, b: Batch) -> Batch:
+        """Rows of both, in buffers of the larger capacity."""
+        capacity = max(buffer.shape[2] for batch in (a, b) for buffer in batch.past.values())
+
+        def grow(buffer: np.ndarray) -> np.ndarray:
+            return np.pad(buffer, ((0, 0), (0, 0), (0, capacity - buffer.shape[2]), (0, 0)))
+
+        past = {name: np.concatenate([grow(a.past[name]), grow(b.past[name])]) for name in a.past}
+        return Batch(a.requests + b.requests, past, np.concatenate([a.logits, b.logits]),
+                     lengths=np.concatenate([a.lengths, b.lengths]))
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,8 +1,9 @@
 """Stage `export`: the imported checkpoint in the target's format.
 
-onnxruntime: an ONNX decoder with KV cache (`model.onnx`), checked by `onnx.checker` and by comparing
-ONNX Runtime logits with transformers' on a few prompts; the build fails past
-`verify.max_export_logits_diff`. trtllm: a TensorRT-LLM checkpoint (lands with that target).
+onnxruntime: an ONNX decoder with KV cache (`model.onnx`): the fused Llama graph of
+`pipeline/targets/llama_onnx.py` or optimum-onnx's export (`target.onnx_graph`), checked by
+`onnx.checker` and by comparing ONNX Runtime logits with transformers' on a few prompts; the build
+fails past `verify.max_export_logits_diff`. trtllm: a TensorRT-LLM checkpoint (lands with that target).
 Inputs: `model.dtype`, `target`, `parallel`, the tolerance, the `import` output.
 """
 
@@ -69,8 +70,10 @@ def run_onnxruntime(cfg: BuildConfig, ctx) -> dict:
     from pipeline.targets import onnxruntime as ort_target
 
     hf_dir = ctx.upstream("import")
-    ctx.log("exporting the decoder with optimum-onnx (text-generation-with-past)")
-    metrics = ort_target.export_decoder(hf_dir, ctx.out_dir)
+    graph = ort_target.choose_graph(hf_dir, cfg.target.onnx_graph)
+    ctx.log("building the fused Llama graph (GroupQueryAttention, in-place KV cache)" if graph == "fused"
+            else "exporting the decoder with optimum-onnx (text-generation-with-past)")
+    metrics = ort_target.export_decoder(hf_dir, ctx.out_dir, graph)
     ctx.log("comparing ONNX Runtime logits with transformers")
     diff = ort_target.compare_logits(hf_dir, ctx.out_dir / "model.onnx", list(CHECK_PROMPTS))
     limit = cfg.verify.max_export_logits_diff

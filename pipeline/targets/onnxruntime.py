@@ -20,12 +20,42 @@ ONNX_NAME = "model.onnx"
 INT8_BLOCK = 32  # int8 MatMulNBits block: with accuracy_level 4 it also sets the activation quantization block
 
 
-def export_decoder(hf_dir: Path, out_dir: Path) -> dict:
+def choose_graph(hf_dir: Path, wanted: str) -> str:
+    """'fused' or 'optimum' for target.onnx_graph ('auto': fused when the checkpoint allows it)."""
+    from pipeline.targets import llama_onnx
+
+    why_not = llama_onnx.supports(hf_dir)
+    if wanted == "fused" and why_not:
+        raise StageError("export", f"target.onnx_graph is 'fused' but {why_not}; set target.onnx_graph: optimum (or auto)")
+    return "optimum" if wanted == "optimum" or why_not else "fused"
+
+
+def export_decoder(hf_dir: Path, out_dir: Path, graph: str = "optimum") -> dict:
     """Export a causal LM to one ONNX decoder with KV cache in out_dir (tokenizer files stay upstream)."""
     import onnx
-    from optimum.exporters.onnx import main_export
 
     started = time.perf_counter()
+    if graph == "fused":
+        from pipeline.targets import llama_onnx
+
+        llama_onnx.build(hf_dir, out_dir / ONNX_NAME)
+    else:
+        _optimum_export(hf_dir, out_dir)
+    onnx.checker.check_model(str(out_dir / ONNX_NAME))  # path form: works past protobuf's 2 GB limit
+    model = onnx.load(str(out_dir / ONNX_NAME), load_external_data=False)
+    return {
+        "graph": graph,
+        "export_seconds": round(time.perf_counter() - started, 1),
+        "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+        "onnx_bytes": sum(f.stat().st_size for f in out_dir.glob("model.onnx*")),
+        "inputs": len(model.graph.input),
+        "outputs": len(model.graph.output),
+    }
+
+
+def _optimum_export(hf_dir: Path, out_dir: Path) -> None:
+    from optimum.exporters.onnx import main_export
+
     work = out_dir / "optimum"
     main_export(str(hf_dir), output=str(work), task="text-generation-with-past", do_validation=False, device="cpu")
     onnx_files = list(work.glob("*.onnx"))
@@ -34,15 +64,6 @@ def export_decoder(hf_dir: Path, out_dir: Path) -> dict:
     for file in work.glob("model.onnx*"):
         file.rename(out_dir / file.name)
     shutil.rmtree(work)
-    onnx.checker.check_model(str(out_dir / ONNX_NAME))  # path form: works past protobuf's 2 GB limit
-    model = onnx.load(str(out_dir / ONNX_NAME), load_external_data=False)
-    return {
-        "export_seconds": round(time.perf_counter() - started, 1),
-        "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-        "onnx_bytes": sum(f.stat().st_size for f in out_dir.glob("model.onnx*")),
-        "inputs": len(model.graph.input),
-        "outputs": len(model.graph.output),
-    }
 
 
 def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:

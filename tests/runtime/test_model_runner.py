@@ -15,10 +15,12 @@ from tests.conftest import REPO, run_cli, write_config
 PROMPTS = ["w1 w5 w9 w33", "w7", "w100 w2 w3 w4 w5 w6 w7 w8 w9", "w42 w43"]
 
 
-@pytest.fixture(scope="module")
-def tiny_engine(tmp_path_factory, tiny_llama):
-    work = tmp_path_factory.mktemp("tiny-engine")
-    config = write_config(work / "tiny.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\nbuild:\n  max_batch_size: 4\n  max_input_len: 64\n  max_seq_len: 128\n  max_num_tokens: 256\n")
+@pytest.fixture(scope="module", params=["fused", "optimum"])
+def tiny_engine(request, tmp_path_factory, tiny_llama):
+    """Both graph layouts: the fused one (SharedCache) and optimum-onnx's (ConcatCache)."""
+    work = tmp_path_factory.mktemp(f"tiny-engine-{request.param}")
+    config = write_config(work / "tiny.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\ntarget:\n  onnx_graph: {request.param}\n"
+                                              "build:\n  max_batch_size: 4\n  max_input_len: 64\n  max_seq_len: 128\n  max_num_tokens: 64\n")
     result = run_cli("build", str(config), "--output", str(work / "out"), "--until", "engine")
     assert result.returncode == 0, result.stdout + result.stderr
     return work / "out" / "engine"
@@ -58,6 +60,17 @@ def test_greedy_equals_transformers_alone_and_in_a_ragged_batch(runner, hf):
     assert out["output_ids"].shape == (4, 1, runner.max_seq_len)
     for row, want in enumerate(expected):
         assert out["sequence_lengths"][row, 0] == len(want)
+        assert out["output_ids"][row, 0, : len(want)].tolist() == want
+
+
+def test_prompts_beyond_max_num_tokens_together_are_prefilled_in_pieces_and_still_exact(runner, hf):
+    model, tokenizer = hf
+    prompts = [" ".join(f"w{(7 * row + i) % 200}" for i in range(20 + 3 * row)) for row in range(4)]  # 4 x ~25 > 64 tokens
+    ids = encode(tokenizer, prompts)
+    assert sum(len(i) for i in ids) > runner.max_num_tokens
+    out = runner.generate(ids, max_new_tokens=6, end_id=-1, return_dict=True)
+    for row, prompt in enumerate(ids):
+        want = hf_greedy(model, prompt, 6)
         assert out["output_ids"][row, 0, : len(want)].tolist() == want
 
 

@@ -1,4 +1,4 @@
-"""The CPU target on a tiny random Llama: optimum-onnx export, logits parity, weight-only engines, quality helpers."""
+"""The CPU target on a tiny random Llama: the fused and optimum-onnx exports, logits parity, weight-only engines, quality helpers."""
 
 from __future__ import annotations
 
@@ -69,6 +69,26 @@ def test_ort_logits_match_transformers_with_empty_and_filled_kv_cache(tiny_llama
     second = session.run(names, feeds)
     assert second[1].shape == (1, KV_HEADS, 40, HEAD_DIM)
     assert np.abs(np.concatenate([first[0], second[0]], axis=1) - reference).max() < 1e-4
+
+
+def test_fused_graph_is_one_gqa_per_layer_and_matches_transformers(tiny_llama, tmp_path, ids):
+    metrics = target.export_decoder(tiny_llama, tmp_path, "fused")
+    ops = node_types(tmp_path / "model.onnx")
+    assert metrics["graph"] == "fused" and ops.count("GroupQueryAttention") == LAYERS
+    assert ops.count("Linear") == LAYERS * 4 + 1  # fused qkv, o, fused gate_up, down + lm_head
+    assert target.compare_logits(tiny_llama, tmp_path / "model.onnx", ["w1 w2 w3 w4", "w7 w250 w0 w9 w9 w9 w100"]) < 1e-4
+    assert np.abs(quality.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids) - quality.hf_logits_fn(tiny_llama)(ids)).max() < 1e-4
+
+
+def test_fused_graph_is_refused_for_other_architectures_with_the_way_out(tmp_path):
+    import json
+
+    from pipeline.errors import StageError
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64, "num_attention_heads": 4}))
+    assert target.choose_graph(tmp_path, "auto") == "optimum"
+    with pytest.raises(StageError, match=r"GPT2LMHeadModel.*set target.onnx_graph: optimum"):
+        target.choose_graph(tmp_path, "fused")
 
 
 @pytest.mark.parametrize("weights,group_size,bits", [("int8", 128, 8), ("int4", 32, 4)])
