@@ -8,7 +8,14 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup build-engine run-batch bench serve plan validate test clean
+# The onnxruntime-genai peer of `make bench`: its model builder needs transformers 5, which the pipeline's
+# environment cannot take (optimum-onnx, ModelOpt and the GGUF import pin 4.57), so it gets its own, build-only one.
+GENAI_VENV ?= .venv-genai
+GENAI_SPEC ?= onnxruntime-genai==0.18.0
+OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
+GENAI_MODEL ?= $(OUTPUT)/genai-int4
+
+.PHONY: setup build-engine run-batch bench genai-peer serve plan validate test clean
 
 setup: $(STAMP)
 
@@ -28,9 +35,24 @@ run-batch: build-engine
 serve: build-engine
 	$(VENV)/bin/trtllm-pipeline serve $(CONFIG)
 
-# ~5 minutes on 2 cores: the engine vs transformers offline, then the in-flight batching gain on Triton.
-bench: build-engine
-	$(VENV)/bin/trtllm-pipeline bench offline $(CONFIG) --batch 1 --batch 8 --shape 128x64
+$(GENAI_VENV)/.installed:
+	test -x $(GENAI_VENV)/bin/python || $(PYTHON) -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(GENAI_VENV)/bin/pip install -q --disable-pip-version-check "$(GENAI_SPEC)" "transformers>=5,<6" onnx onnx-ir
+	touch $@
+
+# onnxruntime-genai's INT4 CPU model of the same imported checkpoint (its builder's defaults), for `bench offline --genai-model`.
+genai-peer: build-engine $(GENAI_MODEL)/genai_config.json
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[bench]'
+
+$(GENAI_MODEL)/genai_config.json: $(OUTPUT)/import/model.safetensors $(GENAI_VENV)/.installed
+	rm -rf $(GENAI_MODEL).tmp
+	$(GENAI_VENV)/bin/python -m onnxruntime_genai.models.builder -i $(OUTPUT)/import -o $(GENAI_MODEL).tmp -p int4 -e cpu -c $(GENAI_MODEL).cache > $(OUTPUT)/genai-builder.log 2>&1
+	rm -rf $(GENAI_MODEL) $(GENAI_MODEL).cache && mv $(GENAI_MODEL).tmp $(GENAI_MODEL)
+
+# ~6 minutes on 2 cores: the engine vs transformers and onnxruntime-genai offline, then the in-flight batching gain on Triton.
+bench: build-engine genai-peer
+	$(VENV)/bin/trtllm-pipeline bench offline $(CONFIG) --batch 1 --batch 8 --shape 128x64 --repeats 3 --genai-model $(GENAI_MODEL) --thread-spinning
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
 
 plan: $(STAMP)

@@ -372,10 +372,15 @@ def bench_offline(config: Path = ConfigArg, output: Optional[Path] = OutputOpt,
                   batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes to sweep (repeat the flag); default 1 and 8."),
                   shape: Optional[list[str]] = typer.Option(None, "--shape", help="INPUTxOUTPUT token lengths (repeat); default 128x64."),
                   repeats: int = typer.Option(2, help="Runs per point; the median is reported."),
-                  threads: Optional[int] = typer.Option(None, help="CPU threads for both engines (default: all usable cores)."),
+                  threads: Optional[int] = typer.Option(None, help="CPU threads for our engine and transformers (default: all usable cores)."),
+                  genai_model: Optional[Path] = typer.Option(None, "--genai-model", help="An onnxruntime-genai model directory (genai_config.json) "
+                                                             "to measure as a peer, e.g. built by `make genai-peer`; needs `pip install onnxruntime-genai`."),
+                  thread_spinning: bool = typer.Option(False, "--thread-spinning", help="Also measure our engine with spinning ONNX Runtime threads "
+                                                       "(runtime.cpu_thread_spinning; onnxruntime-genai spins by default)."),
                   out: Path = BenchOut):
-    """Drive the built engine through its ModelRunner (no server) and Hugging Face transformers on the same
-    workload: TTFT, decode tokens/s per sequence, total tokens/s, peak RSS, and the ratio to transformers.
+    """Drive the built engine through its ModelRunner (no server), Hugging Face transformers and, with
+    --genai-model, onnxruntime-genai on the same token ids: TTFT, decode tokens/s per sequence, total
+    tokens/s, peak RSS, and our ratios to each peer.
 
     Example: trtllm-pipeline bench offline build_configs/smollm2-135m-cpu.yaml --batch 1 --batch 8 --shape 128x64
     """
@@ -389,7 +394,10 @@ def bench_offline(config: Path = ConfigArg, output: Optional[Path] = OutputOpt,
     output = output or default_output(config)
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (shape or ["128x64"])]
     text = load_text(cfg.verify.eval_text, cfg.resolve_path("."), cache_dir())
+    if genai_model is not None and not (genai_model / "genai_config.json").is_file():
+        raise PipelineError(f"--genai-model {genai_model}: no genai_config.json there; build one with `make genai-peer`")
     rows = run_offline(output / "engine", output / "import", text, batch or [1, 8], shapes, repeats, threads or default_threads(),
+                       genai_dir=genai_model, thread_spinning=tuple(dict.fromkeys([cfg.runtime.cpu_thread_spinning] + [True] * thread_spinning)),
                        log=lambda m: console.print(f"  measuring {m}", highlight=False))
     table = report.offline_table(rows)
     results = {"name": config.stem, "build": report.build_info(output), "rows": rows,

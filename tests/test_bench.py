@@ -70,3 +70,21 @@ def test_bench_serve_runs_against_the_real_server_and_writes_a_report(smollm2_bu
     assert [lv["summary"]["errors"] for lv in data["levels"]] == [0, 0]
     assert all(s["output_tokens"] == 8 for lv in data["levels"] for s in lv["samples"])  # ignore_eos: exactly max_tokens each
     assert (tmp_path / "latest-serve" / "throughput_vs_latency.png").is_file() and data["build"]["engine"]["metrics"]
+
+
+def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios(tiny_llama, tmp_path):
+    from tests.conftest import write_config
+
+    config = write_config(tmp_path / "tiny.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\nverify:\n  eval_text: {tmp_path / 'text.txt'}\n")
+    (tmp_path / "text.txt").write_text(" ".join(f"w{i % 200}" for i in range(500)))
+    assert run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "engine").returncode == 0
+    result = run_cli("bench", "offline", str(config), "--output", str(tmp_path / "out"), "--batch", "1", "--batch", "2",
+                     "--shape", "16x4", "--repeats", "1", "--out", str(tmp_path / "bench"))
+    assert result.returncode == 0, result.stderr
+    results = json.loads((tmp_path / "bench" / "latest-offline" / "results.json").read_text())
+    engines = {(r["engine"], r["batch"]) for r in results["rows"]}
+    assert engines == {("transformers fp32", 1), ("transformers fp32", 2), ("ours (out)", 1), ("ours (out)", 2)}
+    ours = [r for r in results["rows"] if r["engine"].startswith("ours")]
+    assert all(r["ratio_vs_transformers"] > 0 and len(r["raw_s"]) == 1 for r in ours)
+    missing = run_cli("bench", "offline", str(config), "--output", str(tmp_path / "out"), "--genai-model", str(tmp_path))
+    assert missing.returncode != 0 and "no genai_config.json" in missing.stderr

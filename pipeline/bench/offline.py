@@ -1,6 +1,7 @@
 """Offline benchmark: the built engine through its ModelRunner against Hugging Face transformers
-`generate` on the same workload, in the same run. Greedy, fixed lengths (end of sequence ignored),
-medians of `repeats`. Each engine is loaded alone and its peak RSS sampled while it runs.
+`generate` (and, when given, an onnxruntime-genai model) on the same workload, in the same run.
+Greedy, fixed lengths (end of sequence ignored), medians of `repeats`. Each engine is loaded alone
+and its peak RSS sampled while it runs.
 """
 
 from __future__ import annotations
@@ -63,6 +64,25 @@ def time_transformers(model, prompts: list[torch.Tensor], output_len: int) -> tu
     return first, time.perf_counter() - started
 
 
+def time_genai(model, prompts: list[torch.Tensor], output_len: int) -> tuple[float, float]:
+    """onnxruntime-genai's own generator loop (static batch), fed the same token ids."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    ids = np.stack([p.numpy() for p in prompts]).astype(np.int32)
+    params = og.GeneratorParams(model)
+    length = ids.shape[1] + output_len
+    params.set_search_options(max_length=length, min_length=length, batch_size=len(prompts), do_sample=False)
+    started = time.perf_counter()
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    generator.generate_next_token()
+    first = time.perf_counter() - started
+    while not generator.is_done():
+        generator.generate_next_token()
+    return first, time.perf_counter() - started
+
+
 def measure(name: str, timer, tokenizer, text: str, batches: list[int], shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
     rows = []
     for input_len, output_len in shapes:
@@ -82,7 +102,7 @@ def measure(name: str, timer, tokenizer, text: str, batches: list[int], shapes: 
 
 
 def run_offline(engine_dir: Path, hf_dir: Path, text: str, batches: list[int], shapes: list[tuple[int, int]], repeats: int,
-                threads: int, log=print) -> list[dict]:
+                threads: int, genai_dir: Path | None = None, thread_spinning: tuple[bool, ...] = (False,), log=print) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.runtime.batch import load_runner
@@ -91,14 +111,31 @@ def run_offline(engine_dir: Path, hf_dir: Path, text: str, batches: list[int], s
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     log(f"transformers fp32 ({hf_dir})")
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    rows = measure("transformers fp32", lambda p, n: time_transformers(model, p, n), tokenizer, text, batches, shapes, repeats)
+    peers = measure("transformers fp32", lambda p, n: time_transformers(model, p, n), tokenizer, text, batches, shapes, repeats)
     del model
     gc.collect()
-    runner = load_runner(engine_dir, threads)
-    name = f"ours ({engine_dir.parent.name})"
-    log(name)
-    ours = measure(name, lambda p, n: time_runner(runner, p, n), tokenizer, text, batches, shapes, repeats)
-    peers = {(r["batch"], r["input_len"], r["output_len"]): r for r in rows}
-    for row in ours:
-        row["ratio_vs_transformers"] = round(row["total_tok_s"] / peers[(row["batch"], row["input_len"], row["output_len"])]["total_tok_s"], 2)
-    return rows + ours
+    genai = []
+    if genai_dir is not None:
+        import onnxruntime_genai as og
+
+        log(f"onnxruntime-genai ({genai_dir})")
+        genai_model = og.Model(str(genai_dir))
+        genai = measure(f"onnxruntime-genai ({genai_dir.name})", lambda p, n: time_genai(genai_model, p, n), tokenizer, text,
+                        batches, shapes, repeats)
+        del genai_model
+        gc.collect()
+    ours = []
+    for spinning in thread_spinning:
+        runner = load_runner(engine_dir, threads, thread_spinning=spinning)
+        name = f"ours ({engine_dir.parent.name}{', spinning threads' if spinning else ''})"
+        log(name)
+        ours += measure(name, lambda p, n: time_runner(runner, p, n), tokenizer, text, batches, shapes, repeats)
+        del runner
+        gc.collect()
+    for peer_rows, key in ((peers, "ratio_vs_transformers"), (genai, "ratio_vs_genai")):
+        by_point = {(r["batch"], r["input_len"], r["output_len"]): r for r in peer_rows}
+        for row in ours if by_point else []:
+            peer = by_point[(row["batch"], row["input_len"], row["output_len"])]
+            row[key] = round(row["total_tok_s"] / peer["total_tok_s"], 2)
+            row[key.replace("ratio", "decode_ratio")] = round(row["decode_tok_s_per_seq"] / peer["decode_tok_s_per_seq"], 2)
+    return peers + genai + ours

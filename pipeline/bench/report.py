@@ -69,9 +69,14 @@ def serve_table(levels: list[dict]) -> str:
 
 
 def offline_table(rows: list[dict]) -> str:
-    return markdown_table(["engine", "batch", "input", "output", "TTFT ms", "decode tok/s/seq", "total tok/s", "vs transformers", "peak RSS MiB"],
+    """Ratios are ours / peer: total tok/s (decode tok/s per sequence in brackets)."""
+    def ratio(row: dict, peer: str):
+        return f"{row[f'ratio_vs_{peer}']}x ({row[f'decode_ratio_vs_{peer}']}x)" if f"ratio_vs_{peer}" in row else None
+
+    return markdown_table(["engine", "batch", "input", "output", "TTFT ms", "decode tok/s/seq", "total tok/s", "vs transformers",
+                           "vs onnxruntime-genai", "peak RSS MiB"],
                           [[r["engine"], r["batch"], r["input_len"], r["output_len"], r["ttft_ms"], r["decode_tok_s_per_seq"],
-                            r["total_tok_s"], r.get("ratio_vs_transformers"), r["peak_rss_mib"]] for r in rows])
+                            r["total_tok_s"], ratio(r, "transformers"), ratio(r, "genai"), r["peak_rss_mib"]] for r in rows])
 
 
 def plot_serve(levels: list[dict], path: Path) -> None:

@@ -57,10 +57,11 @@ def read_prompts(path: Path | None, inline: list[str], default_max_tokens: int) 
     return prompts
 
 
-def load_runner(engine_dir: Path, num_threads: int | None = None, runtime=None):
+def load_runner(engine_dir: Path, num_threads: int | None = None, runtime=None, thread_spinning: bool | None = None):
     """The runner for the engine's target (ours for onnxruntime, ModelRunnerCpp for trtllm).
 
-    `runtime` (the config's RuntimeSection, when known) passes the KV-cache and CUDA-graph settings to ModelRunnerCpp.
+    `runtime` (the config's RuntimeSection, when known) passes the KV-cache and CUDA-graph settings to ModelRunnerCpp,
+    and thread spinning to ours (unless `thread_spinning` is given).
     """
     config_file = engine_dir / "config.json"
     if not config_file.is_file():
@@ -69,7 +70,9 @@ def load_runner(engine_dir: Path, num_threads: int | None = None, runtime=None):
     if target == "onnxruntime":
         from pipeline.runtime.model_runner import ModelRunner
 
-        return ModelRunner.from_dir(engine_dir, num_threads=num_threads)
+        if thread_spinning is None:
+            thread_spinning = runtime is not None and runtime.cpu_thread_spinning
+        return ModelRunner.from_dir(engine_dir, num_threads=num_threads, thread_spinning=thread_spinning)
     try:
         from tensorrt_llm.runtime import ModelRunnerCpp
     except ImportError:

@@ -75,7 +75,8 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         self.engine_dir = params["engine_dir"]
         threads = int(params.get("cpu_threads") or 0) or None
-        self.runner = ModelRunner.from_dir(self.engine_dir, num_threads=threads)
+        spinning = str(params.get("cpu_thread_spinning", "false")).lower() == "true"
+        self.runner = ModelRunner.from_dir(self.engine_dir, num_threads=threads, thread_spinning=spinning)
         self.kv_budget = int(params.get("max_tokens_in_paged_kv_cache") or 0) or self.runner.max_batch_size * self.runner.max_seq_len
         self.default_exclude_input = params.get("exclude_input_in_output", "true").lower() == "true"
         from transformers import AutoTokenizer
