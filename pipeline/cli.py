@@ -375,8 +375,8 @@ def bench_offline(config: Path = ConfigArg, output: Optional[Path] = OutputOpt,
                   threads: Optional[int] = typer.Option(None, help="CPU threads for our engine and transformers (default: all usable cores)."),
                   genai_model: Optional[Path] = typer.Option(None, "--genai-model", help="An onnxruntime-genai model directory (genai_config.json) "
                                                              "to measure as a peer, e.g. built by `make genai-peer`; needs `pip install onnxruntime-genai`."),
-                  thread_spinning: bool = typer.Option(False, "--thread-spinning", help="Also measure our engine with spinning ONNX Runtime threads "
-                                                       "(runtime.cpu_thread_spinning; onnxruntime-genai spins by default)."),
+                  both_spinning: bool = typer.Option(False, "--both-spinning", help="Measure our engine with sleeping and with spinning ONNX Runtime "
+                                                     "threads (default: as runtime.cpu_thread_spinning says; onnxruntime-genai spins by default)."),
                   out: Path = BenchOut):
     """Drive the built engine through its ModelRunner (no server), Hugging Face transformers and, with
     --genai-model, onnxruntime-genai on the same token ids: TTFT, decode tokens/s per sequence, total
@@ -397,7 +397,7 @@ def bench_offline(config: Path = ConfigArg, output: Optional[Path] = OutputOpt,
     if genai_model is not None and not (genai_model / "genai_config.json").is_file():
         raise PipelineError(f"--genai-model {genai_model}: no genai_config.json there; build one with `make genai-peer`")
     rows = run_offline(output / "engine", output / "import", text, batch or [1, 8], shapes, repeats, threads or default_threads(),
-                       genai_dir=genai_model, thread_spinning=tuple(dict.fromkeys([cfg.runtime.cpu_thread_spinning] + [True] * thread_spinning)),
+                       genai_dir=genai_model, thread_spinning=(False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",),
                        log=lambda m: console.print(f"  measuring {m}", highlight=False))
     table = report.offline_table(rows)
     results = {"name": config.stem, "build": report.build_info(output), "rows": rows,

@@ -107,9 +107,10 @@ class RuntimeSection(Section):
     exclude_input_in_output: bool = Field(True, description="Return only generated text, not the prompt.")
     max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1, description="KV-cache token budget of the running batch (null: max_batch_size x max_seq_len); requests that do not fit wait in the queue.")
     cpu_threads: int | None = Field(None, ge=1, description="ONNX Runtime intra-op threads (onnxruntime target); default: all cores.")
-    cpu_thread_spinning: bool = Field(False, description="onnxruntime: let idle ONNX Runtime threads spin instead of sleeping: ~20% faster "
-                                                         "batch-1 decode when the engine has the cores to itself; keep off when other work "
-                                                         "shares them (a Triton server's tokenizer models, other processes).")
+    cpu_thread_spinning: Literal["auto", "on", "off"] = Field(
+        "auto", description="onnxruntime: let idle ONNX Runtime threads spin instead of sleeping: ~20% faster batch-1 decode when the "
+                            "engine has the cores to itself, much slower when other work shares them. auto: on for offline runs "
+                            "(run, run_batch.py, bench offline), off inside the Triton server (it shares the cores with the tokenizer models).")
 
 
 class TritonSection(Section):

@@ -79,11 +79,11 @@ def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios
     (tmp_path / "text.txt").write_text(" ".join(f"w{i % 200}" for i in range(500)))
     assert run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "engine").returncode == 0
     result = run_cli("bench", "offline", str(config), "--output", str(tmp_path / "out"), "--batch", "1", "--batch", "2",
-                     "--shape", "16x4", "--repeats", "1", "--out", str(tmp_path / "bench"))
+                     "--shape", "16x4", "--repeats", "1", "--both-spinning", "--out", str(tmp_path / "bench"))
     assert result.returncode == 0, result.stderr
     results = json.loads((tmp_path / "bench" / "latest-offline" / "results.json").read_text())
     engines = {(r["engine"], r["batch"]) for r in results["rows"]}
-    assert engines == {("transformers fp32", 1), ("transformers fp32", 2), ("ours (out)", 1), ("ours (out)", 2)}
+    assert engines == {(name, batch) for name in ("transformers fp32", "ours (out)", "ours (out, spinning threads)") for batch in (1, 2)}
     ours = [r for r in results["rows"] if r["engine"].startswith("ours")]
     assert all(r["ratio_vs_transformers"] > 0 and len(r["raw_s"]) == 1 for r in ours)
     missing = run_cli("bench", "offline", str(config), "--output", str(tmp_path / "out"), "--genai-model", str(tmp_path))

@@ -70,8 +70,8 @@ def load_runner(engine_dir: Path, num_threads: int | None = None, runtime=None, 
     if target == "onnxruntime":
         from pipeline.runtime.model_runner import ModelRunner
 
-        if thread_spinning is None:
-            thread_spinning = runtime is not None and runtime.cpu_thread_spinning
+        if thread_spinning is None:  # an offline run has the cores to itself: "auto" spins
+            thread_spinning = runtime is None or runtime.cpu_thread_spinning != "off"
         return ModelRunner.from_dir(engine_dir, num_threads=num_threads, thread_spinning=thread_spinning)
     try:
         from tensorrt_llm.runtime import ModelRunnerCpp
