@@ -61,7 +61,7 @@ def build(hf_dir: Path, out_path: Path) -> dict:
     """Write the fused graph for the checkpoint in hf_dir to out_path (weights in out_path + '.data')."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    from safetensors.numpy import load_file
+    from safetensors.torch import load_file  # torch: reads bf16/fp16 checkpoints too (numpy has no bfloat16)
 
     why_not = supports(hf_dir)
     if why_not:
@@ -69,7 +69,7 @@ def build(hf_dir: Path, out_path: Path) -> dict:
     config = json.loads((hf_dir / "config.json").read_text())
     weights: dict[str, np.ndarray] = {}
     for file in sorted(hf_dir.glob("*.safetensors")):
-        weights.update(load_file(file))
+        weights.update({name: tensor.float().numpy() for name, tensor in load_file(file).items()})  # the graph is fp32
     layers, hidden = config["num_hidden_layers"], config["hidden_size"]
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
     head_dim = config.get("head_dim") or hidden // heads

@@ -80,6 +80,20 @@ def test_fused_graph_is_one_gqa_per_layer_and_matches_transformers(tiny_llama, t
     assert np.abs(quality.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids) - quality.hf_logits_fn(tiny_llama)(ids)).max() < 1e-4
 
 
+def test_fused_graph_reads_bfloat16_checkpoints(tiny_llama, tmp_path):
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16).save_pretrained(checkpoint)
+    for tokenizer_file in tiny_llama.glob("tok*"):
+        shutil.copy(tokenizer_file, checkpoint)
+    target.export_decoder(checkpoint, tmp_path / "onnx", "fused")
+    assert target.compare_logits(checkpoint, tmp_path / "onnx" / "model.onnx", ["w1 w2 w3 w4"]) < 1e-4
+
+
 def test_fused_graph_is_refused_for_other_architectures_with_the_way_out(tmp_path):
     import json
 
