@@ -565,7 +565,8 @@ class SharedCache:
     Rows need no padding: each has its own length (seqlens_k), so decoding copies nothing; only a
     request joining or leaving copies the buffers once. The capacity is the longest row's prompt +
     max_new_tokens, so memory follows what the batch can need, not max_seq_len. Prompts are
-    prefilled together right-padded when they fit in max_num_tokens, else row by row.
+    prefilled together right-padded when they fit in max_num_tokens, else row by row, in chunks of
+    max_num_tokens when one prompt is longer (chunked context).
     """
 
     CAPACITY_STEP = 64  # capacities are rounded up to this: fewer distinct shapes, fewer re-pads on merge
@@ -613,11 +614,19 @@ class SharedCache:
             for row, request in enumerate(requests):
                 ids[row, : lengths[row]] = request.prompt
             logits = self._forward(self.bind(past), ids, lengths, np.arange(len(requests)) * width + lengths - 1)
-        else:  # one row at a time: a prompt alone always fits (max_input_len <= max_num_tokens)
-            logits = np.concatenate([self._forward(self.bind({name: buffer[row: row + 1] for name, buffer in past.items()}),
-                                                   np.array([r.prompt]), lengths[row: row + 1], lengths[row: row + 1] - 1)
-                                     for row, r in enumerate(requests)])
+        else:
+            logits = np.stack([self._prefill_row(r, {name: buffer[row: row + 1] for name, buffer in past.items()})
+                               for row, r in enumerate(requests)])
         return Batch(list(requests), past, logits, lengths=lengths)
+
+    def _prefill_row(self, request: Request, past: dict) -> np.ndarray:
+        """One prompt into its row's buffers (views), in chunks of max_num_tokens (chunked context, where
+        max_num_tokens < max_input_len); returns its last logits. GQA takes chunks after a cache at batch 1."""
+        binding = self.bind(past)
+        for start in range(0, len(request.prompt), self.max_num_tokens):
+            chunk = request.prompt[start: start + self.max_num_tokens]
+            logits = self._forward(binding, np.array([chunk]), np.array([start + len(chunk)]), np.array([len(chunk) - 1]))
+        return logits[0]
 
     def decode_step(self, batch: Batch) -> None:
         batch.lengths = batch.lengths + 1

@@ -74,6 +74,22 @@ def test_prompts_beyond_max_num_tokens_together_are_prefilled_in_pieces_and_stil
         assert out["output_ids"][row, 0, : len(want)].tolist() == want
 
 
+@pytest.mark.parametrize("graph", ["fused", "optimum"])
+def test_chunked_context_prefills_long_prompts_in_max_num_tokens_pieces_exactly(tmp_path, tiny_llama, hf, graph):
+    config = write_config(tmp_path / "chunked.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\ntarget:\n  onnx_graph: {graph}\n"
+                                                     "build:\n  max_input_len: 64\n  max_seq_len: 128\n  max_num_tokens: 8\n"
+                                                     "runtime:\n  enable_chunked_context: true\n")
+    result = run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "engine")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runner = ModelRunner.from_dir(tmp_path / "out" / "engine", num_threads=1)
+    model, tokenizer = hf
+    ids = encode(tokenizer, [" ".join(f"w{(3 * i) % 200}" for i in range(30)), "w5 w6 w7"])  # 30 tokens: 4 chunks of 8
+    out = runner.generate(ids, max_new_tokens=5, end_id=-1, return_dict=True)
+    for row, prompt in enumerate(ids):
+        want = hf_greedy(model, prompt, 5)
+        assert out["output_ids"][row, 0, : len(want)].tolist() == want
+
+
 def test_each_row_stops_on_its_own_end_id_and_stop_words(runner, hf):
     _, tokenizer = hf
     ids = encode(tokenizer, PROMPTS[:2])
