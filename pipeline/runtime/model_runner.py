@@ -344,6 +344,11 @@ class ModelRunner:
         """Run the prompts; the batch holds their next-token logits."""
         return self.cache.prefill(requests)
 
+    def prefill_chunk(self, partial: Batch | None, request: Request, budget: int) -> Batch:
+        """Chunked context: up to `budget` more prompt tokens of one request (start with partial=None);
+        once `partial.length == len(request.prompt)` it holds the next-token logits and can be merged."""
+        return self.cache.extend(partial, request, budget)
+
     def decode_step(self, batch: Batch) -> None:
         """Feed each row's last token; updates the batch's cache and logits."""
         self.cache.decode_step(batch)
@@ -532,6 +537,17 @@ class ConcatCache:
             start = end
         return Batch(list(requests), past, logits, mask=mask)
 
+    def extend(self, partial: Batch | None, request: Request, budget: int) -> Batch:
+        """Up to `budget` more prompt tokens of one request into its own 1-row batch (chunked context)."""
+        if partial is None:
+            empty = {name: np.zeros((1, self.num_kv_heads, 0, self.head_size), dtype=np.float32) for name in self.past_names}
+            partial = Batch([request], empty, None, mask=np.zeros((1, 0), dtype=np.int64))
+        start = partial.length
+        chunk = request.prompt[start: start + budget]
+        partial.mask = np.ones((1, start + len(chunk)), dtype=np.int64)
+        partial.logits, partial.past = self._forward(np.array([chunk]), partial.mask, partial.past)
+        return partial
+
     def decode_step(self, batch: Batch) -> None:
         last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
         batch.mask = np.concatenate([batch.mask, np.ones((len(batch), 1), dtype=np.int64)], axis=1)
@@ -607,26 +623,33 @@ class SharedCache:
 
     def prefill(self, requests: list[Request]) -> Batch:
         lengths = np.array([len(r.prompt) for r in requests])
-        past = self._buffers(len(requests), self._capacity(requests))
         width = int(lengths.max())
         if width * len(requests) <= self.max_num_tokens:
+            past = self._buffers(len(requests), self._capacity(requests))
             ids = np.zeros((len(requests), width), dtype=np.int64)
             for row, request in enumerate(requests):
                 ids[row, : lengths[row]] = request.prompt
             logits = self._forward(self.bind(past), ids, lengths, np.arange(len(requests)) * width + lengths - 1)
-        else:
-            logits = np.stack([self._prefill_row(r, {name: buffer[row: row + 1] for name, buffer in past.items()})
-                               for row, r in enumerate(requests)])
-        return Batch(list(requests), past, logits, lengths=lengths)
+            return Batch(list(requests), past, logits, lengths=lengths)
+        batch = None
+        for request in requests:  # one at a time, each in pieces of max_num_tokens when longer
+            row = None
+            while row is None or row.length < len(request.prompt):
+                row = self.extend(row, request, self.max_num_tokens)
+            batch = row if batch is None else self.merge(batch, row)
+        return batch
 
-    def _prefill_row(self, request: Request, past: dict) -> np.ndarray:
-        """One prompt into its row's buffers (views), in chunks of max_num_tokens (chunked context, where
-        max_num_tokens < max_input_len); returns its last logits. GQA takes chunks after a cache at batch 1."""
-        binding = self.bind(past)
-        for start in range(0, len(request.prompt), self.max_num_tokens):
-            chunk = request.prompt[start: start + self.max_num_tokens]
-            logits = self._forward(binding, np.array([chunk]), np.array([start + len(chunk)]), np.array([len(chunk) - 1]))
-        return logits[0]
+    def extend(self, partial: Batch | None, request: Request, budget: int) -> Batch:
+        """Up to `budget` more prompt tokens of one request into its own 1-row batch (chunked context;
+        GroupQueryAttention takes several tokens after a cache only at batch size 1)."""
+        if partial is None:
+            partial = Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
+            partial.binding = self.bind(partial.past)
+        start = int(partial.lengths[0])
+        chunk = request.prompt[start: start + budget]
+        partial.lengths = np.array([start + len(chunk)])
+        partial.logits = self._forward(partial.binding, np.array([chunk]), partial.lengths, np.array([len(chunk) - 1]))
+        return partial
 
     def decode_step(self, batch: Batch) -> None:
         batch.lengths = batch.lengths + 1

@@ -260,7 +260,7 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
         t.llm_model_name, max_batch_size=built["max_batch_size"], inputs=interface.LLM_INPUTS, outputs=interface.LLM_OUTPUTS,
         decoupled=True, instances=t.llm_instance_count, queue_delay_us=r.max_queue_delay_microseconds, max_queue_size=t.max_queue_size,
         parameters={"engine_dir": engine_dir, "cpu_threads": r.cpu_threads or 0, "cpu_thread_spinning": r.cpu_thread_spinning == "on",
-                    "exclude_input_in_output": r.exclude_input_in_output,
+                    "exclude_input_in_output": r.exclude_input_in_output, "enable_chunked_context": r.enable_chunked_context,
                     "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
                     "batch_scheduler_policy": r.batch_scheduler_policy})
     runner = Path(__file__).parent.parent / "runtime" / "model_runner.py"

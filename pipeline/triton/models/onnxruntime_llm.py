@@ -5,7 +5,8 @@ and outputs, so the ensemble and BLS are the same for both targets. The model is
 `execute` only queues requests; one scheduler thread owns the engine and, at every step,
 1. admits queued requests (FIFO) while the batch stays within max_batch_size and the KV-cache
    token budget (worst case: every row at its full length), prefills them and merges them into the
-   running batch,
+   running batch; with `enable_chunked_context`, prompts are prefilled a piece per step instead
+   (max_num_tokens minus the step's decode tokens) and join the batch when complete,
 2. samples one token per row and sends it (streaming) or keeps it (final response at the end),
 3. retires finished and cancelled rows, freeing their KV cache at once,
 4. runs one decode step for the rest.
@@ -78,6 +79,9 @@ class TritonPythonModel:
         spinning = str(params.get("cpu_thread_spinning", "false")).lower() == "true"
         self.runner = ModelRunner.from_dir(self.engine_dir, num_threads=threads, thread_spinning=spinning)
         self.kv_budget = int(params.get("max_tokens_in_paged_kv_cache") or 0) or self.runner.max_batch_size * self.runner.max_seq_len
+        # chunked context: prompts are prefilled max_num_tokens (minus the step's decode tokens) at a time,
+        # between decode steps, so a long prompt does not stall the running streams
+        self.chunked_context = params.get("enable_chunked_context", "false").lower() == "true"
         self.default_exclude_input = params.get("exclude_input_in_output", "true").lower() == "true"
         from transformers import AutoTokenizer
 
@@ -96,6 +100,7 @@ class TritonPythonModel:
             ("queued_requests", pb_utils.MetricFamily.GAUGE, "Requests waiting for a batch slot or KV-cache budget"),
             ("time_to_first_token_us_total", pb_utils.MetricFamily.COUNTER, "Sum of arrival-to-first-token times, microseconds"),
             ("first_tokens_total", pb_utils.MetricFamily.COUNTER, "Requests that produced their first token"),
+            ("prefill_chunks_total", pb_utils.MetricFamily.COUNTER, "Prompt pieces run between decode steps (chunked context)"),
         ]:
             family = pb_utils.MetricFamily(name=f"trtllm_pipeline_{name}", description=description, kind=kind)
             self.metric_families.append(family)
@@ -189,8 +194,9 @@ class TritonPythonModel:
         remaining = max([q.params.max_new_tokens - len(q.output) for q in running + extra] or [0])
         return (len(running) + len(extra)) * (length + remaining)
 
-    def _admit(self, batch) -> list[Request]:
-        admitted: list[Request] = []
+    def _admit(self, batch, prefilling: list[Request]) -> list[Request]:
+        """Requests from the queue head that fit beside the running batch and the prompts still prefilling."""
+        admitted: list[Request] = list(prefilling)
         with self.wake:
             while self.queue:
                 job = self.queue[0]
@@ -210,19 +216,39 @@ class TritonPythonModel:
                 for request in job.rows:
                     self.jobs[id(request)] = job
                 admitted.extend(job.rows)
-        return admitted
+        return admitted[len(prefilling):]
+
+    def _prefill_chunks(self, batch, prefilling: deque):
+        """Run prompt pieces within this step's token budget; finished prompts join the batch."""
+        budget = max(1, self.runner.max_num_tokens - (len(batch) if batch is not None else 0))
+        while prefilling and budget > 0:
+            request, partial = prefilling[0]
+            before = partial.length if partial is not None else 0
+            partial = self.runner.prefill_chunk(partial, request, budget)
+            budget -= partial.length - before
+            with self.metrics_lock:
+                self.metrics["prefill_chunks_total"].increment(1)
+            if partial.length < len(request.prompt):
+                prefilling[0] = (request, partial)
+                break
+            prefilling.popleft()
+            batch = partial if batch is None else self.runner.merge(batch, partial)
+        return batch
 
     def _schedule(self):
-        batch = None
+        batch, prefilling = None, deque()  # prefilling: (request, its partial 1-row batch) under chunked context
         while True:
             with self.wake:
-                while not self.stopping and not self.queue and batch is None:
+                while not self.stopping and not self.queue and batch is None and not prefilling:
                     self.wake.wait()
                 if self.stopping:
                     return
             try:
-                admitted = self._admit(batch)
-                if admitted:
+                admitted = self._admit(batch, [request for request, _ in prefilling])
+                if self.chunked_context:
+                    prefilling.extend((request, None) for request in admitted)
+                    batch = self._prefill_chunks(batch, prefilling)
+                elif admitted:
                     fresh = self.runner.prefill(admitted)
                     batch = fresh if batch is None else self.runner.merge(batch, fresh)
                 if batch is None:
@@ -241,12 +267,13 @@ class TritonPythonModel:
                     batch = None
             except Exception as exc:  # never let one bad step kill the scheduler: fail the rows it held
                 pb_utils.Logger.log_error(f"{self.model_name}: step failed: {exc!r}")
-                for request in list(batch.requests if batch is not None else []):
+                for request in list(batch.requests if batch is not None else []) + [request for request, _ in prefilling]:
                     job = self.jobs.pop(id(request), None)
                     if job is not None and not job.done:
                         job.finished_rows = len(job.rows)
                         job.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: {exc}")), flags=FINAL)
                 batch = None
+                prefilling.clear()
 
     def _respond(self, batch) -> None:
         sampled, first_token_waits, now = 0, [], time.monotonic()
