@@ -629,15 +629,16 @@ class SharedCache:
             ids = np.zeros((len(requests), width), dtype=np.int64)
             for row, request in enumerate(requests):
                 ids[row, : lengths[row]] = request.prompt
-            logits = self._forward(self.bind(past), ids, lengths, np.arange(len(requests)) * width + lengths - 1)
-            return Batch(list(requests), past, logits, lengths=lengths)
-        batch = None
+            binding = self.bind(past)  # kept: the decode steps reuse it
+            logits = self._forward(binding, ids, lengths, np.arange(len(requests)) * width + lengths - 1)
+            return Batch(list(requests), past, logits, lengths=lengths, binding=binding)
+        rows = []
         for request in requests:  # one at a time, each in pieces of max_num_tokens when longer
             row = None
             while row is None or row.length < len(request.prompt):
                 row = self.extend(row, request, self.max_num_tokens)
-            batch = row if batch is None else self.merge(batch, row)
-        return batch
+            rows.append(row)
+        return self.merge(*rows)
 
     def extend(self, partial: Batch | None, request: Request, budget: int) -> Batch:
         """Up to `budget` more prompt tokens of one request into its own 1-row batch (chunked context;
@@ -664,16 +665,16 @@ class SharedCache:
         return Batch([batch.requests[i] for i in rows], past, batch.logits[rows], lengths=batch.lengths[rows])
 
     @staticmethod
-    def merge(a: Batch, b: Batch) -> Batch:
-        """Rows of both, in buffers of the larger capacity."""
-        capacity = max(buffer.shape[2] for batch in (a, b) for buffer in batch.past.values())
+    def merge(*batches: Batch) -> Batch:
+        """Rows of all, in buffers of the largest capacity: one copy of each row, however many batches."""
+        capacity = max(buffer.shape[2] for batch in batches for buffer in batch.past.values())
 
         def grow(buffer: np.ndarray) -> np.ndarray:
             return np.pad(buffer, ((0, 0), (0, 0), (0, capacity - buffer.shape[2]), (0, 0)))
 
-        past = {name: np.concatenate([grow(a.past[name]), grow(b.past[name])]) for name in a.past}
-        return Batch(a.requests + b.requests, past, np.concatenate([a.logits, b.logits]),
-                     lengths=np.concatenate([a.lengths, b.lengths]))
+        past = {name: np.concatenate([grow(batch.past[name]) for batch in batches]) for name in batches[0].past}
+        return Batch([r for batch in batches for r in batch.requests], past, np.concatenate([batch.logits for batch in batches]),
+                     lengths=np.concatenate([batch.lengths for batch in batches]))
 
 
 # ---------------------------------------------------------------- helpers

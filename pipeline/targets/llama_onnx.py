@@ -98,8 +98,8 @@ def build(hf_dir: Path, out_path: Path) -> dict:
     embed = weights["model.embed_tokens.weight"]
     x = node("Gather", [weight("model.embed_tokens.weight", embed), "input_ids"], "/model/embed_tokens/Gather")[0]
     cos, sin = rotary_cache(hf_dir)
-    weight("cos_cache", cos), weight("sin_cache", sin)
-    seqlens = "seqlens_k"
+    weight("cos_cache", cos)
+    weight("sin_cache", sin)
     residual = None
     for i in range(layers):
         prefix = f"model.layers.{i}"
@@ -114,7 +114,7 @@ def build(hf_dir: Path, out_path: Path) -> dict:
         qkv = linear(normed, f"{attn}.qkv_proj", [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"])
         context, present_k, present_v = node(
             "GroupQueryAttention",
-            [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, "total_sequence_length", "cos_cache", "sin_cache"],
+            [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"],
             f"/{prefix}/self_attn/GroupQueryAttention", outputs=3, domain="com.microsoft",
             num_heads=heads, kv_num_heads=kv_heads, do_rotary=1, rotary_interleaved=0, scale=float(head_dim) ** -0.5)
         nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
