@@ -20,9 +20,9 @@ from pathlib import Path
 from rich.console import Console
 
 from pipeline.config import BuildConfig
-from pipeline.errors import PipelineError, StageError
+from pipeline.errors import BuildStepError, PipelineError, StageError
 from pipeline.lock import hash_paths, read_lock, write_lock
-from pipeline.plan import BLOCKED, NOT_IMPLEMENTED, SKIPPED, UP_TO_DATE, Decision, decide
+from pipeline.plan import SKIPPED, UP_TO_DATE, Decision, decide
 from pipeline.stages import STAGES
 
 
@@ -84,6 +84,9 @@ def run_stage(decision: Decision, cfg: BuildConfig, output: Path, lock: dict, co
     started = time.perf_counter()
     try:
         metrics = STAGES[name].run(cfg, ctx) or {}
+    except BuildStepError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StageError(name, str(exc)) from exc
     except PipelineError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -126,11 +129,6 @@ def build(cfg: BuildConfig, output: Path, console: Console, until: str | None = 
             decision = decide(name, cfg, output, lock, force)
             if decision.status == SKIPPED:
                 console.print(f"[dim]- {name}: skipped ({decision.reasons[0]})[/]")
-            elif decision.status == NOT_IMPLEMENTED:
-                console.print(f"[yellow]! {name}: {decision.reasons[0]}; stopping here.[/]")
-                done.append(decision)
-                done.extend(Decision(n, BLOCKED, [f"waits for '{name}'"]) for n in list(STAGES)[list(STAGES).index(name) + 1 :])
-                break
             elif decision.status == UP_TO_DATE:
                 console.print(f"[green]✓ {name}[/]: up to date")
             else:

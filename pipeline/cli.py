@@ -81,11 +81,31 @@ def validate(config: Path = ConfigArg, overrides: Optional[list[str]] = Override
     console.print(resolved_yaml(cfg), highlight=False, markup=False)
 
 
+@app.command()
+def targets():
+    """List the registered targets: what each builds, whether this machine can build and run its engines,
+    and the config fields it does not honour (setting one of those for it is a `validate` error).
+
+    Example: trtllm-pipeline targets
+    """
+    from pipeline.config import BuildConfig, leaf_field_paths
+    from pipeline.targets import TARGETS, honoured
+
+    table = Table(title="targets", title_justify="left")
+    for column in ("target", "what", "on this machine", "refuses (validate error when set)"):
+        table.add_column(column)
+    for name, target in TARGETS.items():
+        unavailable = target.unavailable()
+        refused = [path for path in leaf_field_paths(BuildConfig) if not honoured(path, target.honours)]
+        table.add_row(name, target.summary, f"[yellow]{unavailable}[/]" if unavailable else "[green]available[/]", ", ".join(refused))
+    console.print(table)
+
+
 def _decision_table(decisions, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("stage", "status", "why", "writes"):
         table.add_column(column)
-    colours = {"up to date": "green", "will run": "cyan", "skipped": "dim", "not implemented yet": "yellow", "blocked": "dim"}
+    colours = {"up to date": "green", "will run": "cyan", "skipped": "dim"}
     for d in decisions:
         table.add_row(d.stage, f"[{colours[d.status]}]{d.status}[/]", "; ".join(d.reasons), d.writes)
     return table
@@ -95,28 +115,25 @@ def _decision_table(decisions, title: str) -> Table:
 @reports_errors
 def plan(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt,
          force: bool = typer.Option(False, "--force", help="Plan as if every stage were forced to re-run.")):
-    """Show which stages are up to date, which would run and why, and what each writes. Runs nothing.
+    """Show which stages are up to date, which would run and why (the config value, input file, tool
+    version or source file that changed), and what each writes. Runs nothing.
 
-    Example: trtllm-pipeline plan build_configs/smollm2-135m-cpu.yaml runtime.streaming=false
+    Example: trtllm-pipeline plan build_configs/smollm2-135m-cpu.yaml runtime.max_queue_delay_microseconds=500
     """
     from pipeline.build import default_output
     from pipeline.lock import read_lock
     from pipeline.plan import plan as make_plan
+    from pipeline.targets import target_of
 
     cfg = _load(config, overrides)
     output = output or default_output(config)
     console.print(_decision_table(make_plan(cfg, output, read_lock(output), force=force), f"plan for {config} → {output}"))
-    if cfg.target.name == "trtllm":
-        import shlex
-
-        from pipeline.memory import plan_memory
-        from pipeline.targets.trtllm import trtllm_build_command
-
-        command = trtllm_build_command(cfg, (output / "export" / "trtllm_checkpoint").resolve(), (output / "engine").resolve())
-        console.print(f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}", highlight=False, soft_wrap=True)
-        facts = cfg.model_facts()
-        if cfg.target.gpu and facts:
-            console.print("memory plan:\n  " + "\n  ".join(plan_memory(cfg, facts).lines()), highlight=False)
+    target = target_of(cfg)
+    unavailable = target.unavailable()
+    if unavailable:
+        console.print(f"[yellow]target {target.name} on this machine:[/] {unavailable}", highlight=False, soft_wrap=True)
+    for note in target.plan_notes(cfg, output):
+        console.print(note, highlight=False, soft_wrap=True)
 
 
 def _stage_names() -> list[str]:
@@ -201,22 +218,12 @@ def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
     """
     from pipeline.build import cache_dir, default_output
     from pipeline.errors import StageError
-    from pipeline.verify import checkpoint_report, gate_problem, perplexity_report
+    from pipeline.targets import target_of
+    from pipeline.verify import gate_problem
 
     cfg = _load(config, overrides)
     output = output or default_output(config)
-    hf_dir = output / "import"
-    log = lambda m: console.print(f"  {m}", highlight=False)  # noqa: E731
-    if cfg.target.name == "trtllm":
-        subject = output / "export" / "trtllm_checkpoint"
-        if not (subject / "config.json").is_file():
-            raise PipelineError(f"no TensorRT-LLM checkpoint in {subject}; build it first: trtllm-pipeline build {config} --until export")
-        report = checkpoint_report(cfg, hf_dir, subject, cache_dir(), log)
-    else:
-        subject = output / "engine"
-        if not (subject / "config.json").is_file():
-            raise PipelineError(f"no engine in {subject}; build it first: trtllm-pipeline build {config}")
-        report = perplexity_report(cfg, hf_dir, subject, cache_dir(), log)
+    subject, report = target_of(cfg).verify(cfg, output, cache_dir(), lambda m: console.print(f"  {m}", highlight=False))
     table = Table(title=f"verify {subject}", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -305,7 +312,7 @@ def serve(source: Path = typer.Argument(..., help="A build config (serves OUTPUT
     curl -s localhost:8000/v2/models/ensemble/generate -d '{"text_input": "The capital of France is", "max_tokens": 16}'
     """
     from pipeline.build import cache_dir, default_output
-    from pipeline.triton.server import Ports, TritonServer
+    from pipeline.triton.server import Ports, TritonServer, tensorrtllm_world_size
     from pipeline.triton.validate import validate_repo as check
 
     repo = source if source.is_dir() else (output or default_output(source)) / "triton_repo"
@@ -314,14 +321,9 @@ def serve(source: Path = typer.Argument(..., help="A build config (serves OUTPUT
     report = check(repo)
     if report.problems:
         raise ConfigError(repo, report.problems)
-    gpu_models = [name for name, config in report.models.items() if config.backend == "tensorrtllm"]
-    world_size = 0
-    if gpu_models:  # served by the TensorRT-LLM container's tritonserver, one rank per GPU
-        engine = Path(report.models[gpu_models[0]].parameters["gpt_model_path"].string_value) / "config.json"
-        mapping = json.loads(engine.read_text()).get("pretrained_config", {}).get("mapping", {})
-        world_size = int(mapping.get("world_size", mapping.get("tp_size", 1) * mapping.get("pp_size", 1)))
+    gpu_model, world_size = tensorrtllm_world_size(report)
     server = TritonServer(repo, cache_dir(), ports=Ports(http_port, grpc_port, metrics_port), host=host, gpu_world_size=world_size,
-                          llm_model_name=gpu_models[0] if gpu_models else "tensorrt_llm",
+                          llm_model_name=gpu_model or "tensorrt_llm",
                           log_file=log_file or repo.parent / "tritonserver.log", log=lambda m: console.print(f"[dim]{m}[/]"))
     with console.status(f"starting tritonserver on {repo} ..."):
         server.start()

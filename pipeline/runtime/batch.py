@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from itertools import groupby
 from pathlib import Path
 
-from pipeline.errors import PipelineError, TargetUnavailable
+from pipeline.errors import PipelineError
 
 
 @dataclass
@@ -58,32 +58,18 @@ def read_prompts(path: Path | None, inline: list[str], default_max_tokens: int) 
 
 
 def load_runner(engine_dir: Path, num_threads: int | None = None, runtime=None, thread_spinning: bool | None = None):
-    """The runner for the engine's target (ours for onnxruntime, ModelRunnerCpp for trtllm).
+    """The runner of the target that built the engine (ours for onnxruntime, ModelRunnerCpp for trtllm).
 
-    `runtime` (the config's RuntimeSection, when known) passes the KV-cache and CUDA-graph settings to ModelRunnerCpp,
-    and thread spinning to ours (unless `thread_spinning` is given).
+    `runtime` (the config's RuntimeSection, when known) passes the target's runtime settings (KV cache and CUDA
+    graphs to ModelRunnerCpp, thread spinning to ours unless `thread_spinning` is given).
     """
+    from pipeline.targets import engine_target, get_target
+
     config_file = engine_dir / "config.json"
     if not config_file.is_file():
         raise PipelineError(f"{config_file} not found: build the engine first (trtllm-pipeline build CONFIG)")
-    target = json.loads(config_file.read_text()).get("target", "trtllm")
-    if target == "onnxruntime":
-        from pipeline.runtime.model_runner import ModelRunner
-
-        if thread_spinning is None:  # an offline run has the cores to itself: "auto" spins
-            thread_spinning = runtime is None or runtime.cpu_thread_spinning != "off"
-        return ModelRunner.from_dir(engine_dir, num_threads=num_threads, thread_spinning=thread_spinning)
-    try:
-        from tensorrt_llm.runtime import ModelRunnerCpp
-    except ImportError:
-        raise TargetUnavailable(f"{engine_dir} is a TensorRT-LLM engine; running it needs an NVIDIA GPU and the tensorrt_llm package, which this machine lacks") from None
-    gpu_options = {} if runtime is None else {
-        "kv_cache_free_gpu_memory_fraction": runtime.kv_cache_free_gpu_mem_fraction,
-        "enable_chunked_context": runtime.enable_chunked_context,
-        "kv_cache_enable_block_reuse": runtime.enable_kv_cache_reuse,
-        "cuda_graph_mode": runtime.cuda_graph_mode,
-    }
-    return ModelRunnerCpp.from_dir(str(engine_dir), **gpu_options)
+    target = get_target(engine_target(json.loads(config_file.read_text())))
+    return target.load_runner(engine_dir, num_threads=num_threads, runtime=runtime, thread_spinning=thread_spinning)
 
 
 def run_batches(runner, tokenizer, prompts: list[Prompt], *, batch_size: int, chat: bool, end_id: int, pad_id: int,

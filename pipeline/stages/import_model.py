@@ -18,7 +18,7 @@ from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES
 NAME = "import"
 READS = ("model",)
 TOOLS = ("transformers", "gguf", "safetensors", "torch")
-TARGETS = ("onnxruntime", "trtllm")
+SOURCES: tuple[Path, ...] = ()
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")

@@ -1,24 +1,28 @@
 """Stage `triton_repo`: a Triton model repository (preprocessing, LLM, postprocessing, ensemble, BLS).
 
-Inputs: `runtime`, `triton`, `target`, the engine. Runtime knobs are read only here, so changing
-one re-runs only this stage. The repository refers to the engine directory by absolute path, as
-`gpt_model_path` does in TensorRT-LLM deployments.
+The target provides the LLM model (`Target.triton_llm_model`); the rest is the same for every target.
+Inputs: `runtime`, `triton`, `target`, the engine's `config.json`, the python models copied into the
+repository. Runtime knobs are read only here, so changing one re-runs only this stage. The repository
+refers to the engine directory by absolute path, as `gpt_model_path` does in TensorRT-LLM deployments.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pipeline.config import BuildConfig
+from pipeline.targets import target_of
+from pipeline.triton.repo import SHARED_MODEL_FILES, build_repo
 
 NAME = "triton_repo"
 READS = ("runtime", "triton", "target")
-TOOLS = ("tritonclient",)
-TARGETS: tuple[str, ...] = ("onnxruntime", "trtllm")
+TOOLS = ("tritonclient", "protobuf")
+SOURCES: tuple[Path, ...] = SHARED_MODEL_FILES
 
 
 def applies(cfg: BuildConfig) -> str | None:
-    return None
+    return target_of(cfg).skips(NAME, cfg)
 
 
 def deps(cfg: BuildConfig) -> list[Path]:
@@ -26,10 +30,11 @@ def deps(cfg: BuildConfig) -> list[Path]:
 
 
 def writes(cfg: BuildConfig) -> str:
-    return "Triton model repository (config.pbtxt per model)"
+    return target_of(cfg).writes(NAME, cfg)
 
 
 def run(cfg: BuildConfig, ctx) -> dict:
-    from pipeline.triton.repo import build_repo
-
-    return build_repo(cfg, ctx.upstream("engine"), ctx.out_dir, ctx.log)
+    engine_dir = ctx.upstream("engine").resolve()
+    engine = json.loads((engine_dir / "config.json").read_text())
+    llm_model = target_of(cfg).triton_llm_model(cfg, engine_dir, engine)
+    return build_repo(cfg, llm_model, engine_dir, engine, ctx.out_dir, ctx.log)

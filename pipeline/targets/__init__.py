@@ -1,9 +1,151 @@
-"""Target adapters: how each backend (onnxruntime on CPU, trtllm on GPU) performs the export and engine stages."""
+"""Targets: the backends a build compiles for, as registered adapters behind one small protocol.
 
-from importlib import import_module
-from types import ModuleType
+A stage never asks which target it runs for; it calls `target_of(cfg)` and the adapter does the
+backend's part (llama.cpp's `ModelBase.register` registry, TensorRT-LLM's one build config). Each
+adapter also says which config fields it honours, so a setting it would ignore is a `validate`
+error instead of a silently different engine, and which sources and tools shape each stage's
+output, so the build lock sees all the code a stage executes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
+
+from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    from pipeline.config import BuildConfig
+    from pipeline.triton.model_config import ModelSpec
+
+Problem = tuple[tuple[str, ...], str]  # (config field path, message with the fix)
+Log = Callable[[str], None]
 
 
-def adapter(target: str) -> ModuleType:
-    """The adapter module for a target name (`onnxruntime`, `trtllm`)."""
-    return import_module(f"pipeline.targets.{target}")
+class Target(Protocol):
+    """What a backend provides to the stages. Methods get the whole typed config; none re-reads YAML."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    # Config fields (dotted paths; a section name covers its fields) this target reads. Any other field set
+    # in a config for this target is a `validate` error naming the field and the target.
+    honours: ClassVar[frozenset[str]]
+    # Per stage: the Python modules (dotted) and copied files (paths) the target executes there, and the
+    # distributions whose versions shape the output. Both are hashed into the stage's lock entry.
+    sources: ClassVar[dict[str, tuple[str | Path, ...]]]
+    tools: ClassVar[dict[str, tuple[str, ...]]]
+
+    def unavailable(self) -> str | None:
+        """Why this machine cannot build and run this target's engines (None when it can)."""
+
+    def config_problems(self, cfg: BuildConfig) -> list[Problem]:
+        """The target's own rules over the config (values it cannot honour, combinations it cannot build)."""
+
+    def skips(self, stage: str, cfg: BuildConfig) -> str | None:
+        """Why `stage` does nothing for this config on this target (None when it runs)."""
+
+    def writes(self, stage: str, cfg: BuildConfig) -> str:
+        """What `stage` writes for this target, for `plan`."""
+
+    def quantize(self, cfg: BuildConfig, ctx) -> dict:
+        """Calibrate and quantize the imported checkpoint into ctx.out_dir (stage `quantize`)."""
+
+    def export(self, cfg: BuildConfig, ctx) -> dict:
+        """The imported (and quantized) checkpoint in the backend's input format, checked (stage `export`)."""
+
+    def build_engine(self, cfg: BuildConfig, ctx) -> dict:
+        """The engine and its `config.json` in ctx.out_dir, quality-gated (stage `engine`)."""
+
+    def triton_llm_model(self, cfg: BuildConfig, engine_dir: Path, engine: dict) -> ModelSpec:
+        """The Triton model that runs the engine; the rest of the repository is the same for every target."""
+
+    def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime: Any, thread_spinning: bool | None):
+        """A runner with ModelRunnerCpp's calling conventions for a built engine (`run`, benchmarks)."""
+
+    def verify(self, cfg: BuildConfig, output: Path, cache: Path, log: Log) -> tuple[Path, dict]:
+        """(what was scored, quality report) for a built output, as the build's quality gate computes it."""
+
+    def plan_notes(self, cfg: BuildConfig, output: Path) -> list[str]:
+        """Extra lines for `plan` (e.g. the exact engine command, a memory plan)."""
+
+
+TARGETS: dict[str, Target] = {}
+
+# Fields every target honours: the model, the engine's limits, the Triton repository and the quality gate.
+COMMON_FIELDS = frozenset({
+    "model", "target.name", "triton",
+    "quantization.weights", "quantization.method", "quantization.group_size", "quantization.exclude_modules",
+    "build.max_batch_size", "build.max_input_len", "build.max_seq_len", "build.max_num_tokens", "build.max_beam_width",
+    "runtime.batch_scheduler_policy", "runtime.enable_chunked_context", "runtime.max_queue_delay_microseconds",
+    "runtime.exclude_input_in_output", "runtime.max_tokens_in_paged_kv_cache",
+    "verify.eval_text", "verify.eval_tokens", "verify.max_perplexity_increase",
+})
+
+
+def register_target(cls: type) -> type:
+    """Class decorator: add one instance of the adapter to the registry under its `name`."""
+    if cls.name in TARGETS:
+        raise ValueError(f"target {cls.name!r} registered twice ({type(TARGETS[cls.name]).__qualname__}, {cls.__qualname__})")
+    missing = [attr for attr in ("summary", "honours", "sources", "tools") if not hasattr(cls, attr)]
+    if missing:  # fail at import, not in the middle of a build
+        raise TypeError(f"target {cls.__qualname__} lacks {', '.join(missing)}")
+    TARGETS[cls.name] = cls()
+    return cls
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise PipelineError(f"unknown target {name!r}; registered: {', '.join(TARGETS)}") from None
+
+
+def target_of(cfg: BuildConfig) -> Target:
+    return get_target(cfg.target.name)
+
+
+def engine_target(engine_config: dict) -> str:
+    """The target that built an engine directory, from its `config.json`.
+
+    Our engines record `target`; a TensorRT-LLM engine's config.json is written by trtllm-build itself,
+    which knows no such key.
+    """
+    return engine_config.get("target", "trtllm")
+
+
+def honoured(path: str, fields: frozenset[str]) -> bool:
+    """Whether dotted `path` is one of `fields` or lies inside a section listed there."""
+    parts = path.split(".")
+    return any(".".join(parts[:depth]) in fields for depth in range(1, len(parts) + 1))
+
+
+def given_fields(section, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Paths of the leaf fields set explicitly (in the YAML or an override) in a pydantic config."""
+    from pydantic import BaseModel
+
+    paths = []
+    for name in section.model_fields_set:
+        value = getattr(section, name)
+        if isinstance(value, BaseModel) and value.model_fields_set:
+            paths += given_fields(value, (*prefix, name))
+        elif not isinstance(value, BaseModel):
+            paths.append((*prefix, name))
+    return sorted(paths)
+
+
+def unhonoured_problems(cfg: BuildConfig) -> list[Problem]:
+    """A field set for a target that does not read it is an error: the engine would differ from the config."""
+    target = target_of(cfg)
+    problems = []
+    for path in given_fields(cfg):
+        dotted = ".".join(path)
+        if honoured(dotted, target.honours):
+            continue
+        others = [name for name, other in TARGETS.items() if name != target.name and honoured(dotted, other.honours)]
+        fix = f"remove it, or use target.name: {' or '.join(others)}" if others else "remove it"
+        problems.append((path, f"is not honoured by target {target.name}, so the engine would not be what the config says; {fix}"))
+    return problems
+
+
+# The registry: importing an adapter registers it (adapters import their heavy libraries only inside functions).
+from pipeline.targets import onnxruntime, trtllm  # noqa: E402,F401

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import StageError
+from pipeline.errors import BuildStepError
+from pipeline.models import ModelFacts
 
 ARCHITECTURES = ("LlamaForCausalLM",)
 OPSET = 23  # RMSNormalization
@@ -36,7 +37,7 @@ def supports(hf_dir: Path) -> str | None:
     architectures = config.get("architectures") or []
     if not set(architectures) & set(ARCHITECTURES):
         return f"architecture {architectures} is not one of {list(ARCHITECTURES)}"
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    head_dim = ModelFacts.from_hf_config(config).head_size
     if head_dim % 16:
         return f"head_dim {head_dim} is not a multiple of 16 (GroupQueryAttention on CPU needs it)"
     if config.get("hidden_act", "silu") != "silu":
@@ -65,7 +66,7 @@ def build(hf_dir: Path, out_path: Path) -> dict:
 
     why_not = supports(hf_dir)
     if why_not:
-        raise StageError("export", f"{hf_dir}: cannot build the fused graph: {why_not}; set target.onnx_graph: optimum")
+        raise BuildStepError(f"{hf_dir}: cannot build the fused graph: {why_not}; set target.onnx_graph: optimum")
     config = json.loads((hf_dir / "config.json").read_text())
     weights: dict[str, np.ndarray] = {}
     for file in sorted(hf_dir.glob("*.safetensors")):

