@@ -15,7 +15,7 @@ GENAI_SPEC ?= onnxruntime-genai==0.18.0
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
 GENAI_MODEL ?= $(OUTPUT)/genai-int4
 
-.PHONY: setup build-engine run-batch bench genai-peer serve plan validate test clean
+.PHONY: setup build-engine run-batch bench genai-peer serve plan validate test format clean
 
 setup: $(STAMP)
 
@@ -62,7 +62,14 @@ validate: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline validate $(CONFIG)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
+
+# ruff formats the tree and fixes what it can (imports); `make test` checks both.
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 clean:
 	rm -rf artifacts .pytest_cache

@@ -114,7 +114,8 @@ def _decision_table(decisions, title: str) -> Table:
 @app.command()
 @reports_errors
 def plan(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt,
-         force: bool = typer.Option(False, "--force", help="Plan as if every stage were forced to re-run.")):
+         force: bool = typer.Option(False, "--force", help="Plan as if every stage were forced to re-run."),
+         as_json: bool = typer.Option(False, "--json", help="Print the decisions as JSON (stage, status, reasons, writes) for scripts.")):
     """Show which stages are up to date, which would run and why (the config value, input file, tool
     version or source file that changed), and what each writes. Runs nothing.
 
@@ -127,7 +128,11 @@ def plan(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg
 
     cfg = _load(config, overrides)
     output = output or default_output(config)
-    console.print(_decision_table(make_plan(cfg, output, read_lock(output), force=force), f"plan for {config} → {output}"))
+    decisions = make_plan(cfg, output, read_lock(output), force=force)
+    if as_json:
+        print(json.dumps([{"stage": d.stage, "status": d.status, "reasons": d.reasons, "writes": d.writes} for d in decisions], indent=2))
+        return
+    console.print(_decision_table(decisions, f"plan for {config} → {output}"))
     target = target_of(cfg)
     unavailable = target.unavailable()
     if unavailable:

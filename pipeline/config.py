@@ -17,7 +17,6 @@ from pipeline.errors import ConfigError
 from pipeline.memory import GPUS
 from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES, ModelFacts, facts_from_gguf, facts_from_hf_dir
 from pipeline.targets import TARGETS, target_of, unhonoured_problems
-from pipeline.targets.trtllm import SUPPORTED_VERSIONS as SUPPORTED_TRTLLM_VERSIONS
 
 
 class Section(BaseModel):
@@ -40,7 +39,8 @@ class TargetSection(Section):
     name: Literal[tuple(TARGETS)] = Field(
         "onnxruntime", description="; ".join(f"{name}: {target.summary}" for name, target in TARGETS.items()) + "."
     )
-    trtllm_version: str = Field("0.19", description=f"TensorRT-LLM version targeted (picks flags and templates). Supported: {', '.join(SUPPORTED_TRTLLM_VERSIONS)}.")
+    trtllm_version: str = Field("0.19", description="trtllm: the TensorRT-LLM release targeted (picks flags and templates), "
+                                                     "e.g. \"0.19\"; `validate` names the supported ones.")
     onnx_graph: Literal["auto", "fused", "optimum"] = Field(
         "auto", description="onnxruntime: 'fused' builds ONNX Runtime's fused Llama graph (GroupQueryAttention with an in-place KV cache; "
                             "~3x faster decode, Llama-family checkpoints only), 'optimum' the optimum-onnx export (any architecture); "

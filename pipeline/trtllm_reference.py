@@ -129,3 +129,35 @@ def load_reference(checkpoint: Path, hf_dir: Path):
 
             modules[name].register_forward_pre_hook(pre)
     return model
+
+
+def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=print) -> dict:
+    """TensorRT-LLM checkpoint vs the fp32 HF model: perplexity, top-1 agreement, logits difference, a greedy sample."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from pipeline import quality
+    from pipeline.verify import WINDOW, eval_token_ids
+
+    ids = eval_token_ids(cfg, hf_dir, cache, log)
+    log(f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the checkpoint's reference forward")
+    hf_fn = quality.hf_logits_fn(hf_dir)
+    reference = load_reference(checkpoint, hf_dir)
+    ckpt_fn = quality.torch_logits_fn(reference)
+    window = ids[None, :WINDOW]
+    hf_logits, ckpt_logits = hf_fn(window), ckpt_fn(window)
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    prompt = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        sample = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    ref_ppl, ckpt_ppl = (quality.perplexity(fn, ids, WINDOW, WINDOW) for fn in (hf_fn, ckpt_fn))
+    return {
+        "eval_text": cfg.verify.eval_text,
+        "eval_tokens": int(len(ids)),
+        "reference_perplexity": round(ref_ppl, 4),
+        "engine_perplexity": round(ckpt_ppl, 4),
+        "perplexity_increase": round(ckpt_ppl / ref_ppl - 1, 5),
+        "top1_agreement": round(quality.top1_agreement(hf_logits, ckpt_logits), 4),
+        "max_abs_logits_diff": round(float(np.abs(hf_logits - ckpt_logits).max()), 5),
+        "greedy_sample": tokenizer.decode(sample[0, prompt.shape[1]:], skip_special_tokens=True),
+    }

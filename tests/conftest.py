@@ -14,6 +14,18 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need TensorRT-LLM and a GPU; `no_gpu` tests check what happens without them."""
+    from pipeline.targets import TARGETS
+
+    missing = TARGETS["trtllm"].unavailable()
+    for item in items:
+        if missing and "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=f"this machine cannot build TensorRT-LLM engines: {missing}"))
+        if not missing and "no_gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="this machine has a GPU and trtllm-build"))
+
+
 def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0) -> Path:
     """A randomly initialised 2-layer Llama with a word-level tokenizer, saved as an HF checkpoint."""
     import torch

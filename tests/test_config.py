@@ -30,7 +30,53 @@ INVALID = {
     "seq_beyond_model_positions": ("build:\n  max_seq_len: 10000\n", "build.max_seq_len", 2),
     "hf_path_missing": ("model:\n  source: hf\n  path: no/such/dir\n", "model.path", 3),
     "wrong_type": ("runtime:\n  kv_cache_free_gpu_mem_fraction: lots\n", "runtime.kv_cache_free_gpu_mem_fraction", 2),
+    "bad_int8_group": ("quantization:\n  weights: int8\n  group_size: 100\n", "quantization.group_size", 3),
+    "group_without_weights": ("quantization:\n  group_size: 64\n", "quantization.group_size", 2),
+    "int8_group_on_trtllm": ("target:\n  name: trtllm\nquantization:\n  weights: int8\n  group_size: 64\n", "quantization.group_size", 5),
+    "max_utilization_on_cpu": ("runtime:\n  batch_scheduler_policy: max_utilization\n", "runtime.batch_scheduler_policy", 2),
 }
+
+# Settings a target would silently ignore: each is a validate error naming the field and the target.
+UNHONOURED = {
+    "kv_reuse_on_cpu": ("runtime:\n  enable_kv_cache_reuse: true\n", "runtime.enable_kv_cache_reuse", 2, "onnxruntime"),
+    "streaming_on_cpu": ("runtime:\n  streaming: false\n", "runtime.streaming", 2, "onnxruntime"),
+    "cuda_graphs_on_cpu": ("runtime:\n  cuda_graph_mode: false\n", "runtime.cuda_graph_mode", 2, "onnxruntime"),
+    "batching_strategy_on_cpu": ("runtime:\n  batching_strategy: V1\n", "runtime.batching_strategy", 2, "onnxruntime"),
+    "plugin_on_cpu": ("build:\n  gemm_plugin: float16\n", "build.gemm_plugin", 2, "onnxruntime"),
+    "calibration_on_cpu": ("quantization:\n  weights: int8\n  calibration: {num_samples: 8}\n", "quantization.calibration.num_samples", 3,
+                           "onnxruntime"),
+    "tp_on_cpu": ("parallel:\n  tp_size: 1\n", "parallel.tp_size", 2, "onnxruntime"),
+    "cpu_threads_on_trtllm": ("target:\n  name: trtllm\nruntime:\n  cpu_threads: 4\n", "runtime.cpu_threads", 4, "trtllm"),
+    "onnx_graph_on_trtllm": ("target:\n  name: trtllm\n  onnx_graph: fused\n", "target.onnx_graph", 3, "trtllm"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNHONOURED))
+def test_a_setting_the_target_would_ignore_is_refused(tmp_path, name):
+    body, field, line, target = UNHONOURED[name]
+    path = write_config(tmp_path / f"{name}.yaml", body)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    matching = [p for p in info.value.problems if f": {field}: is not honoured by target {target}" in p]
+    assert matching and matching[0].startswith(f"{path}:{line}"), info.value.problems
+    assert len(info.value.problems) == 1, info.value.problems  # no second, overlapping rule
+
+
+def test_every_config_field_is_honoured_by_some_target():
+    from pipeline.config import leaf_field_paths
+    from pipeline.targets import TARGETS, honoured
+
+    orphans = [f for f in leaf_field_paths(BuildConfig) if not any(honoured(f, t.honours) for t in TARGETS.values())]
+    assert not orphans, f"fields no target reads: {orphans}"
+
+
+def test_head_size_honours_head_dim():
+    from pipeline.models import ModelFacts
+
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 2,
+              "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 100, "max_position_embeddings": 64}
+    assert ModelFacts.from_hf_config(config).head_size == 64
+    assert ModelFacts.from_hf_config({**config, "head_dim": 128}).head_size == 128
 
 
 @pytest.mark.parametrize("name", sorted(INVALID))

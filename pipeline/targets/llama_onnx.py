@@ -8,7 +8,7 @@ Per layer: SkipSimplifiedLayerNormalization, one fused QKV MatMul, GroupQueryAtt
 KV cache updated in place in a caller-owned buffer), o_proj, a fused gate/up MatMul, SiLU, down_proj.
 Every linear is a plain MatMul on a constant weight, so the engine stage quantizes it like any export.
 
-Interface (see `pipeline.runtime.kv_cache.SharedKV`, the runner side):
+Interface (see `pipeline.runtime.model_runner.SharedCache`, the runner side):
   input_ids              int64 [batch, seq]          new tokens, right-padded
   seqlens_k              int32 [batch]               per row: tokens in the cache after this step - 1
   total_sequence_length  int32 []                    max over rows of seqlens_k + 1

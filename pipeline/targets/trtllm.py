@@ -449,7 +449,8 @@ class TrtllmTarget:
     def export(self, cfg, ctx) -> dict:
         """TensorRT-LLM + unified HF checkpoints with ModelOpt, then conformance and the quality gate."""
         from pipeline.trtllm_checkpoint import check_checkpoint
-        from pipeline.verify import checkpoint_report, gate_problem
+        from pipeline.trtllm_reference import checkpoint_report
+        from pipeline.verify import gate_problem
 
         quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / "modelopt_state.pth").is_file() else None
         hf_dir = ctx.upstream("import")
@@ -502,7 +503,7 @@ class TrtllmTarget:
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
         """The TensorRT-LLM checkpoint itself, read back from every rank and run by a CPU reference forward."""
-        from pipeline.verify import checkpoint_report
+        from pipeline.trtllm_reference import checkpoint_report
 
         checkpoint = output / "export" / "trtllm_checkpoint"
         if not (checkpoint / "config.json").is_file():

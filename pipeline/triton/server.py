@@ -4,7 +4,8 @@
 The wheel is downloaded, never installed (it would downgrade the environment), and unpacked once
 into the cache. The python backend finds its stub only next to `libtriton_python.so`, and the stub
 finds our virtualenv only through PATH plus the interpreter's LIBDIR on LD_LIBRARY_PATH, so a
-private backend directory and environment are set up here (see docs/serving-on-cpu.md).
+private backend directory and environment are set up here. The python models import the installed
+`pipeline` package, so the server runs in the project's virtualenv.
 """
 
 from __future__ import annotations

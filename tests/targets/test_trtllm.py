@@ -55,14 +55,29 @@ def built(tmp_path_factory, tiny_llama):
     return results
 
 
+@pytest.mark.no_gpu
 @pytest.mark.parametrize("case", list(CASES))
-def test_checkpoint_is_exported_verified_and_the_engine_stops_without_gpu(built, case):
+def test_the_engine_stage_stops_without_gpu_naming_the_command(built, case):
     root, result = built[case]
-    _, _, algo, kv_algo = CASES[case]
     assert result.returncode == 4, result.stdout + result.stderr  # target unavailable: no GPU, no trtllm-build
     message = " ".join(result.stderr.split())
     assert "needs the trtllm-build command" in message and "/dev/nvidia0" in message and "trtllm-build --checkpoint_dir=" in message
     assert not (root / "out" / "engine").exists()  # nothing half-written, no fake engine
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_engine_and_repository_are_built_on_a_gpu(built, case):
+    root, result = built[case]
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert list((root / "out" / "engine").glob("rank*.engine"))
+    assert run_cli("validate-repo", str(root / "out" / "triton_repo")).returncode == 0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_checkpoint_is_exported_and_verified(built, case):
+    root, _ = built[case]
+    _, _, algo, kv_algo = CASES[case]
     checkpoint = root / "out" / "export" / "trtllm_checkpoint"
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["quantization"]["quant_algo"] == algo and config["quantization"]["kv_cache_quant_algo"] == kv_algo

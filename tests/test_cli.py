@@ -1,0 +1,40 @@
+"""The command line as users run it: verbs, help, exit codes, machine-readable output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.mark.parametrize("verb", ["validate", "plan", "build", "verify", "run", "serve", "validate-repo", "targets", "bench"])
+def test_every_verb_has_help_with_an_example(verb):
+    result = run_cli(verb, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Example" in result.stdout or verb == "bench", result.stdout
+
+
+def test_targets_lists_each_target_its_availability_and_the_fields_it_refuses():
+    result = run_cli("targets", env={"COLUMNS": "400"})
+    assert result.returncode == 0, result.stderr
+    cells = [cell.strip() for line in result.stdout.splitlines() for cell in line.split("│")]
+    onnxruntime, trtllm = cells.index("onnxruntime"), cells.index("trtllm")
+    assert cells[onnxruntime + 2] == "available" and "/dev/nvidia0" in cells[trtllm + 2]
+    assert "runtime.enable_kv_cache_reuse" in cells[onnxruntime + 3] and "runtime.cpu_threads" in cells[trtllm + 3]
+
+
+def test_plan_json_gives_every_stage_with_status_and_reason(tmp_path):
+    result = run_cli("plan", "build_configs/smollm2-135m-cpu.yaml", "--output", str(tmp_path / "out"), "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [r["stage"] for r in rows] == ["import", "quantize", "export", "engine", "triton_repo"]
+    assert rows[1]["status"] == "skipped" and "engine stage" in rows[1]["reasons"][0]
+    assert all(r["status"] == "will run" and r["reasons"] == ["never built"] for r in rows if r["stage"] != "quantize")
+
+
+def test_a_knob_the_target_ignores_fails_validate_with_exit_2():
+    result = run_cli("validate", "build_configs/smollm2-135m-cpu.yaml", "runtime.cuda_graph_mode=false")
+    assert result.returncode == 2
+    assert "runtime.cuda_graph_mode: is not honoured by target onnxruntime" in " ".join(result.stderr.split())

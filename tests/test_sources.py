@@ -1,0 +1,82 @@
+"""The lock sees all the code: editing a module a stage executes, or a file it copies, re-runs exactly
+that stage (and what depends on its output), and `plan` names the file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from pipeline.sources import source_files
+from tests.conftest import REPO, run_cli, write_config
+
+
+@pytest.fixture(scope="module")
+def built_tree(tmp_path_factory, tiny_llama):
+    """A private copy of the package (edited by the tests) and a full tiny CPU build made by that copy."""
+    root = tmp_path_factory.mktemp("sources")
+    shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    config = write_config(root / "tiny.yaml", f"""
+        model: {{source: hf, path: {tiny_llama}}}
+        build: {{max_batch_size: 2, max_input_len: 64, max_seq_len: 128, max_num_tokens: 64}}
+        verify: {{eval_tokens: 128}}
+    """)
+    result = run_cli("build", str(config), "--output", str(root / "out"), cwd=root)  # cwd first on sys.path: the copy runs
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root, config
+
+
+def plan_after_editing(built_tree, relative: str) -> dict[str, dict]:
+    root, config = built_tree
+    path = root / relative
+    original = path.read_bytes()
+    path.write_bytes(original + (b"\n# edited\n" if path.suffix == ".py" else b"\n"))
+    try:
+        result = run_cli("plan", str(config), "--output", str(root / "out"), "--json", cwd=root)
+    finally:
+        path.write_bytes(original)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {row["stage"]: row for row in json.loads(result.stdout)}
+
+
+def test_editing_the_fused_graph_builder_reruns_export_and_says_why(built_tree):
+    rows = plan_after_editing(built_tree, "pipeline/targets/llama_onnx.py")
+    assert rows["import"]["status"] == "up to date"
+    assert rows["export"]["status"] == "will run"
+    assert "code changed: pipeline/targets/llama_onnx.py" in rows["export"]["reasons"]
+    assert rows["triton_repo"]["status"] == "will run"  # downstream of a re-run export
+
+
+def test_editing_a_copied_triton_model_reruns_only_the_repository(built_tree):
+    rows = plan_after_editing(built_tree, "pipeline/triton/models/postprocessing.py")
+    assert {stage: row["status"] for stage, row in rows.items() if row["status"] == "will run"} == {"triton_repo": "will run"}
+    assert rows["triton_repo"]["reasons"] == ["code changed: pipeline/triton/models/postprocessing.py"]
+
+
+def test_editing_the_runtime_the_triton_model_imports_reruns_the_repository(built_tree):
+    rows = plan_after_editing(built_tree, "pipeline/runtime/scheduler.py")
+    assert rows["triton_repo"]["status"] == "will run"
+    assert "code changed: pipeline/runtime/scheduler.py" in rows["triton_repo"]["reasons"]
+    assert rows["import"]["status"] == "up to date"
+
+
+def test_editing_another_target_reruns_nothing(built_tree):
+    rows = plan_after_editing(built_tree, "pipeline/targets/trtllm.py")
+    assert {row["status"] for row in rows.values()} <= {"up to date", "skipped"}
+
+
+def test_an_unchanged_tree_is_up_to_date(built_tree):
+    root, config = built_tree
+    result = run_cli("build", str(config), "--output", str(root / "out"), cwd=root)
+    assert result.returncode == 0 and "nothing to do" in result.stdout, result.stdout + result.stderr
+
+
+def test_target_sources_exist_and_registries_are_not_followed():
+    from pipeline.targets import TARGETS
+
+    for target in TARGETS.values():
+        for stage, roots in target.sources.items():
+            files = source_files(roots)
+            assert len(files) >= len(roots), (target.name, stage)
+            assert not any(f.name == "trtllm.py" for f in files) or target.name == "trtllm", (target.name, stage, files)
