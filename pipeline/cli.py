@@ -91,14 +91,12 @@ def targets():
     from pipeline.config import BuildConfig, leaf_field_paths
     from pipeline.targets import TARGETS, honoured
 
-    table = Table(title="targets", title_justify="left")
-    for column in ("target", "what", "on this machine", "refuses (validate error when set)"):
-        table.add_column(column)
     for name, target in TARGETS.items():
         unavailable = target.unavailable()
         refused = [path for path in leaf_field_paths(BuildConfig) if not honoured(path, target.honours)]
-        table.add_row(name, target.summary, f"[yellow]{unavailable}[/]" if unavailable else "[green]available[/]", ", ".join(refused))
-    console.print(table)
+        console.print(f"[bold]{name}[/]: {target.summary}\n  on this machine: "
+                      + (f"[yellow]{unavailable}[/]" if unavailable else "[green]available[/]")
+                      + f"\n  refuses (a validate error when set): {', '.join(refused)}", highlight=False, soft_wrap=True)
 
 
 def _decision_table(decisions, title: str) -> Table:
