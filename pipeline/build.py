@@ -118,7 +118,9 @@ def run_stage(decision: Decision, cfg: BuildConfig, output: Path, lock: dict, co
     return entry
 
 
-def build(cfg: BuildConfig, output: Path, console: Console, until: str | None = None, force: bool = False) -> list[Decision]:
+def build(
+    cfg: BuildConfig, output: Path, console: Console, until: str | None = None, force: bool = False
+) -> list[Decision]:
     """Run every stage that is not up to date, in order; returns what happened to each."""
     done: list[Decision] = []
     with exclusive(output):
@@ -139,4 +141,3 @@ def build(cfg: BuildConfig, output: Path, console: Console, until: str | None = 
             if name == until:
                 break
     return done
-

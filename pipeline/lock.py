@@ -45,7 +45,11 @@ def hash_paths(paths: list[Path], cached: dict | None = None, root: Path | None 
     records = {}
     for base in paths:
         # __pycache__: the Triton python backend compiles the repository's modules where they lie
-        files = sorted(p for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if base.is_dir() else [base]
+        files = (
+            sorted(p for p in base.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+            if base.is_dir()
+            else [base]
+        )
         for file in files:
             key = str(file.relative_to(root)) if root else str(file)
             records[key] = file_record(file, cached.get(key))

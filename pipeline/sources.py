@@ -36,10 +36,17 @@ def imported_modules(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] == PACKAGE:
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] == PACKAGE
+        ):
             found.add(node.module)
             # `from pipeline.targets import trtllm` imports the module pipeline.targets.trtllm
-            found |= {f"{node.module}.{alias.name}" for alias in node.names if module_file(f"{node.module}.{alias.name}")}
+            found |= {
+                f"{node.module}.{alias.name}" for alias in node.names if module_file(f"{node.module}.{alias.name}")
+            }
     return found
 
 

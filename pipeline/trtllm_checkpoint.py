@@ -21,12 +21,28 @@ from pipeline.models import ModelFacts
 QUANT_ALGOS = {None, "FP8", "W8A16", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ"}
 KV_CACHE_ALGOS = {None, "FP8", "INT8"}
 # (weights, method) of the build config -> the quant_algo the checkpoint must declare
-EXPECTED_ALGO = {("none", "rtn"): None, ("fp8", "rtn"): "FP8", ("int8", "rtn"): "W8A16", ("int8", "smoothquant"): "W8A8_SQ_PER_CHANNEL",
-                 ("int4", "rtn"): "W4A16_AWQ", ("int4", "awq"): "W4A16_AWQ", ("int4", "w4a8_awq"): "W4A8_AWQ"}
+EXPECTED_ALGO = {
+    ("none", "rtn"): None,
+    ("fp8", "rtn"): "FP8",
+    ("int8", "rtn"): "W8A16",
+    ("int8", "smoothquant"): "W8A8_SQ_PER_CHANNEL",
+    ("int4", "rtn"): "W4A16_AWQ",
+    ("int4", "awq"): "W4A16_AWQ",
+    ("int4", "w4a8_awq"): "W4A8_AWQ",
+}
 F32 = "F32"
 # QuantConfig's fields (modeling_utils.py): any other key inside `quantization` makes TensorRT-LLM's loader raise
-QUANT_CONFIG_KEYS = {"quant_algo", "kv_cache_quant_algo", "group_size", "smoothquant_val", "clamp_val", "use_meta_recipe",
-                     "has_zero_point", "pre_quant_scale", "exclude_modules"}
+QUANT_CONFIG_KEYS = {
+    "quant_algo",
+    "kv_cache_quant_algo",
+    "group_size",
+    "smoothquant_val",
+    "clamp_val",
+    "use_meta_recipe",
+    "has_zero_point",
+    "pre_quant_scale",
+    "exclude_modules",
+}
 
 
 @dataclass(frozen=True)
@@ -60,15 +76,25 @@ def linear_tensors(prefix: str, linear: Linear, quant: dict, dtype: str) -> dict
     if algo is None:
         return {f"{prefix}.weight": (dtype, [out, inp])}
     if algo == "FP8":
-        return {f"{prefix}.weight": ("F8_E4M3", [out, inp]), f"{prefix}.weights_scaling_factor": (F32, [1]),
-                f"{prefix}.activation_scaling_factor": (F32, [1])}
+        return {
+            f"{prefix}.weight": ("F8_E4M3", [out, inp]),
+            f"{prefix}.weights_scaling_factor": (F32, [1]),
+            f"{prefix}.activation_scaling_factor": (F32, [1]),
+        }
     if algo == "W8A16":
         return {f"{prefix}.weight": ("I8", [out, inp]), f"{prefix}.weights_scaling_factor": (F32, [out])}
     if algo == "W8A8_SQ_PER_CHANNEL":
-        return {f"{prefix}.weight": ("I8", [out, inp]), f"{prefix}.weights_scaling_factor": (F32, [out]),
-                f"{prefix}.activation_scaling_factor": (F32, [1]), f"{prefix}.prequant_scaling_factor": (dtype, [inp])}
+        return {
+            f"{prefix}.weight": ("I8", [out, inp]),
+            f"{prefix}.weights_scaling_factor": (F32, [out]),
+            f"{prefix}.activation_scaling_factor": (F32, [1]),
+            f"{prefix}.prequant_scaling_factor": (dtype, [inp]),
+        }
     group = quant["group_size"]  # W4A16_AWQ / W4A8_AWQ: two int4 values per int8 along the output dimension
-    tensors = {f"{prefix}.weight": ("I8", [out // 2, inp]), f"{prefix}.weights_scaling_factor": (F32, [out, inp // group])}
+    tensors = {
+        f"{prefix}.weight": ("I8", [out // 2, inp]),
+        f"{prefix}.weights_scaling_factor": (F32, [out, inp // group]),
+    }
     if quant.get("pre_quant_scale"):
         tensors[f"{prefix}.prequant_scaling_factor"] = (dtype, [inp])
     if algo == "W4A8_AWQ":
@@ -137,13 +163,21 @@ def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
         "position_embedding_type": "rope_gpt_neox",
         "mapping": {"world_size": p.tp_size * p.pp_size, "tp_size": p.tp_size, "pp_size": p.pp_size},
     }
-    problems = [f"config.json: {key} is {ckpt.get(key)!r}, the model's value is {value!r}"
-                for key, value in want.items() if _differs(ckpt.get(key), value)
-                and not (key == "vocab_size" and ckpt.get(key) == padded_vocab(value, p.tp_size, ckpt.get("quantization", {}).get("quant_algo")))]
+    problems = [
+        f"config.json: {key} is {ckpt.get(key)!r}, the model's value is {value!r}"
+        for key, value in want.items()
+        if _differs(ckpt.get(key), value)
+        and not (
+            key == "vocab_size"
+            and ckpt.get(key) == padded_vocab(value, p.tp_size, ckpt.get("quantization", {}).get("quant_algo"))
+        )
+    ]
     quant = ckpt.get("quantization", {})
     unknown = sorted(set(quant) - QUANT_CONFIG_KEYS)
     if unknown:
-        problems.append(f"config.json: quantization has keys TensorRT-LLM's QuantConfig does not take (loading fails): {unknown}")
+        problems.append(
+            f"config.json: quantization has keys TensorRT-LLM's QuantConfig does not take (loading fails): {unknown}"
+        )
     algo, kv = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
     if algo in ("W4A16_AWQ", "W4A8_AWQ") and not quant.get("pre_quant_scale"):
         problems.append(f"config.json: {algo} needs quantization.pre_quant_scale: true")
@@ -151,12 +185,19 @@ def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
         problems.append(f"config.json: quantization.quant_algo {algo!r} is not one of {sorted(map(str, QUANT_ALGOS))}")
     expected = EXPECTED_ALGO.get((q.weights, q.method))
     if algo != expected:
-        problems.append(f"config.json: quantization.quant_algo is {algo!r}, but quantization {q.weights}/{q.method} needs {expected!r}")
+        problems.append(
+            f"config.json: quantization.quant_algo is {algo!r}, but quantization {q.weights}/{q.method} needs "
+            f"{expected!r}"
+        )
     expected_kv = {"none": None, "fp8": "FP8", "int8": "INT8"}[q.kv_cache]
     if kv not in KV_CACHE_ALGOS or kv != expected_kv:
-        problems.append(f"config.json: quantization.kv_cache_quant_algo is {kv!r}, but kv_cache {q.kv_cache} needs {expected_kv!r}")
+        problems.append(
+            f"config.json: quantization.kv_cache_quant_algo is {kv!r}, but kv_cache {q.kv_cache} needs {expected_kv!r}"
+        )
     if algo in ("W4A16_AWQ", "W4A8_AWQ") and quant.get("group_size") != q.group_size:
-        problems.append(f"config.json: quantization.group_size is {quant.get('group_size')}, the config asks {q.group_size}")
+        problems.append(
+            f"config.json: quantization.group_size is {quant.get('group_size')}, the config asks {q.group_size}"
+        )
     return problems
 
 
@@ -178,7 +219,9 @@ def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
     world = ckpt["mapping"]["world_size"]
     files = sorted(checkpoint.glob("rank*.safetensors"))
     if [f.name for f in files] != [f"rank{r}.safetensors" for r in range(world)]:
-        problems.append(f"expected rank0..rank{world - 1}.safetensors for world_size {world}, found {[f.name for f in files]}")
+        problems.append(
+            f"expected rank0..rank{world - 1}.safetensors for world_size {world}, found {[f.name for f in files]}"
+        )
     for rank in range(world):
         file = checkpoint / f"rank{rank}.safetensors"
         if not file.is_file():
@@ -191,8 +234,13 @@ def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
         for name in sorted(set(want) - set(have) - optional):
             problems.append(f"{file.name}: missing {name} ({want[name][0]} {want[name][1]})")
         for name in sorted(set(have) - set(want)):
-            problems.append(f"{file.name}: stray tensor {name} ({have[name][0]} {have[name][1]}) that TensorRT-LLM does not declare")
+            problems.append(
+                f"{file.name}: stray tensor {name} ({have[name][0]} {have[name][1]}) that TensorRT-LLM does not declare"
+            )
         for name in sorted(set(want) & set(have)):
             if want[name] != have[name]:
-                problems.append(f"{file.name}: {name} is {have[name][0]} {have[name][1]}, TensorRT-LLM expects {want[name][0]} {want[name][1]}")
+                problems.append(
+                    f"{file.name}: {name} is {have[name][0]} {have[name][1]}, TensorRT-LLM expects "
+                    f"{want[name][0]} {want[name][1]}"
+                )
     return problems

@@ -71,11 +71,14 @@ def load_reference(checkpoint: Path, hf_dir: Path):
     state, hooks = {}, {}
 
     def stage_ranks(pp_rank: int) -> list[dict]:
-        return ranks[pp_rank * tp:(pp_rank + 1) * tp]
+        return ranks[pp_rank * tp : (pp_rank + 1) * tp]
 
     first, last = stage_ranks(0), stage_ranks(pp - 1)
-    state["model.embed_tokens.weight"] = torch.cat([r["transformer.vocab_embedding.weight"] for r in first])[:vocab].float() \
-        if config.get("use_parallel_embedding") else first[0]["transformer.vocab_embedding.weight"][:vocab].float()
+    state["model.embed_tokens.weight"] = (
+        torch.cat([r["transformer.vocab_embedding.weight"] for r in first])[:vocab].float()
+        if config.get("use_parallel_embedding")
+        else first[0]["transformer.vocab_embedding.weight"][:vocab].float()
+    )
     state["lm_head.weight"] = torch.cat([r["lm_head.weight"] for r in last])[:vocab].float()
     state["model.norm.weight"] = last[0]["transformer.ln_f.weight"].float()
     per_stage = layers // pp
@@ -86,15 +89,27 @@ def load_reference(checkpoint: Path, hf_dir: Path):
         state[f"{hf}.post_attention_layernorm.weight"] = shard[0][f"{local}.post_layernorm.weight"].float()
         qkv = [dequantize(r, f"{local}.attention.qkv", algo) for r in shard]
         state[f"{hf}.self_attn.q_proj.weight"] = torch.cat([w[:q_rows] for w in qkv])
-        state[f"{hf}.self_attn.k_proj.weight"] = torch.cat([w[q_rows:q_rows + kv_per_rank] for t, w in enumerate(qkv) if t % kv_owner == 0])
-        state[f"{hf}.self_attn.v_proj.weight"] = torch.cat([w[q_rows + kv_per_rank:] for t, w in enumerate(qkv) if t % kv_owner == 0])
-        state[f"{hf}.self_attn.o_proj.weight"] = torch.cat([dequantize(r, f"{local}.attention.dense", algo) for r in shard], dim=1)
+        state[f"{hf}.self_attn.k_proj.weight"] = torch.cat(
+            [w[q_rows : q_rows + kv_per_rank] for t, w in enumerate(qkv) if t % kv_owner == 0]
+        )
+        state[f"{hf}.self_attn.v_proj.weight"] = torch.cat(
+            [w[q_rows + kv_per_rank :] for t, w in enumerate(qkv) if t % kv_owner == 0]
+        )
+        state[f"{hf}.self_attn.o_proj.weight"] = torch.cat(
+            [dequantize(r, f"{local}.attention.dense", algo) for r in shard], dim=1
+        )
         state[f"{hf}.mlp.gate_proj.weight"] = torch.cat([dequantize(r, f"{local}.mlp.fc", algo) for r in shard])
         state[f"{hf}.mlp.up_proj.weight"] = torch.cat([dequantize(r, f"{local}.mlp.gate", algo) for r in shard])
-        state[f"{hf}.mlp.down_proj.weight"] = torch.cat([dequantize(r, f"{local}.mlp.proj", algo) for r in shard], dim=1)
-        for trt, targets, split_dim in (("attention.qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), None),
-                                        ("attention.dense", ("self_attn.o_proj",), 0), ("mlp.fc", ("mlp.gate_proj",), None),
-                                        ("mlp.gate", ("mlp.up_proj",), None), ("mlp.proj", ("mlp.down_proj",), 0)):
+        state[f"{hf}.mlp.down_proj.weight"] = torch.cat(
+            [dequantize(r, f"{local}.mlp.proj", algo) for r in shard], dim=1
+        )
+        for trt, targets, split_dim in (
+            ("attention.qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), None),
+            ("attention.dense", ("self_attn.o_proj",), 0),
+            ("mlp.fc", ("mlp.gate_proj",), None),
+            ("mlp.gate", ("mlp.up_proj",), None),
+            ("mlp.proj", ("mlp.down_proj",), 0),
+        ):
             prequant = [r.get(f"{local}.{trt}.prequant_scaling_factor") for r in shard]
             act = shard[0].get(f"{local}.{trt}.activation_scaling_factor")
             if prequant[0] is None and act is None:
@@ -105,9 +120,18 @@ def load_reference(checkpoint: Path, hf_dir: Path):
             for target in targets:
                 hooks[f"{hf}.{target}"] = (factor, None if act is None else act.float(), kind)
         if kv_algo:
-            attention = {k.rsplit(".", 1)[-1]: v for k, v in shard[0].items() if k.startswith(f"{local}.attention.") and "cache_scaling" in k}
-            scale = (torch.max(attention["k_cache_scaling_factor"], attention["v_cache_scaling_factor"])  # as preprocess_weights does
-                     if "k_cache_scaling_factor" in attention else attention["kv_cache_scaling_factor"]).float()
+            attention = {
+                k.rsplit(".", 1)[-1]: v
+                for k, v in shard[0].items()
+                if k.startswith(f"{local}.attention.") and "cache_scaling" in k
+            }
+            scale = (
+                torch.max(
+                    attention["k_cache_scaling_factor"], attention["v_cache_scaling_factor"]
+                )  # as preprocess_weights does
+                if "k_cache_scaling_factor" in attention
+                else attention["kv_cache_scaling_factor"]
+            ).float()
             for target in ("self_attn.k_proj", "self_attn.v_proj"):
                 hooks[f"{hf}.{target}:out"] = (scale, "fp8" if kv_algo == "FP8" else "int8")
 
@@ -140,7 +164,10 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
     from pipeline.verify import WINDOW, eval_token_ids
 
     ids = eval_token_ids(cfg, hf_dir, cache, log)
-    log(f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the checkpoint's reference forward")
+    log(
+        f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the checkpoint's "
+        "reference forward"
+    )
     hf_fn = quality.hf_logits_fn(hf_dir)
     reference = load_reference(checkpoint, hf_dir)
     ckpt_fn = quality.torch_logits_fn(reference)
@@ -159,5 +186,5 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
         "perplexity_increase": round(ckpt_ppl / ref_ppl - 1, 5),
         "top1_agreement": round(quality.top1_agreement(hf_logits, ckpt_logits), 4),
         "max_abs_logits_diff": round(float(np.abs(hf_logits - ckpt_logits).max()), 5),
-        "greedy_sample": tokenizer.decode(sample[0, prompt.shape[1]:], skip_special_tokens=True),
+        "greedy_sample": tokenizer.decode(sample[0, prompt.shape[1] :], skip_special_tokens=True),
     }

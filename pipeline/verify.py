@@ -17,7 +17,6 @@ WINDOW = 512  # tokens per scored window; windows do not overlap, so each token 
 
 
 def eval_token_ids(cfg: BuildConfig, hf_dir: Path, cache: Path, log=print):
-    import numpy as np
     from transformers import AutoTokenizer
 
     text = load_text(cfg.verify.eval_text, cfg._base_dir, cache, log)
@@ -33,7 +32,9 @@ def perplexity_report(cfg: BuildConfig, hf_dir: Path, engine_dir: Path, cache: P
     ids = eval_token_ids(cfg, hf_dir, cache, log)
     log(f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the engine")
     reference = quality.perplexity(quality.hf_logits_fn(hf_dir), ids, WINDOW, WINDOW)
-    engine = quality.perplexity(quality.ort_logits_fn(engine_dir / "model.onnx", cfg.runtime.cpu_threads), ids, WINDOW, WINDOW)
+    engine = quality.perplexity(
+        quality.ort_logits_fn(engine_dir / "model.onnx", cfg.runtime.cpu_threads), ids, WINDOW, WINDOW
+    )
     return {
         "eval_text": cfg.verify.eval_text,
         "eval_tokens": int(len(ids)),
@@ -46,7 +47,9 @@ def perplexity_report(cfg: BuildConfig, hf_dir: Path, engine_dir: Path, cache: P
 def gate_problem(cfg: BuildConfig, report: dict) -> str | None:
     limit = cfg.verify.max_perplexity_increase
     if limit is not None and report["perplexity_increase"] > limit:
-        return (f"perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
-                f"(+{report['perplexity_increase']:.1%}) exceeds verify.max_perplexity_increase {limit:.0%}; "
-                "use a milder quantization (e.g. int8, a smaller group_size) or raise the limit")
+        return (
+            f"perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
+            f"(+{report['perplexity_increase']:.1%}) exceeds verify.max_perplexity_increase {limit:.0%}; "
+            "use a milder quantization (e.g. int8, a smaller group_size) or raise the limit"
+        )
     return None

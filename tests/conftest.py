@@ -36,12 +36,23 @@ def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0) -> Path:
     vocab = {tok: i for i, tok in enumerate(specials + [f"w{i}" for i in range(vocab_words)])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-        tie_word_embeddings=True, rms_norm_eps=1e-5,
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
     )
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(path, safe_serialization=True)
@@ -59,11 +70,17 @@ def write_config(path: Path, body: str) -> Path:
     return path
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 900
+) -> subprocess.CompletedProcess:
     """The real console script in a subprocess, as users run it."""
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args], cwd=cwd or REPO, capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})},
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
 
 

@@ -21,11 +21,13 @@ def test_percentiles_interpolate_like_numpy_and_handle_empty_input():
 
 
 def test_goodput_counts_only_successful_requests_within_both_objectives():
-    samples = [sample(0.1, [0.05] * 9, 10),  # meets both
-               sample(0.1, [0.05] * 9, 10),  # meets both
-               sample(3.0, [0.05] * 9, 10),  # TTFT too slow
-               sample(0.1, [0.5] * 9, 10),  # ITL too slow
-               sample(0.0, [], 0, error="boom")]  # failed
+    samples = [
+        sample(0.1, [0.05] * 9, 10),  # meets both
+        sample(0.1, [0.05] * 9, 10),  # meets both
+        sample(3.0, [0.05] * 9, 10),  # TTFT too slow
+        sample(0.1, [0.5] * 9, 10),  # ITL too slow
+        sample(0.0, [], 0, error="boom"),
+    ]  # failed
     s = summarize(samples, duration_s=2.0, slo_ttft_ms=1000, slo_itl_ms=100)
     assert s["requests"] == 5 and s["errors"] == 1
     assert s["goodput"] == 1.0 and s["goodput_fraction"] == 0.4  # 2 good requests in 2 s, of 5
@@ -39,8 +41,16 @@ def level(label: str, tput: float, ttft: float) -> dict:
 
 
 def test_compare_reports_ratios_side_by_side(tmp_path):
-    a = {"kind": "serve", "name": "int8", "levels": [level("concurrency 1", 40.0, 0.1), level("concurrency 16", 160.0, 0.5)]}
-    b = {"kind": "serve", "name": "fp32", "levels": [level("concurrency 1", 20.0, 0.2), level("concurrency 16", 80.0, 1.0)]}
+    a = {
+        "kind": "serve",
+        "name": "int8",
+        "levels": [level("concurrency 1", 40.0, 0.1), level("concurrency 16", 160.0, 0.5)],
+    }
+    b = {
+        "kind": "serve",
+        "name": "fp32",
+        "levels": [level("concurrency 1", 20.0, 0.2), level("concurrency 16", 80.0, 1.0)],
+    }
     for name, data in (("a", a), ("b", b)):
         (tmp_path / name).mkdir()
         report.write_json(tmp_path / name / "results.json", data)
@@ -63,28 +73,68 @@ def test_serve_table_and_plot_are_written(tmp_path):
 
 @pytest.mark.slow
 def test_bench_serve_runs_against_the_real_server_and_writes_a_report(smollm2_build, tmp_path):
-    result = run_cli("bench", "serve", str(smollm2_build / "triton_repo"), "--concurrency", "1", "--concurrency", "2",
-                     "--requests", "2", "--output-len", "8", "--out", str(tmp_path))
+    result = run_cli(
+        "bench",
+        "serve",
+        str(smollm2_build / "triton_repo"),
+        "--concurrency",
+        "1",
+        "--concurrency",
+        "2",
+        "--requests",
+        "2",
+        "--output-len",
+        "8",
+        "--out",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads((tmp_path / "latest-serve" / "results.json").read_text())
     assert [lv["summary"]["errors"] for lv in data["levels"]] == [0, 0]
-    assert all(s["output_tokens"] == 8 for lv in data["levels"] for s in lv["samples"])  # ignore_eos: exactly max_tokens each
+    assert all(
+        s["output_tokens"] == 8 for lv in data["levels"] for s in lv["samples"]
+    )  # ignore_eos: exactly max_tokens each
     assert (tmp_path / "latest-serve" / "throughput_vs_latency.png").is_file() and data["build"]["engine"]["metrics"]
 
 
 def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios(tiny_llama, tmp_path):
     from tests.conftest import write_config
 
-    config = write_config(tmp_path / "tiny.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\nverify:\n  eval_text: {tmp_path / 'text.txt'}\n")
+    config = write_config(
+        tmp_path / "tiny.yaml",
+        f"model:\n  source: hf\n  path: {tiny_llama}\nverify:\n  eval_text: {tmp_path / 'text.txt'}\n",
+    )
     (tmp_path / "text.txt").write_text(" ".join(f"w{i % 200}" for i in range(500)))
     assert run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "engine").returncode == 0
-    result = run_cli("bench", "offline", str(config), "--output", str(tmp_path / "out"), "--batch", "1", "--batch", "2",
-                     "--shape", "16x4", "--repeats", "1", "--both-spinning", "--out", str(tmp_path / "bench"))
+    result = run_cli(
+        "bench",
+        "offline",
+        str(config),
+        "--output",
+        str(tmp_path / "out"),
+        "--batch",
+        "1",
+        "--batch",
+        "2",
+        "--shape",
+        "16x4",
+        "--repeats",
+        "1",
+        "--both-spinning",
+        "--out",
+        str(tmp_path / "bench"),
+    )
     assert result.returncode == 0, result.stderr
     results = json.loads((tmp_path / "bench" / "latest-offline" / "results.json").read_text())
     engines = {(r["engine"], r["batch"]) for r in results["rows"]}
-    assert engines == {(name, batch) for name in ("transformers fp32", "ours (out)", "ours (out, spinning threads)") for batch in (1, 2)}
+    assert engines == {
+        (name, batch)
+        for name in ("transformers fp32", "ours (out)", "ours (out, spinning threads)")
+        for batch in (1, 2)
+    }
     ours = [r for r in results["rows"] if r["engine"].startswith("ours")]
     assert all(r["ratio_vs_transformers"] > 0 and len(r["raw_s"]) == 1 for r in ours)
-    missing = run_cli("bench", "offline", str(config), "--output", str(tmp_path / "out"), "--genai-model", str(tmp_path))
+    missing = run_cli(
+        "bench", "offline", str(config), "--output", str(tmp_path / "out"), "--genai-model", str(tmp_path)
+    )
     assert missing.returncode != 0 and "no genai_config.json" in missing.stderr

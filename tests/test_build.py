@@ -44,7 +44,9 @@ def every_stage_runs(monkeypatch):
         def run(cfg, ctx, module=module, real=module.run):
             if cfg.target.name != "trtllm":
                 return real(cfg, ctx)
-            (ctx.out_dir / "params.json").write_text(json.dumps({p: str(getattr(cfg, p.split(".")[0])) for p in module.READS}))
+            (ctx.out_dir / "params.json").write_text(
+                json.dumps({p: str(getattr(cfg, p.split(".")[0])) for p in module.READS})
+            )
             return {}
 
         monkeypatch.setattr(module, "run", run)
@@ -73,8 +75,15 @@ def test_quantization_change_reruns_from_quantize_on_trtllm(tmp_path, tiny_llama
     output = tmp_path / "out"
     cfg = load_config(tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\nquantization:\n  weights: int8\n"))
     build(cfg, output, Console(file=open(os.devnull, "w")))
-    changed = load_config(tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\nquantization:\n  weights: int4\n  group_size: 32\n"))
-    assert [s for s, v in statuses(changed, output).items() if v == WILL_RUN] == ["quantize", "export", "engine", "triton_repo"]
+    changed = load_config(
+        tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\nquantization:\n  weights: int4\n  group_size: 32\n")
+    )
+    assert [s for s, v in statuses(changed, output).items() if v == WILL_RUN] == [
+        "quantize",
+        "export",
+        "engine",
+        "triton_repo",
+    ]
 
 
 def test_import_output_is_trusted_only_while_unmodified(tmp_path, tiny_llama):
@@ -91,8 +100,12 @@ def test_import_output_is_trusted_only_while_unmodified(tmp_path, tiny_llama):
 def test_killed_stage_leaves_nothing_trusted(tmp_path, tiny_llama):
     output = tmp_path / "out"
     config = tiny_config(tmp_path, tiny_llama)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", str(config), "--output", str(output)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "build", str(config), "--output", str(output)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while not list(output.glob(".tmp-import-*")) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -9,7 +9,9 @@ import pytest
 from tests.conftest import run_cli
 
 
-@pytest.mark.parametrize("verb", ["validate", "plan", "build", "verify", "run", "serve", "validate-repo", "targets", "bench"])
+@pytest.mark.parametrize(
+    "verb", ["validate", "plan", "build", "verify", "run", "serve", "validate-repo", "targets", "bench"]
+)
 def test_every_verb_has_help_with_an_example(verb):
     result = run_cli(verb, "--help")
     assert result.returncode == 0, result.stderr
@@ -21,7 +23,9 @@ def test_targets_lists_each_target_its_availability_and_the_fields_it_refuses():
     assert result.returncode == 0, result.stderr
     onnxruntime, trtllm = result.stdout.split("\ntrtllm: ")
     assert "on this machine: available" in onnxruntime and "runtime.enable_kv_cache_reuse" in onnxruntime
-    assert "/dev/nvidia0" in trtllm and "runtime.cpu_threads" in trtllm and "runtime.enable_kv_cache_reuse" not in trtllm
+    assert (
+        "/dev/nvidia0" in trtllm and "runtime.cpu_threads" in trtllm and "runtime.enable_kv_cache_reuse" not in trtllm
+    )
 
 
 def test_plan_json_gives_every_stage_with_status_and_reason(tmp_path):

@@ -15,15 +15,31 @@ INVALID = {
     "seq_shorter_than_input": ("build:\n  max_input_len: 512\n  max_seq_len: 256\n", "build.max_seq_len", 3),
     "fp8_weights_on_cpu": ("quantization:\n  weights: fp8\n", "quantization.weights", 2),
     "fp8_kv_on_cpu": ("quantization:\n  kv_cache: fp8\n", "quantization.kv_cache", 2),
-    "fp8_fmha_without_fp8": ("target:\n  name: trtllm\nbuild:\n  use_fp8_context_fmha: true\n", "build.use_fp8_context_fmha", 4),
-    "kv_quant_without_paged": ("target:\n  name: trtllm\nquantization:\n  kv_cache: int8\nbuild:\n  kv_cache_type: continuous\n", "quantization.kv_cache", 4),
+    "fp8_fmha_without_fp8": (
+        "target:\n  name: trtllm\nbuild:\n  use_fp8_context_fmha: true\n",
+        "build.use_fp8_context_fmha",
+        4,
+    ),
+    "kv_quant_without_paged": (
+        "target:\n  name: trtllm\nquantization:\n  kv_cache: int8\nbuild:\n  kv_cache_type: continuous\n",
+        "quantization.kv_cache",
+        4,
+    ),
     "tp_not_dividing_heads": ("target:\n  name: trtllm\nparallel:\n  tp_size: 2\n", "parallel.tp_size", 4),
     "pp_not_dividing_layers": ("target:\n  name: trtllm\nparallel:\n  pp_size: 4\n", "parallel.pp_size", 4),
-    "awq_without_calibration": ("target:\n  name: trtllm\nquantization:\n  weights: int4\n  method: awq\n", "quantization.calibration", 3),
+    "awq_without_calibration": (
+        "target:\n  name: trtllm\nquantization:\n  weights: int4\n  method: awq\n",
+        "quantization.calibration",
+        3,
+    ),
     "unknown_weights_value": ("quantization:\n  weights: int3\n", "quantization.weights", 2),
     "negative_batch": ("build:\n  max_batch_size: 0\n", "build.max_batch_size", 2),
     "beam_on_cpu": ("build:\n  max_beam_width: 4\n", "build.max_beam_width", 2),
-    "reuse_without_paged_fmha": ("target:\n  name: trtllm\nbuild:\n  use_paged_context_fmha: false\nruntime:\n  enable_kv_cache_reuse: true\n", "runtime.enable_kv_cache_reuse", 6),
+    "reuse_without_paged_fmha": (
+        "target:\n  name: trtllm\nbuild:\n  use_paged_context_fmha: false\nruntime:\n  enable_kv_cache_reuse: true\n",
+        "runtime.enable_kv_cache_reuse",
+        6,
+    ),
     "num_tokens_below_input": ("build:\n  max_num_tokens: 256\n  max_input_len: 512\n", "build.max_num_tokens", 2),
     "bad_int4_group": ("quantization:\n  weights: int4\n  group_size: 100\n", "quantization.group_size", 3),
     "unsupported_trtllm_version": ("target:\n  name: trtllm\n  trtllm_version: '0.9'\n", "target.trtllm_version", 3),
@@ -32,8 +48,16 @@ INVALID = {
     "wrong_type": ("runtime:\n  kv_cache_free_gpu_mem_fraction: lots\n", "runtime.kv_cache_free_gpu_mem_fraction", 2),
     "bad_int8_group": ("quantization:\n  weights: int8\n  group_size: 100\n", "quantization.group_size", 3),
     "group_without_weights": ("quantization:\n  group_size: 64\n", "quantization.group_size", 2),
-    "int8_group_on_trtllm": ("target:\n  name: trtllm\nquantization:\n  weights: int8\n  group_size: 64\n", "quantization.group_size", 5),
-    "max_utilization_on_cpu": ("runtime:\n  batch_scheduler_policy: max_utilization\n", "runtime.batch_scheduler_policy", 2),
+    "int8_group_on_trtllm": (
+        "target:\n  name: trtllm\nquantization:\n  weights: int8\n  group_size: 64\n",
+        "quantization.group_size",
+        5,
+    ),
+    "max_utilization_on_cpu": (
+        "runtime:\n  batch_scheduler_policy: max_utilization\n",
+        "runtime.batch_scheduler_policy",
+        2,
+    ),
 }
 
 # Settings a target would silently ignore: each is a validate error naming the field and the target.
@@ -43,10 +67,19 @@ UNHONOURED = {
     "cuda_graphs_on_cpu": ("runtime:\n  cuda_graph_mode: false\n", "runtime.cuda_graph_mode", 2, "onnxruntime"),
     "batching_strategy_on_cpu": ("runtime:\n  batching_strategy: V1\n", "runtime.batching_strategy", 2, "onnxruntime"),
     "plugin_on_cpu": ("build:\n  gemm_plugin: float16\n", "build.gemm_plugin", 2, "onnxruntime"),
-    "calibration_on_cpu": ("quantization:\n  weights: int8\n  calibration: {num_samples: 8}\n", "quantization.calibration.num_samples", 3,
-                           "onnxruntime"),
+    "calibration_on_cpu": (
+        "quantization:\n  weights: int8\n  calibration: {num_samples: 8}\n",
+        "quantization.calibration.num_samples",
+        3,
+        "onnxruntime",
+    ),
     "tp_on_cpu": ("parallel:\n  tp_size: 1\n", "parallel.tp_size", 2, "onnxruntime"),
-    "cpu_threads_on_trtllm": ("target:\n  name: trtllm\nruntime:\n  cpu_threads: 4\n", "runtime.cpu_threads", 4, "trtllm"),
+    "cpu_threads_on_trtllm": (
+        "target:\n  name: trtllm\nruntime:\n  cpu_threads: 4\n",
+        "runtime.cpu_threads",
+        4,
+        "trtllm",
+    ),
     "onnx_graph_on_trtllm": ("target:\n  name: trtllm\n  onnx_graph: fused\n", "target.onnx_graph", 3, "trtllm"),
 }
 
@@ -73,8 +106,16 @@ def test_every_config_field_is_honoured_by_some_target():
 def test_head_size_honours_head_dim():
     from pipeline.models import ModelFacts
 
-    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 2,
-              "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 100, "max_position_embeddings": 64}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 100,
+        "max_position_embeddings": 64,
+    }
     assert ModelFacts.from_hf_config(config).head_size == 64
     assert ModelFacts.from_hf_config({**config, "head_dim": 128}).head_size == 128
 
@@ -91,7 +132,9 @@ def test_invalid_config_names_file_line_and_field(tmp_path, name):
 
 
 def test_every_error_is_reported_not_just_the_first(tmp_path):
-    path = write_config(tmp_path / "many.yaml", """
+    path = write_config(
+        tmp_path / "many.yaml",
+        """
         quantization:
           weights: fp8
           kv_cache: fp8
@@ -99,7 +142,8 @@ def test_every_error_is_reported_not_just_the_first(tmp_path):
           max_input_len: 512
           max_seq_len: 256
           max_beam_width: 2
-    """)
+    """,
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path)
     fields = " ".join(info.value.problems)
@@ -107,7 +151,10 @@ def test_every_error_is_reported_not_just_the_first(tmp_path):
         assert field in fields
 
 
-@pytest.mark.parametrize("typo,suggestion", [("max_batchsize", "max_batch_size"), ("tokens_per_blok", "tokens_per_block"), ("kv_cache_typ", "kv_cache_type")])
+@pytest.mark.parametrize(
+    "typo,suggestion",
+    [("max_batchsize", "max_batch_size"), ("tokens_per_blok", "tokens_per_block"), ("kv_cache_typ", "kv_cache_type")],
+)
 def test_unknown_key_gets_did_you_mean(tmp_path, typo, suggestion):
     path = write_config(tmp_path / "typo.yaml", f"build:\n  {typo}: 4\n")
     with pytest.raises(ConfigError) as info:
@@ -127,7 +174,7 @@ def test_unknown_section_lists_known_sections(tmp_path):
 def test_relative_model_path_resolves_against_config_file(tmp_path, tiny_llama):
     sub = tmp_path / "configs"
     sub.mkdir()
-    path = write_config(sub / "tiny.yaml", f"model:\n  source: hf\n  path: ../model\n")
+    path = write_config(sub / "tiny.yaml", "model:\n  source: hf\n  path: ../model\n")
     (tmp_path / "model").symlink_to(tiny_llama)
     cfg = load_config(path)
     assert cfg.resolve_path(cfg.model.path) == tiny_llama.resolve()
@@ -149,7 +196,9 @@ def test_shipped_configs_are_valid(config, tmp_path):
 
     model = yaml.safe_load(config.read_text()).get("model", {})
     overrides = []
-    if model.get("source") == "hf" and not Path(model["path"]).exists():  # a GPU example: the checkpoint is downloaded by the user
+    if (
+        model.get("source") == "hf" and not Path(model["path"]).exists()
+    ):  # a GPU example: the checkpoint is downloaded by the user
         overrides = [f"model.path={llama_shape(tmp_path, '70b' if '70b' in config.name else '8b')}"]
     cfg = load_config(config, overrides)
     assert isinstance(cfg, BuildConfig)

@@ -15,7 +15,9 @@ def test_default_engine_passes_its_quality_gate_and_records_it(smollm2_build):
     lock = json.loads((smollm2_build / "build.lock.json").read_text())
     engine = lock["stages"]["engine"]["metrics"]
     assert lock["stages"]["export"]["metrics"]["graph"] == "fused"
-    assert engine["weights"] == "int8" and engine["quantized_matmuls"] == 30 * 4 + 1  # qkv, o, gate_up, down per layer + lm_head
+    assert (
+        engine["weights"] == "int8" and engine["quantized_matmuls"] == 30 * 4 + 1
+    )  # qkv, o, gate_up, down per layer + lm_head
     assert 0 <= engine["perplexity_increase"] <= 0.05
     assert lock["stages"]["export"]["metrics"]["max_abs_logits_diff"] < 1e-3
     config = json.loads((smollm2_build / "engine" / "config.json").read_text())
@@ -24,8 +26,17 @@ def test_default_engine_passes_its_quality_gate_and_records_it(smollm2_build):
 
 def test_chat_answer_is_english_and_stops_at_end_of_turn(smollm2_build, tmp_path):
     out = tmp_path / "r.jsonl"
-    result = run_cli("run", str(smollm2_build / "engine"), "--chat", "-p", "What is the capital of France? Answer in one sentence.", "--max-tokens", "40",
-                     "--output-file", str(out))
+    result = run_cli(
+        "run",
+        str(smollm2_build / "engine"),
+        "--chat",
+        "-p",
+        "What is the capital of France? Answer in one sentence.",
+        "--max-tokens",
+        "40",
+        "--output-file",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert "Paris" in row["text"]

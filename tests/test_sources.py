@@ -17,12 +17,17 @@ def built_tree(tmp_path_factory, tiny_llama):
     """A private copy of the package (edited by the tests) and a full tiny CPU build made by that copy."""
     root = tmp_path_factory.mktemp("sources")
     shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    config = write_config(root / "tiny.yaml", f"""
+    config = write_config(
+        root / "tiny.yaml",
+        f"""
         model: {{source: hf, path: {tiny_llama}}}
         build: {{max_batch_size: 2, max_input_len: 64, max_seq_len: 128, max_num_tokens: 64}}
         verify: {{eval_tokens: 128}}
-    """)
-    result = run_cli("build", str(config), "--output", str(root / "out"), cwd=root)  # cwd first on sys.path: the copy runs
+    """,
+    )
+    result = run_cli(
+        "build", str(config), "--output", str(root / "out"), cwd=root
+    )  # cwd first on sys.path: the copy runs
     assert result.returncode == 0, result.stdout + result.stderr
     return root, config
 
@@ -50,7 +55,9 @@ def test_editing_the_fused_graph_builder_reruns_export_and_says_why(built_tree):
 
 def test_editing_a_copied_triton_model_reruns_only_the_repository(built_tree):
     rows = plan_after_editing(built_tree, "pipeline/triton/models/postprocessing.py")
-    assert {stage: row["status"] for stage, row in rows.items() if row["status"] == "will run"} == {"triton_repo": "will run"}
+    assert {stage: row["status"] for stage, row in rows.items() if row["status"] == "will run"} == {
+        "triton_repo": "will run"
+    }
     assert rows["triton_repo"]["reasons"] == ["code changed: pipeline/triton/models/postprocessing.py"]
 
 

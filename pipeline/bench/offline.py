@@ -41,7 +41,7 @@ def workload(tokenizer, text: str, batch: int, input_len: int) -> list[torch.Ten
     """Prompts of exactly input_len real tokens, a different window of the text per row."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     ids = ids * (input_len * (batch + 1) // len(ids) + 1)
-    return [torch.tensor(ids[row * input_len:(row + 1) * input_len]) for row in range(batch)]
+    return [torch.tensor(ids[row * input_len : (row + 1) * input_len]) for row in range(batch)]
 
 
 def time_runner(runner, prompts: list[torch.Tensor], output_len: int) -> tuple[float, float]:
@@ -83,7 +83,9 @@ def time_genai(model, prompts: list[torch.Tensor], output_len: int) -> tuple[flo
     return first, time.perf_counter() - started
 
 
-def measure(name: str, timer, tokenizer, text: str, batches: list[int], shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
+def measure(
+    name: str, timer, tokenizer, text: str, batches: list[int], shapes: list[tuple[int, int]], repeats: int
+) -> list[dict]:
     rows = []
     for input_len, output_len in shapes:
         for batch in batches:
@@ -93,16 +95,34 @@ def measure(name: str, timer, tokenizer, text: str, batches: list[int], shapes: 
                 runs = [timer(prompts, output_len) for _ in range(repeats)]
             ttft = statistics.median(first for first, _ in runs)
             total = statistics.median(t for _, t in runs)
-            rows.append({"engine": name, "batch": batch, "input_len": input_len, "output_len": output_len,
-                         "ttft_ms": round(ttft * 1000, 1),
-                         "decode_tok_s_per_seq": round((output_len - 1) / max(1e-9, total - ttft), 1),
-                         "total_tok_s": round(batch * output_len / total, 1), "peak_rss_mib": round(rss["mib"]),
-                         "raw_s": [[round(f, 4), round(t, 4)] for f, t in runs]})
+            rows.append(
+                {
+                    "engine": name,
+                    "batch": batch,
+                    "input_len": input_len,
+                    "output_len": output_len,
+                    "ttft_ms": round(ttft * 1000, 1),
+                    "decode_tok_s_per_seq": round((output_len - 1) / max(1e-9, total - ttft), 1),
+                    "total_tok_s": round(batch * output_len / total, 1),
+                    "peak_rss_mib": round(rss["mib"]),
+                    "raw_s": [[round(f, 4), round(t, 4)] for f, t in runs],
+                }
+            )
     return rows
 
 
-def run_offline(engine_dir: Path, hf_dir: Path, text: str, batches: list[int], shapes: list[tuple[int, int]], repeats: int,
-                threads: int, genai_dir: Path | None = None, thread_spinning: tuple[bool, ...] = (False,), log=print) -> list[dict]:
+def run_offline(
+    engine_dir: Path,
+    hf_dir: Path,
+    text: str,
+    batches: list[int],
+    shapes: list[tuple[int, int]],
+    repeats: int,
+    threads: int,
+    genai_dir: Path | None = None,
+    thread_spinning: tuple[bool, ...] = (False,),
+    log=print,
+) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.runtime.batch import load_runner
@@ -111,8 +131,10 @@ def run_offline(engine_dir: Path, hf_dir: Path, text: str, batches: list[int], s
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     log(f"transformers fp32 ({hf_dir})")
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    peers = measure("transformers fp32", lambda p, n: time_transformers(model, p, n), tokenizer, text, batches, shapes, repeats)
-    del model
+    peers = measure(
+        "transformers fp32", lambda p, n: time_transformers(model, p, n), tokenizer, text, batches, shapes, repeats
+    )
+    model = None  # free it (a lambda above holds the name)
     gc.collect()
     genai = []
     if genai_dir is not None:
@@ -120,8 +142,15 @@ def run_offline(engine_dir: Path, hf_dir: Path, text: str, batches: list[int], s
 
         log(f"onnxruntime-genai ({genai_dir})")
         genai_model = og.Model(str(genai_dir))
-        genai = measure(f"onnxruntime-genai ({genai_dir.name})", lambda p, n: time_genai(genai_model, p, n), tokenizer, text,
-                        batches, shapes, repeats)
+        genai = measure(
+            f"onnxruntime-genai ({genai_dir.name})",
+            lambda p, n: time_genai(genai_model, p, n),
+            tokenizer,
+            text,
+            batches,
+            shapes,
+            repeats,
+        )
         del genai_model
         gc.collect()
     ours = []
@@ -130,12 +159,14 @@ def run_offline(engine_dir: Path, hf_dir: Path, text: str, batches: list[int], s
         name = f"ours ({engine_dir.parent.name}{', spinning threads' if spinning else ''})"
         log(name)
         ours += measure(name, lambda p, n: time_runner(runner, p, n), tokenizer, text, batches, shapes, repeats)
-        del runner
+        runner = None  # free it before the next load
         gc.collect()
     for peer_rows, key in ((peers, "ratio_vs_transformers"), (genai, "ratio_vs_genai")):
         by_point = {(r["batch"], r["input_len"], r["output_len"]): r for r in peer_rows}
         for row in ours if by_point else []:
             peer = by_point[(row["batch"], row["input_len"], row["output_len"])]
             row[key] = round(row["total_tok_s"] / peer["total_tok_s"], 2)
-            row[key.replace("ratio", "decode_ratio")] = round(row["decode_tok_s_per_seq"] / peer["decode_tok_s_per_seq"], 2)
+            row[key.replace("ratio", "decode_ratio")] = round(
+                row["decode_tok_s_per_seq"] / peer["decode_tok_s_per_seq"], 2
+            )
     return peers + genai + ours

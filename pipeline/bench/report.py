@@ -20,8 +20,14 @@ def machine_info() -> dict:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-            "cpus_usable": len(os.sched_getaffinity(0)), "ram_gib": round(psutil.virtual_memory().total / 2**30, 1), "packages": packages}
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "packages": packages,
+    }
 
 
 def build_info(output: Path) -> dict:
@@ -30,8 +36,11 @@ def build_info(output: Path) -> dict:
     if not lock.is_file():
         return {}
     stages = json.loads(lock.read_text()).get("stages", {})
-    return {name: {k: v for k, v in entry.items() if k in ("input_hash", "tools", "metrics", "params")}
-            for name, entry in stages.items() if name in ("engine", "triton_repo")}
+    return {
+        name: {k: v for k, v in entry.items() if k in ("input_hash", "tools", "metrics", "params")}
+        for name, entry in stages.items()
+        if name in ("engine", "triton_repo")
+    }
 
 
 def results_dir(root: Path, kind: str) -> Path:
@@ -60,23 +69,77 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 def serve_table(levels: list[dict]) -> str:
     base = levels[0]["summary"]["output_token_throughput"] or 1.0
-    rows = [[lv["label"], lv["summary"]["requests"], lv["summary"]["errors"], lv["summary"]["request_throughput"],
-             lv["summary"]["output_token_throughput"], f"{lv['summary']['output_token_throughput'] / base:.2f}x",
-             lv["summary"]["ttft_ms"]["p50"], lv["summary"]["ttft_ms"]["p99"], lv["summary"]["itl_ms"]["p50"], lv["summary"]["itl_ms"]["p99"],
-             lv["summary"]["e2e_ms"]["p90"], lv["summary"]["goodput"]] for lv in levels]
-    return markdown_table(["load", "requests", "errors", "req/s", "output tok/s", f"vs {levels[0]['label']}", "TTFT p50 ms",
-                           "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "E2E p90 ms", "goodput req/s"], rows)
+    rows = [
+        [
+            lv["label"],
+            lv["summary"]["requests"],
+            lv["summary"]["errors"],
+            lv["summary"]["request_throughput"],
+            lv["summary"]["output_token_throughput"],
+            f"{lv['summary']['output_token_throughput'] / base:.2f}x",
+            lv["summary"]["ttft_ms"]["p50"],
+            lv["summary"]["ttft_ms"]["p99"],
+            lv["summary"]["itl_ms"]["p50"],
+            lv["summary"]["itl_ms"]["p99"],
+            lv["summary"]["e2e_ms"]["p90"],
+            lv["summary"]["goodput"],
+        ]
+        for lv in levels
+    ]
+    return markdown_table(
+        [
+            "load",
+            "requests",
+            "errors",
+            "req/s",
+            "output tok/s",
+            f"vs {levels[0]['label']}",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "ITL p50 ms",
+            "ITL p99 ms",
+            "E2E p90 ms",
+            "goodput req/s",
+        ],
+        rows,
+    )
 
 
 def offline_table(rows: list[dict]) -> str:
     """Ratios are ours / peer: total tok/s (decode tok/s per sequence in brackets)."""
+
     def ratio(row: dict, peer: str):
         return f"{row[f'ratio_vs_{peer}']}x ({row[f'decode_ratio_vs_{peer}']}x)" if f"ratio_vs_{peer}" in row else None
 
-    return markdown_table(["engine", "batch", "input", "output", "TTFT ms", "decode tok/s/seq", "total tok/s", "vs transformers",
-                           "vs onnxruntime-genai", "peak RSS MiB"],
-                          [[r["engine"], r["batch"], r["input_len"], r["output_len"], r["ttft_ms"], r["decode_tok_s_per_seq"],
-                            r["total_tok_s"], ratio(r, "transformers"), ratio(r, "genai"), r["peak_rss_mib"]] for r in rows])
+    return markdown_table(
+        [
+            "engine",
+            "batch",
+            "input",
+            "output",
+            "TTFT ms",
+            "decode tok/s/seq",
+            "total tok/s",
+            "vs transformers",
+            "vs onnxruntime-genai",
+            "peak RSS MiB",
+        ],
+        [
+            [
+                r["engine"],
+                r["batch"],
+                r["input_len"],
+                r["output_len"],
+                r["ttft_ms"],
+                r["decode_tok_s_per_seq"],
+                r["total_tok_s"],
+                ratio(r, "transformers"),
+                ratio(r, "genai"),
+                r["peak_rss_mib"],
+            ]
+            for r in rows
+        ],
+    )
 
 
 def plot_serve(levels: list[dict], path: Path) -> None:
@@ -90,7 +153,9 @@ def plot_serve(levels: list[dict], path: Path) -> None:
     for ax, key, name in ((axes[0], "ttft_ms", "TTFT p50 (ms)"), (axes[1], "itl_ms", "ITL p50 (ms)")):
         ax.plot(tput, [lv["summary"][key]["p50"] for lv in levels], marker="o")
         for lv, x in zip(levels, tput):
-            ax.annotate(lv["label"], (x, lv["summary"][key]["p50"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.annotate(
+                lv["label"], (x, lv["summary"][key]["p50"]), textcoords="offset points", xytext=(4, 4), fontsize=8
+            )
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
@@ -122,19 +187,30 @@ def plot_offline(rows: list[dict], path: Path) -> None:
 
 def compare(a: dict, b: dict) -> str:
     """Two results side by side: for every metric both have, A, B and B/A."""
+
     def flat(results: dict) -> dict[str, float]:
         out = {}
         if results["kind"] == "serve":
             for lv in results["levels"]:
                 s = lv["summary"]
-                out |= {f"{lv['label']} output tok/s": s["output_token_throughput"], f"{lv['label']} req/s": s["request_throughput"],
-                        f"{lv['label']} TTFT p50 ms": s["ttft_ms"]["p50"], f"{lv['label']} ITL p50 ms": s["itl_ms"]["p50"],
-                        f"{lv['label']} goodput": s["goodput"]}
+                out |= {
+                    f"{lv['label']} output tok/s": s["output_token_throughput"],
+                    f"{lv['label']} req/s": s["request_throughput"],
+                    f"{lv['label']} TTFT p50 ms": s["ttft_ms"]["p50"],
+                    f"{lv['label']} ITL p50 ms": s["itl_ms"]["p50"],
+                    f"{lv['label']} goodput": s["goodput"],
+                }
         else:
             for r in results["rows"]:
-                role = "ours" if r["engine"].startswith("ours") else r["engine"]  # our engine vs our engine across builds
+                role = (
+                    "ours" if r["engine"].startswith("ours") else r["engine"]
+                )  # our engine vs our engine across builds
                 key = f"{role} b{r['batch']} {r['input_len']}/{r['output_len']}"
-                out |= {f"{key} total tok/s": r["total_tok_s"], f"{key} TTFT ms": r["ttft_ms"], f"{key} peak RSS MiB": r["peak_rss_mib"]}
+                out |= {
+                    f"{key} total tok/s": r["total_tok_s"],
+                    f"{key} TTFT ms": r["ttft_ms"],
+                    f"{key} peak RSS MiB": r["peak_rss_mib"],
+                }
         return out
 
     fa, fb = flat(a), flat(b)

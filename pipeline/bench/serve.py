@@ -29,7 +29,7 @@ def synthetic_prompts(tokenizer, text: str, count: int, input_len: int, spread: 
     for _ in range(count):
         length = max(1, int(input_len * rng.uniform(1 - spread, 1 + spread)))
         start = rng.randrange(0, max(1, len(ids) - length))
-        prompts.append(tokenizer.decode(ids[start:start + length]))
+        prompts.append(tokenizer.decode(ids[start : start + length]))
     return prompts
 
 
@@ -65,10 +65,20 @@ async def grpc_request(url: str, model: str, prompt: str, max_tokens: int, ignor
     import tritonclient.grpc.aio as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
-    params = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, "min_length": max_tokens if ignore_eos else None}
+    params = {
+        "text_input": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "min_length": max_tokens if ignore_eos else None,
+    }
 
     async def requests():
-        yield {"model_name": model, "inputs": client_inputs(params), "request_id": uuid.uuid4().hex, "enable_empty_final_response": True}
+        yield {
+            "model_name": model,
+            "inputs": client_inputs(params),
+            "request_id": uuid.uuid4().hex,
+            "enable_empty_final_response": True,
+        }
 
     timeline = Timeline()
     try:
@@ -91,7 +101,12 @@ async def grpc_request(url: str, model: str, prompt: str, max_tokens: int, ignor
 async def http_request(base: str, model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> dict:
     import aiohttp
 
-    body = {"text_input": prompt, "max_tokens": max_tokens, "stream": True, **({"min_length": max_tokens} if ignore_eos else {})}
+    body = {
+        "text_input": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        **({"min_length": max_tokens} if ignore_eos else {}),
+    }
     timeline = Timeline()
     try:
         async with aiohttp.ClientSession() as session:
@@ -110,8 +125,9 @@ async def http_request(base: str, model: str, prompt: str, max_tokens: int, igno
     return timeline.done()
 
 
-async def run_level(send, prompts: list[str], *, concurrency: int | None, rate: float | None, time_limit_s: float,
-                    seed: int = 0) -> tuple[list[dict], float]:
+async def run_level(
+    send, prompts: list[str], *, concurrency: int | None, rate: float | None, time_limit_s: float, seed: int = 0
+) -> tuple[list[dict], float]:
     """Send every prompt: with `concurrency` clients in closed loop, or as Poisson arrivals at `rate` req/s."""
     samples: list[dict] = []
     started = time.perf_counter()
@@ -124,6 +140,7 @@ async def run_level(send, prompts: list[str], *, concurrency: int | None, rate: 
         samples.append(sample)
 
     if concurrency:
+
         async def worker():
             while queue and time.perf_counter() < deadline:
                 await one(queue.pop(0))

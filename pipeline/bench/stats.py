@@ -23,7 +23,11 @@ def summarize(samples: list[dict], duration_s: float, slo_ttft_ms: float, slo_it
     """
     ok = [s for s in samples if not s.get("error")]
     itls = [x for s in ok for x in s["itl_s"]]
-    good = [s for s in ok if s["ttft_s"] * 1000 <= slo_ttft_ms and (not s["itl_s"] or np.mean(s["itl_s"]) * 1000 <= slo_itl_ms)]
+    good = [
+        s
+        for s in ok
+        if s["ttft_s"] * 1000 <= slo_ttft_ms and (not s["itl_s"] or np.mean(s["itl_s"]) * 1000 <= slo_itl_ms)
+    ]
     tokens = sum(s["output_tokens"] for s in ok)
     ms = lambda d: {k: None if v is None else round(v * 1000, 2) for k, v in d.items()}  # noqa: E731
     return {

@@ -49,7 +49,9 @@ def read_prompts(path: Path | None, inline: list[str], default_max_tokens: int) 
                     record = json.loads(line)
                     prompts.append(Prompt(record["prompt"], int(record.get("max_tokens", default_max_tokens))))
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                    raise PipelineError(f"{path}:{number}: expected {{\"prompt\": str, \"max_tokens\": int}}: {exc}") from None
+                    raise PipelineError(
+                        f'{path}:{number}: expected {{"prompt": str, "max_tokens": int}}: {exc}'
+                    ) from None
             else:
                 prompts.append(Prompt(line, default_max_tokens))
     if not prompts:
@@ -72,14 +74,27 @@ def load_runner(engine_dir: Path, num_threads: int | None = None, runtime=None, 
     return target.load_runner(engine_dir, num_threads=num_threads, runtime=runtime, thread_spinning=thread_spinning)
 
 
-def run_batches(runner, tokenizer, prompts: list[Prompt], *, batch_size: int, chat: bool, end_id: int, pad_id: int,
-                sampling: dict, stop_words: list[str], on_result=None) -> list[Result]:
+def run_batches(
+    runner,
+    tokenizer,
+    prompts: list[Prompt],
+    *,
+    batch_size: int,
+    chat: bool,
+    end_id: int,
+    pad_id: int,
+    sampling: dict,
+    stop_words: list[str],
+    on_result=None,
+) -> list[Result]:
     """Generate for every prompt, in batches of prompts sharing max_tokens; results keep input order."""
     import torch
 
     def encode(text: str) -> list[int]:
         if chat:
-            return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+            return tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     stop_ids = [tokenizer(word, add_special_tokens=False)["input_ids"] for word in stop_words]
@@ -92,8 +107,16 @@ def run_batches(runner, tokenizer, prompts: list[Prompt], *, batch_size: int, ch
             ids = [torch.tensor(encode(prompts[i].text), dtype=torch.int32) for i in rows]
             started = time.perf_counter()
             ttft, done_at, previous = None, {}, None
-            for step in runner.generate(ids, max_new_tokens=max_tokens, end_id=end_id, pad_id=pad_id, streaming=True, return_dict=True,
-                                        stop_words_list=[[list(w) for w in stop_ids]] * len(rows) if stop_ids else None, **sampling):
+            for step in runner.generate(
+                ids,
+                max_new_tokens=max_tokens,
+                end_id=end_id,
+                pad_id=pad_id,
+                streaming=True,
+                return_dict=True,
+                stop_words_list=[[list(w) for w in stop_ids]] * len(rows) if stop_ids else None,
+                **sampling,
+            ):
                 now = time.perf_counter()
                 ttft = ttft if ttft is not None else now - started
                 lengths = step["sequence_lengths"][:, 0].tolist()
@@ -105,7 +128,7 @@ def run_batches(runner, tokenizer, prompts: list[Prompt], *, batch_size: int, ch
                 length = int(final["sequence_lengths"][row, 0])
                 generated = final["output_ids"][row, 0, len(ids[row]) : length].tolist()
                 # end_id is not part of the output (as in ModelRunnerCpp): a short output means it was hit
-                stopped = len(generated) < max_tokens or any(generated[-len(w):] == w for w in stop_ids if w)
+                stopped = len(generated) < max_tokens or any(generated[-len(w) :] == w for w in stop_ids if w)
                 results[index] = Result(
                     prompt=prompts[index].text,
                     text=tokenizer.decode(generated, skip_special_tokens=True),

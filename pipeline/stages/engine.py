@@ -20,7 +20,13 @@ READS = ("build", "quantization", "parallel", "target", "verify", "runtime.cpu_t
 TOOLS: tuple[str, ...] = ()
 SOURCES: tuple[Path, ...] = ()
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 def applies(cfg: BuildConfig) -> str | None:

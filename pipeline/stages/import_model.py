@@ -57,7 +57,9 @@ def check_hf_dir(path: Path) -> list[str]:
         index = path / index_name
         if index.is_file():
             shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
-            problems += [f"{index}: lists shard {s} which is missing" for s in sorted(shards) if not (path / s).is_file()]
+            problems += [
+                f"{index}: lists shard {s} which is missing" for s in sorted(shards) if not (path / s).is_file()
+            ]
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         problems.append(f"{path}: no tokenizer (expected {' or '.join(TOKENIZER_FILES)})")
     return problems
@@ -77,7 +79,11 @@ def _load_hf(cfg: BuildConfig, ctx):
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
     if len(tokenizer) > vocab_size:
-        raise StageError(NAME, f"{path / 'config.json'}: vocab_size is {vocab_size} but the tokenizer has {len(tokenizer)} tokens; they belong to different models")
+        raise StageError(
+            NAME,
+            f"{path / 'config.json'}: vocab_size is {vocab_size} but the tokenizer has {len(tokenizer)} "
+            "tokens; they belong to different models",
+        )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, low_cpu_mem_usage=True, **kwargs)
     return model, tokenizer, {"source": str(path)}
 
@@ -94,7 +100,14 @@ def _gguf_special_tokens(gguf_file: Path) -> dict:
 
     return {
         key: scalar(f"tokenizer.ggml.{key}")
-        for key in ("bos_token_id", "eos_token_id", "padding_token_id", "unknown_token_id", "add_bos_token", "add_eos_token")
+        for key in (
+            "bos_token_id",
+            "eos_token_id",
+            "padding_token_id",
+            "unknown_token_id",
+            "add_bos_token",
+            "add_eos_token",
+        )
     }
 
 
@@ -112,7 +125,12 @@ def _load_gguf(cfg: BuildConfig, ctx, gguf_file: Path, source: str):
     special = _gguf_special_tokens(gguf_file)
     vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     fixes = {}
-    for key, attr in (("bos_token_id", "bos_token"), ("eos_token_id", "eos_token"), ("padding_token_id", "pad_token"), ("unknown_token_id", "unk_token")):
+    for key, attr in (
+        ("bos_token_id", "bos_token"),
+        ("eos_token_id", "eos_token"),
+        ("padding_token_id", "pad_token"),
+        ("unknown_token_id", "unk_token"),
+    ):
         token_id = special[key]
         if token_id is not None and token_id < len(vocab) and getattr(tokenizer, attr) != vocab[token_id]:
             fixes[attr] = vocab[token_id]

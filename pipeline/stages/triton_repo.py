@@ -34,7 +34,12 @@ def writes(cfg: BuildConfig) -> str:
 
 
 def run(cfg: BuildConfig, ctx) -> dict:
-    engine_dir = ctx.upstream("engine").resolve()
+    return write(cfg, ctx.upstream("engine"), ctx.out_dir, ctx.log)
+
+
+def write(cfg: BuildConfig, engine_dir: Path, out_dir: Path, log=print) -> dict:
+    """The repository for the engine in `engine_dir`, its limits read from the engine's config.json."""
+    engine_dir = engine_dir.resolve()
     engine = json.loads((engine_dir / "config.json").read_text())
     llm_model = target_of(cfg).triton_llm_model(cfg, engine_dir, engine)
-    return build_repo(cfg, llm_model, engine_dir, engine, ctx.out_dir, ctx.log)
+    return build_repo(cfg, llm_model, engine_dir, engine, out_dir, log)

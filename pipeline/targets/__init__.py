@@ -72,20 +72,38 @@ class Target(Protocol):
 TARGETS: dict[str, Target] = {}
 
 # Fields every target honours: the model, the engine's limits, the Triton repository and the quality gate.
-COMMON_FIELDS = frozenset({
-    "model", "target.name", "triton",
-    "quantization.weights", "quantization.method", "quantization.group_size", "quantization.exclude_modules",
-    "build.max_batch_size", "build.max_input_len", "build.max_seq_len", "build.max_num_tokens", "build.max_beam_width",
-    "runtime.batch_scheduler_policy", "runtime.enable_chunked_context", "runtime.max_queue_delay_microseconds",
-    "runtime.exclude_input_in_output", "runtime.max_tokens_in_paged_kv_cache",
-    "verify.eval_text", "verify.eval_tokens", "verify.max_perplexity_increase",
-})
+COMMON_FIELDS = frozenset(
+    {
+        "model",
+        "target.name",
+        "triton",
+        "quantization.weights",
+        "quantization.method",
+        "quantization.group_size",
+        "quantization.exclude_modules",
+        "build.max_batch_size",
+        "build.max_input_len",
+        "build.max_seq_len",
+        "build.max_num_tokens",
+        "build.max_beam_width",
+        "runtime.batch_scheduler_policy",
+        "runtime.enable_chunked_context",
+        "runtime.max_queue_delay_microseconds",
+        "runtime.exclude_input_in_output",
+        "runtime.max_tokens_in_paged_kv_cache",
+        "verify.eval_text",
+        "verify.eval_tokens",
+        "verify.max_perplexity_increase",
+    }
+)
 
 
 def register_target(cls: type) -> type:
     """Class decorator: add one instance of the adapter to the registry under its `name`."""
     if cls.name in TARGETS:
-        raise ValueError(f"target {cls.name!r} registered twice ({type(TARGETS[cls.name]).__qualname__}, {cls.__qualname__})")
+        raise ValueError(
+            f"target {cls.name!r} registered twice ({type(TARGETS[cls.name]).__qualname__}, {cls.__qualname__})"
+        )
     missing = [attr for attr in ("summary", "honours", "sources", "tools") if not hasattr(cls, attr)]
     if missing:  # fail at import, not in the middle of a build
         raise TypeError(f"target {cls.__qualname__} lacks {', '.join(missing)}")
@@ -143,7 +161,9 @@ def unhonoured_problems(cfg: BuildConfig) -> list[Problem]:
             continue
         others = [name for name, other in TARGETS.items() if name != target.name and honoured(dotted, other.honours)]
         fix = f"remove it, or use target.name: {' or '.join(others)}" if others else "remove it"
-        problems.append((path, f"is not honoured by target {target.name}, so the engine would not be what the config says; {fix}"))
+        problems.append(
+            (path, f"is not honoured by target {target.name}, so the engine would not be what the config says; {fix}")
+        )
     return problems
 
 

@@ -109,27 +109,71 @@ def build(hf_dir: Path, out_path: Path) -> dict:
             normed = node("RMSNormalization", [x, norm_w], f"/{prefix}/input_layernorm", axis=-1, epsilon=eps)[0]
             residual = x
         else:
-            normed, _, _, residual = node("SkipSimplifiedLayerNormalization", [x, residual, norm_w], f"/{prefix}/input_layernorm",
-                                          outputs=4, domain="com.microsoft", epsilon=eps)
+            normed, _, _, residual = node(
+                "SkipSimplifiedLayerNormalization",
+                [x, residual, norm_w],
+                f"/{prefix}/input_layernorm",
+                outputs=4,
+                domain="com.microsoft",
+                epsilon=eps,
+            )
         attn = f"{prefix}.self_attn"
         qkv = linear(normed, f"{attn}.qkv_proj", [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"])
         context, present_k, present_v = node(
             "GroupQueryAttention",
-            [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k", "total_sequence_length", "cos_cache", "sin_cache"],
-            f"/{prefix}/self_attn/GroupQueryAttention", outputs=3, domain="com.microsoft",
-            num_heads=heads, kv_num_heads=kv_heads, do_rotary=1, rotary_interleaved=0, scale=float(head_dim) ** -0.5)
+            [
+                qkv,
+                "",
+                "",
+                f"past_key_values.{i}.key",
+                f"past_key_values.{i}.value",
+                "seqlens_k",
+                "total_sequence_length",
+                "cos_cache",
+                "sin_cache",
+            ],
+            f"/{prefix}/self_attn/GroupQueryAttention",
+            outputs=3,
+            domain="com.microsoft",
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+            do_rotary=1,
+            rotary_interleaved=0,
+            scale=float(head_dim) ** -0.5,
+        )
         nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
         attn_out = linear(context, f"{attn}.o_proj", [f"{attn}.o_proj"])
-        post_w = weight(f"{prefix}.post_attention_layernorm.weight", weights[f"{prefix}.post_attention_layernorm.weight"])
-        normed, _, _, residual = node("SkipSimplifiedLayerNormalization", [attn_out, residual, post_w], f"/{prefix}/post_attention_layernorm",
-                                      outputs=4, domain="com.microsoft", epsilon=eps)
+        post_w = weight(
+            f"{prefix}.post_attention_layernorm.weight", weights[f"{prefix}.post_attention_layernorm.weight"]
+        )
+        normed, _, _, residual = node(
+            "SkipSimplifiedLayerNormalization",
+            [attn_out, residual, post_w],
+            f"/{prefix}/post_attention_layernorm",
+            outputs=4,
+            domain="com.microsoft",
+            epsilon=eps,
+        )
         mlp = f"{prefix}.mlp"
         gate_up = linear(normed, f"{mlp}.gate_up_proj", [f"{mlp}.gate_proj", f"{mlp}.up_proj"])
         gate, up = node("Split", [gate_up], f"/{mlp.replace('.', '/')}/Split", outputs=2, axis=-1, num_outputs=2)
-        silu = node("Mul", [gate, node("Sigmoid", [gate], f"/{mlp.replace('.', '/')}/Sigmoid")[0]], f"/{mlp.replace('.', '/')}/SiLU")[0]
-        x = linear(node("Mul", [silu, up], f"/{mlp.replace('.', '/')}/Mul")[0], f"{mlp}.down_proj", [f"{mlp}.down_proj"])
+        silu = node(
+            "Mul",
+            [gate, node("Sigmoid", [gate], f"/{mlp.replace('.', '/')}/Sigmoid")[0]],
+            f"/{mlp.replace('.', '/')}/SiLU",
+        )[0]
+        x = linear(
+            node("Mul", [silu, up], f"/{mlp.replace('.', '/')}/Mul")[0], f"{mlp}.down_proj", [f"{mlp}.down_proj"]
+        )
     final_w = weight("model.norm.weight", weights["model.norm.weight"])
-    final, _, _, _ = node("SkipSimplifiedLayerNormalization", [x, residual, final_w], "/model/norm", outputs=4, domain="com.microsoft", epsilon=eps)
+    final, _, _, _ = node(
+        "SkipSimplifiedLayerNormalization",
+        [x, residual, final_w],
+        "/model/norm",
+        outputs=4,
+        domain="com.microsoft",
+        epsilon=eps,
+    )
     flat = node("Reshape", [final, weight("hidden_shape", np.array([-1, hidden]), np.int64)], "/model/norm/Reshape")[0]
     picked = node("Gather", [flat, "logits_index"], "/model/logits_index/Gather", axis=0)[0]
     lm_head = weights.get("lm_head.weight", embed)  # tied embeddings: lm_head gets its own copy, quantizable apart
@@ -137,19 +181,30 @@ def build(hf_dir: Path, out_path: Path) -> dict:
     nodes[-1].output[0] = "logits"
 
     cache = ["batch", kv_heads, "cache_capacity", head_dim]
-    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
-              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
-              helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["tokens"])]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["tokens"]),
+    ]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["tokens", config["vocab_size"]])]
     for i in range(layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, cache))
     graph = helper.make_graph(nodes, "llama_gqa", inputs, outputs, initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
-                              producer_name="trtllm-pipeline")
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="trtllm-pipeline",
+    )
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(out_path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=out_path.name + ".data", size_threshold=1024)
+    onnx.save(
+        model,
+        str(out_path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=out_path.name + ".data",
+        size_threshold=1024,
+    )
     return {"graph": "fused_gqa", "layers": layers, "opset": OPSET, "nodes": len(nodes)}

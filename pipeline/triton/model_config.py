@@ -34,11 +34,28 @@ def tensors(cls, table: list[interface.Tensor]) -> list:
     return out
 
 
-def model_config(name: str, *, max_batch_size: int, inputs, outputs, backend: str = "python", platform: str = "",
-                 parameters: dict[str, object] | None = None, instances: int = 1, decoupled: bool = False,
-                 queue_delay_us: int = 0, max_queue_size: int = 0) -> mc.ModelConfig:
-    config = mc.ModelConfig(name=name, backend=backend, platform=platform, max_batch_size=max_batch_size,
-                            input=tensors(mc.ModelInput, inputs), output=tensors(mc.ModelOutput, outputs))
+def model_config(
+    name: str,
+    *,
+    max_batch_size: int,
+    inputs,
+    outputs,
+    backend: str = "python",
+    platform: str = "",
+    parameters: dict[str, object] | None = None,
+    instances: int = 1,
+    decoupled: bool = False,
+    queue_delay_us: int = 0,
+    max_queue_size: int = 0,
+) -> mc.ModelConfig:
+    config = mc.ModelConfig(
+        name=name,
+        backend=backend,
+        platform=platform,
+        max_batch_size=max_batch_size,
+        input=tensors(mc.ModelInput, inputs),
+        output=tensors(mc.ModelOutput, outputs),
+    )
     if platform != "ensemble":
         config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
         config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us

@@ -25,31 +25,67 @@ SHARED_MODEL_FILES = tuple(MODELS_DIR / name for name in ("preprocessing.py", "p
 def ensemble(cfg: BuildConfig, max_batch_size: int) -> mc.ModelConfig:
     t = cfg.triton
     names = {"preprocessing": t.preprocessing_name, "llm": t.llm_model_name, "postprocessing": t.postprocessing_name}
-    config = model_config(t.ensemble_name, platform="ensemble", backend="", max_batch_size=max_batch_size,
-                          inputs=interface.CLIENT_INPUTS, outputs=interface.CLIENT_OUTPUTS)
+    config = model_config(
+        t.ensemble_name,
+        platform="ensemble",
+        backend="",
+        max_batch_size=max_batch_size,
+        inputs=interface.CLIENT_INPUTS,
+        outputs=interface.CLIENT_OUTPUTS,
+    )
     for role, input_map, output_map in interface.ENSEMBLE_STEPS:
-        config.ensemble_scheduling.step.add(model_name=names[role], model_version=-1, input_map=input_map, output_map=output_map)
+        config.ensemble_scheduling.step.add(
+            model_name=names[role], model_version=-1, input_map=input_map, output_map=output_map
+        )
     return config
 
 
 def shared_models(cfg: BuildConfig, engine_dir: Path, max_batch_size: int) -> list[ModelSpec]:
     """Everything but the LLM model: the same for both targets."""
     t, r = cfg.triton, cfg.runtime
-    common = dict(max_batch_size=max_batch_size, queue_delay_us=r.max_queue_delay_microseconds, max_queue_size=t.max_queue_size)
+    common = dict(
+        max_batch_size=max_batch_size, queue_delay_us=r.max_queue_delay_microseconds, max_queue_size=t.max_queue_size
+    )
     return [
-        ModelSpec(model_config(t.preprocessing_name, inputs=interface.PREPROCESSING_INPUTS, outputs=interface.PREPROCESSING_OUTPUTS,
-                               parameters={"tokenizer_dir": engine_dir, "add_special_tokens": True},
-                               instances=t.preprocessing_instance_count, **common),
-                  {"model.py": MODELS_DIR / "preprocessing.py"}),
-        ModelSpec(model_config(t.postprocessing_name, inputs=interface.POSTPROCESSING_INPUTS, outputs=interface.POSTPROCESSING_OUTPUTS,
-                               parameters={"tokenizer_dir": engine_dir, "skip_special_tokens": True},
-                               instances=t.postprocessing_instance_count, **common),
-                  {"model.py": MODELS_DIR / "postprocessing.py"}),
-        ModelSpec(model_config(t.bls_name, inputs=interface.CLIENT_INPUTS, outputs=interface.CLIENT_OUTPUTS, decoupled=True,
-                               parameters={"tensorrt_llm_model_name": t.llm_model_name, "preprocessing_model_name": t.preprocessing_name,
-                                           "postprocessing_model_name": t.postprocessing_name, "accumulate_tokens": True},
-                               instances=t.bls_instance_count, **common),
-                  {"model.py": MODELS_DIR / "bls.py"}),
+        ModelSpec(
+            model_config(
+                t.preprocessing_name,
+                inputs=interface.PREPROCESSING_INPUTS,
+                outputs=interface.PREPROCESSING_OUTPUTS,
+                parameters={"tokenizer_dir": engine_dir, "add_special_tokens": True},
+                instances=t.preprocessing_instance_count,
+                **common,
+            ),
+            {"model.py": MODELS_DIR / "preprocessing.py"},
+        ),
+        ModelSpec(
+            model_config(
+                t.postprocessing_name,
+                inputs=interface.POSTPROCESSING_INPUTS,
+                outputs=interface.POSTPROCESSING_OUTPUTS,
+                parameters={"tokenizer_dir": engine_dir, "skip_special_tokens": True},
+                instances=t.postprocessing_instance_count,
+                **common,
+            ),
+            {"model.py": MODELS_DIR / "postprocessing.py"},
+        ),
+        ModelSpec(
+            model_config(
+                t.bls_name,
+                inputs=interface.CLIENT_INPUTS,
+                outputs=interface.CLIENT_OUTPUTS,
+                decoupled=True,
+                parameters={
+                    "tensorrt_llm_model_name": t.llm_model_name,
+                    "preprocessing_model_name": t.preprocessing_name,
+                    "postprocessing_model_name": t.postprocessing_name,
+                    "accumulate_tokens": True,
+                },
+                instances=t.bls_instance_count,
+                **common,
+            ),
+            {"model.py": MODELS_DIR / "bls.py"},
+        ),
         ModelSpec(ensemble(cfg, max_batch_size)),
     ]
 
@@ -63,7 +99,9 @@ def write_repo(specs: list[ModelSpec], out_dir: Path) -> None:
             shutil.copy2(source, model_dir / "1" / name)
 
 
-def build_repo(cfg: BuildConfig, llm_model: ModelSpec, engine_dir: Path, engine: dict, out_dir: Path, log=print) -> dict:
+def build_repo(
+    cfg: BuildConfig, llm_model: ModelSpec, engine_dir: Path, engine: dict, out_dir: Path, log=print
+) -> dict:
     """Write and validate the repository around the target's LLM model; returns manifest metrics.
 
     Args:

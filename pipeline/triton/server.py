@@ -46,7 +46,9 @@ def install_tritonserver(cache: Path, log=print) -> Path:
             for info in archive.infolist():
                 if info.is_dir() or not info.filename.startswith(_MEMBERS):
                     continue
-                relative = info.filename.removeprefix("pytriton/tritonserver/").replace("nvidia_pytriton.libs/", "libs/")
+                relative = info.filename.removeprefix("pytriton/tritonserver/").replace(
+                    "nvidia_pytriton.libs/", "libs/"
+                )
                 dest = tmp / relative
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 with archive.open(info) as src, open(dest, "wb") as out:
@@ -67,8 +69,10 @@ def python_backend_dir(home: Path, work_dir: Path) -> Path:
     stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         known = ", ".join(sorted(p.name for p in (home / "python_backend_stubs").iterdir()))
-        raise PipelineError(f"tritonserver {TRITONSERVER_VERSION} ships python backend stubs for Python {known}, not {version}; "
-                            "run the pipeline with one of those")
+        raise PipelineError(
+            f"tritonserver {TRITONSERVER_VERSION} ships python backend stubs for Python {known}, not {version}; "
+            "run the pipeline with one of those"
+        )
     backend = work_dir / "backends" / "python"
     backend.mkdir(parents=True, exist_ok=True)
     for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
@@ -118,8 +122,19 @@ class TritonServer:
     tail when it exits or times out first.
     """
 
-    def __init__(self, repo: Path, cache: Path, *, ports: Ports | None = None, host: str = "127.0.0.1", log_file: Path | None = None,
-                 extra_args: tuple[str, ...] = (), gpu_world_size: int = 0, llm_model_name: str = "tensorrt_llm", log=print):
+    def __init__(
+        self,
+        repo: Path,
+        cache: Path,
+        *,
+        ports: Ports | None = None,
+        host: str = "127.0.0.1",
+        log_file: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        gpu_world_size: int = 0,
+        llm_model_name: str = "tensorrt_llm",
+        log=print,
+    ):
         self.repo = Path(repo).resolve()
         self.cache = cache
         self.ports = ports or Ports.pick()
@@ -135,7 +150,11 @@ class TritonServer:
 
     def gpu_command(self) -> list[str]:
         """One tritonserver per rank under mpirun, as tensorrtllm_backend's launch_triton_server.py does."""
-        missing = [p for p in (CONTAINER_TRITON / "bin" / "tritonserver", CONTAINER_TRITON / "backends" / "tensorrtllm") if not p.exists()]
+        missing = [
+            p
+            for p in (CONTAINER_TRITON / "bin" / "tritonserver", CONTAINER_TRITON / "backends" / "tensorrtllm")
+            if not p.exists()
+        ]
         if not Path("/dev/nvidia0").exists():
             missing.append(Path("/dev/nvidia0 (an NVIDIA GPU)"))
         if self.gpu_world_size > 1 and not shutil.which("mpirun"):
@@ -143,13 +162,21 @@ class TritonServer:
         if missing:
             from pipeline.errors import TargetUnavailable
 
-            raise TargetUnavailable(f"{self.repo} uses Triton's tensorrtllm backend; serving it needs "
-                                    + ", ".join(map(str, missing)) + " -- run this inside NVIDIA's tritonserver:<tag>-trtllm-python-py3 "
-                                    "container on a GPU machine (the Dockerfile's gpu target builds one)")
+            raise TargetUnavailable(
+                f"{self.repo} uses Triton's tensorrtllm backend; serving it needs "
+                + ", ".join(map(str, missing))
+                + " -- run this inside NVIDIA's tritonserver:<tag>-trtllm-python-py3 "
+                "container on a GPU machine (the Dockerfile's gpu target builds one)"
+            )
         ranks = []
         for rank in range(self.gpu_world_size):
-            args = [str(CONTAINER_TRITON / "bin" / "tritonserver"), f"--model-repository={self.repo}", *self.address_args(),
-                    "--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+            args = [
+                str(CONTAINER_TRITON / "bin" / "tritonserver"),
+                f"--model-repository={self.repo}",
+                *self.address_args(),
+                "--disable-auto-complete-config",
+                f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+            ]
             if rank:  # other ranks only run their shard of the engine
                 args += ["--model-control-mode=explicit", f"--load-model={self.llm_model_name}"]
             ranks.append(args)
@@ -161,9 +188,14 @@ class TritonServer:
         return command
 
     def address_args(self) -> list[str]:
-        return [f"--http-address={self.host}", f"--http-port={self.ports.http}",
-                f"--grpc-address={self.host}", f"--grpc-port={self.ports.grpc}",
-                f"--metrics-address={self.host}", f"--metrics-port={self.ports.metrics}"]
+        return [
+            f"--http-address={self.host}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.ports.metrics}",
+        ]
 
     def command(self, home: Path, backends: Path) -> list[str]:
         return [
@@ -171,8 +203,10 @@ class TritonServer:
             f"--model-repository={self.repo}",
             f"--backend-directory={backends}",
             *self.address_args(),
-            "--allow-sagemaker=false", "--allow-vertex-ai=false",
-            "--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",  # no GPU: no pinned/CUDA pools
+            "--allow-sagemaker=false",
+            "--allow-vertex-ai=false",
+            "--pinned-memory-pool-byte-size=0",
+            "--cuda-memory-pool-byte-size=0:0",  # no GPU: no pinned/CUDA pools
             "--exit-timeout-secs=30",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *self.extra_args,
@@ -181,9 +215,12 @@ class TritonServer:
     def environment(self, home: Path) -> dict:
         env = dict(os.environ)
         # the stub embeds libpython: ours first, or it binds the system one and misses the venv's packages
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [sysconfig.get_config_var("LIBDIR"), str(home / "libs"),
-                                                               env.get("LD_LIBRARY_PATH")]))
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])  # the stub finds pyvenv.cfg via PATH
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            filter(None, [sysconfig.get_config_var("LIBDIR"), str(home / "libs"), env.get("LD_LIBRARY_PATH")])
+        )
+        env["PATH"] = os.pathsep.join(
+            [str(Path(sys.executable).parent), env.get("PATH", "")]
+        )  # the stub finds pyvenv.cfg via PATH
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         return env
 
@@ -195,7 +232,9 @@ class TritonServer:
             command, env = self.command(home, python_backend_dir(home, self.work_dir)), self.environment(home)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self._wait_ready(timeout)
         return self
 
@@ -206,7 +245,10 @@ class TritonServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise PipelineError(f"tritonserver exited with code {self.process.returncode} while loading {self.repo}:\n{self.log_tail()}")
+                raise PipelineError(
+                    f"tritonserver exited with code {self.process.returncode} while loading "
+                    f"{self.repo}:\n{self.log_tail()}"
+                )
             try:
                 if client.is_server_ready():
                     return

@@ -63,10 +63,17 @@ def check_ensemble(name: str, config: model_config_pb2.ModelConfig, report: Repo
             if model_input not in inputs:
                 report.add(step_where, f"input_map key '{model_input}' is not an input of {step.model_name}")
             elif tensor not in available:
-                report.add(step_where, f"input '{model_input}' reads '{tensor}', which no ensemble input or earlier step produces")
+                report.add(
+                    step_where,
+                    f"input '{model_input}' reads '{tensor}', which no ensemble input or earlier step produces",
+                )
             elif available[tensor] != inputs[model_input].data_type:
-                report.add(step_where, f"'{tensor}' is {model_config_pb2.DataType.Name(available[tensor])} but {step.model_name}.{model_input} "
-                           f"expects {model_config_pb2.DataType.Name(inputs[model_input].data_type)}")
+                report.add(
+                    step_where,
+                    f"'{tensor}' is {model_config_pb2.DataType.Name(available[tensor])} but "
+                    f"{step.model_name}.{model_input} "
+                    f"expects {model_config_pb2.DataType.Name(inputs[model_input].data_type)}",
+                )
         for model_output, tensor in step.output_map.items():
             if model_output not in outputs:
                 report.add(step_where, f"output_map key '{model_output}' is not an output of {step.model_name}")
@@ -79,16 +86,25 @@ def check_ensemble(name: str, config: model_config_pb2.ModelConfig, report: Repo
         if output.name not in available:
             report.add(where, f"ensemble output '{output.name}' is produced by no step")
         elif available[output.name] != output.data_type:
-            report.add(where, f"ensemble output '{output.name}' is declared {model_config_pb2.DataType.Name(output.data_type)} "
-                       f"but produced as {model_config_pb2.DataType.Name(available[output.name])}")
+            report.add(
+                where,
+                f"ensemble output '{output.name}' is declared {model_config_pb2.DataType.Name(output.data_type)} "
+                f"but produced as {model_config_pb2.DataType.Name(available[output.name])}",
+            )
 
 
 def _parameter(config: model_config_pb2.ModelConfig, key: str) -> str | None:
     return config.parameters[key].string_value if key in config.parameters else None
 
 
-def check_model_files(name: str, config: model_config_pb2.ModelConfig, model_dir: Path, report: RepoReport, where: str,
-                      trtllm_version: str | None) -> None:
+def check_model_files(
+    name: str,
+    config: model_config_pb2.ModelConfig,
+    model_dir: Path,
+    report: RepoReport,
+    where: str,
+    trtllm_version: str | None,
+) -> None:
     if config.platform == "ensemble":
         return
     if not (model_dir / "1").is_dir():
@@ -99,7 +115,9 @@ def check_model_files(name: str, config: model_config_pb2.ModelConfig, model_dir
         value = _parameter(config, key)
         if value is not None and not Path(value).is_dir():
             report.add(where, f"parameter '{key}' points to {value}, which does not exist")
-    engine = _parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else _parameter(config, "engine_dir")
+    engine = (
+        _parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else _parameter(config, "engine_dir")
+    )
     if engine is None:
         return
     engine_config = Path(engine) / "config.json"
@@ -108,7 +126,9 @@ def check_model_files(name: str, config: model_config_pb2.ModelConfig, model_dir
     elif trtllm_version and config.backend == "tensorrtllm":
         built = json.loads(engine_config.read_text()).get("version", "")
         if not built.startswith(trtllm_version):
-            report.add(where, f"engine {engine} was built by TensorRT-LLM {built}, but the repository targets {trtllm_version}")
+            report.add(
+                where, f"engine {engine} was built by TensorRT-LLM {built}, but the repository targets {trtllm_version}"
+            )
 
 
 def validate_repo(repo: Path, trtllm_version: str | None = None) -> RepoReport:

@@ -19,8 +19,11 @@ PROMPTS = ["w1 w5 w9 w33", "w7", "w100 w2 w3 w4 w5 w6 w7 w8 w9", "w42 w43"]
 def tiny_engine(request, tmp_path_factory, tiny_llama):
     """Both graph layouts: the fused one (SharedCache) and optimum-onnx's (ConcatCache)."""
     work = tmp_path_factory.mktemp(f"tiny-engine-{request.param}")
-    config = write_config(work / "tiny.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\ntarget:\n  onnx_graph: {request.param}\n"
-                                              "build:\n  max_batch_size: 4\n  max_input_len: 64\n  max_seq_len: 128\n  max_num_tokens: 64\n")
+    config = write_config(
+        work / "tiny.yaml",
+        f"model:\n  source: hf\n  path: {tiny_llama}\ntarget:\n  onnx_graph: {request.param}\n"
+        "build:\n  max_batch_size: 4\n  max_input_len: 64\n  max_seq_len: 128\n  max_num_tokens: 64\n",
+    )
     result = run_cli("build", str(config), "--output", str(work / "out"), "--until", "engine")
     assert result.returncode == 0, result.stdout + result.stderr
     return work / "out" / "engine"
@@ -35,7 +38,9 @@ def runner(tiny_engine):
 def hf(tiny_llama):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(tiny_llama)
+    return AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(
+        tiny_llama
+    )
 
 
 def encode(tokenizer, prompts):
@@ -44,8 +49,14 @@ def encode(tokenizer, prompts):
 
 def hf_greedy(model, ids, new_tokens):
     with torch.no_grad():
-        out = model.generate(ids[None], max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
-                             attention_mask=torch.ones_like(ids[None]))
+        out = model.generate(
+            ids[None],
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(ids[None]),
+        )
     return out[0].tolist()
 
 
@@ -55,7 +66,7 @@ def test_greedy_equals_transformers_alone_and_in_a_ragged_batch(runner, hf):
     expected = [hf_greedy(model, i, 12) for i in ids]
     for single, want in zip(ids, expected):
         row = runner.generate([single], max_new_tokens=12, end_id=-1)[0, 0].tolist()
-        assert row[: len(want)] == want and set(row[len(want):]) == {-1}  # padded with end_id to max_seq_len
+        assert row[: len(want)] == want and set(row[len(want) :]) == {-1}  # padded with end_id to max_seq_len
     out = runner.generate(ids, max_new_tokens=12, end_id=-1, return_dict=True)
     assert out["output_ids"].shape == (4, 1, runner.max_seq_len)
     for row, want in enumerate(expected):
@@ -65,7 +76,9 @@ def test_greedy_equals_transformers_alone_and_in_a_ragged_batch(runner, hf):
 
 def test_prompts_beyond_max_num_tokens_together_are_prefilled_in_pieces_and_still_exact(runner, hf):
     model, tokenizer = hf
-    prompts = [" ".join(f"w{(7 * row + i) % 200}" for i in range(20 + 3 * row)) for row in range(4)]  # 4 x ~25 > 64 tokens
+    prompts = [
+        " ".join(f"w{(7 * row + i) % 200}" for i in range(20 + 3 * row)) for row in range(4)
+    ]  # 4 x ~25 > 64 tokens
     ids = encode(tokenizer, prompts)
     assert sum(len(i) for i in ids) > runner.max_num_tokens
     out = runner.generate(ids, max_new_tokens=6, end_id=-1, return_dict=True)
@@ -76,9 +89,12 @@ def test_prompts_beyond_max_num_tokens_together_are_prefilled_in_pieces_and_stil
 
 @pytest.mark.parametrize("graph", ["fused", "optimum"])
 def test_chunked_context_prefills_long_prompts_in_max_num_tokens_pieces_exactly(tmp_path, tiny_llama, hf, graph):
-    config = write_config(tmp_path / "chunked.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\ntarget:\n  onnx_graph: {graph}\n"
-                                                     "build:\n  max_input_len: 64\n  max_seq_len: 128\n  max_num_tokens: 8\n"
-                                                     "runtime:\n  enable_chunked_context: true\n")
+    config = write_config(
+        tmp_path / "chunked.yaml",
+        f"model:\n  source: hf\n  path: {tiny_llama}\ntarget:\n  onnx_graph: {graph}\n"
+        "build:\n  max_input_len: 64\n  max_seq_len: 128\n  max_num_tokens: 8\n"
+        "runtime:\n  enable_chunked_context: true\n",
+    )
     result = run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "engine")
     assert result.returncode == 0, result.stdout + result.stderr
     runner = ModelRunner.from_dir(tmp_path / "out" / "engine", num_threads=1)
@@ -94,15 +110,17 @@ def test_each_row_stops_on_its_own_end_id_and_stop_words(runner, hf):
     _, tokenizer = hf
     ids = encode(tokenizer, PROMPTS[:2])
     free = runner.generate(ids, max_new_tokens=10, end_id=-1, return_dict=True)["output_ids"]
-    gen0 = free[0, 0, len(ids[0]):].tolist()
+    gen0 = free[0, 0, len(ids[0]) :].tolist()
     end_id = gen0[2]
     out = runner.generate(ids, max_new_tokens=10, end_id=end_id, pad_id=0, return_dict=True)
     for row in range(2):
-        generated = free[row, 0, len(ids[row]): len(ids[row]) + 10].tolist()
-        kept = generated.index(end_id) if end_id in generated else 10  # like TensorRT-LLM, end_id is not part of the output
+        generated = free[row, 0, len(ids[row]) : len(ids[row]) + 10].tolist()
+        kept = (
+            generated.index(end_id) if end_id in generated else 10
+        )  # like TensorRT-LLM, end_id is not part of the output
         assert out["sequence_lengths"][row, 0] == len(ids[row]) + kept
 
-    gen1 = free[1, 0, len(ids[1]): len(ids[1]) + 10].tolist()
+    gen1 = free[1, 0, len(ids[1]) : len(ids[1]) + 10].tolist()
     stop_word = gen1[3:5]
     out = runner.generate(ids, max_new_tokens=10, end_id=-1, stop_words_list=[[], [stop_word]], return_dict=True)
     assert out["sequence_lengths"][0, 0] == len(ids[0]) + 10
@@ -126,7 +144,9 @@ def test_streaming_yields_every_step_and_ends_like_non_streaming(runner, hf):
 def test_seeded_sampling_is_reproducible_and_seed_dependent(runner, hf):
     _, tokenizer = hf
     ids = encode(tokenizer, PROMPTS[:2])
-    kwargs = dict(max_new_tokens=16, end_id=-1, top_k=50, top_p=0.95, temperature=1.5, output_log_probs=True, return_dict=True)
+    kwargs = dict(
+        max_new_tokens=16, end_id=-1, top_k=50, top_p=0.95, temperature=1.5, output_log_probs=True, return_dict=True
+    )
     a = runner.generate(ids, random_seed=7, **kwargs)
     b = runner.generate(ids, random_seed=7, **kwargs)
     c = runner.generate(ids, random_seed=8, **kwargs)
@@ -138,8 +158,10 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(runner, hf):
 def test_bad_words_are_never_generated(runner, hf):
     _, tokenizer = hf
     ids = encode(tokenizer, PROMPTS[:1])
-    free = runner.generate(ids, max_new_tokens=8, end_id=-1)[0, 0, len(ids[0]):].tolist()
-    banned = runner.generate(ids, max_new_tokens=8, end_id=-1, bad_words_list=[[[free[0]]]])[0, 0, len(ids[0]):].tolist()
+    free = runner.generate(ids, max_new_tokens=8, end_id=-1)[0, 0, len(ids[0]) :].tolist()
+    banned = runner.generate(ids, max_new_tokens=8, end_id=-1, bad_words_list=[[[free[0]]]])[
+        0, 0, len(ids[0]) :
+    ].tolist()
     assert free[0] not in banned
 
 
@@ -171,9 +193,13 @@ def test_engine_config_records_limits_and_special_tokens(tiny_engine):
 
 def test_run_batch_script_writes_jsonl_results(tiny_engine, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "w1 w2", "max_tokens": 3}\n{"prompt": "w5", "max_tokens": 5}\n{"prompt": "w9 w9 w9"}\n')
+    prompts.write_text(
+        '{"prompt": "w1 w2", "max_tokens": 3}\n{"prompt": "w5", "max_tokens": 5}\n{"prompt": "w9 w9 w9"}\n'
+    )
     out = tmp_path / "results.jsonl"
-    result = run_cli("run", str(tiny_engine), "-i", str(prompts), "--max-tokens", "4", "--output-file", str(out), "-q", cwd=REPO)
+    result = run_cli(
+        "run", str(tiny_engine), "-i", str(prompts), "--max-tokens", "4", "--output-file", str(out), "-q", cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["prompt"] for r in rows] == ["w1 w2", "w5", "w9 w9 w9"]

@@ -17,7 +17,9 @@ BATCHED_LOGIT_TOLERANCE = 4.0
 
 @pytest.fixture(scope="session")
 def server(smollm2_build):
-    with TritonServer(smollm2_build / "triton_repo", cache_dir(), log_file=smollm2_build / "tritonserver-test.log") as running:
+    with TritonServer(
+        smollm2_build / "triton_repo", cache_dir(), log_file=smollm2_build / "tritonserver-test.log"
+    ) as running:
         yield running
 
 
@@ -40,7 +42,9 @@ def runner_text(smollm2_build):
     def generate(prompt: str, max_tokens: int) -> str:
         ids = tokenizer.encode(prompt)
         out = runner.generate([ids], max_new_tokens=max_tokens, return_dict=True)
-        return tokenizer.decode(out["output_ids"][0, 0, len(ids): out["sequence_lengths"][0, 0]].tolist(), skip_special_tokens=True)
+        return tokenizer.decode(
+            out["output_ids"][0, 0, len(ids) : out["sequence_lengths"][0, 0]].tolist(), skip_special_tokens=True
+        )
 
     return generate
 

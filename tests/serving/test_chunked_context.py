@@ -21,7 +21,8 @@ MAX_NUM_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def chunked_server(smollm2_build, tmp_path_factory):
-    """The default build with max_num_tokens 64 and chunked context (import and export reused from the default build)."""
+    """The default build with max_num_tokens 64 and chunked context (import and export reused from the
+    default build)."""
     out = tmp_path_factory.mktemp("chunked") / "out"
     shutil.copytree(smollm2_build, out, ignore=shutil.ignore_patterns("triton_repo", "*.log"))
     settings = yaml.safe_load((REPO / "build_configs" / "smollm2-135m-cpu.yaml").read_text())
@@ -31,20 +32,29 @@ def chunked_server(smollm2_build, tmp_path_factory):
     config.write_text(yaml.safe_dump(settings))
     result = run_cli("build", str(config), "--output", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "import: running" not in result.stdout and "export: running" not in result.stdout  # only engine and repo change
+    assert (
+        "import: running" not in result.stdout and "export: running" not in result.stdout
+    )  # only engine and repo change
     with TritonServer(out / "triton_repo", cache_dir(), log_file=out / "tritonserver-test.log") as running:
         yield running
 
 
 def test_a_long_prompt_is_prefilled_in_pieces_while_another_stream_decodes(chunked_server, greedy_gaps):
     url = f"127.0.0.1:{chunked_server.ports.grpc}"
-    long_prompt = "The history of the city of Paris, told year by year. " * 24  # ~300 tokens: at least 5 pieces of <= 64
+    long_prompt = (
+        "The history of the city of Paris, told year by year. " * 24
+    )  # ~300 tokens: at least 5 pieces of <= 64
     before = metric(chunked_server, "trtllm_pipeline_prefill_chunks_total")
     results = {}
-    short = threading.Thread(target=lambda: results.__setitem__("short", "".join(stream_text(url, "ensemble", PROMPT, 24))))
+    short = threading.Thread(
+        target=lambda: results.__setitem__("short", "".join(stream_text(url, "ensemble", PROMPT, 24)))
+    )
     short.start()
     results["long"] = "".join(stream_text(url, "ensemble", long_prompt, 8))
     short.join(timeout=120)
     assert metric(chunked_server, "trtllm_pipeline_prefill_chunks_total") - before >= 300 // MAX_NUM_TOKENS + 1
     for name, prompt in (("short", PROMPT), ("long", long_prompt)):
-        assert results[name] and max(greedy_gaps(prompt, results[name])) < BATCHED_LOGIT_TOLERANCE, (name, results[name])
+        assert results[name] and max(greedy_gaps(prompt, results[name])) < BATCHED_LOGIT_TOLERANCE, (
+            name,
+            results[name],
+        )

@@ -16,7 +16,9 @@ from tests.serving.test_serving import metric
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-cpu"
-QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]  # greedy answer stable across fp32/int8 (the bare question is a near-tie)
+QUESTION = [
+    {"role": "user", "content": "What is the capital of France? Answer in one sentence."}
+]  # greedy answer stable across fp32/int8 (the bare question is a near-tie)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,14 @@ def test_greedy_chat_equals_the_ensemble_and_counts_usage(client, url, smollm2_b
 
 
 def test_streaming_chat_deltas_add_up_to_the_whole_answer(client):
-    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0).choices[0].message.content
-    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, stream=True))
+    whole = (
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
+        .choices[0]
+        .message.content
+    )
+    chunks = list(
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, stream=True)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole
     assert len(chunks) > 3 and chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens > 0
 
@@ -69,27 +77,42 @@ def test_completion_honours_stop_max_tokens_and_seed(client):
     free = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=16, temperature=0).choices[0]
     assert free.finish_reason == "length"
     stop = free.text.split(",")[1] + ","  # a later piece of the greedy text
-    stopped = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=16, temperature=0, stop=[stop]).choices[0]
+    stopped = client.completions.create(
+        model=MODEL, prompt="One, two, three,", max_tokens=16, temperature=0, stop=[stop]
+    ).choices[0]
     assert stopped.finish_reason == "stop" and stop not in stopped.text and free.text.startswith(stopped.text)
-    a, b = (client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=1.0, top_p=0.95, seed=3)
-            .choices[0].text for _ in range(2))
+    a, b = (
+        client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=1.0, top_p=0.95, seed=3
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    )
     assert a == b
 
 
 def test_curl_streams_server_sent_events(gateway):
     body = json.dumps({"model": MODEL, "messages": QUESTION, "max_tokens": 8, "stream": True})
-    out = subprocess.run(["curl", "-sN", f"{gateway}/chat/completions", "-H", "Content-Type: application/json", "-d", body],
-                         capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        ["curl", "-sN", f"{gateway}/chat/completions", "-H", "Content-Type: application/json", "-d", body],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     events = [line.removeprefix("data: ") for line in out.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and json.loads(events[0])["object"] == "chat.completion.chunk"
 
 
-@pytest.mark.parametrize(("kwargs", "error", "text"), [
-    ({"model": "gpt-4"}, openai.NotFoundError, "does not exist"),
-    ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "word " * 1100}]}, openai.BadRequestError, "max_input_len 1024"),
-    ({"temperature": 5}, openai.BadRequestError, "temperature"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"model": "gpt-4"}, openai.NotFoundError, "does not exist"),
+        ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "word " * 1100}]}, openai.BadRequestError, "max_input_len 1024"),
+        ({"temperature": 5}, openai.BadRequestError, "temperature"),
+    ],
+)
 def test_bad_requests_get_openai_error_bodies(client, kwargs, error, text):
     with pytest.raises(error, match=text):
         client.chat.completions.create(**{"model": MODEL, "messages": QUESTION, "max_tokens": 8, **kwargs})
@@ -97,7 +120,9 @@ def test_bad_requests_get_openai_error_bodies(client, kwargs, error, text):
 
 def test_client_disconnect_stops_generation(client, server):
     before = metric(server, "trtllm_pipeline_generated_tokens_total")
-    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=500, stream=True, extra_body={"min_tokens": 500})
+    stream = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=500, stream=True, extra_body={"min_tokens": 500}
+    )
     for _, _ in zip(range(5), stream):
         pass
     stream.close()

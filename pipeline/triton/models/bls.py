@@ -5,8 +5,9 @@ Why a BLS next to the ensemble: Triton does not pass a client's cancellation int
 ensemble, so a cancelled ensemble request keeps generating to max_tokens. Here each request runs on
 its own thread, checks `is_cancelled()` after every LLM response and then sends the LLM model a
 `stop` request with the generation's request id (TensorRT-LLM's interface for stopping a request;
-Triton 2.51 has no cancel for BLS sub-requests), which retires the row from the running batch. Streamed text is detokenized from the accumulated tokens and
-sent as deltas, so multi-token characters and leading spaces come out right.
+Triton 2.51 has no cancel for BLS sub-requests), which retires the row from the running batch.
+Streamed text is detokenized from the accumulated tokens and sent as deltas, so multi-token
+characters and leading spaces come out right.
 """
 
 from __future__ import annotations
@@ -21,17 +22,39 @@ import triton_python_backend_utils as pb_utils
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 # client input -> preprocessing input
-TO_PREPROCESSING = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
-                    "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
+TO_PREPROCESSING = {
+    "text_input": "QUERY",
+    "max_tokens": "REQUEST_OUTPUT_LEN",
+    "bad_words": "BAD_WORDS_DICT",
+    "stop_words": "STOP_WORDS_DICT",
+    "end_id": "END_ID",
+    "pad_id": "PAD_ID",
+}
 # preprocessing output -> LLM input
-FROM_PREPROCESSING = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths", "REQUEST_OUTPUT_LEN": "request_output_len",
-                      "BAD_WORDS_IDS": "bad_words_list", "STOP_WORDS_IDS": "stop_words_list", "OUT_END_ID": "end_id",
-                      "OUT_PAD_ID": "pad_id"}
+FROM_PREPROCESSING = {
+    "INPUT_ID": "input_ids",
+    "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_OUTPUT_LEN": "request_output_len",
+    "BAD_WORDS_IDS": "bad_words_list",
+    "STOP_WORDS_IDS": "stop_words_list",
+    "OUT_END_ID": "end_id",
+    "OUT_PAD_ID": "pad_id",
+}
 # client input -> LLM input, passed through when present
-TO_LLM = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "temperature": "temperature", "length_penalty": "len_penalty",
-          "repetition_penalty": "repetition_penalty", "min_length": "min_length", "presence_penalty": "presence_penalty",
-          "frequency_penalty": "frequency_penalty", "random_seed": "random_seed", "return_log_probs": "return_log_probs",
-          "beam_width": "beam_width", "exclude_input_in_output": "exclude_input_in_output"}
+TO_LLM = {
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "temperature": "temperature",
+    "length_penalty": "len_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_length": "min_length",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "random_seed": "random_seed",
+    "return_log_probs": "return_log_probs",
+    "beam_width": "beam_width",
+    "exclude_input_in_output": "exclude_input_in_output",
+}
 LLM_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "batch_index", "sequence_index"]
 
 
@@ -64,16 +87,23 @@ class TritonPythonModel:
         if "beam_width" in inputs and int(inputs["beam_width"].as_numpy().reshape(-1)[0]) > 1 and stream:
             raise ValueError("streaming with beam_width > 1 is not supported")
         pre = pb_utils.InferenceRequest(
-            model_name=self.preprocessing, requested_output_names=list(FROM_PREPROCESSING),
-            inputs=[pb_utils.Tensor(TO_PREPROCESSING[name], t.as_numpy()) for name, t in inputs.items() if name in TO_PREPROCESSING]).exec()
+            model_name=self.preprocessing,
+            requested_output_names=list(FROM_PREPROCESSING),
+            inputs=[
+                pb_utils.Tensor(TO_PREPROCESSING[name], t.as_numpy())
+                for name, t in inputs.items()
+                if name in TO_PREPROCESSING
+            ],
+        ).exec()
         if pre.has_error():
             raise RuntimeError(pre.error().message())
         llm_inputs = [pb_utils.Tensor(FROM_PREPROCESSING[t.name()], t.as_numpy()) for t in pre.output_tensors()]
         llm_inputs += [pb_utils.Tensor(TO_LLM[name], t.as_numpy()) for name, t in inputs.items() if name in TO_LLM]
         llm_inputs.append(pb_utils.Tensor("streaming", np.array([[stream]], dtype=bool)))
         request_id = f"bls-{uuid.uuid4().hex}"
-        responses = pb_utils.InferenceRequest(model_name=self.llm, requested_output_names=LLM_OUTPUTS, inputs=llm_inputs,
-                                              request_id=request_id).exec(decoupled=True)
+        responses = pb_utils.InferenceRequest(
+            model_name=self.llm, requested_output_names=LLM_OUTPUTS, inputs=llm_inputs, request_id=request_id
+        ).exec(decoupled=True)
 
         tokens: dict[int, list[int]] = {}  # batch index -> tokens so far (streaming) or the final tokens
         texts: dict[int, str] = {}
@@ -91,11 +121,15 @@ class TritonPythonModel:
             row = int(outputs["batch_index"].reshape(-1)[0])
             new = outputs["output_ids"].reshape(-1)[: int(outputs["sequence_length"].reshape(-1)[0])].tolist()
             tokens[row] = tokens.get(row, []) + new if stream else new
-            log_probs[row] = log_probs.get(row, []) + outputs["output_log_probs"].reshape(-1).tolist() if stream else outputs["output_log_probs"].reshape(-1).tolist()
+            log_probs[row] = (
+                log_probs.get(row, []) + outputs["output_log_probs"].reshape(-1).tolist()
+                if stream
+                else outputs["output_log_probs"].reshape(-1).tolist()
+            )
             last[row] = outputs
             if stream:
                 text = self._detokenize(tokens[row])
-                delta, texts[row] = text[len(texts.get(row, "")):], text
+                delta, texts[row] = text[len(texts.get(row, "")) :], text
                 sender.send(self._response(delta, outputs, outputs["output_log_probs"].reshape(-1).tolist()))
         if not stream:
             for row in sorted(tokens):
@@ -104,27 +138,39 @@ class TritonPythonModel:
 
     def _stop(self, request_id: str) -> None:
         stop = pb_utils.InferenceRequest(
-            model_name=self.llm, requested_output_names=[], request_id=request_id,
-            inputs=[pb_utils.Tensor("stop", np.array([[True]])), pb_utils.Tensor("input_lengths", np.array([[0]], dtype=np.int32)),
-                    pb_utils.Tensor("request_output_len", np.array([[0]], dtype=np.int32))])
+            model_name=self.llm,
+            requested_output_names=[],
+            request_id=request_id,
+            inputs=[
+                pb_utils.Tensor("stop", np.array([[True]])),
+                pb_utils.Tensor("input_lengths", np.array([[0]], dtype=np.int32)),
+                pb_utils.Tensor("request_output_len", np.array([[0]], dtype=np.int32)),
+            ],
+        )
         for _ in stop.exec(decoupled=True):  # the LLM model answers with one empty final response
             pass
 
     def _detokenize(self, tokens: list[int]) -> str:
         response = pb_utils.InferenceRequest(
-            model_name=self.postprocessing, requested_output_names=["OUTPUT"],
-            inputs=[pb_utils.Tensor("TOKENS_BATCH", np.array([[tokens]], dtype=np.int32).reshape(1, 1, -1)),
-                    pb_utils.Tensor("SEQUENCE_LENGTH", np.array([[len(tokens)]], dtype=np.int32))]).exec()
+            model_name=self.postprocessing,
+            requested_output_names=["OUTPUT"],
+            inputs=[
+                pb_utils.Tensor("TOKENS_BATCH", np.array([[tokens]], dtype=np.int32).reshape(1, 1, -1)),
+                pb_utils.Tensor("SEQUENCE_LENGTH", np.array([[len(tokens)]], dtype=np.int32)),
+            ],
+        ).exec()
         if response.has_error():
             raise RuntimeError(response.error().message())
         return pb_utils.get_output_tensor_by_name(response, "OUTPUT").as_numpy().reshape(-1)[0].decode("utf-8")
 
     @staticmethod
     def _response(text: str, outputs: dict, log_probs: list[float]):
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object)),
-            pb_utils.Tensor("cum_log_probs", outputs["cum_log_probs"].reshape(1, -1).astype(np.float32)),
-            pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)),
-            pb_utils.Tensor("batch_index", outputs["batch_index"].reshape(1, 1).astype(np.int32)),
-            pb_utils.Tensor("sequence_index", outputs["sequence_index"].reshape(1, 1).astype(np.int32)),
-        ])
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object)),
+                pb_utils.Tensor("cum_log_probs", outputs["cum_log_probs"].reshape(1, -1).astype(np.float32)),
+                pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)),
+                pb_utils.Tensor("batch_index", outputs["batch_index"].reshape(1, 1).astype(np.int32)),
+                pb_utils.Tensor("sequence_index", outputs["sequence_index"].reshape(1, 1).astype(np.int32)),
+            ]
+        )

@@ -29,15 +29,22 @@ class TritonPythonModel:
         if not tokens:
             return ""
         text = self.tokenizer.decode(self.anchor + tokens, skip_special_tokens=self.skip_special_tokens)
-        return text[len(self.anchor_text):] if text.startswith(self.anchor_text) else self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens)
+        return (
+            text[len(self.anchor_text) :]
+            if text.startswith(self.anchor_text)
+            else self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens)
+        )
 
     def execute(self, requests):
         responses = []
         for request in requests:
             tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
             lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
-            texts = [self.decode(beam[: int(length)].tolist())
-                     for batch, batch_lengths in zip(tokens, lengths) for beam, length in zip(batch, batch_lengths)]
+            texts = [
+                self.decode(beam[: int(length)].tolist())
+                for batch, batch_lengths in zip(tokens, lengths)
+                for beam, length in zip(batch, batch_lengths)
+            ]
             output = np.array([t.encode("utf-8") for t in texts], dtype=object)
             responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", output)]))
         return responses

@@ -58,7 +58,12 @@ class TritonPythonModel:
         pad_id = _scalar_rows(request, "PAD_ID", rows, self.pad_id)
         width = max(1, max(len(i) for i in ids))
         input_ids = np.array([i + [int(pad_id[r, 0])] * (width - len(i)) for r, i in enumerate(ids)], dtype=np.int32)
-        output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().astype(np.int32).reshape(rows, 1)
+        output_len = (
+            pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN")
+            .as_numpy()
+            .astype(np.int32)
+            .reshape(rows, 1)
+        )
         return [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(i)] for i in ids], dtype=np.int32)),
@@ -79,4 +84,6 @@ class TritonPythonModel:
             flat.append([t for ids in encoded for t in ids])
             offsets.append(list(np.cumsum([len(ids) for ids in encoded])))
         width = max(1, max(len(f) for f in flat))
-        return np.array([[f + [0] * (width - len(f)), o + [-1] * (width - len(o))] for f, o in zip(flat, offsets)], dtype=np.int32)
+        return np.array(
+            [[f + [0] * (width - len(f)), o + [-1] * (width - len(o))] for f, o in zip(flat, offsets)], dtype=np.int32
+        )
