@@ -20,8 +20,10 @@ from pipeline.triton.client import stream_text
 
 
 def http_post(url: str, body: dict):
-    return urllib.request.urlopen(urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}),
-                                  timeout=300)
+    return urllib.request.urlopen(
+        urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}),
+        timeout=300,
+    )
 
 
 def main() -> None:

@@ -20,7 +20,10 @@ PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 
 def tabulate(text: str) -> dict:
     # data types that are template variables keep the variable's name, e.g. "${logits_datatype}"
-    typed = {name: "${" + variable + "}" for name, variable in re.findall(r'name:\s*"(\w+)"\s*data_type:\s*\$\{(\w+)\}', text)}
+    typed = {
+        name: "${" + variable + "}"
+        for name, variable in re.findall(r'name:\s*"(\w+)"\s*data_type:\s*\$\{(\w+)\}', text)
+    }
     config = mc.ModelConfig()
     text_format.Parse(PLACEHOLDER.sub("1", re.sub(r"data_type:\s*\$\{\w+\}", "data_type: TYPE_FP32", text)), config)
 
@@ -32,8 +35,11 @@ def tabulate(text: str) -> dict:
             row["reshape"] = list(t.reshape.shape)
         return row
 
-    return {"inputs": [tensor(t, True) for t in config.input], "outputs": [tensor(t, False) for t in config.output],
-            "parameters": list(config.parameters)}
+    return {
+        "inputs": [tensor(t, True) for t in config.input],
+        "outputs": [tensor(t, False) for t in config.output],
+        "parameters": list(config.parameters),
+    }
 
 
 if __name__ == "__main__":
