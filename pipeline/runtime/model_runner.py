@@ -34,8 +34,13 @@ ONNX_FILE = "model.onnx"
 PREFILL_LOGITS_BYTES = 128 << 20
 MAX_DEFAULT_THREADS = 16
 # ModelRunnerCpp.from_dir options without a CPU meaning, accepted at these (their default) values.
-GPU_OPTION_DEFAULTS = {"rank": 0, "lora_ckpt_source": "hf", "gpu_weights_percent": 1, "multi_block_mode": True,
-                       "use_runtime_defaults": True}
+GPU_OPTION_DEFAULTS = {
+    "rank": 0,
+    "lora_ckpt_source": "hf",
+    "gpu_weights_percent": 1,
+    "multi_block_mode": True,
+    "use_runtime_defaults": True,
+}
 
 
 # ---------------------------------------------------------------- requests and sampling
@@ -66,8 +71,14 @@ class SamplingParams:
     @property
     def plain_greedy(self) -> bool:
         """Greedy with nothing that depends on the sequence: the batch's argmax can be shared."""
-        return (self.greedy and self.repetition_penalty == 1.0 and not self.bad_words and not self.min_length
-                and not self.presence_penalty and not self.frequency_penalty)
+        return (
+            self.greedy
+            and self.repetition_penalty == 1.0
+            and not self.bad_words
+            and not self.min_length
+            and not self.presence_penalty
+            and not self.frequency_penalty
+        )
 
 
 @dataclass
@@ -139,7 +150,9 @@ def to_words_list(words, batch_size: int | None = None) -> list[list[list[int]]]
         words = rows
     rows = [[[int(t) for t in word] for word in (entry or []) if len(word)] for entry in words]
     if batch_size is not None and len(rows) != batch_size:
-        raise ValueError(f"words list has {len(rows)} entries for a batch of {batch_size}; give one list of words per prompt")
+        raise ValueError(
+            f"words list has {len(rows)} entries for a batch of {batch_size}; give one list of words per prompt"
+        )
     return rows
 
 
@@ -158,7 +171,7 @@ def choose(request: Request, logits: np.ndarray) -> tuple[int, float]:
         logits[p.end_id] = -np.inf
     tokens = request.tokens
     for word in p.bad_words:
-        if len(word) == 1 or tokens[len(tokens) - len(word) + 1:] == word[:-1]:
+        if len(word) == 1 or tokens[len(tokens) - len(word) + 1 :] == word[:-1]:
             logits[word[-1]] = -np.inf
     if p.greedy:
         token = int(np.argmax(logits))
@@ -199,8 +212,12 @@ def append(request: Request, token: int, log_prob: float) -> None:
     request.log_probs.append(log_prob)
     if p.stop_words:
         longest = max(len(w) for w in p.stop_words)
-        tail = request.output[-longest:] if len(request.output) >= longest else (request.prompt + request.output)[-longest:]
-        if any(tail[len(tail) - len(w):] == w for w in p.stop_words):
+        tail = (
+            request.output[-longest:]
+            if len(request.output) >= longest
+            else (request.prompt + request.output)[-longest:]
+        )
+        if any(tail[len(tail) - len(w) :] == w for w in p.stop_words):
             request.finish_reason = "stop_words"
             return
     if len(request.output) >= p.max_new_tokens:
@@ -213,8 +230,17 @@ def append(request: Request, token: int, log_prob: float) -> None:
 class ModelRunner:
     """Generate with an `onnxruntime` engine directory (config.json + model.onnx + tokenizer files)."""
 
-    def __init__(self, engine_dir: Path, config: dict, session, *, max_batch_size: int, max_input_len: int,
-                 max_seq_len: int, max_beam_width: int):
+    def __init__(
+        self,
+        engine_dir: Path,
+        config: dict,
+        session,
+        *,
+        max_batch_size: int,
+        max_input_len: int,
+        max_seq_len: int,
+        max_beam_width: int,
+    ):
         self.engine_dir = engine_dir
         self.config = config
         self.session = session
@@ -229,20 +255,39 @@ class ModelRunner:
         inputs = {i.name for i in session.get_inputs()}
         outputs = {o.name for o in session.get_outputs()}
         past = sorted(n for n in inputs if n.startswith("past_key_values."))
-        missing = [n for n in ["logits", *(p.replace("past_key_values.", "present.") for p in past)] if n not in outputs]
+        missing = [
+            n for n in ["logits", *(p.replace("past_key_values.", "present.") for p in past)] if n not in outputs
+        ]
         if missing or not past:
-            raise ValueError(f"{engine_dir / ONNX_FILE} is not a decoder with KV cache (past_key_values.* -> present.*): "
-                             f"missing {missing or 'past_key_values.* inputs'}")
+            raise ValueError(
+                f"{engine_dir / ONNX_FILE} is not a decoder with KV cache (past_key_values.* -> present.*): "
+                f"missing {missing or 'past_key_values.* inputs'}"
+            )
         layout = SharedCache if "seqlens_k" in inputs else ConcatCache
-        self.cache = layout(session, num_kv_heads=self.num_kv_heads, head_size=self.head_size, vocab_size=self.vocab_size,
-                            max_num_tokens=self.max_num_tokens, max_seq_len=max_seq_len)
+        self.cache = layout(
+            session,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            vocab_size=self.vocab_size,
+            max_num_tokens=self.max_num_tokens,
+            max_seq_len=max_seq_len,
+        )
 
     # ------------------------------------------------------------ construction
 
     @classmethod
-    def from_dir(cls, engine_dir: str | Path, *, max_batch_size: int | None = None, max_input_len: int | None = None,
-                 max_output_len: int | None = None, max_beam_width: int | None = None, num_threads: int | None = None,
-                 thread_spinning: bool = False, **gpu_options) -> "ModelRunner":
+    def from_dir(
+        cls,
+        engine_dir: str | Path,
+        *,
+        max_batch_size: int | None = None,
+        max_input_len: int | None = None,
+        max_output_len: int | None = None,
+        max_beam_width: int | None = None,
+        num_threads: int | None = None,
+        thread_spinning: bool = False,
+        **gpu_options,
+    ) -> "ModelRunner":
         """Load an engine. Limits default to the engine's build_config and may only be lowered.
 
         Args:
@@ -258,11 +303,17 @@ class ModelRunner:
             raise FileNotFoundError(f"{config_file} not found: build the engine first (trtllm-pipeline build CONFIG)")
         config = json.loads(config_file.read_text())
         built = config.get("build_config", {})
-        target = config.get("target") or built.get("target") or "onnxruntime"
+        from pipeline.targets import engine_target
+
+        target = engine_target(config)
         if target != "onnxruntime":
-            raise ValueError(f"{config_file}: target is {target!r}; this runner serves onnxruntime engines "
-                             "(use tensorrt_llm.runtime.ModelRunnerCpp for TensorRT-LLM engines)")
-        unsupported = sorted(k for k, v in gpu_options.items() if v not in (None, False) and GPU_OPTION_DEFAULTS.get(k, object()) != v)
+            raise ValueError(
+                f"{config_file}: target is {target!r}; this runner serves onnxruntime engines "
+                "(use tensorrt_llm.runtime.ModelRunnerCpp for TensorRT-LLM engines)"
+            )
+        unsupported = sorted(
+            k for k, v in gpu_options.items() if v not in (None, False) and GPU_OPTION_DEFAULTS.get(k, object()) != v
+        )
         if unsupported:
             raise TypeError(f"ModelRunner.from_dir: not supported by the onnxruntime engine: {', '.join(unsupported)}")
 
@@ -271,14 +322,22 @@ class ModelRunner:
                 raise ValueError(f"{name}={requested} exceeds the engine's {name} {built[name]} ({config_file})")
             return requested or built[name]
 
-        limits = {name: limit(name, value) for name, value in
-                  (("max_batch_size", max_batch_size), ("max_input_len", max_input_len), ("max_beam_width", max_beam_width))}
+        limits = {
+            name: limit(name, value)
+            for name, value in (
+                ("max_batch_size", max_batch_size),
+                ("max_input_len", max_input_len),
+                ("max_beam_width", max_beam_width),
+            )
+        }
         limits["max_seq_len"] = built["max_seq_len"]
         if max_output_len is not None:
             limits["max_seq_len"] = limits["max_input_len"] + max_output_len
             if limits["max_seq_len"] > built["max_seq_len"]:
-                raise ValueError(f"max_input_len {limits['max_input_len']} + max_output_len {max_output_len} exceeds the engine's "
-                                 f"max_seq_len {built['max_seq_len']} ({config_file})")
+                raise ValueError(
+                    f"max_input_len {limits['max_input_len']} + max_output_len {max_output_len} exceeds the engine's "
+                    f"max_seq_len {built['max_seq_len']} ({config_file})"
+                )
         session = _ort_session(engine_dir / ONNX_FILE, num_threads or default_threads(), thread_spinning)
         return cls(engine_dir, config, session, **limits)
 
@@ -396,34 +455,68 @@ class ModelRunner:
 
     # ------------------------------------------------------------ ModelRunnerCpp.generate
 
-    def _check_inputs(self, prompts: list[list[int]], max_new_tokens: int, num_beams: int) -> None:
-        where = self.engine_dir / ENGINE_CONFIG
+    def check_inputs(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int], beam_widths: Sequence[int]
+    ) -> None:
+        """Reject what the engine cannot run, naming the input and the limit it breaks; prompt i asks for
+        max_new_tokens[i] tokens with beam_widths[i]. One check for `generate` and for the requests of the
+        Triton scheduler (`pipeline.runtime.scheduler`), so clients of both get the same messages."""
         if not prompts:
-            raise ValueError("batch_input_ids is empty: pass a list with one token-id tensor per prompt")
+            raise ValueError("the batch is empty: pass one token-id sequence per prompt")
         if len(prompts) > self.max_batch_size:
-            raise ValueError(f"batch of {len(prompts)} prompts exceeds max_batch_size {self.max_batch_size} ({where})")
-        if num_beams != 1:
-            raise ValueError(f"num_beams={num_beams}: beam search is not implemented by the CPU runner "
-                             f"(the engine's max_beam_width is {self.max_beam_width}, {where}); use num_beams=1")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        for index, ids in enumerate(prompts):
+            raise ValueError(f"batch of {len(prompts)} prompts exceeds max_batch_size {self.max_batch_size}")
+        for index, (ids, new_tokens, beams) in enumerate(zip(prompts, max_new_tokens, beam_widths)):
+            label, length = f"input {index}", len(ids)
+            if beams != 1:
+                raise ValueError(
+                    f"{label}: beam width {beams} is not supported, the onnxruntime engine does not "
+                    f"implement beam search (its max_beam_width is {self.max_beam_width}); use 1"
+                )
+            if new_tokens < 1:
+                raise ValueError(f"{label}: max_tokens must be at least 1, got {new_tokens}")
             if not ids:
-                raise ValueError(f"input {index} is empty; every prompt needs at least one token")
-            if len(ids) > self.max_input_len:
-                raise ValueError(f"input {index} has {len(ids)} tokens, more than max_input_len {self.max_input_len} ({where})")
-            if len(ids) + max_new_tokens > self.max_seq_len:
-                raise ValueError(f"input {index}: {len(ids)} tokens + max_new_tokens {max_new_tokens} exceeds "
-                                 f"max_seq_len {self.max_seq_len} ({where})")
-            if min(ids) < 0 or max(ids) >= self.vocab_size:
-                raise ValueError(f"input {index} has token ids outside the vocabulary [0, {self.vocab_size})")
+                raise ValueError(f"{label} is empty; every prompt needs at least one token")
+            if length > self.max_input_len:
+                raise ValueError(
+                    f"{label}: a prompt of {length} tokens exceeds the engine's max_input_len "
+                    f"{self.max_input_len} ({length} is more than max_input_len {self.max_input_len}); "
+                    "shorten it"
+                )
+            if length + new_tokens > self.max_seq_len:
+                raise ValueError(
+                    f"{label}: {length} prompt tokens + max_tokens {new_tokens} exceed the engine's "
+                    f"max_seq_len {self.max_seq_len} ({length + new_tokens} exceeds max_seq_len "
+                    f"{self.max_seq_len}); lower max_tokens"
+                )
+            outside = [t for t in ids if not 0 <= t < self.vocab_size]
+            if outside:
+                raise ValueError(
+                    f"{label} has token ids outside the vocabulary [0, {self.vocab_size}), e.g. {outside[0]}"
+                )
 
-    def generate(self, batch_input_ids: Sequence, *, max_new_tokens: int = 1, end_id: int | None = None,
-                 pad_id: int | None = None, temperature: float = 1.0, top_k: int = 1, top_p: float | None = 0.0,
-                 repetition_penalty: float = 1.0, random_seed: int | Sequence[int] | None = None, num_beams: int = 1,
-                 stop_words_list=None, bad_words_list=None, streaming: bool = False, return_dict: bool = False,
-                 output_sequence_lengths: bool = False, output_log_probs: bool = False, output_cum_log_probs: bool = False,
-                 sampling_config=None, **unsupported):
+    def generate(
+        self,
+        batch_input_ids: Sequence,
+        *,
+        max_new_tokens: int = 1,
+        end_id: int | None = None,
+        pad_id: int | None = None,
+        temperature: float = 1.0,
+        top_k: int = 1,
+        top_p: float | None = 0.0,
+        repetition_penalty: float = 1.0,
+        random_seed: int | Sequence[int] | None = None,
+        num_beams: int = 1,
+        stop_words_list=None,
+        bad_words_list=None,
+        streaming: bool = False,
+        return_dict: bool = False,
+        output_sequence_lengths: bool = False,
+        output_log_probs: bool = False,
+        output_cum_log_probs: bool = False,
+        sampling_config=None,
+        **unsupported,
+    ):
         """Generate for a batch of token-id tensors (or lists), like `ModelRunnerCpp.generate`.
 
         Returns `output_ids` int32 [batch, 1, max_seq_len]: each row is the prompt then the generated
@@ -438,23 +531,41 @@ class ModelRunner:
             get = lambda name, default: getattr(sampling_config, name, default)  # noqa: E731
             end_id, pad_id = get("end_id", end_id), get("pad_id", pad_id)
             max_new_tokens = get("max_new_tokens", max_new_tokens)
-            num_beams, temperature, top_k = get("num_beams", get("beam_width", num_beams)), get("temperature", temperature), get("top_k", top_k)
+            num_beams, temperature, top_k = (
+                get("num_beams", get("beam_width", num_beams)),
+                get("temperature", temperature),
+                get("top_k", top_k),
+            )
             top_p, repetition_penalty = get("top_p", top_p), get("repetition_penalty", repetition_penalty)
             random_seed = get("random_seed", get("seed", random_seed))
         given = sorted(k for k, v in unsupported.items() if v not in (None, False))
         if given:
             raise TypeError(f"generate(): not supported by the onnxruntime engine: {', '.join(given)}")
         prompts = [[int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)] for ids in batch_input_ids]
-        self._check_inputs(prompts, max_new_tokens, num_beams or 1)
+        self.check_inputs(prompts, [max_new_tokens] * len(prompts), [num_beams or 1] * len(prompts))
         end_id = self.end_id if end_id is None else int(end_id)
         if end_id is None:
-            raise ValueError(f"no end_id: pass end_id=..., or record end_id in {self.engine_dir / ENGINE_CONFIG} build_config")
+            raise ValueError(
+                f"no end_id: pass end_id=..., or record end_id in {self.engine_dir / ENGINE_CONFIG} build_config"
+            )
         pad_id = end_id if pad_id is None else int(pad_id)
         seeds = list(random_seed) if isinstance(random_seed, (list, tuple)) else [random_seed] * len(prompts)
         stops, bads = to_words_list(stop_words_list, len(prompts)), to_words_list(bad_words_list, len(prompts))
         requests = [
-            Request(prompt, SamplingParams(max_new_tokens, end_id, float(temperature or 0.0), int(top_k or 0), float(top_p or 0.0),
-                                           float(repetition_penalty or 1.0), int(seeds[i] or 0), stops[i], bads[i]))
+            Request(
+                prompt,
+                SamplingParams(
+                    max_new_tokens,
+                    end_id,
+                    float(temperature or 0.0),
+                    int(top_k or 0),
+                    float(top_p or 0.0),
+                    float(repetition_penalty or 1.0),
+                    int(seeds[i] or 0),
+                    stops[i],
+                    bads[i],
+                ),
+            )
             for i, prompt in enumerate(prompts)
         ]
 
@@ -464,10 +575,16 @@ class ModelRunner:
                 output_ids[row, 0, : len(r.prompt) + len(r.output)] = torch.tensor(r.tokens, dtype=torch.int32)
             if not return_dict:
                 return output_ids
-            out = {"output_ids": output_ids,
-                   "sequence_lengths": torch.tensor([[len(r.prompt) + len(r.output)] for r in requests], dtype=torch.int32)}
+            out = {
+                "output_ids": output_ids,
+                "sequence_lengths": torch.tensor(
+                    [[len(r.prompt) + len(r.output)] for r in requests], dtype=torch.int32
+                ),
+            }
             if output_log_probs:
-                log_probs = torch.zeros((len(requests), 1, max(1, max(len(r.log_probs) for r in requests))), dtype=torch.float32)
+                log_probs = torch.zeros(
+                    (len(requests), 1, max(1, max(len(r.log_probs) for r in requests))), dtype=torch.float32
+                )
                 for row, r in enumerate(requests):
                     log_probs[row, 0, : len(r.log_probs)] = torch.tensor(r.log_probs, dtype=torch.float32)
                 out["log_probs"] = log_probs
@@ -494,16 +611,23 @@ class ConcatCache:
     column chunks so the [rows, chunk, vocab] logits stay small.
     """
 
-    def __init__(self, session, *, num_kv_heads: int, head_size: int, vocab_size: int, max_num_tokens: int, max_seq_len: int):
+    def __init__(
+        self, session, *, num_kv_heads: int, head_size: int, vocab_size: int, max_num_tokens: int, max_seq_len: int
+    ):
         self.session = session
-        self.num_kv_heads, self.head_size, self.vocab_size, self.max_num_tokens = num_kv_heads, head_size, vocab_size, max_num_tokens
+        self.num_kv_heads, self.head_size, self.vocab_size, self.max_num_tokens = (
+            num_kv_heads,
+            head_size,
+            vocab_size,
+            max_num_tokens,
+        )
         self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
         self.output_names = [o.name for o in session.get_outputs()]
 
     def _forward(self, input_ids: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
         """Run the graph on new tokens given the cache; returns last-position logits and the new cache (OrtValues)."""
         binding = self.session.io_binding()
-        positions = mask.cumsum(axis=1)[:, -input_ids.shape[1]:] - 1
+        positions = mask.cumsum(axis=1)[:, -input_ids.shape[1] :] - 1
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
         binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.maximum(positions, 0), dtype=np.int64))
@@ -525,11 +649,14 @@ class ConcatCache:
         ids = np.zeros((len(requests), length), dtype=np.int64)  # padding ids are masked out: any valid id does
         mask = np.zeros((len(requests), length), dtype=np.int64)
         for row, request in enumerate(requests):
-            ids[row, length - len(request.prompt):] = request.prompt
-            mask[row, length - len(request.prompt):] = 1
+            ids[row, length - len(request.prompt) :] = request.prompt
+            mask[row, length - len(request.prompt) :] = 1
         budget = min(self.max_num_tokens, max(1, PREFILL_LOGITS_BYTES // (4 * self.vocab_size)))
         chunk = max(1, budget // len(requests))
-        past = {name: np.zeros((len(requests), self.num_kv_heads, 0, self.head_size), dtype=np.float32) for name in self.past_names}
+        past = {
+            name: np.zeros((len(requests), self.num_kv_heads, 0, self.head_size), dtype=np.float32)
+            for name in self.past_names
+        }
         start = 0
         while start < length:
             end = min(length, start + chunk)
@@ -540,10 +667,12 @@ class ConcatCache:
     def extend(self, partial: Batch | None, request: Request, budget: int) -> Batch:
         """Up to `budget` more prompt tokens of one request into its own 1-row batch (chunked context)."""
         if partial is None:
-            empty = {name: np.zeros((1, self.num_kv_heads, 0, self.head_size), dtype=np.float32) for name in self.past_names}
+            empty = {
+                name: np.zeros((1, self.num_kv_heads, 0, self.head_size), dtype=np.float32) for name in self.past_names
+            }
             partial = Batch([request], empty, None, mask=np.zeros((1, 0), dtype=np.int64))
         start = partial.length
-        chunk = request.prompt[start: start + budget]
+        chunk = request.prompt[start : start + budget]
         partial.mask = np.ones((1, start + len(chunk)), dtype=np.int64)
         partial.logits, partial.past = self._forward(np.array([chunk]), partial.mask, partial.past)
         return partial
@@ -570,7 +699,9 @@ class ConcatCache:
             return np.pad(_numpy(value), ((0, 0), (0, 0), (length - batch.length, 0), (0, 0)))
 
         past = {name: np.concatenate([pad(a, a.past[name]), pad(b, b.past[name])]) for name in a.past}
-        mask = np.concatenate([np.pad(a.mask, ((0, 0), (length - a.length, 0))), np.pad(b.mask, ((0, 0), (length - b.length, 0)))])
+        mask = np.concatenate(
+            [np.pad(a.mask, ((0, 0), (length - a.length, 0))), np.pad(b.mask, ((0, 0), (length - b.length, 0)))]
+        )
         return Batch(a.requests + b.requests, past, np.concatenate([a.logits, b.logits]), mask=mask)
 
 
@@ -587,9 +718,16 @@ class SharedCache:
 
     CAPACITY_STEP = 64  # capacities are rounded up to this: fewer distinct shapes, fewer re-pads on merge
 
-    def __init__(self, session, *, num_kv_heads: int, head_size: int, vocab_size: int, max_num_tokens: int, max_seq_len: int):
+    def __init__(
+        self, session, *, num_kv_heads: int, head_size: int, vocab_size: int, max_num_tokens: int, max_seq_len: int
+    ):
         self.session = session
-        self.num_kv_heads, self.head_size, self.max_num_tokens, self.max_seq_len = num_kv_heads, head_size, max_num_tokens, max_seq_len
+        self.num_kv_heads, self.head_size, self.max_num_tokens, self.max_seq_len = (
+            num_kv_heads,
+            head_size,
+            max_num_tokens,
+            max_seq_len,
+        )
         self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
 
     def bind(self, past: dict):
@@ -615,7 +753,10 @@ class SharedCache:
         return binding.get_outputs()[0].numpy()
 
     def _buffers(self, rows: int, capacity: int) -> dict:
-        return {name: np.zeros((rows, self.num_kv_heads, capacity, self.head_size), dtype=np.float32) for name in self.past_names}
+        return {
+            name: np.zeros((rows, self.num_kv_heads, capacity, self.head_size), dtype=np.float32)
+            for name in self.past_names
+        }
 
     def _capacity(self, requests: list[Request]) -> int:
         need = max(len(r.prompt) + r.params.max_new_tokens for r in requests)
@@ -647,7 +788,7 @@ class SharedCache:
             partial = Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
             partial.binding = self.bind(partial.past)
         start = int(partial.lengths[0])
-        chunk = request.prompt[start: start + budget]
+        chunk = request.prompt[start : start + budget]
         partial.lengths = np.array([start + len(chunk)])
         partial.logits = self._forward(partial.binding, np.array([chunk]), partial.lengths, np.array([len(chunk) - 1]))
         return partial
@@ -673,8 +814,12 @@ class SharedCache:
             return np.pad(buffer, ((0, 0), (0, 0), (0, capacity - buffer.shape[2]), (0, 0)))
 
         past = {name: np.concatenate([grow(batch.past[name]) for batch in batches]) for name in batches[0].past}
-        return Batch([r for batch in batches for r in batch.requests], past, np.concatenate([batch.logits for batch in batches]),
-                     lengths=np.concatenate([batch.lengths for batch in batches]))
+        return Batch(
+            [r for batch in batches for r in batch.requests],
+            past,
+            np.concatenate([batch.logits for batch in batches]),
+            lengths=np.concatenate([batch.lengths for batch in batches]),
+        )
 
 
 # ---------------------------------------------------------------- helpers
@@ -698,7 +843,9 @@ def _ort_session(onnx_path: Path, threads: int, spinning: bool = False):
     try:
         return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises its own exception types for missing or corrupt files
-        raise RuntimeError(f"cannot load {onnx_path}: {exc}; rebuild the engine (trtllm-pipeline build CONFIG --force)") from None
+        raise RuntimeError(
+            f"cannot load {onnx_path}: {exc}; rebuild the engine (trtllm-pipeline build CONFIG --force)"
+        ) from None
 
 
 def _special_ids(engine_dir: Path, config: dict) -> tuple[int | None, int | None]:

@@ -1,72 +1,55 @@
 """Triton python model serving an `onnxruntime` engine with in-flight batching.
 
-It stands where TensorRT-LLM's `tensorrt_llm` model stands in the repository, with the same inputs
-and outputs, so the ensemble and BLS are the same for both targets. The model is decoupled:
-`execute` only queues requests; one scheduler thread owns the engine and, at every step,
-1. admits queued requests (FIFO) while the batch stays within max_batch_size and the KV-cache
-   token budget (worst case: every row at its full length), prefills them and merges them into the
-   running batch; with `enable_chunked_context`, prompts are prefilled a piece per step instead
-   (max_num_tokens minus the step's decode tokens) and join the batch when complete,
-2. samples one token per row and sends it (streaming) or keeps it (final response at the end),
-3. retires finished and cancelled rows, freeing their KV cache at once,
-4. runs one decode step for the rest.
-Written by hand because no library schedules requests for an ONNX Runtime decoder this way.
-Copied into the repository next to `model_runner.py` (the CPU runtime) by `trtllm-pipeline build`.
+It stands where TensorRT-LLM's `tensorrt_llm` model stands in the repository, with the same inputs and outputs, so
+the ensemble and BLS are the same for both targets. The model is decoupled: `execute` only hands each request's
+input tensors, as numpy arrays, to the scheduler (`pipeline.runtime.scheduler`), whose thread owns the engine and
+does all the batching: admission within max_batch_size and the KV-cache budget, chunked context, streaming, retiring,
+cancellation, per-request errors. This file is the Triton side only: parameters, responses through pb_utils, the
+`stop` input, metrics and logs.
+
+The python backend runs in the project's virtualenv, where `pipeline` is installed, so the runtime is imported from
+the package rather than copied next to this file.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import threading
-import time
-from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-sys.path.insert(0, str(Path(__file__).parent))
-from model_runner import ModelRunner, Request, SamplingParams, to_words_list  # noqa: E402
+from pipeline.runtime.model_runner import ModelRunner
+from pipeline.runtime.scheduler import COUNTERS, GAUGES, Scheduler
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-@dataclass
-class Job:
-    """One Triton request: its rows (one Request per batch entry) and how to answer it."""
+class TritonResponder:
+    """The scheduler's Responder for one request: its answers as Triton responses, with the `tensorrt_llm` outputs."""
 
-    sender: object
-    request_id: str
-    rows: list[Request]
-    streaming: bool
-    exclude_input: bool
-    sent: list[int] = field(default_factory=list)  # per row: output tokens already streamed
-    finished_rows: int = 0
-    stopped: bool = False  # by a `stop` request naming this request's id, or by the client cancelling
-    arrival: float = field(default_factory=time.monotonic)
+    def __init__(self, sender, model_name: str):
+        self.sender = sender
+        self.model_name = model_name
 
-    @property
-    def done(self) -> bool:
-        return self.finished_rows == len(self.rows)
+    def send_tokens(
+        self, row: int, tokens: list[int], log_probs: list[float], cum_log_prob: float, final: bool
+    ) -> None:
+        outputs = [
+            pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
+            pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
+            pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob]], dtype=np.float32)),
+            pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)),
+            pb_utils.Tensor("batch_index", np.asarray([[row]], dtype=np.int32)),
+            pb_utils.Tensor("sequence_index", np.asarray([[0]], dtype=np.int32)),
+        ]
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0)
 
-    def cancelled(self) -> bool:
-        self.stopped = self.stopped or self.sender.is_cancelled()
-        return self.stopped
+    def send_error(self, message: str) -> None:
+        error = pb_utils.TritonError(f"{self.model_name}: {message}")
+        self.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
 
-
-def _optional(request, name: str, default):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return default if tensor is None else tensor.as_numpy()
-
-
-def _per_row(value, rows: int, default, cast):
-    """A [batch, 1] input as one Python value per row (a scalar default when absent)."""
-    if value is None:
-        return [default] * rows
-    flat = np.asarray(value).reshape(len(value), -1)[:, 0] if np.asarray(value).ndim else np.asarray([value])
-    return [cast(v) for v in (flat if len(flat) == rows else np.repeat(flat[:1], rows))]
+    def send_final(self) -> None:
+        self.sender.send(flags=FINAL)
 
 
 class TritonPythonModel:
@@ -74,256 +57,53 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {key: value["string_value"] for key, value in config.get("parameters", {}).items()}
         self.model_name = args["model_name"]
-        self.engine_dir = params["engine_dir"]
+        engine_dir = params["engine_dir"]
         threads = int(params.get("cpu_threads") or 0) or None
         spinning = str(params.get("cpu_thread_spinning", "false")).lower() == "true"
-        self.runner = ModelRunner.from_dir(self.engine_dir, num_threads=threads, thread_spinning=spinning)
-        self.kv_budget = int(params.get("max_tokens_in_paged_kv_cache") or 0) or self.runner.max_batch_size * self.runner.max_seq_len
-        # chunked context: prompts are prefilled max_num_tokens (minus the step's decode tokens) at a time,
-        # between decode steps, so a long prompt does not stall the running streams
-        self.chunked_context = params.get("enable_chunked_context", "false").lower() == "true"
-        self.default_exclude_input = params.get("exclude_input_in_output", "true").lower() == "true"
+        runner = ModelRunner.from_dir(engine_dir, num_threads=threads, thread_spinning=spinning)
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.engine_dir)  # only to hold back incomplete UTF-8 when streaming
-        self.queue: deque[Job] = deque()
-        self.jobs: dict[int, Job] = {}  # id(Request) -> job, for the rows in the running batch
-        self.wake = threading.Condition()
-        self.stopping = False
-        self.metrics_lock = threading.Lock()  # Triton's metrics segfault when updated from several threads at once
+        tokenizer = AutoTokenizer.from_pretrained(engine_dir)  # only to hold back incomplete UTF-8 when streaming
         # Triton's metrics: families must outlive their metrics, so both are kept on self
         self.metric_families, self.metrics = [], {}
-        for name, kind, description in [
-            ("generated_tokens_total", pb_utils.MetricFamily.COUNTER, "Tokens generated by the in-flight batching scheduler"),
-            ("active_rows", pb_utils.MetricFamily.GAUGE, "Sequences in the running batch after the last step"),
-            ("kv_cache_tokens", pb_utils.MetricFamily.GAUGE, "KV-cache positions held by the running batch (rows x padded length)"),
-            ("queued_requests", pb_utils.MetricFamily.GAUGE, "Requests waiting for a batch slot or KV-cache budget"),
-            ("time_to_first_token_us_total", pb_utils.MetricFamily.COUNTER, "Sum of arrival-to-first-token times, microseconds"),
-            ("first_tokens_total", pb_utils.MetricFamily.COUNTER, "Requests that produced their first token"),
-            ("prefill_chunks_total", pb_utils.MetricFamily.COUNTER, "Prompt pieces run between decode steps (chunked context)"),
-        ]:
-            family = pb_utils.MetricFamily(name=f"trtllm_pipeline_{name}", description=description, kind=kind)
-            self.metric_families.append(family)
-            self.metrics[name] = family.Metric(labels={"model": self.model_name})
-        self.scheduler = threading.Thread(target=self._schedule, name="inflight-batching", daemon=True)
+        for names, kind in ((COUNTERS, pb_utils.MetricFamily.COUNTER), (GAUGES, pb_utils.MetricFamily.GAUGE)):
+            for name, description in names.items():
+                family = pb_utils.MetricFamily(name=f"trtllm_pipeline_{name}", description=description, kind=kind)
+                self.metric_families.append(family)
+                self.metrics[name] = family.Metric(labels={"model": self.model_name})
+        self.scheduler = Scheduler(
+            runner,
+            kv_budget=int(params.get("max_tokens_in_paged_kv_cache") or 0) or None,
+            chunked_context=params.get("enable_chunked_context", "false").lower() == "true",
+            exclude_input_default=params.get("exclude_input_in_output", "true").lower() == "true",
+            ends_mid_character=lambda tokens: tokenizer.decode(tokens).endswith("\ufffd"),
+            on_metrics=self._forward_metrics,
+            log_error=lambda message: pb_utils.Logger.log_error(f"{self.model_name}: {message}"),
+        )
         self.scheduler.start()
-        pb_utils.Logger.log_info(f"{self.model_name}: engine {self.engine_dir}, max_batch_size {self.runner.max_batch_size}, "
-                                 f"KV budget {self.kv_budget} tokens")
+        pb_utils.Logger.log_info(
+            f"{self.model_name}: engine {engine_dir}, max_batch_size {runner.max_batch_size}, "
+            f"KV budget {self.scheduler.kv_budget} tokens"
+        )
 
-    # ------------------------------------------------------------ requests in
+    def _forward_metrics(self, increments: dict[str, float], levels: dict[str, float]) -> None:
+        for name, amount in increments.items():
+            self.metrics[name].increment(amount)
+        for name, value in levels.items():
+            self.metrics[name].set(value)
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            stop = pb_utils.get_input_tensor_by_name(request, "stop")
-            if stop is not None and stop.as_numpy().any():
-                self._stop(request.request_id())
-                sender.send(flags=FINAL)
+            responder = TritonResponder(sender, self.model_name)
+            inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+            stop = inputs.get("stop")
+            if stop is not None and stop.any():
+                self.scheduler.stop(request.request_id())
+                responder.send_final()
                 continue
-            try:
-                job = self._parse(request, sender)
-            except ValueError as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: {exc}")), flags=FINAL)
-                continue
-            with self.wake:
-                self.queue.append(job)
-                self.wake.notify()
+            self.scheduler.submit(inputs, responder, request_id=request.request_id(), is_cancelled=sender.is_cancelled)
         return None
 
-    def _stop(self, request_id: str) -> None:
-        """TensorRT-LLM's `stop` input: the running or queued request with this id stops at the next step.
-
-        The BLS uses it when its client cancels, since Triton 2.51 cannot cancel a BLS sub-request.
-        """
-        with self.wake:
-            for job in [*self.queue, *self.jobs.values()]:
-                if request_id and job.request_id == request_id:
-                    job.stopped = True
-
-    def _parse(self, request, sender) -> Job:
-        r = self.runner
-        ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
-        if ids is None:
-            raise ValueError("input_ids is required unless stop is true")
-        ids = ids.as_numpy()
-        ids = ids.reshape(1, -1) if ids.ndim == 1 else ids
-        rows = len(ids)
-        lengths = _per_row(_optional(request, "input_lengths", None), rows, ids.shape[1], int)
-        max_new = _per_row(_optional(request, "request_output_len", None), rows, 0, int)
-        beam = _per_row(_optional(request, "beam_width", None), rows, 1, int)
-        end_ids = _per_row(_optional(request, "end_id", None), rows, r.end_id, int)
-        stops = to_words_list(_optional(request, "stop_words_list", None), rows) if _optional(request, "stop_words_list", None) is not None else [[]] * rows
-        bads = to_words_list(_optional(request, "bad_words_list", None), rows) if _optional(request, "bad_words_list", None) is not None else [[]] * rows
-        get = lambda name, default, cast: _per_row(_optional(request, name, None), rows, default, cast)  # noqa: E731
-        temperature, top_k, top_p = get("temperature", 1.0, float), get("runtime_top_k", 0, int), get("runtime_top_p", 0.0, float)
-        repetition, min_length = get("repetition_penalty", 1.0, float), get("min_length", 0, int)
-        presence, frequency, seed = get("presence_penalty", 0.0, float), get("frequency_penalty", 0.0, float), get("random_seed", 0, int)
-        streaming = bool(get("streaming", False, bool)[0])
-        exclude = bool(get("exclude_input_in_output", self.default_exclude_input, bool)[0])
-        requests = []
-        for row in range(rows):
-            prompt = [int(t) for t in ids[row, : lengths[row]]]
-            where = f"batch entry {row}" if rows > 1 else "request"
-            if beam[row] != 1:
-                raise ValueError(f"{where}: beam_width {beam[row]} is not supported by the onnxruntime engine; use 1")
-            if not prompt:
-                raise ValueError(f"{where}: the prompt is empty")
-            if len(prompt) > r.max_input_len:
-                raise ValueError(f"{where}: prompt of {len(prompt)} tokens exceeds the engine's max_input_len {r.max_input_len}; shorten it")
-            if max_new[row] < 1:
-                raise ValueError(f"{where}: max_tokens must be at least 1, got {max_new[row]}")
-            if len(prompt) + max_new[row] > r.max_seq_len:
-                raise ValueError(f"{where}: {len(prompt)} prompt tokens + max_tokens {max_new[row]} exceed the engine's "
-                                 f"max_seq_len {r.max_seq_len}; lower max_tokens")
-            if len(prompt) + max_new[row] > self.kv_budget:
-                raise ValueError(f"{where}: needs {len(prompt) + max_new[row]} KV-cache tokens, more than the budget "
-                                 f"max_tokens_in_paged_kv_cache {self.kv_budget}")
-            if min(prompt) < 0 or max(prompt) >= r.vocab_size:
-                raise ValueError(f"{where}: token ids outside the vocabulary [0, {r.vocab_size})")
-            params = SamplingParams(max_new[row], end_ids[row], temperature[row], top_k[row], top_p[row], repetition[row], seed[row],
-                                    stops[row], bads[row], min_length[row], presence[row], frequency[row])
-            requests.append(Request(prompt, params))
-        return Job(sender, request.request_id(), requests, streaming, exclude, sent=[0] * rows)
-
-    # ------------------------------------------------------------ the scheduler
-
-    def _kv_tokens(self, batch, extra: list[Request]) -> int:
-        """Worst-case KV positions held if `extra` joins: rows x (padded length + longest remaining output)."""
-        running = list(batch.requests) if batch is not None else []
-        length = max([batch.length if batch is not None else 0] + [len(q.prompt) for q in extra])
-        remaining = max([q.params.max_new_tokens - len(q.output) for q in running + extra] or [0])
-        return (len(running) + len(extra)) * (length + remaining)
-
-    def _admit(self, batch, prefilling: list[Request]) -> list[Request]:
-        """Requests from the queue head that fit beside the running batch and the prompts still prefilling."""
-        admitted: list[Request] = list(prefilling)
-        with self.wake:
-            while self.queue:
-                job = self.queue[0]
-                if job.cancelled():
-                    self.queue.popleft()
-                    job.sender.send(flags=FINAL)
-                    continue
-                rows = (len(batch) if batch is not None else 0) + len(admitted) + len(job.rows)
-                if rows > self.runner.max_batch_size or self._kv_tokens(batch, admitted + job.rows) > self.kv_budget:
-                    if rows - len(job.rows) == 0 and len(job.rows) > self.runner.max_batch_size:
-                        self.queue.popleft()
-                        job.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                            f"{self.model_name}: a request batch of {len(job.rows)} exceeds max_batch_size {self.runner.max_batch_size}")), flags=FINAL)
-                        continue
-                    break  # FIFO: later requests wait too, so none starves
-                self.queue.popleft()
-                for request in job.rows:
-                    self.jobs[id(request)] = job
-                admitted.extend(job.rows)
-        return admitted[len(prefilling):]
-
-    def _prefill_chunks(self, batch, prefilling: deque):
-        """Run prompt pieces within this step's token budget; finished prompts join the batch."""
-        budget = max(1, self.runner.max_num_tokens - (len(batch) if batch is not None else 0))
-        while prefilling and budget > 0:
-            request, partial = prefilling[0]
-            before = partial.length if partial is not None else 0
-            partial = self.runner.prefill_chunk(partial, request, budget)
-            budget -= partial.length - before
-            with self.metrics_lock:
-                self.metrics["prefill_chunks_total"].increment(1)
-            if partial.length < len(request.prompt):
-                prefilling[0] = (request, partial)
-                break
-            prefilling.popleft()
-            batch = partial if batch is None else self.runner.merge(batch, partial)
-        return batch
-
-    def _schedule(self):
-        batch, prefilling = None, deque()  # prefilling: (request, its partial 1-row batch) under chunked context
-        while True:
-            with self.wake:
-                while not self.stopping and not self.queue and batch is None and not prefilling:
-                    self.wake.wait()
-                if self.stopping:
-                    return
-            try:
-                admitted = self._admit(batch, [request for request, _ in prefilling])
-                if self.chunked_context:
-                    prefilling.extend((request, None) for request in admitted)
-                    batch = self._prefill_chunks(batch, prefilling)
-                elif admitted:
-                    fresh = self.runner.prefill(admitted)
-                    batch = fresh if batch is None else self.runner.merge(batch, fresh)
-                if batch is None:
-                    time.sleep(0.001)
-                    continue
-                self.runner.sample(batch)
-                self._respond(batch)
-                batch = self.runner.retire(batch)
-                with self.metrics_lock:
-                    self.metrics["active_rows"].set(len(batch))
-                    self.metrics["kv_cache_tokens"].set(len(batch) * batch.length)
-                    self.metrics["queued_requests"].set(len(self.queue))
-                if len(batch):
-                    self.runner.decode_step(batch)
-                else:
-                    batch = None
-            except Exception as exc:  # never let one bad step kill the scheduler: fail the rows it held
-                pb_utils.Logger.log_error(f"{self.model_name}: step failed: {exc!r}")
-                for request in list(batch.requests if batch is not None else []) + [request for request, _ in prefilling]:
-                    job = self.jobs.pop(id(request), None)
-                    if job is not None and not job.done:
-                        job.finished_rows = len(job.rows)
-                        job.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{self.model_name}: {exc}")), flags=FINAL)
-                batch = None
-                prefilling.clear()
-
-    def _respond(self, batch) -> None:
-        sampled, first_token_waits, now = 0, [], time.monotonic()
-        for request in batch.requests:
-            job = self.jobs[id(request)]
-            row = job.rows.index(request)
-            sampled += request.finish_reason != "end_id"  # end_id is sampled but not part of the output
-            if len(request.output) + (request.finish_reason == "end_id") == 1:
-                first_token_waits.append(now - job.arrival)
-            if not request.finished and job.cancelled():
-                request.finish_reason = "cancelled"  # retire() frees its KV cache before the next step
-            if not request.finished:
-                if job.streaming:
-                    self._send(job, row, final=False)
-                continue
-            self.jobs.pop(id(request))
-            job.finished_rows += 1
-            if request.finish_reason != "cancelled":
-                self._send(job, row, final=job.done)
-            elif job.done:
-                job.sender.send(flags=FINAL)
-        with self.metrics_lock:
-            self.metrics["generated_tokens_total"].increment(sampled)
-            for wait in first_token_waits:
-                self.metrics["time_to_first_token_us_total"].increment(wait * 1e6)
-                self.metrics["first_tokens_total"].increment(1)
-
-    def _send(self, job: Job, row: int, final: bool) -> None:
-        request = job.rows[row]
-        if job.streaming:
-            tokens = request.output[job.sent[row]:]
-            if not request.finished and tokens and self.tokenizer.decode(tokens).endswith("\ufffd"):
-                return  # an incomplete UTF-8 character: wait for the token that completes it
-            log_probs = request.log_probs[job.sent[row]:]
-            job.sent[row] = len(request.output)
-        else:
-            tokens = request.output if job.exclude_input else request.prompt + request.output
-            log_probs = request.log_probs
-        outputs = [
-            pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
-            pb_utils.Tensor("cum_log_probs", np.asarray([[request.cum_log_prob]], dtype=np.float32)),
-            pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)),
-            pb_utils.Tensor("batch_index", np.asarray([[row]], dtype=np.int32)),
-            pb_utils.Tensor("sequence_index", np.asarray([[0]], dtype=np.int32)),
-        ]
-        job.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0)
-
     def finalize(self):
-        with self.wake:
-            self.stopping = True
-            self.wake.notify()
-        self.scheduler.join(timeout=10)
+        self.scheduler.close()
