@@ -744,7 +744,10 @@ class SharedCache:
         return binding
 
     def _forward(self, binding, input_ids: np.ndarray, lengths: np.ndarray, logits_index: np.ndarray) -> np.ndarray:
-        """Run new tokens; `lengths` are the rows' cache lengths after them. Returns logits [len(logits_index), vocab]."""
+        """Run new tokens; `lengths` are the rows' cache lengths after them.
+
+        Returns logits [len(logits_index), vocab].
+        """
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(lengths.max(), dtype=np.int32))
