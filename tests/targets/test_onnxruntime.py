@@ -116,13 +116,13 @@ def test_fused_graph_reads_bfloat16_checkpoints(tiny_llama, tmp_path):
 def test_fused_graph_is_refused_for_other_architectures_with_the_way_out(tmp_path):
     import json
 
-    from pipeline.errors import StageError
+    from pipeline.errors import BuildStepError
 
     (tmp_path / "config.json").write_text(
         json.dumps({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64, "num_attention_heads": 4})
     )
     assert target.choose_graph(tmp_path, "auto") == "optimum"
-    with pytest.raises(StageError, match=r"GPT2LMHeadModel.*set target.onnx_graph: optimum"):
+    with pytest.raises(BuildStepError, match=r"GPT2LMHeadModel.*set target.onnx_graph: optimum"):
         target.choose_graph(tmp_path, "fused")
 
 
@@ -181,9 +181,9 @@ def test_int4_engine_can_keep_lm_head_at_8_bits_or_fp32(exported, tmp_path):
 
 
 def test_build_engine_rejects_unsupported_weights(exported, tmp_path):
-    from pipeline.errors import StageError
+    from pipeline.errors import BuildStepError
 
-    with pytest.raises(StageError, match="fp8"):
+    with pytest.raises(BuildStepError, match="fp8"):
         target.build_engine(exported[0], tmp_path, weights="fp8", method="rtn", group_size=128, exclude_modules=[])
 
 
