@@ -161,7 +161,7 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
     from transformers import AutoTokenizer
 
     from pipeline import quality
-    from pipeline.verify import WINDOW, eval_token_ids
+    from pipeline.verify import WINDOW, eval_token_ids, perplexity_summary
 
     ids = eval_token_ids(cfg, hf_dir, cache, log)
     log(
@@ -179,11 +179,7 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
         sample = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     ref_ppl, ckpt_ppl = (quality.perplexity(fn, ids, WINDOW, WINDOW) for fn in (hf_fn, ckpt_fn))
     return {
-        "eval_text": cfg.verify.eval_text,
-        "eval_tokens": int(len(ids)),
-        "reference_perplexity": round(ref_ppl, 4),
-        "engine_perplexity": round(ckpt_ppl, 4),
-        "perplexity_increase": round(ckpt_ppl / ref_ppl - 1, 5),
+        **perplexity_summary(cfg, ids, ref_ppl, ckpt_ppl),
         "top1_agreement": round(quality.top1_agreement(hf_logits, ckpt_logits), 4),
         "max_abs_logits_diff": round(float(np.abs(hf_logits - ckpt_logits).max()), 5),
         "greedy_sample": tokenizer.decode(sample[0, prompt.shape[1] :], skip_special_tokens=True),

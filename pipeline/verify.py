@@ -35,6 +35,11 @@ def perplexity_report(cfg: BuildConfig, hf_dir: Path, engine_dir: Path, cache: P
     engine = quality.perplexity(
         quality.ort_logits_fn(engine_dir / "model.onnx", cfg.runtime.cpu_threads), ids, WINDOW, WINDOW
     )
+    return perplexity_summary(cfg, ids, reference, engine)
+
+
+def perplexity_summary(cfg: BuildConfig, ids, reference: float, engine: float) -> dict:
+    """The report fields every quality gate shares (the gate reads `perplexity_increase`)."""
     return {
         "eval_text": cfg.verify.eval_text,
         "eval_tokens": int(len(ids)),
