@@ -411,20 +411,21 @@ def serve(
         log_file=log_file or repo.parent / "tritonserver.log",
         log=lambda m: console.print(f"[dim]{m}[/]"),
     )
-    with console.status(f"starting tritonserver on {repo} ..."):
-        server.start()
-    gateway = _start_gateway(report, repo, host, grpc_port, openai_port) if openai else None
-    console.print(
-        f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
-        f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"
-        f"  gRPC    {host}:{grpc_port}\n  metrics http://{host}:{metrics_port}/metrics\n"
-        f"  log     {server.log_file}"
-        + (f"\n  OpenAI  http://{host}:{openai_port}/v1 (model '{repo.resolve().parent.name}')" if gateway else "")
-        + "\nCtrl-C stops the server.",
-        highlight=False,
-    )
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)  # before start: a stop during start-up must clean up too
+    gateway = None
     try:
+        with console.status(f"starting tritonserver on {repo} ..."):
+            server.start()
+        gateway = _start_gateway(report, repo, host, grpc_port, openai_port) if openai else None
+        console.print(
+            f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
+            f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"
+            f"  gRPC    {host}:{grpc_port}\n  metrics http://{host}:{metrics_port}/metrics\n"
+            f"  log     {server.log_file}"
+            + (f"\n  OpenAI  http://{host}:{openai_port}/v1 (model '{repo.resolve().parent.name}')" if gateway else "")
+            + "\nCtrl-C stops the server.",
+            highlight=False,
+        )
         while server.process.poll() is None:
             time.sleep(0.5)
         raise PipelineError(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}")

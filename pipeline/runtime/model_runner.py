@@ -304,9 +304,10 @@ class ModelRunner:
         config = json.loads(config_file.read_text())
         built = config.get("build_config", {})
         from pipeline.targets import engine_target
+        from pipeline.targets.onnxruntime import OnnxRuntimeTarget
 
         target = engine_target(config)
-        if target != "onnxruntime":
+        if target != OnnxRuntimeTarget.name:
             raise ValueError(
                 f"{config_file}: target is {target!r}; this runner serves onnxruntime engines "
                 "(use tensorrt_llm.runtime.ModelRunnerCpp for TensorRT-LLM engines)"

@@ -186,20 +186,21 @@ def test_serve_command_stops_cleanly_on_sigterm(smollm2_build):
         text=True,
         start_new_session=True,
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(serve.stdout), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
-        assert "".join(stream_text(f"127.0.0.1:{ports.grpc}", "ensemble", PROMPT, 4))
+        while not any("serving" in line for line in lines) and serve.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "".join(stream_text(f"127.0.0.1:{ports.grpc}", "ensemble", PROMPT, 4)), "".join(lines)
         serve.send_signal(signal.SIGTERM)
-        output, _ = serve.communicate(timeout=60)
+        serve.wait(timeout=60)
+        reader.join(timeout=10)
     finally:
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGKILL)
+    output = "".join(lines)
     assert serve.returncode == 0, output
     assert "serving" in output and f"127.0.0.1:{ports.grpc}" in output
     leftover = set(os.listdir("/dev/shm")) - regions_before
