@@ -266,3 +266,32 @@ def test_serving_a_trtllm_repository_without_gpu_names_what_is_missing(tmp_path,
         and "/opt/tritonserver/bin/tritonserver" in message
         and "/dev/nvidia0" in message
     )
+
+
+def test_bls_wires_the_models_as_the_ensemble_does():
+    """bls.py must run in NVIDIA's container without this package, so it keeps its own copy of the ensemble's
+    wiring; read from its source (it imports triton_python_backend_utils), the two must agree."""
+    import ast
+
+    from pipeline.triton import interface
+    from pipeline.triton.model_config import MODELS_DIR
+
+    tree = ast.parse((MODELS_DIR / "bls.py").read_text())
+    bls = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id.isupper()
+        and isinstance(node.value, (ast.Dict, ast.List))
+    }
+    steps = {role: (inputs, outputs) for role, inputs, outputs in interface.ENSEMBLE_STEPS}
+    pre_in, pre_out = steps["preprocessing"]
+    llm_in, llm_out = steps["llm"]
+    llm_input_of = {tensor: name for name, tensor in llm_in.items()}
+
+    assert bls["TO_PREPROCESSING"] == {tensor: name for name, tensor in pre_in.items()}
+    assert bls["FROM_PREPROCESSING"] == {name: llm_input_of[tensor] for name, tensor in pre_out.items()}
+    # the BLS sets `streaming` itself from the client's `stream`
+    assert bls["TO_LLM"] == {t: n for n, t in llm_in.items() if not t.startswith("_") and n != "streaming"}
+    assert bls["LLM_OUTPUTS"] == list(llm_out)
