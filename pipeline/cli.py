@@ -432,6 +432,8 @@ def serve(
     except KeyboardInterrupt:
         console.print("stopping tritonserver (models unload, python stubs and shared memory are released)")
     finally:
+        for stop_signal in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not orphan the server mid-stop
+            signal.signal(stop_signal, signal.SIG_IGN)
         if gateway:
             gateway.should_exit = True
         server.stop()

@@ -21,6 +21,8 @@ How:
 from __future__ import annotations
 
 import json
+import math
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,30 @@ GPU_OPTION_DEFAULTS = {
 
 
 # ---------------------------------------------------------------- requests and sampling
+
+# TensorRT-LLM's bounds on sampling settings (scripts/dev/tabulate_sampling_checks.py): {checker: [[op, bound]]}
+SAMPLING_CHECKS: dict[str, list] = {
+    name: [rule for rule in rules if not isinstance(rule[1], str)]  # named bounds (kMaxBeamWidth) are checked apart
+    for name, rules in json.loads((Path(__file__).with_name("sampling_checks.json")).read_text())["checks"].items()
+}
+# SamplingParams field -> its SamplingConfig checker; the penalties have none upstream and are only kept finite
+SAMPLING_SETTINGS = {
+    "temperature": "Temperature",
+    "top_k": "TopK",
+    "top_p": "TopP",
+    "repetition_penalty": "RepetitionPenalty",
+    "min_length": "MinTokens",
+    "presence_penalty": "",
+    "frequency_penalty": "",
+}
+
+
+def unset_as(value, default):
+    """`default` for None only: 0 is a value to check (`value or default` would turn repetition_penalty 0 into 1)."""
+    return default if value is None else value
+
+
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
 
 
 @dataclass
@@ -495,6 +521,26 @@ class ModelRunner:
                     f"{label} has token ids outside the vocabulary [0, {self.vocab_size}), e.g. {outside[0]}"
                 )
 
+    def check_sampling(self, params: Sequence[SamplingParams]) -> None:
+        """Reject settings TensorRT-LLM's executor rejects (`SAMPLING_CHECKS`, tabulated from its source), NaN or
+        infinite ones (they turn every log-probability into NaN) and end ids outside the vocabulary, naming the
+        input, the bound and the value."""
+        for index, p in enumerate(params):
+            for name, checker in SAMPLING_SETTINGS.items():
+                value = getattr(p, name)
+                if name == "top_p" and value <= 0:
+                    continue  # tensorrtllm_backend's utils.cc: top_p <= 0 means "no top-p" and is never checked
+                broken = [
+                    f"{op} {bound}" for op, bound in SAMPLING_CHECKS.get(checker, []) if not OPS[op](value, bound)
+                ]
+                if broken or not math.isfinite(value):
+                    raise ValueError(f"input {index}: {name} must be {' and '.join(broken) or 'finite'}, got {value}")
+            if not -1 <= p.end_id < self.vocab_size:  # -1: never end, as TensorRT-LLM's ignore_eos sends it
+                raise ValueError(
+                    f"input {index}: end_id must be -1 (never end) or a token of the vocabulary "
+                    f"[0, {self.vocab_size}), got {p.end_id}"
+                )
+
     def generate(
         self,
         batch_input_ids: Sequence,
@@ -558,10 +604,10 @@ class ModelRunner:
                 SamplingParams(
                     max_new_tokens,
                     end_id,
-                    float(temperature or 0.0),
-                    int(top_k or 0),
-                    float(top_p or 0.0),
-                    float(repetition_penalty or 1.0),
+                    float(unset_as(temperature, 0.0)),
+                    int(unset_as(top_k, 0)),
+                    float(unset_as(top_p, 0.0)),
+                    float(unset_as(repetition_penalty, 1.0)),
                     int(seeds[i] or 0),
                     stops[i],
                     bads[i],
@@ -569,6 +615,7 @@ class ModelRunner:
             )
             for i, prompt in enumerate(prompts)
         ]
+        self.check_sampling([r.params for r in requests])
 
         def result():
             output_ids = torch.full((len(requests), 1, self.max_seq_len), end_id, dtype=torch.int32)

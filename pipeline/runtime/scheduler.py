@@ -157,6 +157,7 @@ def parse_job(
         Request(prompt, SamplingParams(**{name: values[row] for name, values in settings.items()}))
         for row, prompt in enumerate(prompts)
     ]
+    runner.check_sampling([r.params for r in requests])
     need = worst_case_kv_tokens(None, requests)
     if need > kv_budget:
         raise ValueError(

@@ -11,6 +11,7 @@ private backend directory and environment are set up here. The python models imp
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -118,7 +119,8 @@ class Ports:
 class TritonServer:
     """A tritonserver process serving one repository (on 127.0.0.1 unless told otherwise); a context manager.
 
-    Logs go to `log_file`; `start` waits until the server reports ready and fails with the log's
+    Logs go to `log_file` (default: next to the repository); its backend directory lives in a temporary
+    directory that `stop` removes; `start` waits until the server reports ready and fails with the log's
     tail when it exits or times out first.
     """
 
@@ -139,9 +141,9 @@ class TritonServer:
         self.cache = cache
         self.ports = ports or Ports.pick()
         self.host = host
-        self.work_dir = Path(tempfile.mkdtemp(prefix="trtllm-pipeline-serve-"))
-        self.shm_prefix = f"trtllm_pipeline_{self.work_dir.name.rsplit('-', 1)[-1]}_"  # this server's /dev/shm regions
-        self.log_file = log_file or self.work_dir / "tritonserver.log"
+        self.work_dir: Path | None = None  # the private backend directory, from start() until stop()
+        self.shm_prefix = f"trtllm_pipeline_{secrets.token_hex(4)}_"  # this server's /dev/shm regions
+        self.log_file = log_file or self.repo.parent / "tritonserver.log"
         self.extra_args = extra_args
         self.gpu_world_size = gpu_world_size  # > 0: a tensorrtllm repository, served by the container's tritonserver
         self.llm_model_name = llm_model_name
@@ -229,6 +231,7 @@ class TritonServer:
             command, env = self.gpu_command(), dict(os.environ)
         else:
             home = install_tritonserver(self.cache, self.log)
+            self.work_dir = Path(tempfile.mkdtemp(prefix="trtllm-pipeline-serve-"))
             command, env = self.command(home, python_backend_dir(home, self.work_dir)), self.environment(home)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
@@ -241,7 +244,6 @@ class TritonServer:
     def _wait_ready(self, timeout: float) -> None:
         import tritonclient.http as httpclient
 
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{self.ports.http}")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -249,11 +251,15 @@ class TritonServer:
                     f"tritonserver exited with code {self.process.returncode} while loading "
                     f"{self.repo}:\n{self.log_tail()}"
                 )
+            # a client per probe, closed: a kept-alive connection makes tritonserver wait out its exit timeout
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{self.ports.http}")
             try:
                 if client.is_server_ready():
                     return
             except Exception:  # not listening yet
                 pass
+            finally:
+                client.close()
             time.sleep(0.25)
         self.stop()
         raise PipelineError(f"tritonserver was not ready after {timeout:.0f} s serving {self.repo}:\n{self.log_tail()}")
@@ -281,7 +287,9 @@ class TritonServer:
             self._drain_group(self.process.pid)
         for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             region.unlink(missing_ok=True)
-        shutil.rmtree(self.work_dir / "backends", ignore_errors=True)
+        if self.work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self.work_dir = None
 
     @staticmethod
     def _drain_group(pgid: int, grace: float = 10.0) -> None:

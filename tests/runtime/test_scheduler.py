@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -454,6 +455,39 @@ def test_generate_and_the_scheduler_reject_the_same_inputs_with_the_same_message
     recorder = Recorder()
     assert Scheduler(runner).submit(inputs(prompts, max_tokens, beam_width=beam_width), recorder) is None
     assert recorder.events == [("error", str(from_generate.value))]
+
+
+@pytest.mark.parametrize(
+    ("triton_input", "value", "message"),
+    [
+        ("temperature", -1.0, "temperature must be >= 0, got -1.0"),
+        ("temperature", float("nan"), "temperature must be >= 0, got nan"),
+        ("runtime_top_p", 2.0, "top_p must be <= 1, got 2.0"),
+        ("runtime_top_k", -5, "top_k must be >= 0, got -5"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be > 0, got 0.0"),
+        ("min_length", -3, "min_length must be >= 0, got -3"),
+        ("presence_penalty", float("inf"), "presence_penalty must be finite, got inf"),
+        ("end_id", -7, "end_id must be -1 (never end) or a token of the vocabulary"),
+    ],
+)
+def test_sampling_settings_tensorrt_llm_rejects_are_rejected_naming_the_setting(runner, triton_input, value, message):
+    """The bounds of TensorRT-LLM's SamplingConfig (tabulated from its source), plus finiteness and the vocabulary:
+    each answered with one error, never NaN log-probs or a silent default."""
+    recorder = Recorder()
+    assert Scheduler(runner).submit(inputs([prompt(4)], 4, **{triton_input: value}), recorder) is None
+    assert len(recorder.errors()) == 1 and message in recorder.errors()[0]
+    generate_name = {"runtime_top_k": "top_k", "runtime_top_p": "top_p"}.get(triton_input, triton_input)
+    if generate_name in ("temperature", "top_k", "top_p", "repetition_penalty", "end_id"):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            runner.generate([prompt(4)], max_new_tokens=4, **{generate_name: value})
+
+
+def test_sampling_bounds_are_the_tabulated_upstream_ones_and_top_p_zero_means_unset(runner):
+    from pipeline.runtime.model_runner import SAMPLING_CHECKS
+
+    assert SAMPLING_CHECKS["TopP"] == [[">", 0], ["<=", 1]] and SAMPLING_CHECKS["Temperature"] == [[">=", 0]]
+    for top_p in (0.0, -1.0, 1.0):  # tensorrtllm_backend resets top_p <= 0 to "no top-p"
+        runner.generate([prompt(4)], max_new_tokens=2, top_p=top_p, top_k=0)
 
 
 def test_the_scheduler_alone_rejects_jobs_that_could_never_fit_the_kv_budget(runner):

@@ -112,7 +112,9 @@ class TritonPythonModel:
         for response in responses:
             if sender.is_cancelled():
                 self._stop(request_id)
-                return
+                for _ in responses:  # the stopped generation ends with one empty final response
+                    pass
+                break  # the final flag below completes the request: without it Triton waits for it at shutdown
             if response.has_error():
                 raise RuntimeError(response.error().message())
             outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
@@ -131,7 +133,7 @@ class TritonPythonModel:
                 text = self._detokenize(tokens[row])
                 delta, texts[row] = text[len(texts.get(row, "")) :], text
                 sender.send(self._response(delta, outputs, outputs["output_log_probs"].reshape(-1).tolist()))
-        if not stream:
+        if not stream and not sender.is_cancelled():
             for row in sorted(tokens):
                 sender.send(self._response(self._detokenize(tokens[row]), last[row], log_probs[row]))
         sender.send(flags=FINAL)
