@@ -452,7 +452,8 @@ def validate_repo(
     ),
 ):
     """Check a Triton model repository offline: every config.pbtxt parses, no ${...} placeholder is
-    left, ensemble steps are wired with matching types, and engine/tokenizer paths exist.
+    left, ensemble steps are wired with matching types, every model called is a plain name inside the
+    repository, and engine/tokenizer paths exist and hold what they need.
 
     Example: trtllm-pipeline validate-repo triton_model_repo
     """
