@@ -1,8 +1,8 @@
 """Run the planned stages: each writes into a temporary directory renamed into place when complete.
 
-An interrupted stage leaves only `.tmp-<stage>-*` (deleted by the next run) or, if killed between
-rename and lock update, an output whose hash the lock does not vouch for -- so nothing half-written
-is ever trusted.
+An interrupted stage leaves only `.tmp-<stage>-*` and `.build.lock.json.*` (deleted by the next run) or,
+if killed between rename and lock update, an output whose hash the lock does not vouch for -- so
+nothing half-written is ever trusted.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import tempfile
 import time
 import traceback
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from rich.console import Console
 
 from pipeline.config import BuildConfig
 from pipeline.errors import BuildStepError, PipelineError, StageError
-from pipeline.lock import hash_paths, read_lock, write_lock
+from pipeline.lock import hash_paths, read_lock, remove_lock_temps, write_lock
 from pipeline.plan import SKIPPED, UP_TO_DATE, Decision, decide
 from pipeline.stages import STAGES
 
@@ -58,9 +59,18 @@ class StageContext:
 
 @contextmanager
 def exclusive(output: Path):
-    """One build per output directory at a time."""
-    output.mkdir(parents=True, exist_ok=True)
-    with open(output / ".lock", "w") as handle:
+    """One build per output directory at a time, in a directory it can write (checked first, so a read-only
+    one fails here with its name rather than mid-stage)."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=output).close()  # open(.lock, "w") alone passes when .lock is writable
+        handle = open(output / ".lock", "w")
+    except OSError as exc:
+        raise PipelineError(
+            f"cannot write to the output directory {output}: {exc.strerror or exc}; choose a writable one with "
+            "--output or fix its permissions"
+        ) from None
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -69,10 +79,12 @@ def exclusive(output: Path):
 
 
 def _remove_leftovers(output: Path) -> None:
+    """What killed runs left behind; called under the build lock, so none of it belongs to a live build."""
     for stale in output.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     for stale in output.glob(".old-*"):
         shutil.rmtree(stale, ignore_errors=True)
+    remove_lock_temps(output)
 
 
 def run_stage(decision: Decision, cfg: BuildConfig, output: Path, lock: dict, console: Console) -> dict:

@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.errors import ConfigError, PipelineError
@@ -54,12 +55,15 @@ def reports_errors(fn):
         except PipelineError as exc:
             if os.environ.get("TRTLLM_PIPELINE_DEBUG"):
                 raise
+            # escaped: messages quote user input, and rich would swallow e.g. "[lm_head]" as a style tag
             if isinstance(exc, ConfigError):
-                err_console.print(f"[bold red]error:[/] {exc.path}: {len(exc.problems)} problem(s)", highlight=False)
+                err_console.print(
+                    f"[bold red]error:[/] {escape(str(exc.path))}: {len(exc.problems)} problem(s)", highlight=False
+                )
                 for problem in exc.problems:
-                    err_console.print(f"  - {problem}", highlight=False, soft_wrap=True)
+                    err_console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)
             else:
-                err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+                err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted; completed stages are kept, the running one was discarded[/]")
@@ -450,7 +454,8 @@ def validate_repo(
     ),
 ):
     """Check a Triton model repository offline: every config.pbtxt parses, no ${...} placeholder is
-    left, ensemble steps are wired with matching types, and engine/tokenizer paths exist.
+    left, ensemble steps are wired with matching types, every model called is a plain name inside the
+    repository, and engine/tokenizer paths exist and hold what they need.
 
     Example: trtllm-pipeline validate-repo triton_model_repo
     """

@@ -11,11 +11,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from pipeline.errors import ConfigError
+from pipeline.errors import CheckpointError, ConfigError
 from pipeline.memory import GPUS
-from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES, ModelFacts, facts_from_gguf, facts_from_hf_dir
+from pipeline.models import (
+    BUILTIN_MODELS,
+    SUPPORTED_ARCHITECTURES,
+    ModelFacts,
+    checkpoint_problems,
+    facts_from_gguf,
+    facts_from_hf_dir,
+)
+from pipeline.paths import model_name_problem
 from pipeline.targets import TARGETS, target_of, unhonoured_problems
 
 
@@ -193,6 +201,10 @@ class RuntimeSection(Section):
     )
 
 
+# Each names a model of the repository, hence a directory of it.
+MODEL_NAME_FIELDS = ("ensemble_name", "llm_model_name", "preprocessing_name", "postprocessing_name", "bls_name")
+
+
 class TritonSection(Section):
     ensemble_name: str = Field("ensemble", description="Name of the ensemble model clients call.")
     llm_model_name: str = Field("tensorrt_llm", description="Name of the model running the engine.")
@@ -204,6 +216,15 @@ class TritonSection(Section):
     postprocessing_instance_count: int = Field(1, ge=1, description="Detokenizer instances.")
     bls_instance_count: int = Field(1, ge=1, description="BLS instances.")
     max_queue_size: int = Field(0, ge=0, description="Requests queued per model before rejecting (0: unbounded).")
+
+    @field_validator(*MODEL_NAME_FIELDS)
+    @classmethod
+    def _a_model_directory(cls, name: str) -> str:
+        """Each name becomes a directory of the output: a path here would write outside it."""
+        problem = model_name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
 
 
 class VerifySection(Section):
@@ -245,7 +266,8 @@ class BuildConfig(Section):
         return (self._base_dir / Path(path).expanduser()).resolve()
 
     def model_facts(self) -> ModelFacts | None:
-        """Hyperparameters of the configured model, read without loading weights (None if unreadable)."""
+        """Hyperparameters of the configured model, read without loading weights (None if unreadable: the
+        config's checkpoint rule reports why)."""
         if self.model.source == "builtin":
             builtin = BUILTIN_MODELS.get(self.model.name)
             return builtin.facts if builtin else None
@@ -254,7 +276,7 @@ class BuildConfig(Section):
         path = self.resolve_path(self.model.path)
         try:
             return facts_from_hf_dir(path) if self.model.source == "hf" else facts_from_gguf(path)
-        except (OSError, KeyError, ValueError):
+        except CheckpointError:
             return None
 
 
@@ -299,11 +321,13 @@ def _model_for(loc: tuple) -> type[BaseModel] | None:
 
 
 class _Locator:
-    def __init__(self, path: Path, lines: dict[tuple, int]):
-        self.path, self.lines = path, lines
+    def __init__(self, path: Path, lines: dict[tuple, int], overridden: set[tuple] = frozenset()):
+        self.path, self.lines, self.overridden = path, lines, overridden
 
     def where(self, loc: tuple) -> str:
         for depth in range(len(loc), 0, -1):
+            if tuple(loc[:depth]) in self.overridden:
+                return f"{self.path} (overridden on the command line)"
             line = self.lines.get(tuple(loc[:depth]))
             if line is not None:
                 suffix = "" if depth == len(loc) else " (default, not set in file)"
@@ -324,22 +348,42 @@ def _describe_field_error(err: dict) -> str:
         return f"unknown key '{loc[-1]}' -- {hint}"
     if err["type"] == "literal_error":
         return f"{err['msg'].replace('Input should be', 'must be')}, got {err['input']!r}"
+    if err["type"] == "value_error":  # our validators' messages name the value and the fix already
+        return str(err["ctx"]["error"])
     return f"{err['msg']} (got {err.get('input')!r})"
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Merge `section.key=value` overrides (values parsed as YAML) over the loaded mapping."""
+    """Merge `section.key=value` overrides (values parsed as YAML) over the loaded mapping.
+
+    Raises:
+        ConfigError: naming every override that is not key=value, not valid YAML, or not under a section.
+    """
+    problems = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError("command line", [f"override '{item}' is not key=value, e.g. build.max_batch_size=16"])
+            problems.append(f"override '{item}' is not key=value, e.g. build.max_batch_size=16")
+            continue
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problems.append(
+                f"override '{item}': the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
+                "write it as in the config file, e.g. build.max_batch_size=16 or quantization.exclude_modules=[lm_head]"
+            )
+            continue
         *parents, leaf = key.split(".")
         node = data
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError("command line", [f"override '{item}': '{part}' is not a section"])
-        node[leaf] = yaml.safe_load(raw)
+                problems.append(f"override '{item}': '{part}' is not a section")
+                break
+        else:
+            node[leaf] = value
+    if problems:
+        raise ConfigError("command line", problems)
     return data
 
 
@@ -361,7 +405,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
     if not isinstance(data, dict):
         raise ConfigError(path, ["top level must be a mapping of sections (model, target, quantization, ...)"])
     data = apply_overrides(data, overrides or [])
-    locator = _Locator(path, _line_index(text))
+    overridden = {tuple(item.partition("=")[0].split(".")) for item in overrides or []}
+    locator = _Locator(path, _line_index(text), overridden)
     problems, bad_locs = [], set()
     for _ in range(3):  # drop invalid fields and retry, so cross-field rules still report on the rest
         try:
@@ -428,8 +473,10 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
                         "source: gguf",
                     )
                 )
-            if m.source == "gguf" and not p.is_file():
+            elif m.source == "gguf" and not p.is_file():
                 out.append((("model", "path"), f"GGUF file {p} does not exist"))
+            else:
+                out += [(("model", "path"), problem) for problem in checkpoint_problems(m.source, p)]
 
     if b.max_seq_len < b.max_input_len:
         out.append(
@@ -447,6 +494,18 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
                 "step; raise it or set runtime.enable_chunked_context: true",
             )
         )
+
+    names: dict[str, str] = {}
+    for name in MODEL_NAME_FIELDS:
+        value = getattr(cfg.triton, name)
+        if value in names:
+            out.append(
+                (
+                    ("triton", name),
+                    f"'{value}' is also triton.{names[value]}; each model needs a name (a directory) of its own",
+                )
+            )
+        names.setdefault(value, name)
 
     out += unhonoured_problems(cfg)
     out += target_of(cfg).config_problems(cfg)

@@ -37,3 +37,7 @@ class TargetUnavailable(PipelineError):
     """The machine lacks what the target needs (GPU, TensorRT-LLM, ...)."""
 
     exit_code = 4
+
+
+class CheckpointError(BuildStepError):
+    """A model file is unreadable or malformed; the message names the file and what is wrong with it."""

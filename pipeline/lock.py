@@ -67,9 +67,13 @@ def read_lock(output: Path) -> dict:
     return lock if lock.get("format") == LOCK_FORMAT else {"format": LOCK_FORMAT, "stages": {}}
 
 
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
 def write_json_atomic(path: Path, value) -> None:
     """Write to a temporary file in the same directory, fsync, then rename over the target."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path))
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(value, f, indent=2, sort_keys=True)
@@ -84,3 +88,10 @@ def write_json_atomic(path: Path, value) -> None:
 
 def write_lock(output: Path, lock: dict) -> None:
     write_json_atomic(output / LOCK_NAME, lock)
+
+
+def remove_lock_temps(output: Path) -> None:
+    """Delete the temporary files of lock writes killed before their rename (SIGKILL skips the cleanup).
+    Only while holding the build lock: then no writer is alive."""
+    for stale in output.glob(_temp_prefix(output / LOCK_NAME) + "*"):
+        stale.unlink(missing_ok=True)

@@ -7,9 +7,12 @@ test checks against the real GGUF metadata.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.errors import CheckpointError
 
 # Architectures every stage handles (ONNX export, TensorRT-LLM LLaMA conversion and conformance).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -80,37 +83,137 @@ BUILTIN_MODELS = {
 
 
 def facts_from_hf_dir(path: Path) -> ModelFacts:
-    """Read a Hugging Face `config.json` (no weights, no torch)."""
-    return ModelFacts.from_hf_config(json.loads((path / "config.json").read_text()))
+    """Read a Hugging Face `config.json` (no weights, no torch).
+
+    Raises:
+        CheckpointError: naming config.json when it is unreadable, not JSON or lacks a hyperparameter.
+    """
+    config_file = path / "config.json"
+    try:
+        return ModelFacts.from_hf_config(json.loads(config_file.read_text()))
+    except OSError as exc:
+        raise CheckpointError(f"{config_file}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CheckpointError(f"{config_file}: not valid JSON: {exc}") from None
+    except KeyError as exc:
+        raise CheckpointError(f"{config_file}: has no {exc.args[0]}; it is not a causal LM config") from None
 
 
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 
 
-def facts_from_gguf(path: Path) -> ModelFacts:
-    """Read the GGUF header's hyperparameters (memory-mapped; tensors are not touched)."""
+def read_gguf(path: Path):
+    """A `gguf.GGUFReader` over the header and tensor infos (memory-mapped: weights are not read).
+
+    Raises:
+        CheckpointError: naming the file, when the library cannot parse it (its own errors say only
+            "index 0 is out of bounds" and the like).
+    """
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
+    try:
+        return GGUFReader(str(path))
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except IndexError:
+        raise CheckpointError(f"{path}: not a valid GGUF: the header ends early or its counts are corrupt") from None
+    except (ValueError, KeyError, OverflowError) as exc:
+        raise CheckpointError(f"{path}: not a valid GGUF: {exc}") from None
 
-    def field(name: str):
-        f = reader.fields.get(name)
-        if f is None:
-            return None
-        value = f.parts[f.data[0]]
-        return bytes(value).decode() if f.types and f.types[0].name == "STRING" else value.item()
 
-    arch = field("general.architecture")
+def gguf_field(reader, name: str):
+    """One header value (str, int, float or bool), None when absent."""
+    f = reader.fields.get(name)
+    if f is None:
+        return None
+    value = f.parts[f.data[0]]
+    return bytes(value).decode() if f.types and f.types[0].name == "STRING" else value.item()
+
+
+def facts_from_gguf(path: Path) -> ModelFacts:
+    """Read the GGUF header's hyperparameters (memory-mapped; tensors are not touched).
+
+    Raises:
+        CheckpointError: naming the file, when it is not a GGUF or lacks a hyperparameter.
+    """
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from None
+    return _gguf_facts(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
+    """Cached by size and mtime: parsing a header takes seconds (its vocabulary) and `validate` asks for the facts
+    several times; an edited file is read again, a failure is not cached."""
+    reader = read_gguf(path)
+
+    def field(name: str, required: type | None = None):
+        try:
+            value = gguf_field(reader, name)
+        except (ValueError, IndexError) as exc:
+            raise CheckpointError(f"{path}: not a valid GGUF: header field {name} is unreadable ({exc})") from None
+        if required and not isinstance(value, required):
+            raise CheckpointError(f"{path}: not a valid GGUF: the header has no {required.__name__} {name}")
+        return value
+
+    arch = field("general.architecture", str)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    heads = field(f"{arch}.attention.head_count")
+    heads = field(f"{arch}.attention.head_count", int)
     return ModelFacts(
         architecture=GGUF_ARCHITECTURES.get(arch, f"gguf:{arch}"),
-        hidden_size=field(f"{arch}.embedding_length"),
-        intermediate_size=field(f"{arch}.feed_forward_length"),
-        num_hidden_layers=field(f"{arch}.block_count"),
+        hidden_size=field(f"{arch}.embedding_length", int),
+        intermediate_size=field(f"{arch}.feed_forward_length", int),
+        num_hidden_layers=field(f"{arch}.block_count", int),
         num_attention_heads=heads,
         num_key_value_heads=field(f"{arch}.attention.head_count_kv") or heads,
         vocab_size=field(f"{arch}.vocab_size") or (len(tokens.data) if tokens else 0),
         max_position_embeddings=field(f"{arch}.context_length") or 0,
         head_dim=field(f"{arch}.attention.key_length"),
     )
+
+
+def safetensors_problems(directory: Path) -> list[str]:
+    """Every *.safetensors file in `directory` whose header does not parse or whose tensors do not fit the
+    file, each naming the file (safe_open reads the header and checks the data offsets; no weights)."""
+    from safetensors import SafetensorError, safe_open
+
+    problems = []
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(file, "numpy"):
+                pass
+        except OSError as exc:
+            problems.append(f"{file}: cannot read: {exc.strerror or exc}")
+        except SafetensorError as exc:
+            problems.append(f"{file}: not a valid safetensors file: {_cut_tensor(file) or exc}")
+    return problems
+
+
+def _cut_tensor(file: Path) -> str | None:
+    """The first tensor a truncated file cuts off, named from the header (safe_open says only that the data
+    does not cover the file); None when nothing is cut (the file has trailing bytes instead)."""
+    try:
+        with open(file, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            data_size = file.stat().st_size - 8 - header_size
+            header = json.loads(f.read(header_size)) if data_size >= 0 else {}
+        ends = {name: tensor["data_offsets"][1] for name, tensor in header.items() if name != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    cut = sorted((end, name) for name, end in ends.items() if end > data_size)
+    return f"truncated: tensor '{cut[0][1]}' ends at data byte {cut[0][0]}, the file holds {data_size}" if cut else None
+
+
+def checkpoint_problems(source: str, path: Path) -> list[str]:
+    """What is wrong with a checkpoint's headers (config.json and safetensors headers, or the GGUF header and
+    tensor infos), each naming the file; weights are not read."""
+    try:
+        if source == "gguf":
+            facts_from_gguf(path)
+            return []
+        facts_from_hf_dir(path)
+    except CheckpointError as exc:
+        return [str(exc)]
+    return safetensors_problems(path)

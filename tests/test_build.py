@@ -116,9 +116,12 @@ def test_killed_stage_leaves_nothing_trusted(tmp_path, tiny_llama):
     cfg = load_config(config)
     assert statuses(cfg, output)["import"] == WILL_RUN
 
+    # what a kill between mkstemp and rename in write_json_atomic leaves (the window is too short to hit reliably)
+    (output / ".build.lock.json.k1ll3d").write_text('{"format": 1')
     result = run_cli("build", str(config), "--output", str(output), "--until", "import")
     assert result.returncode == 0, result.stderr
     assert not list(output.glob(".tmp-*")), "leftovers of the killed run were not cleaned"
+    assert not list(output.glob(".build.lock.json.*")), "a killed lock write's temp file was not cleaned"
     assert statuses(cfg, output)["import"] == UP_TO_DATE
 
 
@@ -135,3 +138,31 @@ def test_second_build_on_same_output_is_refused(tmp_path, tiny_llama):
 def test_until_rejects_unknown_stage(tmp_path, tiny_llama):
     result = run_cli("build", str(tiny_config(tmp_path, tiny_llama)), "--until", "engin")
     assert result.returncode == 1 and "unknown stage" in result.stderr
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody may write to: mode 0555, and immutable when the tests run as root (who ignores modes)."""
+    path = tmp_path / "read-only"
+    path.mkdir()
+    path.chmod(0o555)
+    immutable = os.geteuid() == 0
+    if immutable and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("running as root and chattr +i is not permitted here: no directory is read-only to root")
+    yield path
+    if immutable:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["is-read-only", "under-read-only"])
+def test_a_read_only_output_directory_is_named_with_the_fix(tmp_path, tiny_llama, read_only_dir, inside):
+    output = read_only_dir / "out" if inside else read_only_dir
+    result = run_cli("build", str(tiny_config(tmp_path, tiny_llama)), "--output", str(output))
+    assert result.returncode == 1, result.stdout + result.stderr
+    message = " ".join(result.stderr.split())
+    assert (
+        f"cannot write to the output directory {output}: " in message
+        and "choose a writable one with --output" in message
+    )
+    assert "Traceback" not in result.stderr

@@ -41,3 +41,19 @@ def test_a_knob_the_target_ignores_fails_validate_with_exit_2():
     result = run_cli("validate", "build_configs/smollm2-135m-cpu.yaml", "runtime.cuda_graph_mode=false")
     assert result.returncode == 2
     assert "runtime.cuda_graph_mode: is not honoured by target onnxruntime" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize(
+    "override", ["triton.ensemble_name=../../evil", "triton.preprocessing_name={root}/abs"], ids=["dotdot", "absolute"]
+)
+def test_a_model_name_that_is_a_path_writes_nothing_anywhere(tmp_path, override):
+    """The reproduction of issue #14 item 2: the build exited 0 and wrote OUT/../evil/config.pbtxt."""
+    root = tmp_path / "parent"
+    root.mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    result = run_cli(
+        "build", "build_configs/smollm2-135m-cpu.yaml", override.format(root=root), "--output", str(root / "OUT")
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "is not a valid Triton model name" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(tmp_path.rglob("*")) == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,37 @@ def test_builtin_model_facts_match_the_gguf_header(smollm2_gguf):
     from pipeline.models import facts_from_gguf
 
     assert facts_from_gguf(smollm2_gguf) == BUILTIN_MODELS["smollm2-135m-instruct"].facts
+
+
+@pytest.mark.parametrize(
+    "name", ["../../evil", "/tmp/evil", "a/b", "a\\b", "..", ".", ".hidden", "-x", "", "a b", "x" * 129, "nul\0"]
+)
+def test_a_triton_model_name_must_be_one_plain_directory_name(tmp_path, name):
+    path = write_config(tmp_path / "c.yaml", "triton:\n  preprocessing_name: tokenizer\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, [f"triton.ensemble_name={json.dumps(name)}"])
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{path} (overridden on the command line): triton.ensemble_name: {name!r} is not a valid")
+    assert "use 1 to 128 letters, digits" in problem
+
+
+def test_triton_model_names_may_use_dots_dashes_and_underscores_and_must_differ(tmp_path):
+    path = write_config(tmp_path / "c.yaml", "triton:\n  ensemble_name: llm-v1.2\n  bls_name: _bls\n")
+    assert load_config(path).triton.ensemble_name == "llm-v1.2"
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["triton.postprocessing_name=llm-v1.2"])
+    (problem,) = info.value.problems
+    assert "triton.postprocessing_name: 'llm-v1.2' is also triton.ensemble_name" in problem
+
+
+def test_an_override_that_is_not_yaml_is_named(tmp_path):
+    path = write_config(tmp_path / "c.yaml", "build:\n  max_batch_size: 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["build.max_batch_size=[1,", "runtime.streaming=true"])
+    assert info.value.path == "command line"
+    (problem,) = info.value.problems
+    assert problem.startswith("override 'build.max_batch_size=[1,': the value is not valid YAML (")
+    result = run_cli("validate", str(path), "build.max_batch_size=[1,")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    # rich markup must not swallow the bracketed example in the fix
+    assert "quantization.exclude_modules=[lm_head]" in " ".join(result.stderr.split())

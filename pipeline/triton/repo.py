@@ -14,6 +14,8 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from pipeline.config import BuildConfig
+from pipeline.errors import BuildStepError
+from pipeline.paths import inside
 from pipeline.triton import interface
 from pipeline.triton.model_config import MODELS_DIR, ModelSpec, mc, model_config
 from pipeline.triton.validate import validate_repo
@@ -91,6 +93,14 @@ def shared_models(cfg: BuildConfig, engine_dir: Path, max_batch_size: int) -> li
 
 
 def write_repo(specs: list[ModelSpec], out_dir: Path) -> None:
+    """One directory per model, named by the config; refuses before writing anything if a name would lead
+    outside `out_dir` (the config's name rule should have stopped it first)."""
+    outside = [spec.config.name for spec in specs if not inside(out_dir, out_dir / spec.config.name)]
+    if outside:
+        raise BuildStepError(
+            f"model name(s) {', '.join(map(repr, outside))} would write outside {out_dir}; use plain names "
+            "(triton.*_name)"
+        )
     for spec in specs:
         model_dir = out_dir / spec.config.name
         (model_dir / "1").mkdir(parents=True, exist_ok=True)
@@ -107,8 +117,6 @@ def build_repo(
     Args:
         engine: the engine's `config.json`, whose limits the repository takes.
     """
-    from pipeline.errors import BuildStepError
-
     max_batch_size = engine["build_config"]["max_batch_size"]  # the engine's own limit, not a re-typed number
     specs = [llm_model, *shared_models(cfg, engine_dir, max_batch_size)]
     write_repo(specs, out_dir)

@@ -15,7 +15,17 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from pipeline.paths import inside, model_name_problem
+
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
+
+# Parameters naming a directory the model loads a tokenizer from (AutoTokenizer.from_pretrained): the tokenizer
+# models' tokenizer_dir, the onnxruntime LLM model's engine_dir (to hold back incomplete UTF-8 when streaming).
+TOKENIZER_PARAMETERS = ("tokenizer_dir", "engine_dir")
+# What AutoTokenizer needs of such a directory, measured on our builds by deleting each file in turn: without
+# tokenizer.json (or a sentencepiece tokenizer.model) it cannot load; without tokenizer_config.json it loads
+# another tokenizer class with other special-token rules.
+TOKENIZER_NEEDS = (("tokenizer.json", "tokenizer.model"), ("tokenizer_config.json",))
 
 
 @dataclass
@@ -54,10 +64,9 @@ def check_ensemble(name: str, config: model_config_pb2.ModelConfig, report: Repo
     available = {t.name: t.data_type for t in config.input}
     for index, step in enumerate(config.ensemble_scheduling.step):
         step_where = f"{where}: step {index} ({step.model_name})"
-        model = report.models.get(step.model_name)
-        if model is None:
-            report.add(step_where, f"model '{step.model_name}' is not in the repository")
+        if not check_reference(step.model_name, report, step_where):
             continue
+        model = report.models[step.model_name]
         inputs, outputs = _tensors(model.input), _tensors(model.output)
         for model_input, tensor in step.input_map.items():
             if model_input not in inputs:
@@ -93,8 +102,27 @@ def check_ensemble(name: str, config: model_config_pb2.ModelConfig, report: Repo
             )
 
 
+def check_reference(name: str, report: RepoReport, where: str) -> bool:
+    """A model another one calls (ensemble step, BLS parameter) must be a plain name of a model in the repository."""
+    problem = model_name_problem(name)
+    if problem:
+        report.add(where, problem)
+    elif name not in report.models:
+        report.add(where, f"model '{name}' is not in the repository")
+    return problem is None and name in report.models
+
+
 def _parameter(config: model_config_pb2.ModelConfig, key: str) -> str | None:
     return config.parameters[key].string_value if key in config.parameters else None
+
+
+def missing_tokenizer_files(directory: Path) -> list[str]:
+    """The files of TOKENIZER_NEEDS that `directory` lacks, as paths ("a or b" for alternatives)."""
+    return [
+        " or ".join(str(directory / name) for name in alternatives)
+        for alternatives in TOKENIZER_NEEDS
+        if not any((directory / name).is_file() for name in alternatives)
+    ]
 
 
 def check_model_files(
@@ -111,10 +139,20 @@ def check_model_files(
         report.add(where, f"version directory {model_dir / '1'} is missing")
     if config.backend == "python" and not (model_dir / "1" / "model.py").is_file():
         report.add(where, f"python backend model file {model_dir / '1' / 'model.py'} is missing")
-    for key in ("tokenizer_dir", "engine_dir"):
+    for key in TOKENIZER_PARAMETERS:
         value = _parameter(config, key)
         if value is not None and not Path(value).is_dir():
             report.add(where, f"parameter '{key}' points to {value}, which does not exist")
+        elif value is not None:
+            for missing in missing_tokenizer_files(Path(value)):
+                report.add(
+                    where,
+                    f"parameter '{key}': {missing} is missing (the model loads its tokenizer from {value}); "
+                    "rebuild the engine stage (it copies the tokenizer files) or copy them there",
+                )
+    for key, parameter in config.parameters.items():
+        if key.endswith("_model_name"):
+            check_reference(parameter.string_value, report, f"{where}: parameter '{key}'")
     engine = (
         _parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else _parameter(config, "engine_dir")
     )
@@ -139,6 +177,8 @@ def validate_repo(repo: Path, trtllm_version: str | None = None) -> RepoReport:
         report.add(str(repo), "no model directories with a config.pbtxt")
     for model_dir in dirs:
         where = str(model_dir / "config.pbtxt")
+        if not inside(repo, model_dir):
+            report.add(where, f"model directory resolves to {model_dir.resolve()}, outside the repository {repo}")
         config = parse_model_config((model_dir / "config.pbtxt").read_text(), where, report)
         if config is None:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,42 @@ BROKEN = {
         lambda r: Path(_param(r / "tensorrt_llm/config.pbtxt", "gpt_model_path"), "config.json").unlink(),
         r"engine directory .* has no config\.json",
     ),
+    "no tokenizer": (
+        lambda r: (r.parent / "engine/tokenizer.json").unlink(),
+        r"preprocessing/config\.pbtxt: parameter 'tokenizer_dir': "
+        r".*/engine/tokenizer\.json or .*/engine/tokenizer\.model is missing "
+        r"\(the model loads its tokenizer from .*/engine\)",
+    ),
+    "no tokenizer config": (
+        lambda r: (r.parent / "engine/tokenizer_config.json").unlink(),
+        r"parameter 'tokenizer_dir': .*/engine/tokenizer_config\.json is missing",
+    ),
+    "model directory outside": (
+        lambda r: (r / "preprocessing").symlink_to((r / "preprocessing").rename(r.parent / "elsewhere")),
+        r"preprocessing/config\.pbtxt: model directory resolves to .*/elsewhere, outside the repository",
+    ),
+    "step name is a path": (
+        lambda r: _edit(r / "ensemble/config.pbtxt", 'model_name: "postprocessing"', 'model_name: "../postprocessing"'),
+        r"ensemble/config\.pbtxt: step 2 \(\.\./postprocessing\): "
+        r"'\.\./postprocessing' is not a valid Triton model name",
+    ),
+    "bls calls a missing model": (
+        lambda r: _edit(
+            r / "tensorrt_llm_bls/config.pbtxt",
+            'key: "preprocessing_model_name"\n  value {\n    string_value: "preprocessing"',
+            'key: "preprocessing_model_name"\n  value {\n    string_value: "tokenizer"',
+        ),
+        r"tensorrt_llm_bls/config\.pbtxt: parameter 'preprocessing_model_name': "
+        r"model 'tokenizer' is not in the repository",
+    ),
+    "bls calls a path": (
+        lambda r: _edit(
+            r / "tensorrt_llm_bls/config.pbtxt",
+            'key: "tensorrt_llm_model_name"\n  value {\n    string_value: "tensorrt_llm"',
+            'key: "tensorrt_llm_model_name"\n  value {\n    string_value: "/tmp/tensorrt_llm"',
+        ),
+        r"parameter 'tensorrt_llm_model_name': '/tmp/tensorrt_llm' is not a valid Triton model name",
+    ),
 }
 
 
@@ -295,3 +332,44 @@ def test_bls_wires_the_models_as_the_ensemble_does():
     # the BLS sets `streaming` itself from the client's `stream`
     assert bls["TO_LLM"] == {t: n for n, t in llm_in.items() if not t.startswith("_") and n != "streaming"}
     assert bls["LLM_OUTPUTS"] == list(llm_out)
+
+
+@pytest.mark.parametrize("name", ["../evil", "/tmp/evil-model"])
+def test_the_writer_refuses_a_name_leading_outside_before_writing_anything(tmp_path, tiny_llama, name):
+    """Belt and braces behind the config's name rule: a config that bypassed validation still writes nothing."""
+    cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
+    cfg.triton.__dict__["postprocessing_name"] = name  # what validate_assignment would refuse
+    engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0")
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(BuildStepError, match=rf"model name\(s\) '{re.escape(name)}' would write outside"):
+        triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
+    assert sorted(tmp_path.rglob("*")) == before and not (tmp_path / "repo" / name).exists()
+
+
+@pytest.mark.slow
+def test_a_build_whose_tokenizer_was_deleted_fails_validate_repo_and_serve_at_once(smollm2_build, tmp_path):
+    """Issue #14 item 7: serve used to fail after 30 s with a log tail that lacked the cause. Works on a copy
+    (the weights linked, not copied) so the shared build stays intact."""
+    built_engine = (smollm2_build / "engine").resolve()
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    for file in built_engine.iterdir():
+        if file.name.startswith("model.onnx"):
+            (engine / file.name).symlink_to(file)
+        else:
+            shutil.copy2(file, engine / file.name)
+    repo = tmp_path / "triton_repo"
+    shutil.copytree(smollm2_build / "triton_repo", repo)
+    for config in repo.glob("*/config.pbtxt"):
+        config.write_text(config.read_text().replace(str(built_engine), str(engine)))
+    assert run_cli("validate-repo", str(repo)).returncode == 0
+    (engine / "tokenizer.json").unlink()
+
+    expected = f"parameter 'tokenizer_dir': {engine / 'tokenizer.json'} or {engine / 'tokenizer.model'} is missing"
+    result = run_cli("validate-repo", str(repo))
+    assert result.returncode == 2 and expected in " ".join(result.stderr.split()), result.stderr
+    assert "tensorrt_llm/config.pbtxt: parameter 'engine_dir'" in " ".join(result.stderr.split())
+    started = time.monotonic()
+    result = run_cli("serve", str(repo), timeout=60)
+    assert result.returncode == 2 and expected in " ".join(result.stderr.split()), result.stderr
+    assert time.monotonic() - started < 20 and "Traceback" not in result.stderr

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 import shutil
+import struct
 
 import pytest
 import torch
@@ -92,3 +95,66 @@ def test_gguf_import_matches_transformers_loading_the_gguf(smollm2_build, smollm
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
     assert tokenizer("hi")["input_ids"][0] != tokenizer.bos_token_id
     assert not (imported_dir / "tokenizer.model").exists()
+
+
+def gguf_with_junk(path):
+    """A GGUF's magic, version 3 and plausible tensor/key counts, then random bytes where the header should be."""
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 272, 30) + random.Random(0).randbytes(4096))
+    return path
+
+
+@pytest.mark.parametrize("verb", ["validate", "build"])
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (gguf_with_junk, "the header ends early or its counts are corrupt"),
+        (lambda p: p.write_bytes(random.Random(1).randbytes(4096)) and p, "GGUF magic invalid"),
+    ],
+    ids=["valid-magic-then-junk", "random-bytes"],
+)
+def test_a_malformed_gguf_is_named_by_validate_and_build(tmp_path, verb, make, what):
+    gguf = make(tmp_path / "model.gguf")
+    config = write_config(tmp_path / "c.yaml", f"model:\n  source: gguf\n  path: {gguf}\n")
+    result = run_cli(verb, str(config), *(["--output", str(tmp_path / "out")] if verb == "build" else []))
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = " ".join(result.stderr.split())
+    assert f"model.path: {gguf}: not a valid GGUF: {what}" in message and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_truncated_safetensors_is_named_with_its_cut_tensor_by_validate_and_build(tmp_path, tiny_llama):
+    model = copy_model(tiny_llama, tmp_path / "m")
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    config = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {model}\n")
+    for args in (["validate"], ["build", "--output", str(tmp_path / "out")]):
+        result = run_cli(args[0], str(config), *args[1:])
+        assert result.returncode == 2, result.stdout + result.stderr
+        message = " ".join(result.stderr.split())
+        assert re.search(
+            rf"{re.escape(str(weights))}: not a valid safetensors file: truncated: tensor 'model\.[\w.]+' ends at data "
+            r"byte \d+, the file holds \d+",
+            message,
+        ), message
+        assert "Traceback" not in result.stderr
+    assert check_hf_dir(model) and "truncated" in check_hf_dir(model)[0]
+
+
+def test_a_tensor_shaped_unlike_the_config_fails_the_import_naming_file_and_tensor(tmp_path, tiny_llama):
+    from safetensors.numpy import load_file, save_file
+
+    model = copy_model(tiny_llama, tmp_path / "m")
+    weights = model / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["model.layers.1.mlp.down_proj.weight"] = tensors["model.layers.1.mlp.down_proj.weight"][:, :100].copy()
+    save_file(tensors, weights, metadata={"format": "pt"})
+    config = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {model}\n")
+    assert run_cli("validate", str(config)).returncode == 0  # headers are fine; shapes need the model's layout
+    result = run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "import")
+    assert result.returncode == 3, result.stdout + result.stderr
+    message = " ".join(result.stderr.split())
+    assert (
+        f"{weights}: tensor model.layers.1.mlp.down_proj.weight has shape [64, 100], but {model / 'config.json'} "
+        "makes it [64, 128]" in message
+    )
+    assert "Traceback" not in result.stderr and not (tmp_path / "out" / "import").exists()
