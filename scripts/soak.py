@@ -110,10 +110,12 @@ class Soak:
         kind, body, expected = self.random.choice(MALFORMED)
         if isinstance(body, dict):
             body = json.dumps({"model": self.model, **body}).encode()
-        self.expect(kind, expected, httpx.post(f"{self.gateway}/v1/completions", content=body, headers=self.auth()))
+        self.expect(
+            kind, expected, httpx.post(f"{self.gateway}/v1/completions", content=body, headers=self.auth(), timeout=120)
+        )
 
     def unauthenticated(self) -> None:
-        self.expect("no-api-key", 401, httpx.get(f"{self.gateway}/v1/models"))
+        self.expect("no-api-key", 401, httpx.get(f"{self.gateway}/v1/models", timeout=30))
 
     def triton_bad_sampling(self) -> None:
         bad = self.random.choice(TRITON_BAD)
