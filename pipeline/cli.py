@@ -210,8 +210,12 @@ def build(
         console.print(f"[green]built[/] {', '.join(ran)} in {output} (manifest: {output / 'build.lock.json'})")
 
 
-def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int):
-    """uvicorn serving the OpenAI gateway on a thread; returns its Server (set should_exit to stop it)."""
+def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int, api_key: str | None, max_body_mb: float):
+    """uvicorn serving the OpenAI gateway on a thread; returns (its Server, the thread).
+
+    Stopping takes two steps around tritonserver's stop: `should_exit` first (no new requests), `join`
+    after, so streams cut by the stop still send their error event and [DONE] before the process exits.
+    """
     import threading
 
     import uvicorn
@@ -219,10 +223,26 @@ def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int):
     from pipeline.openai_gateway import create_app
 
     tokenizer_dir = report.models["preprocessing"].parameters["tokenizer_dir"].string_value
-    app = create_app(f"127.0.0.1:{grpc_port}", tokenizer_dir, served_name=repo.resolve().parent.name)
+    app = create_app(
+        f"127.0.0.1:{grpc_port}",
+        tokenizer_dir,
+        served_name=repo.resolve().parent.name,
+        api_key=api_key,
+        max_body_bytes=int(max_body_mb * 1_000_000),
+    )
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    threading.Thread(target=server.run, name="openai-gateway", daemon=True).start()
-    return server
+    thread = threading.Thread(target=server.run, name="openai-gateway", daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def _interrupt(*_) -> None:
@@ -382,6 +402,27 @@ def serve(
         help="Also start the OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, /v1/models).",
     ),
     openai_port: int = typer.Option(9000, help="Port of the OpenAI-compatible gateway."),
+    api_key: Optional[str] = typer.Option(
+        None,
+        "--api-key",
+        envvar="TRTLLM_PIPELINE_API_KEY",
+        show_default=False,
+        help="Require 'Authorization: Bearer KEY' on the gateway's /v1 routes (401 otherwise); default: no key. "
+        "Prefer the environment variable, which stays out of the process list. Example: "
+        "TRTLLM_PIPELINE_API_KEY=$(openssl rand -hex 16). tritonserver's own ports have no authentication.",
+    ),
+    allow_unauthenticated: bool = typer.Option(
+        False,
+        "--allow-unauthenticated",
+        help="Serve the gateway without --api-key on a non-loopback --host (refused otherwise), "
+        "e.g. behind a proxy that authenticates.",
+    ),
+    openai_max_body_mb: float = typer.Option(
+        4.0,
+        min=0.001,
+        help="Largest request body the gateway reads, in MB (1 MB = 1,000,000 bytes); larger ones get 413 "
+        "before they are read. Example: --openai-max-body-mb 16.",
+    ),
     log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository)."),
 ):
     """Serve a built Triton repository with a real tritonserver.
@@ -398,6 +439,11 @@ def serve(
     from pipeline.triton.server import Ports, TritonServer, tensorrtllm_world_size
     from pipeline.triton.validate import validate_repo as check
 
+    if openai and not api_key and not allow_unauthenticated and not _loopback(host):
+        raise PipelineError(
+            f"--host {host} would let anyone who reaches port {openai_port} use the OpenAI gateway: set "
+            "TRTLLM_PIPELINE_API_KEY (or --api-key), or pass --allow-unauthenticated to serve it without a key"
+        )
     repo = source if source.is_dir() else (output or default_output(source)) / "triton_repo"
     if not repo.is_dir():
         raise PipelineError(f"{repo} does not exist: build it first (trtllm-pipeline build {source})")
@@ -416,17 +462,25 @@ def serve(
         log=lambda m: console.print(f"[dim]{m}[/]"),
     )
     signal.signal(signal.SIGTERM, _interrupt)  # before start: a stop during start-up must clean up too
-    gateway = None
+    gateway = gateway_thread = None
     try:
         with console.status(f"starting tritonserver on {repo} ..."):
             server.start()
-        gateway = _start_gateway(report, repo, host, grpc_port, openai_port) if openai else None
+        if openai:
+            gateway, gateway_thread = _start_gateway(
+                report, repo, host, grpc_port, openai_port, api_key, openai_max_body_mb
+            )
         console.print(
             f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
             f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"
             f"  gRPC    {host}:{grpc_port}\n  metrics http://{host}:{metrics_port}/metrics\n"
             f"  log     {server.log_file}"
-            + (f"\n  OpenAI  http://{host}:{openai_port}/v1 (model '{repo.resolve().parent.name}')" if gateway else "")
+            + (
+                f"\n  OpenAI  http://{host}:{openai_port}/v1 (model '{repo.resolve().parent.name}'"
+                f"{', API key required' if api_key else ''})"
+                if gateway
+                else ""
+            )
             + "\nCtrl-C stops the server.",
             highlight=False,
         )
@@ -441,6 +495,8 @@ def serve(
         if gateway:
             gateway.should_exit = True
         server.stop()
+        if gateway_thread:
+            gateway_thread.join(timeout=10)
 
 
 @app.command("validate-repo")

@@ -4,56 +4,235 @@
 translated into requests to the repository's `tensorrt_llm_bls` model over gRPC streaming; the BLS is
 used rather than the ensemble because only it stops generating when the client goes away (the
 gateway cancels its gRPC stream on disconnect). Chat messages go through the model's chat template;
-`usage` counts come from the engine (one log-probability per generated token). Errors use OpenAI's
-error body and HTTP status.
+`usage` counts and `logprobs` come from the engine (one log-probability per generated token).
+
+Every error uses OpenAI's error body and HTTP status: 400 for a value the engine cannot take (bounds
+are those of the engine's tensors: int32 lengths, uint64 seed) or an OpenAI field it cannot honour,
+401 without the API key (when one is set), 404 for another model, 413 for a body over the cap. A
+stream whose upstream fails after it started ends with an error event and `[DONE]`. Tokenizing runs
+on worker threads, so a huge prompt does not hold up other requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 import uuid
-from typing import AsyncIterator, Literal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, AsyncIterator, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 
 from pipeline.triton.client import client_inputs
 
+INT32_MAX = 2**31 - 1  # max_tokens and min_length are TYPE_INT32 tensors
+UINT64_MAX = 2**64 - 1  # random_seed is TYPE_UINT64
+DEFAULT_MAX_BODY_BYTES = 4_000_000
+# OpenAI fields the engine cannot honour, with the value that asks for nothing: any other value is a
+# 400, never a silently different answer. Other unknown fields are ignored, as vLLM does.
+UNSUPPORTED = {
+    "best_of": 1,
+    "echo": False,
+    "suffix": None,
+    "logit_bias": None,
+    "tools": None,
+    "tool_choice": "none",
+    "functions": None,
+    "function_call": "none",
+    "response_format": {"type": "text"},
+}
+
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self, headers: dict | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def _encodable(value: str) -> str:
+    """JSON can carry a lone surrogate ("\\ud800"), which no tokenizer or UTF-8 tensor can take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a lone surrogate at index {exc.start}, which is not valid Unicode") from None
+    return value
+
+
+def _chosen_only(value: int | None) -> int | None:
+    if value:
+        raise ValueError("only 0 is supported: the engine returns the chosen token's log-probability, no alternatives")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+ChosenOnly = Annotated[int | None, AfterValidator(_chosen_only)]  # number of alternative tokens asked for
 
 
 class Sampling(BaseModel):
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
+    model_config = ConfigDict(extra="allow")  # kept in model_extra, where UNSUPPORTED is looked up
+
+    model: Text
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0)
-    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=0, le=UINT64_MAX)
+    stop: Text | list[Text] | None = None
     stream: bool = False
     n: int = Field(1, ge=1, le=1)  # one choice per request, like the engine's beam width 1
-    min_tokens: int | None = Field(None, ge=0)  # vLLM's extension: end of sequence is blocked until this many tokens
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)  # vLLM's extension: end of sequence blocked until then
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
 
 
 class CompletionRequest(Sampling):
-    prompt: str
+    prompt: Text
+    logprobs: ChosenOnly = Field(None, ge=0, le=5)  # OpenAI allows up to 5 alternatives
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: Text
 
 
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)  # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: ChosenOnly = Field(None, ge=0, le=20)
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+def truncate_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+@dataclass
+class Generated:
+    """One choice as the BLS streams it: the text up to the first stop string, the tokens, and the text
+    pieces with their log-probabilities. A piece is one streamed response: one token, or several when
+    they make up one character together (the server holds back incomplete UTF-8), with their sum."""
+
+    stops: list[str]
+    text: str = ""
+    tokens: int = 0
+    stopped: bool = False
+    pieces: list[tuple[str, float]] = field(default_factory=list)
+    unseen: float = 0.0  # log-probability of tokens that added no text yet
+
+    def add(self, delta: str, log_probs: list[float]) -> str:
+        """Take one streamed response; returns the text it adds (none past a stop string)."""
+        self.tokens += len(log_probs)
+        self.unseen += sum(log_probs)
+        full, self.stopped = truncate_at_stop(self.text + delta, self.stops)
+        new, self.text = full[len(self.text) :], full
+        if new:
+            self.pieces.append((new, self.unseen))
+            self.unseen = 0.0
+        return new
+
+    def visible_pieces(self) -> list[tuple[str, float]]:
+        """The pieces cut to the final text (a stop string spanning pieces shortens the text afterwards)."""
+        kept, start = [], 0
+        for text, log_prob in self.pieces:
+            if start >= len(self.text):
+                break
+            kept.append((text[: len(self.text) - start], log_prob))
+            start += len(text)
+        return kept
+
+
+class Guard:
+    """ASGI middleware checking the API key and the body size before the app reads a byte of the body,
+    so neither an unauthenticated client nor an oversized body costs more than its headers: Content-Length
+    is checked first, a chunked body is counted as it arrives (and replayed to the app when it fits)."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    def authorized(self, headers: Headers) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        # constant time: the comparison must not tell a guesser how much of the key it got right
+        return scheme.lower() == "bearer" and secrets.compare_digest(
+            token.strip().encode("latin-1"), self.api_key.encode("utf-8")
+        )
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        if self.api_key and scope["path"].startswith("/v1") and not self.authorized(headers):
+            error = OpenAIError(
+                401,
+                "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+            )
+            return await error.response({"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        too_large = OpenAIError(
+            413, f"the request body exceeds this server's limit of {self.max_body_bytes} bytes", code="body_too_large"
+        )
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return await too_large.response()(scope, receive, send)  # uvicorn discards the unread body
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size, more = size + len(chunks[-1]), message.get("more_body", False)
+            if size > self.max_body_bytes:
+                return await too_large.response()(scope, receive, send)
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def replay():
+            nonlocal body
+            if body is None:
+                return await receive()  # later reads wait for the client's disconnect
+            message, body = body, None
+            return message
+
+        await self.app(scope, replay, send)
+
+
+def engine_limits(engine_dir: str) -> tuple[int | None, int | None]:
+    """(max_input_len, max_seq_len) of the engine whose config sits next to the tokenizer, as both targets
+    write it; (None, None) for a plain tokenizer directory, leaving the check to the engine. Checking
+    here keeps an over-long prompt out of tritonserver, whose shared memory grows to the largest input
+    and stays there."""
+    config = Path(engine_dir) / "config.json"
+    built = json.loads(config.read_text()).get("build_config", {}) if config.is_file() else {}
+    return built.get("max_input_len"), built.get("max_seq_len")
 
 
 def create_app(
@@ -62,34 +241,42 @@ def create_app(
     served_name: str,
     triton_model: str = "tensorrt_llm_bls",
     default_max_tokens: int = 256,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
+    """The gateway app; with `api_key`, every /v1 route needs `Authorization: Bearer <api_key>`."""
+    import grpc
+    from jinja2 import TemplateError
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    max_input_len, max_seq_len = engine_limits(tokenizer_dir)
     app = FastAPI(title="trtllm-pipeline OpenAI gateway")
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_, exc: OpenAIError):
-        return JSONResponse(
-            {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": None}},
-            status_code=exc.status,
-        )
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
         first = exc.errors()[0]
+        reason = first.get("ctx", {}).get("error", first["msg"])  # a validator's own words, without pydantic's prefix
+        if first["type"] == "json_invalid":
+            return OpenAIError(400, f"the body is not valid JSON: {reason} (character {first['loc'][-1]})").response()
         param = ".".join(str(p) for p in first["loc"][1:]) or None
-        return JSONResponse(
-            {
-                "error": {
-                    "message": f"{param}: {first['msg']}" if param else first["msg"],
-                    "type": "invalid_request_error",
-                    "param": param,
-                    "code": None,
-                }
-            },
-            status_code=400,
-        )
+        message = str(reason) if first["type"] == "value_error" else first["msg"]
+        return OpenAIError(400, f"{param}: {message}" if param else message, param=param).response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, exc: HTTPException):
+        """FastAPI's own errors (unknown route, wrong method, a body that is not UTF-8) in OpenAI's shape."""
+        cause = f": {exc.__cause__}" if exc.__cause__ else ""
+        return OpenAIError(exc.status_code, f"{exc.detail}{cause}").response(exc.headers)
+
+    @app.exception_handler(Exception)
+    async def failed(_, exc: Exception):
+        return OpenAIError(500, f"the gateway failed: {exc!r}", "server_error").response()
 
     @app.get("/v1/models")
     async def models():
@@ -98,7 +285,8 @@ def create_app(
             "data": [{"id": served_name, "object": "model", "created": 0, "owned_by": "trtllm-pipeline"}],
         }
 
-    def check_model(body: Sampling) -> None:
+    def check(body: Sampling) -> None:
+        """The model name and the fields this server cannot honour, before any work is done."""
         if body.model != served_name:
             raise OpenAIError(
                 404,
@@ -106,20 +294,26 @@ def create_app(
                 "not_found_error",
                 "model",
             )
+        for name, value in (body.model_extra or {}).items():
+            if name in UNSUPPORTED and value not in (None, UNSUPPORTED[name], {}, []):
+                raise OpenAIError(400, f"{name}: not supported by this server", param=name)
 
-    async def generate(prompt: str, body: Sampling) -> AsyncIterator[tuple[str, int]]:
-        """(text delta, tokens in it) as the BLS streams them; cancelling the iterator cancels generation."""
+    async def generate(prompt: str, body: Sampling, max_tokens: int) -> AsyncIterator[tuple[str, list[float]]]:
+        """(text delta, log-probs of its tokens) as the BLS streams them, until the RPC ends (the aio client
+        cannot ask for the empty final response); cancelling the iterator cancels generation. An error
+        response or a failed RPC (tritonserver stopped or unreachable) is an OpenAIError."""
         import tritonclient.grpc.aio as grpcclient
 
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         greedy = body.temperature == 0
         params = {
             "text_input": prompt,
-            "max_tokens": body.max_tokens or default_max_tokens,
+            "max_tokens": max_tokens,
             "stream": True,
-            "stop_words": stops or None,
+            "stop_words": body.stops() or None,
             "random_seed": body.seed,
             "min_length": body.min_tokens,
+            "presence_penalty": body.presence_penalty,
+            "frequency_penalty": body.frequency_penalty,
             "temperature": None if greedy else (1.0 if body.temperature is None else body.temperature),
             "top_k": 1 if greedy else 0,
             "top_p": None if greedy else (body.top_p or 1.0),
@@ -131,57 +325,93 @@ def create_app(
                 "model_name": triton_model,
                 "inputs": client_inputs(params),
                 "request_id": uuid.uuid4().hex,
-                "enable_empty_final_response": True,
             }
 
+        started = False
         try:
             async for result, error in client.stream_infer(requests()):
-                if error is not None:
-                    raise OpenAIError(400, str(error.message() if hasattr(error, "message") else error))
+                if error is not None:  # before any text the request was refused; after it, the server failed
+                    message = str(error.message() if hasattr(error, "message") else error)
+                    raise OpenAIError(502, message, "server_error") if started else OpenAIError(400, message)
                 response = result.get_response()
                 if any(o.name == "text_output" for o in response.outputs):
                     text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1))
-                    tokens = int(np.asarray(result.as_numpy("output_log_probs")).size)
-                    yield text, tokens
+                    started = True
+                    yield text, np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
                 if response.parameters["triton_final_response"].bool_param:
-                    break
+                    return
+        except grpc.aio.AioRpcError as exc:  # tritonserver stopped, crashed or unreachable
+            status = 503 if exc.code() == grpc.StatusCode.UNAVAILABLE else 502
+            raise OpenAIError(status, f"the inference server failed: {exc.details()}", "server_error") from None
         finally:
             await client.close()
 
-    def truncate_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-        cut = min((text.find(s) for s in stops if s and s in text), default=-1)
-        return (text[:cut], True) if cut >= 0 else (text, False)
+    def render_logprobs(body: Sampling, pieces: list[tuple[str, float]], offset: int) -> dict | None:
+        if isinstance(body, ChatRequest):
+            if not body.logprobs:
+                return None
+            content = [{"token": t, "logprob": p, "bytes": list(t.encode()), "top_logprobs": []} for t, p in pieces]
+            return {"content": content}
+        if body.logprobs is None:
+            return None
+        starts = []
+        for text, _ in pieces:
+            starts.append(offset)
+            offset += len(text)
+        return {
+            "tokens": [t for t, _ in pieces],
+            "token_logprobs": [p for _, p in pieces],
+            "top_logprobs": None,
+            "text_offset": starts,
+        }
 
-    async def respond(prompt: str, body: Sampling, kind: str, request: Request):
-        check_model(body)
-        if len(tokenizer.encode(prompt)) == 0:
-            raise OpenAIError(400, "the prompt is empty", param="prompt" if kind == "text_completion" else "messages")
-        created, rid = int(time.time()), f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
-        prompt_tokens = len(tokenizer.encode(prompt))
-        max_tokens = body.max_tokens or default_max_tokens
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        obj = "text_completion" if kind == "text_completion" else "chat.completion"
+    async def respond(prompt: str, body: Sampling, request: Request):
+        chat = isinstance(body, ChatRequest)
+        prompt_tokens = len(await asyncio.to_thread(tokenizer.encode, prompt))
+        where = "messages" if chat else "prompt"
+        if prompt_tokens == 0:
+            raise OpenAIError(400, "the prompt is empty", param=where)
+        if max_input_len and prompt_tokens > max_input_len:
+            raise OpenAIError(
+                400, f"{where}: {prompt_tokens} tokens exceed the engine's max_input_len {max_input_len}", param=where
+            )
+        room = max_seq_len - prompt_tokens if max_seq_len else INT32_MAX
+        max_tokens = body.token_limit() or max(1, min(default_max_tokens, room))  # unset: what fits, up to the default
+        if max_tokens > room:
+            raise OpenAIError(
+                400,
+                f"max_tokens: {prompt_tokens} prompt tokens + max_tokens {max_tokens} exceed the engine's "
+                f"max_seq_len {max_seq_len}",
+                param="max_tokens",
+            )
+        created, rid = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        obj = "chat.completion" if chat else "text_completion"
+        generated = Generated(body.stops())
 
-        def choice(text: str, finish: str | None, delta: bool) -> dict:
-            if kind == "text_completion":
-                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            key = "delta" if delta else "message"
-            return {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish}
-
-        def usage(completion: int) -> dict:
+        def choice(text: str, finish: str | None, pieces: list[tuple[str, float]] | None, offset: int = 0) -> dict:
+            logprobs = None if pieces is None else render_logprobs(body, pieces, offset)
+            if not chat:
+                return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            key = "delta" if body.stream else "message"
             return {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion,
+                "index": 0,
+                key: {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": finish,
             }
+
+        def finish_reason() -> str:
+            return "stop" if generated.stopped or generated.tokens < max_tokens else "length"
+
+        def usage() -> dict:
+            total = prompt_tokens + generated.tokens
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": generated.tokens, "total_tokens": total}
 
         if not body.stream:
 
-            async def collect() -> tuple[str, int]:
-                text, tokens = "", 0
-                async for delta, count in generate(prompt, body):
-                    text, tokens = text + delta, tokens + count
-                return text, tokens
+            async def collect() -> None:
+                async for delta, log_probs in generate(prompt, body, max_tokens):
+                    generated.add(delta, log_probs)
 
             task = asyncio.ensure_future(collect())
             while not task.done():  # a client that hangs up stops the generation (cancelling closes the gRPC stream)
@@ -189,73 +419,62 @@ def create_app(
                 if not task.done() and await request.is_disconnected():
                     task.cancel()
                     raise OpenAIError(499, "client closed the request")
-            text, tokens = task.result()
-            text, stopped = truncate_at_stop(text, stops)
-            finish = "stop" if stopped or tokens < max_tokens else "length"
+            task.result()
             return {
                 "id": rid,
                 "object": obj,
                 "created": created,
                 "model": body.model,
-                "choices": [choice(text, finish, False)],
-                "usage": usage(tokens),
+                "choices": [choice(generated.text, finish_reason(), generated.visible_pieces())],
+                "usage": usage(),
             }
 
-        stream = generate(prompt, body)
-        try:  # fail before the 200 status line when the first response is an error
-            first = await stream.__anext__()
-        except StopAsyncIteration:
-            first = ("", 0)
+        stream = generate(prompt, body, max_tokens)
+        first = await anext(stream, None)  # fail before the 200 status line when the first response is an error
+        header = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created, "model": body.model}
+
+        def event(data: dict) -> str:
+            return f"data: {json.dumps(data)}\n\n"
 
         async def events():
-            chunk_obj = obj + ".chunk" if kind != "text_completion" else obj
-            text, tokens, finished = "", 0, False
-            pending = [first]
             try:
-                while True:
-                    if pending:
-                        delta, count = pending.pop()
-                    else:
-                        try:
-                            delta, count = await stream.__anext__()
-                        except StopAsyncIteration:
-                            break
-                    tokens += count
-                    full, stopped = truncate_at_stop(text + delta, stops)
-                    out, text = full[len(text) :], full
-                    if out:
-                        chunk = {"id": rid, "object": chunk_obj, "created": created, "model": body.model}
-                        yield f"data: {json.dumps({**chunk, 'choices': [choice(out, None, True)]})}\n\n"
-                    if stopped:
-                        finished = True
+                piece = first
+                while piece is not None:
+                    new = generated.add(*piece)
+                    if new:
+                        pieces = generated.pieces[-1:]
+                        yield event({**header, "choices": [choice(new, None, pieces, len(generated.text) - len(new))]})
+                    if generated.stopped:
                         break
-                finish = "stop" if finished or tokens < max_tokens else "length"
-                chunk = {"id": rid, "object": chunk_obj, "created": created, "model": body.model}
-                last = {**chunk, "choices": [choice("", finish, True)], "usage": usage(tokens)}
-                yield f"data: {json.dumps(last)}\n\n"
-                yield "data: [DONE]\n\n"
-            finally:
-                await (
-                    stream.aclose()
-                )  # client gone or stop string seen: cancel the gRPC stream, the BLS stops the engine
+                    piece = await anext(stream, None)
+                last = {**header, "choices": [choice("", finish_reason(), None)], "usage": usage()}
+                yield event(last)
+            except Exception as exc:  # after the 200 the error can only go in-band (e.g. tritonserver stopped)
+                error = exc if isinstance(exc, OpenAIError) else OpenAIError(500, repr(exc), "server_error")
+                yield event(error.body())
+            finally:  # client gone or stop string seen: cancel the gRPC stream, the BLS stops the engine
+                await stream.aclose()
+            yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        return await respond(body.prompt, body, "text_completion", request)
+        check(body)
+        return await respond(body.prompt, body, request)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        prompt = tokenizer.apply_chat_template(
-            [m.model_dump() for m in body.messages], add_generation_prompt=True, tokenize=False
-        )
-        return await respond(prompt, body, "chat.completion", request)
+        check(body)
+        try:
+            prompt = await asyncio.to_thread(
+                tokenizer.apply_chat_template,
+                [m.model_dump() for m in body.messages],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except TemplateError as exc:
+            raise OpenAIError(400, f"the model's chat template refused the messages: {exc}", param="messages") from None
+        return await respond(prompt, body, request)
 
     return app
-
-
-def run_gateway(app: FastAPI, host: str, port: int) -> None:
-    import uvicorn
-
-    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -6,12 +6,16 @@ import json
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
+import httpx
 import openai
 import pytest
 
 from pipeline.triton.client import stream_text
 from pipeline.triton.server import free_port
+from tests.conftest import run_cli
 from tests.serving.test_serving import metric
 
 pytestmark = pytest.mark.slow
@@ -21,22 +25,31 @@ QUESTION = [
 ]  # greedy answer stable across fp32/int8 (the bare question is a near-tie)
 
 
-@pytest.fixture(scope="module")
-def gateway(server, smollm2_build) -> str:
+@contextmanager
+def running(grpc_port: int, engine, **options) -> Iterator[str]:
+    """A gateway in front of the tritonserver on grpc_port, served by uvicorn on a thread; yields its /v1 URL."""
     import uvicorn
 
     from pipeline.openai_gateway import create_app
 
     port = free_port()
-    app = create_app(f"127.0.0.1:{server.ports.grpc}", str(smollm2_build / "engine"), MODEL)
-    running = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=running.run, daemon=True)
+    app = create_app(f"127.0.0.1:{grpc_port}", str(engine), MODEL, **options)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not running.started:
+    while not server.started:
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1"
-    running.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def gateway(server, smollm2_build) -> Iterator[str]:
+    with running(server.ports.grpc, smollm2_build / "engine") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -105,17 +118,154 @@ def test_curl_streams_server_sent_events(gateway):
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "error", "text"),
+    ("kwargs", "error", "param", "text"),
     [
-        ({"model": "gpt-4"}, openai.NotFoundError, "does not exist"),
-        ({"max_tokens": 0}, openai.BadRequestError, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "word " * 1100}]}, openai.BadRequestError, "max_input_len 1024"),
-        ({"temperature": 5}, openai.BadRequestError, "temperature"),
+        ({"model": "gpt-4"}, openai.NotFoundError, "model", "does not exist"),
+        ({"max_tokens": 0}, openai.BadRequestError, "max_tokens", "greater than or equal to 1"),
+        ({"max_tokens": 4294967301}, openai.BadRequestError, "max_tokens", "less than or equal to 2147483647"),
+        ({"max_tokens": 2040}, openai.BadRequestError, "max_tokens", "max_seq_len 2048"),  # 42 prompt tokens
+        ({"messages": [{"role": "user", "content": "word " * 1100}]}, openai.BadRequestError, "messages", "1024"),
+        ({"temperature": 5}, openai.BadRequestError, "temperature", "less than or equal to 2"),
+        ({"seed": 2**64}, openai.BadRequestError, "seed", "less than or equal to 18446744073709551615"),
+        ({"extra_body": {"min_tokens": 2**31}}, openai.BadRequestError, "min_tokens", "2147483647"),
+        ({"n": 2}, openai.BadRequestError, "n", "less than or equal to 1"),
+        ({"logprobs": True, "top_logprobs": 2}, openai.BadRequestError, "top_logprobs", "only 0 is supported"),
+        ({"logit_bias": {"1": 5}}, openai.BadRequestError, "logit_bias", "not supported"),
+        ({"response_format": {"type": "json_object"}}, openai.BadRequestError, "response_format", "not supported"),
     ],
 )
-def test_bad_requests_get_openai_error_bodies(client, kwargs, error, text):
-    with pytest.raises(error, match=text):
+def test_bad_requests_get_openai_error_bodies_naming_the_field(client, kwargs, error, param, text):
+    with pytest.raises(error, match=text) as raised:
         client.chat.completions.create(**{"model": MODEL, "messages": QUESTION, "max_tokens": 8, **kwargs})
+    assert raised.value.param == param
+
+
+def test_a_lone_surrogate_is_a_400_and_the_connection_serves_the_next_request(gateway):
+    """It was a 500 whose exception made uvicorn drop the keep-alive connection."""
+    with httpx.Client(base_url=gateway, timeout=60) as http:
+
+        def send(**request) -> tuple[httpx.Response, tuple]:
+            reply = http.post("/completions", **request)
+            return reply, reply.extensions["network_stream"].get_extra_info("client_addr")
+
+        bad, first = send(
+            content=json.dumps({"model": MODEL, "prompt": "abc \ud800", "max_tokens": 2}),  # as "\\ud800"
+            headers={"Content-Type": "application/json"},
+        )
+        good, second = send(json={"model": MODEL, "prompt": "abc", "max_tokens": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt", bad.text
+    assert good.status_code == 200 and first == second, (good.text, first, second)  # one connection for both
+
+
+def test_a_body_that_is_not_utf8_gets_an_openai_error_body(gateway):
+    body = f'{{"model": "{MODEL}", "prompt": "caf\xe9"}}'.encode("latin-1")
+    reply = httpx.post(f"{gateway}/completions", content=body, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400 and "utf-8" in reply.json()["error"]["message"], reply.text
+
+
+def test_chosen_token_logprobs_add_up_to_the_text(client):
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, logprobs=True)
+    entries = chat.choices[0].logprobs.content
+    assert "".join(e.token for e in entries) == chat.choices[0].message.content
+    assert all(e.logprob <= 0 and bytes(e.bytes) == e.token.encode() and e.top_logprobs == [] for e in entries)
+    assert len(entries) == chat.usage.completion_tokens  # one piece per token for plain English text
+    whole = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=8, temperature=0, logprobs=0)
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="One, two, three,", max_tokens=8, temperature=0, logprobs=0, stream=True
+        )
+    )
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    logprobs = whole.choices[0].logprobs
+    assert "".join(logprobs.tokens) == whole.choices[0].text and logprobs.top_logprobs is None
+    assert [t for s in streamed for t in s.tokens] == logprobs.tokens
+    assert [o for s in streamed for o in s.text_offset] == logprobs.text_offset
+    assert [p for s in streamed for p in s.token_logprobs] == pytest.approx(logprobs.token_logprobs, abs=1e-4)
+
+
+def test_a_body_over_the_cap_gets_413_before_it_is_read(gateway):
+    prompt = "word " * 1_000_000  # 5 MB: over the default 4 MB cap
+    declared = httpx.post(f"{gateway}/completions", json={"model": MODEL, "prompt": prompt}, timeout=60)
+    chunked = httpx.post(
+        f"{gateway}/completions",
+        content=iter([b'{"prompt": "', prompt.encode(), b'"}']),  # no Content-Length: counted as it arrives
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+    for reply in (declared, chunked):
+        assert reply.status_code == 413 and reply.json()["error"]["code"] == "body_too_large", reply.text
+
+
+def test_models_answers_while_a_big_prompt_is_tokenized(gateway):
+    """A 3 MB prompt (600k tokens, over the engine's max_input_len) is tokenized on a worker thread.
+    Measured with this prompt on 2 cores: /v1/models answered in at most 0.06 s (0.20 s with the host
+    busy) while the big request took 1.6-1.9 s (5.2 s); with the tokenizer on the event loop, as
+    before, /v1/models waited 2.4-2.7 s (5.3 s), i.e. until the tokenizer was done."""
+    big: dict = {}
+
+    def send() -> None:
+        reply = httpx.post(f"{gateway}/completions", json={"model": MODEL, "prompt": "word " * 600_000}, timeout=120)
+        big.update(reply=reply, done=time.monotonic())
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    time.sleep(0.5)  # the body is in and being tokenized
+    start = time.monotonic()
+    assert httpx.get(f"{gateway}/models", timeout=60).status_code == 200
+    answered = time.monotonic()
+    sender.join(timeout=120)
+    assert answered - start < 1.0 and answered < big["done"], (answered - start, big["done"] - start)
+    assert big["reply"].status_code == 400 and "max_input_len 1024" in big["reply"].text  # never sent to Triton
+
+
+def test_an_api_key_is_required_when_set(server, smollm2_build):
+    with running(server.ports.grpc, smollm2_build / "engine", api_key="sk-test-key") as url:
+        missing = httpx.get(f"{url}/models")
+        assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key", missing.text
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="sk-wrong", max_retries=0).models.list()
+        keyed = openai.OpenAI(base_url=url, api_key="sk-test-key", max_retries=0)
+        assert [m.id for m in keyed.models.list()] == [MODEL]
+        assert keyed.completions.create(model=MODEL, prompt="Hello", max_tokens=2).usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "error"),
+    [
+        ((), {"TRTLLM_PIPELINE_API_KEY": ""}, "--allow-unauthenticated"),
+        (("--allow-unauthenticated",), {"TRTLLM_PIPELINE_API_KEY": ""}, "build it first"),  # past the check
+        ((), {"TRTLLM_PIPELINE_API_KEY": "sk-test-key"}, "build it first"),
+    ],
+)
+def test_serve_refuses_an_open_gateway_on_a_public_address(tmp_path, args, env, error):
+    result = run_cli(
+        "serve", str(tmp_path / "absent.yaml"), "--openai", "--host", "0.0.0.0", *args, env=env, timeout=60
+    )
+    assert result.returncode == 1 and error in result.stderr, result.stderr
+
+
+def test_a_stream_cut_by_a_server_stop_ends_with_an_error_event_and_done(smollm2_build, tmp_path):
+    """Its own short-lived tritonserver, stopped as `serve` stops it while a stream is in flight."""
+    from pipeline.build import cache_dir
+    from pipeline.triton.server import TritonServer
+
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "min_tokens": 64, "stream": True}
+    with TritonServer(smollm2_build / "triton_repo", cache_dir(), log_file=tmp_path / "triton.log") as triton:
+        # SIGINT as `serve` sends it; the gateway reports within milliseconds, so the test does not wait out
+        # tritonserver's 30 s exit timeout when the BLS outlives the stop (it sometimes does)
+        stopper = threading.Thread(target=triton.stop, kwargs={"timeout": 5})
+        with running(triton.ports.grpc, smollm2_build / "engine") as url:
+            events = []
+            with httpx.stream("POST", f"{url}/completions", json=body, timeout=60) as reply:
+                for line in filter(None, reply.iter_lines()):
+                    events.append(line.removeprefix("data: "))
+                    if len(events) == 3:
+                        stopper.start()
+        stopper.join()
+    assert events[-1] == "[DONE]", events
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "server_error" and error["message"], error
+    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
 
 
 def test_client_disconnect_stops_generation(client, server):
