@@ -222,11 +222,14 @@ def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int, api
 
     from pipeline.openai_gateway import create_app
 
-    tokenizer_dir = report.models["preprocessing"].parameters["tokenizer_dir"].string_value
+    # the BLS is the model naming its preprocessing model; names come from the config (triton.*_name)
+    bls, config = next((name, c) for name, c in report.models.items() if "preprocessing_model_name" in c.parameters)
+    preprocessing = config.parameters["preprocessing_model_name"].string_value
     app = create_app(
         f"127.0.0.1:{grpc_port}",
-        tokenizer_dir,
+        report.models[preprocessing].parameters["tokenizer_dir"].string_value,
         served_name=repo.resolve().parent.name,
+        triton_model=bls,
         api_key=api_key,
         max_body_bytes=int(max_body_mb * 1_000_000),
     )
