@@ -223,7 +223,11 @@ def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int, api
     from pipeline.openai_gateway import create_app
 
     # the BLS is the model naming its preprocessing model; names come from the config (triton.*_name)
-    bls, config = next((name, c) for name, c in report.models.items() if "preprocessing_model_name" in c.parameters)
+    bls, config = next(
+        ((name, c) for name, c in report.models.items() if "preprocessing_model_name" in c.parameters), (None, None)
+    )
+    if bls is None:
+        raise PipelineError(f"{repo} has no BLS model (tensorrt_llm_bls), which --openai forwards to; rebuild it")
     preprocessing = config.parameters["preprocessing_model_name"].string_value
     app = create_app(
         f"127.0.0.1:{grpc_port}",
