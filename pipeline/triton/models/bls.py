@@ -72,33 +72,36 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:  # one thread per request: a long generation must not hold up the others
-            threading.Thread(target=self._serve, args=(request, request.get_response_sender()), daemon=True).start()
+            # inputs are copied here: the request's tensors are freed once execute returns, and a thread reading
+            # them later crashed the stub (segfault in libpython under the soak, scripts/soak.py)
+            inputs = {t.name(): t.as_numpy().copy() for t in request.inputs()}
+            sender = request.get_response_sender()
+            threading.Thread(target=self._serve, args=(inputs, sender), daemon=True).start()
         return None
 
-    def _serve(self, request, sender) -> None:
+    def _serve(self, inputs: dict, sender) -> None:
         try:
-            self._generate(request, sender)
+            self._generate(inputs, sender)
         except Exception as exc:  # report to this client only
             sender.send(_error(str(exc)), flags=FINAL)
 
-    def _generate(self, request, sender) -> None:
-        inputs = {t.name(): t for t in request.inputs()}
-        stream = bool(inputs["stream"].as_numpy().reshape(-1)[0]) if "stream" in inputs else False
-        if "beam_width" in inputs and int(inputs["beam_width"].as_numpy().reshape(-1)[0]) > 1 and stream:
+    def _generate(self, inputs: dict, sender) -> None:
+        stream = bool(inputs["stream"].reshape(-1)[0]) if "stream" in inputs else False
+        if "beam_width" in inputs and int(inputs["beam_width"].reshape(-1)[0]) > 1 and stream:
             raise ValueError("streaming with beam_width > 1 is not supported")
         pre = pb_utils.InferenceRequest(
             model_name=self.preprocessing,
             requested_output_names=list(FROM_PREPROCESSING),
             inputs=[
-                pb_utils.Tensor(TO_PREPROCESSING[name], t.as_numpy())
-                for name, t in inputs.items()
+                pb_utils.Tensor(TO_PREPROCESSING[name], value)
+                for name, value in inputs.items()
                 if name in TO_PREPROCESSING
             ],
         ).exec()
         if pre.has_error():
             raise RuntimeError(pre.error().message())
         llm_inputs = [pb_utils.Tensor(FROM_PREPROCESSING[t.name()], t.as_numpy()) for t in pre.output_tensors()]
-        llm_inputs += [pb_utils.Tensor(TO_LLM[name], t.as_numpy()) for name, t in inputs.items() if name in TO_LLM]
+        llm_inputs += [pb_utils.Tensor(TO_LLM[name], value) for name, value in inputs.items() if name in TO_LLM]
         llm_inputs.append(pb_utils.Tensor("streaming", np.array([[stream]], dtype=bool)))
         request_id = f"bls-{uuid.uuid4().hex}"
         responses = pb_utils.InferenceRequest(
