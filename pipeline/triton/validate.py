@@ -151,7 +151,7 @@ def check_model_files(
                     "rebuild the engine stage (it copies the tokenizer files) or copy them there",
                 )
     for key, parameter in config.parameters.items():
-        if key.endswith("_model_name"):
+        if key.endswith("_model_name") and parameter.string_value:  # empty: unused (upstream's draft model name)
             check_reference(parameter.string_value, report, f"{where}: parameter '{key}'")
     engine = (
         _parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else _parameter(config, "engine_dir")
