@@ -81,8 +81,8 @@ def linear_tensors(prefix: str, linear: Linear, quant: dict, dtype: str) -> dict
             f"{prefix}.weights_scaling_factor": (F32, [1]),
             f"{prefix}.activation_scaling_factor": (F32, [1]),
         }
-    if algo == "W8A16":
-        return {f"{prefix}.weight": ("I8", [out, inp]), f"{prefix}.weights_scaling_factor": (F32, [out])}
+    if algo == "W8A16":  # float: the loader quantizes it (weight_only_quantize_dict skips int8 weights)
+        return {f"{prefix}.weight": (dtype, [out, inp])}
     if algo == "W8A8_SQ_PER_CHANNEL":
         return {
             f"{prefix}.weight": ("I8", [out, inp]),
@@ -238,7 +238,13 @@ def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
                 f"{file.name}: stray tensor {name} ({have[name][0]} {have[name][1]}) that TensorRT-LLM does not declare"
             )
         for name in sorted(set(want) & set(have)):
-            if want[name] != have[name]:
+            if ckpt.get("quantization", {}).get("quant_algo") == "W8A16" and have[name][0] == "I8":
+                problems.append(
+                    f"{file.name}: {name} is int8, but TensorRT-LLM's loader quantizes W8A16 weights itself and "
+                    "leaves int8 ones without the per_channel_scale its WeightOnlyQuantLinear requires "
+                    "(weight_only_quantize_dict); export float weights"
+                )
+            elif want[name] != have[name]:
                 problems.append(
                     f"{file.name}: {name} is {have[name][0]} {have[name][1]}, TensorRT-LLM expects "
                     f"{want[name][0]} {want[name][1]}"

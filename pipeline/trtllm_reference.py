@@ -32,14 +32,27 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([low, high], dim=1).reshape(-1, packed.shape[1])
 
 
+def loader_int8_weight_only(weight: torch.Tensor) -> torch.Tensor:
+    """What TensorRT-LLM's loader makes of a float W8A16 weight [out, in], dequantized: symmetric_quantize
+    (cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp @ 05316d3) scales each output channel
+    by its max |w| / 128, stored in the checkpoint dtype, rounds and clips to [-128, 127]."""
+    w = weight.float()
+    col_max = w.abs().amax(dim=1, keepdim=True) / 128
+    scaled = w / torch.where(col_max > 0, col_max, torch.ones_like(col_max))
+    q = (scaled.sign() * (scaled.abs() + 0.5).floor()).clamp(-128, 127)  # C's round(): halves away from zero
+    return q * col_max.to(weight.dtype).float()
+
+
 def dequantize(tensors: dict[str, torch.Tensor], prefix: str, algo: str | None) -> torch.Tensor:
     weight = tensors[f"{prefix}.weight"]
     scale = tensors.get(f"{prefix}.weights_scaling_factor")
+    if algo == "W8A16":
+        return loader_int8_weight_only(weight)
     if scale is None:  # unquantized (no algorithm, or an excluded module)
         return weight.float()
     if algo == "FP8":
         return weight.float() * scale.float()
-    if algo in ("W8A16", "W8A8_SQ_PER_CHANNEL"):
+    if algo == "W8A8_SQ_PER_CHANNEL":
         return weight.float() * scale.float()[:, None]
     values = unpack_int4(weight).float()  # W4A16_AWQ / W4A8_AWQ: scale [out, in/group]
     group = values.shape[1] // scale.shape[1]

@@ -156,11 +156,15 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
 MODELOPT_PRESETS = {
     ("fp8", "rtn"): "FP8_DEFAULT_CFG",
     ("int8", "smoothquant"): "INT8_SMOOTHQUANT_CFG",
-    ("int8", "rtn"): "INT8_WEIGHT_ONLY_CFG",
     ("int4", "rtn"): "INT4_BLOCKWISE_WEIGHT_ONLY_CFG",
     ("int4", "awq"): "INT4_AWQ_CFG",
     ("int4", "w4a8_awq"): "W4A8_AWQ_BETA_CFG",
 }
+# Weights TensorRT-LLM's checkpoint loader quantizes itself: `weight_only_quantize_dict` (models/convert_utils.py,
+# called by preprocess_weights) quantizes W8A16 weights only when they are not int8 already, so ModelOpt's
+# int8 + weights_scaling_factor export cannot load; TensorRT-LLM's own ModelOpt flow exports int8_wo unquantized
+# too (quantization/quantize_by_modelopt.py). We export float weights and declare the algorithm.
+LOADER_QUANTIZED = {("int8", "rtn"): "W8A16"}
 KV_QUANTIZER = "*[kv]_bmm_quantizer"
 CHECKPOINT_DTYPES = {"auto": "float16", "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
 
@@ -193,7 +197,7 @@ def modelopt_config(q) -> dict:
     import modelopt.torch.quantization as mtq
 
     entries = []
-    if q.weights != "none":
+    if (q.weights, q.method) in MODELOPT_PRESETS:
         preset = copy.deepcopy(getattr(mtq, MODELOPT_PRESETS[(q.weights, q.method)]))
         entries = preset["quant_cfg"]
         for entry in entries:
@@ -270,9 +274,12 @@ def load_calibrated(hf_dir: Path, quantize_dir: Path | None):
     return model
 
 
-def export_checkpoints(model, out_dir: Path, dtype: str, tp_size: int, pp_size: int) -> tuple[Path, Path]:
+def export_checkpoints(
+    model, out_dir: Path, dtype: str, tp_size: int, pp_size: int, loader_quantized: str | None
+) -> tuple[Path, Path]:
     """The TensorRT-LLM checkpoint (`trtllm_checkpoint/`) and the unified HF checkpoint (`hf_unified/`)
-    from one calibration: the second is what TensorRT-LLM's PyTorch workflow, vLLM and SGLang load."""
+    from one calibration: the second is what TensorRT-LLM's PyTorch workflow, vLLM and SGLang load.
+    `loader_quantized` is the quant_algo declared for float weights TensorRT-LLM's loader quantizes."""
     import torch
     from modelopt.torch.export import export_hf_checkpoint, export_tensorrt_llm_checkpoint
 
@@ -289,6 +296,11 @@ def export_checkpoints(model, out_dir: Path, dtype: str, tp_size: int, pp_size: 
         )
         export_hf_checkpoint(model, torch_dtype, unified)
     repair_pre_quant_scale(checkpoint)
+    if loader_quantized:
+        config_file = checkpoint / "config.json"
+        config = json.loads(config_file.read_text())
+        config["quantization"] = {**(config.get("quantization") or {}), "quant_algo": loader_quantized}
+        config_file.write_text(json.dumps(config, indent=4))
     return checkpoint, unified
 
 
@@ -477,6 +489,15 @@ class TrtllmTarget:
                     "cache cannot be produced; use kv_cache: fp8",
                 )
             )
+        if (q.weights, q.method) in LOADER_QUANTIZED and q.exclude_modules:
+            out.append(
+                (
+                    ("quantization", "exclude_modules"),
+                    "int8 weight-only checkpoints are quantized by TensorRT-LLM's loader, which quantizes every "
+                    "attention and MLP linear (weight_only_quantize_dict); not every release reads an exclusion "
+                    "list there, so remove exclude_modules or use fp8 or int4",
+                )
+            )
         if q.method == "hqq":
             out.append(
                 (("quantization", "method"), "hqq is the onnxruntime target's int4 method; use method: rtn or awq")
@@ -567,8 +588,13 @@ class TrtllmTarget:
 
     def skips(self, stage: str, cfg) -> str | None:
         q = cfg.quantization
-        if stage == "quantize" and q.weights == "none" and q.kv_cache == "none":
-            return "no quantization requested"
+        calibrated = (q.weights, q.method) in MODELOPT_PRESETS or q.kv_cache != "none" or q.modelopt_recipe
+        if stage == "quantize" and not calibrated:
+            return (
+                "TensorRT-LLM's loader quantizes int8 weight-only checkpoints itself"
+                if (q.weights, q.method) in LOADER_QUANTIZED
+                else "no quantization requested"
+            )
         return None
 
     def writes(self, stage: str, cfg) -> str:
@@ -615,7 +641,14 @@ class TrtllmTarget:
             "checkpoint (ModelOpt)"
         )
         model = load_calibrated(hf_dir, quantized)
-        checkpoint, _ = export_checkpoints(model, ctx.out_dir, dtype, p.tp_size, p.pp_size)
+        checkpoint, _ = export_checkpoints(
+            model,
+            ctx.out_dir,
+            dtype,
+            p.tp_size,
+            p.pp_size,
+            LOADER_QUANTIZED.get((cfg.quantization.weights, cfg.quantization.method)),
+        )
         del model
         problems = check_checkpoint(checkpoint, hf_dir, cfg)
         if problems:

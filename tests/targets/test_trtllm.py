@@ -139,6 +139,27 @@ def test_int4_round_to_nearest_checkpoint_is_repaired_to_what_tensorrt_llm_loads
     assert torch.equal(factor, torch.ones_like(factor))
 
 
+def test_int8_weight_only_checkpoint_has_the_float_weights_tensorrt_llm_quantizes_itself(built, tmp_path):
+    """TensorRT-LLM's weight_only_quantize_dict quantizes W8A16 weights that are not int8 and adds their
+    per_channel_scale; int8 weights with ModelOpt's weights_scaling_factor would be left without one."""
+    from safetensors import safe_open
+
+    root, _ = built["int8-weight-only-tp2"]
+    checkpoint = root / "out" / "export" / "trtllm_checkpoint"
+    for rank in (0, 1):
+        with safe_open(checkpoint / f"rank{rank}.safetensors", "pt") as f:
+            names = set(f.keys())
+            assert f.get_slice("transformer.layers.0.attention.qkv.weight").get_dtype() == "F16"
+        assert not any(name.endswith(("weights_scaling_factor", "per_channel_scale")) for name in names)
+    assert not (root / "out" / "quantize").exists()  # nothing to calibrate: the loader quantizes
+    broken = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, broken)
+    name = "transformer.layers.0.mlp.fc.weight"
+    _rewrite(broken / "rank0.safetensors", lambda t: t.update({name: t[name].to(torch.int8)}))
+    problems = check_checkpoint(broken, root / "out" / "import", load_config(root / "gpu.yaml"))
+    assert any(f"{name} is int8, but TensorRT-LLM's loader quantizes W8A16 weights itself" in p for p in problems)
+
+
 @pytest.fixture
 def fp16_checkpoint(built, tmp_path) -> tuple[Path, Path, object]:
     root, _ = built["fp16-tp2-pp2"]
