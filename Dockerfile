@@ -1,25 +1,37 @@
 # Two images from one file.
 #   CPU (default):  docker build -t trtllm-pipeline .
 #                   docker run --rm -p 8000-8002:8000-8002 trtllm-pipeline
-#   GPU:            docker build --target gpu --build-arg TRITON_TAG=25.05 --build-arg CONFIG=build_configs/smollm2-135m-fp8.yaml -t trtllm-pipeline:gpu .
-#                   docker run --rm --gpus all -p 8000-8002:8000-8002 trtllm-pipeline:gpu
-# The GPU image starts from NVIDIA's Triton TensorRT-LLM container; its tag must match target.trtllm_version
-# (pipeline/targets/trtllm.py TRITON_CONTAINERS: 0.18 -> 25.03, 0.19 -> 25.05, 0.20 -> 25.06).
-# The GPU engine is built when the container starts (a GPU is needed), then served.
+#   GPU:            docker build --target=gpu --build-arg=TRITON_TAG=25.05 --build-arg=TRTLLM_VERSION=0.19 \
+#                     --build-arg=CONFIG=build_configs/smollm2-135m-fp8.yaml --tag=trtllm-pipeline:gpu-0.19 .
+#                   docker run --rm --gpus all -p 8000-8002:8000-8002 trtllm-pipeline:gpu-0.19
+# `trtllm-pipeline plan CONFIG` prints the GPU command for a config: TRITON_TAG is the newest NVIDIA Triton
+# container holding its target.trtllm_version (pipeline/targets/trtllm.py TRITON_CONTAINERS), and the build stops
+# if the container's TensorRT-LLM is another release. The engine is built when the container starts (it needs
+# the GPU), then served.
 ARG TRITON_TAG=25.05
 
 FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-trtllm-python-py3 AS gpu
 ARG CONFIG=build_configs/smollm2-135m-fp8.yaml
+ARG TRTLLM_VERSION=0.19
 ENV CONFIG=${CONFIG} TRTLLM_PIPELINE_CACHE=/opt/trtllm-pipeline/.cache
 WORKDIR /opt/trtllm-pipeline
 COPY pyproject.toml Makefile README.md ./
 COPY pipeline pipeline
-# torch and tensorrt_llm come with the container; install only what they lack
-RUN pip install --no-cache-dir -e '.[quant]'
+# The container's tensorrt_llm, torch, ModelOpt and transformers stay exactly as NVIDIA built them, which the last
+# line checks: the pipeline gets a virtualenv that sees them (--system-site-packages, so the container's CUDA torch
+# is reused) and installs only its own pins in front of them (ModelOpt, transformers, onnxruntime, ...), for its
+# CPU-side steps. trtllm-build, tritonserver and the Triton python models run on the container's packages.
+RUN python3 -c "import importlib.metadata as m, sys; v = m.version('tensorrt_llm'); \
+sys.exit(None if v.startswith('${TRTLLM_VERSION}.') else \
+f'this container holds TensorRT-LLM {v}, the config targets ${TRTLLM_VERSION}: use the TRITON_TAG trtllm-pipeline plan prints')" \
+ && pip freeze > /tmp/container-packages.txt \
+ && python3 -m venv --system-site-packages .venv \
+ && .venv/bin/pip install --no-cache-dir -e '.[quant]' \
+ && pip freeze | diff /tmp/container-packages.txt -
 COPY build_configs build_configs
 COPY scripts scripts
 EXPOSE 8000 8001 8002
-CMD ["sh", "-c", "trtllm-pipeline build $CONFIG && trtllm-pipeline serve $CONFIG --host 0.0.0.0"]
+CMD ["sh", "-c", ".venv/bin/trtllm-pipeline build $CONFIG && .venv/bin/trtllm-pipeline serve $CONFIG --host 0.0.0.0"]
 
 FROM python:3.11-slim-bookworm AS cpu
 RUN apt-get update && apt-get install -y --no-install-recommends make procps && rm -rf /var/lib/apt/lists/*
@@ -31,5 +43,3 @@ RUN make setup
 COPY build_configs build_configs
 COPY scripts scripts
 RUN make build-engine
-EXPOSE 8000 8001 8002
-CMD [".venv/bin/trtllm-pipeline", "serve", "build_configs/smollm2-135m-cpu.yaml", "--host", "0.0.0.0"]

@@ -260,6 +260,11 @@ class BuildConfig(Section):
     verify: VerifySection = Field(default_factory=VerifySection)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _source: Path | None = PrivateAttr(None)  # the YAML file it was loaded from
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
 
     def resolve_path(self, path: str) -> Path:
         """Config paths are relative to the YAML file, so a config works from any working directory."""
@@ -420,7 +425,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
                 data = _without(data, loc)
     else:
         raise ConfigError(path, problems)
-    config._base_dir = path.resolve().parent
+    config._base_dir, config._source = path.resolve().parent, path
     for loc, message in cross_field_problems(config):
         if not any(loc[: len(bad)] == bad for bad in bad_locs):
             problems.append(locator.problem(loc, message))

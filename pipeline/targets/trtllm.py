@@ -47,9 +47,18 @@ OMITTED_PARAMETERS = {
     "free-memory fraction decides",
 }
 DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
-# NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release (NVIDIA's Triton compatibility
-# matrix; the 0.20 -> 25.06 row was checked here, the older rows are from the release notes' sequence).
-TRITON_CONTAINERS = {"0.18": "25.03", "0.19": "25.05", "0.20": "25.06"}
+# The newest NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release, from NVIDIA's Triton
+# compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md, as recorded in the
+# workplace notes trtllm-versions.md): 0.18.2 in 25.04, 1.0 in 25.09-25.10, 1.1 in 25.12-26.02, 1.2.1 in 26.04-26.07.
+TRITON_CONTAINERS = {
+    "0.18": "25.04",
+    "0.19": "25.05",
+    "0.20": "25.07",
+    "0.21": "25.08",
+    "1.0": "25.10",
+    "1.1": "26.02",
+    "1.2": "26.07",
+}
 
 
 def template(version: str) -> dict:
@@ -370,6 +379,22 @@ def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
     ]
 
 
+def gpu_image_command(cfg) -> list[str]:
+    """`docker build` of the Dockerfile's gpu stage on the container that holds the targeted release."""
+    version = cfg.target.trtllm_version
+    config = cfg.source or Path("<config>")  # a path inside this repository: the image copies build_configs/
+    return [
+        "docker",
+        "build",
+        "--target=gpu",
+        f"--build-arg=TRITON_TAG={TRITON_CONTAINERS[version]}",
+        f"--build-arg=TRTLLM_VERSION={version}",
+        f"--build-arg=CONFIG={config}",
+        f"--tag=trtllm-pipeline:gpu-{version}",
+        ".",
+    ]
+
+
 def missing_for_engine() -> list[str]:
     """What this machine lacks to run trtllm-build (empty on a GPU machine with TensorRT-LLM)."""
     import shutil
@@ -395,12 +420,10 @@ def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> 
     missing = missing_for_engine()
     if missing:
         suggested = trtllm_build_command(cfg, checkpoint.resolve(), final_dir.resolve())
-        tag = TRITON_CONTAINERS.get(cfg.target.trtllm_version, "<tag>")
         raise TargetUnavailable(
             f"the trtllm engine needs {' and '.join(missing)}. The checkpoint is built and verified: "
             f"{checkpoint}; on a GPU machine run:\n  {shlex.join(suggested)}\nor build the whole config there in "
-            f"NVIDIA's tritonserver:{tag}-trtllm-python-py3 container: docker build --target gpu --build-arg "
-            f"TRITON_TAG={tag} --build-arg CONFIG=<config> ."
+            f"NVIDIA's TensorRT-LLM {cfg.target.trtllm_version} container:\n  {shlex.join(gpu_image_command(cfg))}"
         )
     log(shlex.join(command))
     result = subprocess.run(command, capture_output=True, text=True)
@@ -727,7 +750,10 @@ class TrtllmTarget:
         command = trtllm_build_command(
             cfg, (output / "export" / "trtllm_checkpoint").resolve(), (output / "engine").resolve()
         )
-        notes = [f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}"]
+        notes = [
+            f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}",
+            f"or the whole config in NVIDIA's container (from this repository):\n  {shlex.join(gpu_image_command(cfg))}",
+        ]
         facts = cfg.model_facts()
         if cfg.target.gpu and facts:
             notes.append("memory plan:\n  " + "\n  ".join(plan_memory(cfg, facts).lines()))
