@@ -513,15 +513,22 @@ def validate_repo(
         ..., help="Triton model repository directory, e.g. artifacts/smollm2-135m-cpu/triton_repo."
     ),
     trtllm_version: Optional[str] = typer.Option(
-        None, help="Check tensorrtllm engines were built by this TensorRT-LLM version, e.g. 0.19."
+        None,
+        help="For tensorrtllm models: check the parameters this TensorRT-LLM release's backend reads without a "
+        "fallback are present and of the right type, and the engine was built by this release, e.g. 1.0.",
     ),
 ):
     """Check a Triton model repository offline: every config.pbtxt parses, no ${...} placeholder is
     left, ensemble steps are wired with matching types, every model called is a plain name inside the
     repository, and engine/tokenizer paths exist and hold what they need.
 
-    Example: trtllm-pipeline validate-repo triton_model_repo
+    Example: trtllm-pipeline validate-repo triton_model_repo --trtllm-version 0.19
     """
+    if trtllm_version is not None:
+        from pipeline.targets.trtllm import SUPPORTED_VERSIONS
+
+        if trtllm_version not in SUPPORTED_VERSIONS:
+            raise typer.BadParameter(f"'{trtllm_version}' is not one of {', '.join(SUPPORTED_VERSIONS)}")
     from pipeline.triton.validate import validate_repo as check
 
     report = check(repo, trtllm_version)

@@ -112,6 +112,35 @@ def check_reference(name: str, report: RepoReport, where: str) -> bool:
     return problem is None and name in report.models
 
 
+# How the tensorrtllm backend converts a parameter's string (ModelState::GetParameter<T> specialisations in
+# inflight_batcher_llm/src/model_state.cc: std::stoi/stoul/stoll/stoull/stof, and these spellings of a bool).
+_CPP_VALUE = {
+    "int32_t": re.compile(r"\s*[+-]?\d+.*"),
+    "uint32_t": re.compile(r"\s*\+?\d+.*"),
+    "int64_t": re.compile(r"\s*[+-]?\d+.*"),
+    "uint64_t": re.compile(r"\s*\+?\d+.*"),
+    "float": re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?.*|\s*[+-]?(inf|nan).*", re.I),
+    "bool": re.compile(r"True|true|TRUE|1|False|false|FALSE|0"),
+}
+
+
+def check_required_parameters(config: model_config_pb2.ModelConfig, version: str, report: RepoReport, where: str):
+    """Every parameter the release's tensorrtllm backend reads without a fallback is present and converts to
+    the type it is read as; otherwise the model fails to load on the GPU ("Cannot find parameter with name")."""
+    from pipeline.targets.trtllm import required_parameters
+
+    for name, cpp_type in required_parameters(version).items():
+        value = _parameter(config, name)
+        if value is None:
+            report.add(
+                where,
+                f"parameter '{name}' is missing: TensorRT-LLM {version}'s tensorrtllm backend reads it without a "
+                "fallback, so the model fails to load; add it (an empty string where it names an unused feature)",
+            )
+        elif cpp_type in _CPP_VALUE and not _CPP_VALUE[cpp_type].fullmatch(value):
+            report.add(where, f"parameter '{name}' is {value!r}, which the backend cannot read as {cpp_type}")
+
+
 def _parameter(config: model_config_pb2.ModelConfig, key: str) -> str | None:
     return config.parameters[key].string_value if key in config.parameters else None
 
@@ -153,6 +182,8 @@ def check_model_files(
     for key, parameter in config.parameters.items():
         if key.endswith("_model_name") and parameter.string_value:  # empty: unused (upstream's draft model name)
             check_reference(parameter.string_value, report, f"{where}: parameter '{key}'")
+    if trtllm_version and config.backend == "tensorrtllm":
+        check_required_parameters(config, trtllm_version, report, where)
     engine = (
         _parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else _parameter(config, "engine_dir")
     )
