@@ -752,7 +752,7 @@ class TrtllmTarget:
         )
         notes = [
             f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}",
-            f"or the whole config in NVIDIA's container (from this repository):\n  {shlex.join(gpu_image_command(cfg))}",
+            f"or the whole config in NVIDIA's container:\n  {shlex.join(gpu_image_command(cfg))}",
         ]
         facts = cfg.model_facts()
         if cfg.target.gpu and facts:
