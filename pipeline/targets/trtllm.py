@@ -3,9 +3,10 @@
 quantize: ModelOpt calibration on CPU; export: TensorRT-LLM + unified HF checkpoints, checked for
 conformance and quality by a CPU reference forward; engine: `trtllm-build` (on a GPU machine; here
 the stage stops with exit 4 and the exact command). The Triton repository's `tensorrt_llm` model config
-has every tensor of the real template of the targeted release (tabulated from
-tensorrtllm_backend by scripts/dev/tabulate_trtllm_template.py into tensorrt_llm_templates.json)
-and every parameter filled from the build config and the engine's own recorded build config.
+has every tensor of the real template of the targeted release (tabulated from the upstream backend and
+templates by scripts/dev/tabulate_trtllm_backend.py into tensorrt_llm_templates.json, which also lists the
+parameters the C++ backend cannot load without) and every parameter filled from the build config and the
+engine's own recorded build config.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pipeline.errors import BuildStepError, PipelineError
 from pipeline.targets import COMMON_FIELDS, register_target
 
 # TensorRT-LLM releases whose checkpoint format, trtllm-build flags and Triton templates we target.
-SUPPORTED_VERSIONS = ("0.18", "0.19", "0.20")
+SUPPORTED_VERSIONS = ("0.18", "0.19", "0.20", "0.21", "1.0", "1.1", "1.2")
 
 TEMPLATES = Path(__file__).parent.parent / "triton" / "tensorrt_llm_templates.json"
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
@@ -61,14 +62,26 @@ TRITON_CONTAINERS = {
 }
 
 
-def template(version: str) -> dict:
-    templates = json.loads(TEMPLATES.read_text())
-    if version not in templates:
+def backend_facts(version: str) -> dict:
+    """The tabulated facts of one release: source, models (templates), required/optional parameters."""
+    table = json.loads(TEMPLATES.read_text())
+    if version not in table:
         raise BuildStepError(
-            f"no tensorrt_llm template tabulated for TensorRT-LLM {version} (have: {', '.join(templates)}); "
-            "tabulate it with scripts/dev/tabulate_trtllm_template.py or target one of those"
+            f"no tensorrt_llm template tabulated for TensorRT-LLM {version} (have: {', '.join(table)}); "
+            "tabulate it with scripts/dev/tabulate_trtllm_backend.py or target one of those"
         )
-    return templates[version]
+    return table[version]
+
+
+def template(version: str) -> dict:
+    """The `tensorrt_llm` model's template spec (inputs, outputs, parameter keys) of a release."""
+    return backend_facts(version)["models"]["tensorrt_llm"]
+
+
+def required_parameters(version: str) -> dict[str, str]:
+    """Parameters the C++ backend of a release reads outside any try block (name -> C++ type of the read):
+    a tensorrt_llm config lacking one of them fails to load ("Cannot find parameter with name")."""
+    return dict(backend_facts(version)["required_parameters"])
 
 
 def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object]:
@@ -117,7 +130,11 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
     r, t = cfg.runtime, cfg.triton
     built = engine["build_config"]
     dtype = DTYPES.get(engine.get("pretrained_config", {}).get("dtype", "float16"), "TYPE_FP16")
-    variables = {"${logits_datatype}": "TYPE_FP32", "${encoder_input_features_data_type}": dtype}
+    variables = {
+        "${logits_datatype}": "TYPE_FP32",
+        "${encoder_input_features_data_type}": dtype,
+        "${prompt_embedding_table_data_type}": dtype,  # a variable from 0.20 on (TYPE_FP16 before)
+    }
     config = model_config(
         t.llm_model_name,
         backend="tensorrtllm",
