@@ -24,29 +24,11 @@ SUPPORTED_VERSIONS = ("0.18", "0.19", "0.20", "0.21", "1.0", "1.1", "1.2")
 
 TEMPLATES = Path(__file__).parent.parent / "triton" / "tensorrt_llm_templates.json"
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-# Template parameters left out on purpose: they switch on features this pipeline does not build
-# (encoder-decoder, LoRA prefetch, speculative decoding, guided decoding, multi-node), and the
-# backend reads an absent key as "off". Filling them with a placeholder would break the config.
-OMITTED_PARAMETERS = {
-    "encoder_model_path": "encoder-decoder models are not built",
-    "cross_kv_cache_fraction": "encoder-decoder models only",
-    "max_attention_window_size": "defaults to the engine's max_seq_len",
-    "sink_token_length": "no attention sinks",
-    "gpu_device_ids": "all visible GPUs",
-    "participant_ids": "single-node orchestrator mode",
-    "num_nodes": "single node",
-    "lora_prefetch_dir": "no LoRA adapters",
-    "decoding_mode": "chosen by the backend from the sampling parameters",
-    "lookahead_window_size": "no lookahead decoding",
-    "lookahead_ngram_size": "no lookahead decoding",
-    "lookahead_verification_set_size": "no lookahead decoding",
-    "medusa_choices": "no Medusa heads",
-    "eagle_choices": "no EAGLE heads",
-    "guided_decoding_backend": "no guided decoding",
-    "xgrammar_tokenizer_info_path": "no guided decoding",
-    "max_tokens_in_paged_kv_cache": "set runtime.max_tokens_in_paged_kv_cache to bound it; otherwise the "
-    "free-memory fraction decides",
-}
+# Parameters naming a feature this pipeline does not build, which the backend reads without a fallback: an empty
+# value is its "off" (model_instance_state.cc getGuidedDecodingConfigFromParams: no guided decoding when the
+# backend or the tokenizer info path is empty). Every other template parameter we do not fill is read inside a
+# try block with a default (the table's optional_parameters), so leaving it out keeps the release's default.
+FEATURES_OFF = {"guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
 DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
 # The newest NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release, from NVIDIA's Triton
 # compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md, as recorded in the
@@ -163,13 +145,13 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
             data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])),
             dims=row["dims"],
         )
-    values = {
-        k: v for k, v in template_parameters(cfg, engine_dir, engine).items() if k in spec["parameters"]
-    }  # older templates lack some
-    missing = set(spec["parameters"]) - set(values) - set(OMITTED_PARAMETERS)
-    if missing:  # a newer template grew a key this table does not know: fail rather than deploy without it
+    filled = template_parameters(cfg, engine_dir, engine) | FEATURES_OFF
+    values = {k: v for k, v in filled.items() if k in spec["parameters"]}  # older templates lack some
+    unfilled = set(required_parameters(cfg.target.trtllm_version)) - set(values)
+    if unfilled:  # the backend would fail to load: "Cannot find parameter with name"
         raise BuildStepError(
-            f"tensorrt_llm {cfg.target.trtllm_version} template parameters not filled: {sorted(missing)}"
+            f"TensorRT-LLM {cfg.target.trtllm_version}'s tensorrtllm backend reads {sorted(unfilled)} without a "
+            "fallback, and this pipeline has no value for them; add them to template_parameters"
         )
     for key, value in values.items():
         config.parameters[key].string_value = str(value).lower() if isinstance(value, bool) else str(value)

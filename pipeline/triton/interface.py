@@ -159,3 +159,26 @@ ENSEMBLE_STEPS = [
         {"OUTPUT": "text_output"},
     ),
 ]
+
+# Inputs of TensorRT-LLM's ensemble/BLS (0.18-1.2) that this pipeline does not wire, and why; no config field can
+# ask for them, so a request sending one is refused by Triton as an unknown input.
+UNWIRED_CLIENT_INPUTS = {
+    "decoder_text_input": "encoder-decoder models are not built",
+    "embedding_bias_words": "no logits bias (needs a vocabulary-sized tensor per request)",
+    "embedding_bias_weights": "no logits bias",
+    "guided_decoding_guide": "no guided decoding (the backend runs with guided_decoding_backend empty)",
+    "guided_decoding_guide_type": "no guided decoding",
+    "lora_task_id": "no LoRA adapters are built or cached",
+    "lora_weights": "no LoRA adapters",
+    "lora_config": "no LoRA adapters",
+    "num_return_sequences": "one sequence per request (beam_width for beams)",
+    "prompt_embedding_table": "no prompt tuning or multimodal embeddings",
+    "prompt_table_extra_id": "no prompt tuning",
+    "prompt_vocab_size": "no prompt tuning",
+    "return_context_logits": "logits are not returned (engines are built without gather_*_logits)",
+    "return_generation_logits": "logits are not returned",
+    "return_kv_cache_reuse_stats": "per-request statistics are not returned (Triton's /metrics has the totals)",
+    "return_perf_metrics": "per-request statistics are not returned",
+    "return_num_input_tokens": "per-request statistics are not returned",
+    "return_num_output_tokens": "per-request statistics are not returned",
+}

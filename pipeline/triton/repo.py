@@ -8,6 +8,7 @@ the target's (`Target.triton_llm_model`). Configs are protobuf messages serializ
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,19 @@ from pipeline.triton.validate import validate_repo
 SHARED_MODEL_FILES = tuple(MODELS_DIR / name for name in ("preprocessing.py", "postprocessing.py", "bls.py"))
 
 
-def ensemble(cfg: BuildConfig, max_batch_size: int) -> mc.ModelConfig:
+# LLM inputs a release's template calls by another name: TensorRT-LLM's release/1.2 templates name them min_tokens and
+# seed (both fill SamplingConfig minLength / randomSeed, tensorrtllm_backend docs/model_config.md @ 854b349).
+# Clients keep the v0.19 names on every release, so one client works against every deployment.
+LLM_INPUT_ALIASES = {"min_length": "min_tokens", "random_seed": "seed"}
+
+
+def llm_input_names(llm: mc.ModelConfig) -> dict[str, str]:
+    """Our name -> the LLM model's, for the inputs it declares under an alias."""
+    declared = {tensor.name for tensor in llm.input}
+    return {ours: theirs for ours, theirs in LLM_INPUT_ALIASES.items() if ours not in declared and theirs in declared}
+
+
+def ensemble(cfg: BuildConfig, max_batch_size: int, llm_names: dict[str, str]) -> mc.ModelConfig:
     t = cfg.triton
     names = {"preprocessing": t.preprocessing_name, "llm": t.llm_model_name, "postprocessing": t.postprocessing_name}
     config = model_config(
@@ -36,14 +49,18 @@ def ensemble(cfg: BuildConfig, max_batch_size: int) -> mc.ModelConfig:
         outputs=interface.CLIENT_OUTPUTS,
     )
     for role, input_map, output_map in interface.ENSEMBLE_STEPS:
+        if role == "llm":
+            input_map = {llm_names.get(name, name): tensor for name, tensor in input_map.items()}
         config.ensemble_scheduling.step.add(
             model_name=names[role], model_version=-1, input_map=input_map, output_map=output_map
         )
     return config
 
 
-def shared_models(cfg: BuildConfig, engine_dir: Path, max_batch_size: int) -> list[ModelSpec]:
-    """Everything but the LLM model: the same for both targets."""
+def shared_models(
+    cfg: BuildConfig, engine_dir: Path, max_batch_size: int, llm_names: dict[str, str]
+) -> list[ModelSpec]:
+    """Everything but the LLM model: the same for both targets, calling the LLM's inputs by its names."""
     t, r = cfg.triton, cfg.runtime
     common = dict(
         max_batch_size=max_batch_size, queue_delay_us=r.max_queue_delay_microseconds, max_queue_size=t.max_queue_size
@@ -82,13 +99,14 @@ def shared_models(cfg: BuildConfig, engine_dir: Path, max_batch_size: int) -> li
                     "preprocessing_model_name": t.preprocessing_name,
                     "postprocessing_model_name": t.postprocessing_name,
                     "accumulate_tokens": True,
+                    "llm_input_names": json.dumps(llm_names),
                 },
                 instances=t.bls_instance_count,
                 **common,
             ),
             {"model.py": MODELS_DIR / "bls.py"},
         ),
-        ModelSpec(ensemble(cfg, max_batch_size)),
+        ModelSpec(ensemble(cfg, max_batch_size, llm_names)),
     ]
 
 
@@ -118,7 +136,7 @@ def build_repo(
         engine: the engine's `config.json`, whose limits the repository takes.
     """
     max_batch_size = engine["build_config"]["max_batch_size"]  # the engine's own limit, not a re-typed number
-    specs = [llm_model, *shared_models(cfg, engine_dir, max_batch_size)]
+    specs = [llm_model, *shared_models(cfg, engine_dir, max_batch_size, llm_input_names(llm_model.config))]
     write_repo(specs, out_dir)
     report = validate_repo(out_dir, cfg.target.trtllm_version)  # checked for tensorrtllm models only
     if report.problems:

@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from pipeline.config import load_config
 from pipeline.errors import BuildStepError
 from pipeline.stages import triton_repo
+from pipeline.targets.trtllm import SUPPORTED_VERSIONS, backend_facts, required_parameters, template
 from pipeline.triton.validate import validate_repo
 from tests.conftest import run_cli, write_config
 
@@ -116,8 +117,9 @@ def trtllm_engine_record(path: Path, tiny_llama: Path, version: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("version", "inputs"), [("0.18", 53), ("0.19", 60)])
-def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_llama, version, inputs):
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_llama, version):
+    """Every release: the template's tensors, and every parameter its backend reads without a fallback."""
     config = write_config(
         tmp_path / "gpu.yaml",
         f"""
@@ -135,15 +137,51 @@ def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_l
     assert "${" not in llm_text
     llm = read_config(tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt")
     assert llm.backend == "tensorrtllm" and llm.max_batch_size == 16 and llm.model_transaction_policy.decoupled
-    assert len(llm.input) == inputs
+    assert [t.name for t in llm.input] == [row["name"] for row in template(version)["inputs"]]
     params = {k: v.string_value for k, v in llm.parameters.items()}
+    assert set(required_parameters(version)) <= set(params)
+    if version != "0.18":  # guided decoding came with 0.19
+        assert params["guided_decoding_backend"] == params["xgrammar_tokenizer_info_path"] == ""  # "off"
     assert params["gpt_model_type"] == "inflight_fused_batching" and params["gpt_model_path"] == str(engine.resolve())
     assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
     assert params["cuda_graph_mode"] == "true" and params["cuda_graph_cache_size"] == "4"
     assert (
         params["batch_scheduler_policy"] == "guaranteed_no_evict" and params["max_tokens_in_paged_kv_cache"] == "65536"
     )
-    assert ("tokenizer_dir" in params) == (version == "0.19")  # the key appeared in 0.19's template
+    assert ("tokenizer_dir" in params) == (version != "0.18")  # the key appeared in 0.19's template
+    bls = read_config(tmp_path / "repo" / "tensorrt_llm_bls" / "config.pbtxt")
+    renamed = json.loads(bls.parameters["llm_input_names"].string_value)
+    assert set(renamed.values()) <= {t.name for t in llm.input}  # the BLS calls the LLM's inputs by its names
+
+
+def test_validate_repo_names_a_required_parameter_the_backend_would_fail_to_load_without(tmp_path, tiny_llama):
+    """tensorrtllm_backend v0.19.0 reads guided_decoding_backend with no fallback: a config without it fails to load."""
+    cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
+    triton_repo.write(
+        cfg, trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0"), tmp_path / "repo", log=print
+    )
+    llm = tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt"
+    config = read_config(llm)
+    del config.parameters["guided_decoding_backend"]
+    config.parameters["gpt_model_type"].string_value = ""
+    llm.write_text(text_format.MessageToString(config))
+    problems = validate_repo(tmp_path / "repo", "0.19").problems
+    assert any("parameter 'guided_decoding_backend' is missing" in p and "fails to load" in p for p in problems)
+    assert not validate_repo(tmp_path / "repo").problems  # only a targeted release knows what its backend requires
+
+
+def test_our_client_interface_is_each_releases_ensemble_minus_named_features():
+    """Clients send the ensemble/BLS tensors of tensorrtllm_backend v0.19 on every release; every other input of
+    a release's ensemble is a feature this pipeline does not wire, named with its reason (a new one fails here)."""
+    from pipeline.triton import interface
+    from pipeline.triton.repo import LLM_INPUT_ALIASES
+
+    ours = {name for name, *_ in interface.CLIENT_INPUTS}
+    for version in SUPPORTED_VERSIONS:
+        upstream = {row["name"] for row in backend_facts(version)["models"]["ensemble"]["inputs"]}
+        renamed = {LLM_INPUT_ALIASES.get(name, name) for name in ours}
+        assert ours <= upstream or renamed <= upstream, version
+        assert upstream - ours - renamed == set(interface.UNWIRED_CLIENT_INPUTS) & upstream, version
 
 
 def test_validate_repo_rejects_an_engine_built_by_another_tensorrt_llm_release(tmp_path, tiny_llama):

@@ -69,6 +69,9 @@ class TritonPythonModel:
         self.llm = params.get("tensorrt_llm_model_name", "tensorrt_llm")
         self.preprocessing = params.get("preprocessing_model_name", "preprocessing")
         self.postprocessing = params.get("postprocessing_model_name", "postprocessing")
+        # inputs the LLM model declares under another name (TensorRT-LLM 1.2's min_tokens and seed)
+        renamed = json.loads(params.get("llm_input_names") or "{}")
+        self.to_llm = {client: renamed.get(name, name) for client, name in TO_LLM.items()}
 
     def execute(self, requests):
         for request in requests:  # one thread per request: a long generation must not hold up the others
@@ -101,7 +104,7 @@ class TritonPythonModel:
         if pre.has_error():
             raise RuntimeError(pre.error().message())
         llm_inputs = [pb_utils.Tensor(FROM_PREPROCESSING[t.name()], t.as_numpy()) for t in pre.output_tensors()]
-        llm_inputs += [pb_utils.Tensor(TO_LLM[name], value) for name, value in inputs.items() if name in TO_LLM]
+        llm_inputs += [pb_utils.Tensor(self.to_llm[name], value) for name, value in inputs.items() if name in TO_LLM]
         llm_inputs.append(pb_utils.Tensor("streaming", np.array([[stream]], dtype=bool)))
         request_id = f"bls-{uuid.uuid4().hex}"
         responses = pb_utils.InferenceRequest(
