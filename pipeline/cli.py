@@ -525,7 +525,7 @@ def validate_repo(
     Example: trtllm-pipeline validate-repo triton_model_repo --trtllm-version 0.19
     """
     if trtllm_version is not None:
-        from pipeline.targets.trtllm import SUPPORTED_VERSIONS
+        from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS
 
         if trtllm_version not in SUPPORTED_VERSIONS:
             raise typer.BadParameter(f"'{trtllm_version}' is not one of {', '.join(SUPPORTED_VERSIONS)}")

@@ -18,11 +18,13 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError, PipelineError
 from pipeline.targets import COMMON_FIELDS, register_target
+from pipeline.triton.tensorrtllm_backend import (
+    SUPPORTED_VERSIONS,
+    TEMPLATES,
+    required_parameters,
+    template,
+)
 
-# TensorRT-LLM releases whose checkpoint format, trtllm-build flags and Triton templates we target.
-SUPPORTED_VERSIONS = ("0.18", "0.19", "0.20", "0.21", "1.0", "1.1", "1.2")
-
-TEMPLATES = Path(__file__).parent.parent / "triton" / "tensorrt_llm_templates.json"
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 # Parameters naming a feature this pipeline does not build, which the backend reads without a fallback: an empty
 # value is its "off" (model_instance_state.cc getGuidedDecodingConfigFromParams: no guided decoding when the
@@ -42,28 +44,6 @@ TRITON_CONTAINERS = {
     "1.1": "26.02",
     "1.2": "26.07",
 }
-
-
-def backend_facts(version: str) -> dict:
-    """The tabulated facts of one release: source, models (templates), required/optional parameters."""
-    table = json.loads(TEMPLATES.read_text())
-    if version not in table:
-        raise BuildStepError(
-            f"no tensorrt_llm template tabulated for TensorRT-LLM {version} (have: {', '.join(table)}); "
-            "tabulate it with scripts/dev/tabulate_trtllm_backend.py or target one of those"
-        )
-    return table[version]
-
-
-def template(version: str) -> dict:
-    """The `tensorrt_llm` model's template spec (inputs, outputs, parameter keys) of a release."""
-    return backend_facts(version)["models"]["tensorrt_llm"]
-
-
-def required_parameters(version: str) -> dict[str, str]:
-    """Parameters the C++ backend of a release reads outside any try block (name -> C++ type of the read):
-    a tensorrt_llm config lacking one of them fails to load ("Cannot find parameter with name")."""
-    return dict(backend_facts(version)["required_parameters"])
 
 
 def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object]:

@@ -16,6 +16,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.paths import inside, model_name_problem
+from pipeline.triton.tensorrtllm_backend import required_parameters
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 
@@ -127,8 +128,6 @@ _CPP_VALUE = {
 def check_required_parameters(config: model_config_pb2.ModelConfig, version: str, report: RepoReport, where: str):
     """Every parameter the release's tensorrtllm backend reads without a fallback is present and converts to
     the type it is read as; otherwise the model fails to load on the GPU ("Cannot find parameter with name")."""
-    from pipeline.targets.trtllm import required_parameters
-
     for name, cpp_type in required_parameters(version).items():
         value = _parameter(config, name)
         if value is None:
