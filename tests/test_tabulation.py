@@ -1,5 +1,6 @@
 """scripts/dev/tabulate_trtllm_backend.py on stored snapshots of its upstream inputs (tests/fixtures/upstream:
-verbatim tensorrtllm_backend v0.19.0 files and excerpts), and the committed table it wrote."""
+verbatim tensorrtllm_backend v0.19.0 files and excerpts, docs/model_config.md excerpts, an excerpt of the stored
+NVIDIA/TensorRT-LLM tensorrt_llm template), and the committed table it wrote."""
 
 import importlib.util
 import json
@@ -15,6 +16,7 @@ pytest.importorskip("tree_sitter_cpp")
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
 TABLE = ROOT / "pipeline" / "triton" / "tensorrt_llm_templates.json"
+BACKEND_MIRROR = Path("/work/.mirror/triton-inference-server+tensorrtllm_backend/repo")  # optional, see below
 
 spec = importlib.util.spec_from_file_location(
     "tabulate_trtllm_backend", ROOT / "scripts/dev/tabulate_trtllm_backend.py"
@@ -83,7 +85,11 @@ def test_committed_table_layout_and_v019_required_parameters():
             "required_parameters",
             "optional_parameters",
             "variable_parameter_reads",
+            "renamed_from_docs",
+            "docs_disagreements",
         }
+        assert facts["source"]["docs"]["path"] == "docs/model_config.md", release
+        assert re.fullmatch(r"[0-9a-f]{40}", facts["source"]["docs"]["commit"]), release
         assert set(facts["models"]) == set(tab.MODELS)
         assert all(re.fullmatch(r"[0-9a-f]{40}", f["commit"]) for f in facts["source"]["files"]), release
         assert not tab.consistency_problems(facts["models"]), release
@@ -112,3 +118,96 @@ def test_trtllm_target_reads_the_table():
             "${prompt_embedding_table_data_type}",
         }
     assert trtllm.required_parameters("0.19")["guided_decoding_backend"] == "std::string"
+
+
+def test_docs_tables_are_read_by_heading():
+    docs = tab.documented_inputs((UPSTREAM / "tensorrtllm_backend-v0.20.0-model_config.md").read_text())
+    common = ["end_id", "pad_id", "temperature", "repetition_penalty", "min_length"]
+    common += ["presence_penalty", "frequency_penalty", "random_seed"]
+    assert list(docs["tensorrt_llm_bls"]) == common
+    assert list(docs["tensorrt_llm"]) == [*common, "early_stopping", "beam_search_diversity_rate"]
+    row = docs["tensorrt_llm"]["random_seed"]
+    assert (row.dims, row.data_type, row.description) == ([1], "TYPE_UINT64", "Sampling Config param: `randomSeed`")
+    assert docs["tensorrt_llm"]["min_length"].data_type == "TYPE_INT32"  # spelled `int32_t`
+
+
+def test_stored_template_is_reconciled_with_the_v020_docs():
+    # the stored template says min_tokens/seed; v0.20.0's docs list min_length/random_seed instead. The stored
+    # names are described by the release/1.2 docs ("Sampling Config param: `minTokens`" / "`seed`"): not the same
+    # text, but the same dims and type and a related Sampling Config param -- and only one candidate each
+    template = tab.tabulate((UPSTREAM / "TensorRT-LLM-2a9abd95-tensorrt_llm-config-excerpt.pbtxt").read_text())
+    docs = tab.documented_inputs((UPSTREAM / "tensorrtllm_backend-v0.20.0-model_config.md").read_text())
+    later = tab.documented_inputs((UPSTREAM / "tensorrtllm_backend-release1.2-model_config.md").read_text())
+    described = {name: row.description for name, row in later["tensorrt_llm"].items()}
+    models = {"tensorrt_llm": template}
+    renamed, disagreements = tab.reconcile(models, docs, described)
+    assert renamed == {"tensorrt_llm": {"min_tokens": "min_length", "seed": "random_seed"}}
+    assert disagreements == {
+        "tensorrt_llm": {
+            "documented_not_in_template": ["end_id", "pad_id", "temperature"],
+            "template_not_documented": [],
+        }
+    }
+    tab.apply_renames(models, renamed)
+    assert [t["name"] for t in template["inputs"]][1:3] == ["repetition_penalty", "min_length"]
+    # without a description of the stored name there is no evidence: nothing is renamed
+    assert (
+        tab.reconcile(
+            {
+                "tensorrt_llm": tab.tabulate(
+                    (UPSTREAM / "TensorRT-LLM-2a9abd95-tensorrt_llm-config-excerpt.pbtxt").read_text()
+                )
+            },
+            docs,
+            {},
+        )[0]
+        == {}
+    )
+
+
+def test_renames_follow_into_the_ensemble_steps():
+    models = {
+        "tensorrt_llm": {"inputs": [{"name": "seed"}], "outputs": [], "parameters": []},
+        "ensemble": {
+            "inputs": [{"name": "seed"}],
+            "outputs": [],
+            "parameters": [],
+            "steps": [{"model_name": "tensorrt_llm", "input_map": {"seed": "seed"}, "output_map": {}}],
+        },
+    }
+    tab.apply_renames(models, {"tensorrt_llm": {"seed": "random_seed"}, "ensemble": {"seed": "random_seed"}})
+    assert models["ensemble"]["steps"][0]["input_map"] == {"random_seed": "random_seed"}
+    assert not tab.consistency_problems(models)
+
+
+def test_committed_tensor_names_follow_the_release_docs():
+    table = json.loads(TABLE.read_text())
+    for release, (min_tokens, seed) in {
+        "0.19": ("min_length", "random_seed"),
+        "0.20": ("min_length", "random_seed"),
+        "1.0": ("min_length", "random_seed"),
+        "1.1": ("min_length", "random_seed"),
+        "1.2": ("min_tokens", "seed"),
+    }.items():
+        for model in tab.RECONCILED:
+            names = {t["name"] for t in table[release]["models"][model]["inputs"]}
+            assert {min_tokens, seed} <= names, (release, model)
+            assert not {"min_tokens", "seed", "min_length", "random_seed"} - {min_tokens, seed} & names
+    assert table["1.0"]["source"]["docs"]["commit"] == "efb8a497eac3e16acf6f3ad250565465c80e6f0a"  # tag v1.0.0
+    assert table["1.0"]["renamed_from_docs"]["tensorrt_llm"] == {"min_tokens": "min_length", "seed": "random_seed"}
+    assert table["1.2"]["renamed_from_docs"] == {} == table["0.19"]["renamed_from_docs"]
+    steps = {s["model_name"]: s for s in table["1.0"]["models"]["ensemble"]["steps"]}
+    assert steps["tensorrt_llm"]["input_map"]["min_length"] == "min_length"
+
+
+@pytest.mark.skipif(not BACKEND_MIRROR.is_dir(), reason="needs a tensorrtllm_backend git mirror")
+def test_v019_exact_templates_need_no_rename_against_their_docs():
+    # soundness check: 0.19's templates were read at the release tag; its docs must not rename any of them
+    table = json.loads(TABLE.read_text())
+    commits = tab.docs_commits(BACKEND_MIRROR)
+    described, _ = tab.descriptions(BACKEND_MIRROR, commits)
+    for release in ("0.18", "0.19"):
+        docs = tab.documented_inputs(tab.git_show(BACKEND_MIRROR, commits[release], tab.DOC_PATH))
+        renamed, disagreements = tab.reconcile(table[release]["models"], docs, described)
+        assert renamed == {}, release
+        assert disagreements == table[release]["docs_disagreements"], release

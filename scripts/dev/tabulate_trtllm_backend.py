@@ -35,6 +35,26 @@ Sources:
   (checked by `consistency_problems`: every ensemble step maps only tensors its model declares). The release's
   own commit (from the submodule pointer) is recorded for reference. See `STORED_NOTE`.
 
+Tensor names reconciled with the release's docs (every release; renames applied only for >= 0.20):
+- `docs/model_config.md` of tensorrtllm_backend at the release's commit (the tag, or the commit the submodule
+  pointer was read at; `source.docs`) lists, under "Model Input and Output", the input tensors of the
+  `tensorrt_llm` and `tensorrt_llm_bls` models in markdown tables (Name | Shape | Type | Description): "Common
+  Inputs" (with the LoRA table below it) for both, "Unique Inputs for tensorrt_llm model", "Unique Inputs for
+  tensorrt_llm_bls model". No table lists the ensemble's inputs; the ensemble is compared with the
+  `tensorrt_llm_bls` lists (both are the client-facing interface: text_input, max_tokens, top_k, ...).
+- For each input of the `tensorrt_llm`, `ensemble`, `tensorrt_llm_bls` templates that the release's docs do not
+  list, the documented inputs the template lacks are candidates. A template input has no description of its
+  own; it is given the description of the newest docs (of all releases, `descriptions`) that list its name.
+  It is renamed to the candidate whose description is the same text, when exactly one is; failing that, to the
+  candidate with the same dims and data type whose description is "Sampling Config param: `X`" with X sharing
+  a camelCase word with the template input's own "Sampling Config param" (`minTokens` ~ `minLength`, `seed` ~
+  `randomSeed`), when exactly one is. Renames are applied to the inputs and to the ensemble steps' input_map
+  (keys for a renamed model input, values for a renamed ensemble tensor), recorded in `renamed_from_docs`
+  {model: {template name: docs name}}; `docs_disagreements` lists, per model, the documented inputs still
+  absent from the template (`documented_not_in_template`) and the template inputs still absent from the docs
+  (`template_not_documented`). For 0.18/0.19 (templates read at the release tag, exact) the comparison is only
+  a check: nothing is renamed, and a rename it would make is printed.
+
 Usage:
     python scripts/dev/tabulate_trtllm_backend.py --git <tensorrtllm_backend clone or bare mirror> \\
         --cache <NVIDIA/TensorRT-LLM files by commit> --out pipeline/triton/tensorrt_llm_templates.json [RELEASE...]
@@ -92,11 +112,13 @@ STORED_NOTE = (
     "is the UNION over every stored backend version read (model_instance_state.cc at 0c8de69a and c8c6df08, "
     "verbatim excerpts chars 0-32000 holding every GetParameter call; model_state.cc at 5cdd6921) -- a superset "
     "is safe, the backend ignores parameters it does not read. The models are the stored templates listed in "
-    "files (one consistent set: every ensemble step maps only tensors its model declares). They use min_tokens "
-    "and seed, where tensorrtllm_backend v0.19.0 had min_length and random_seed; tensorrtllm_backend's "
-    "docs/model_config.md still lists min_length/random_seed at v0.20.0, v0.21.0, v1.0.0 and the v1.1.0 "
-    "release commit, and min_tokens/seed from the release/1.2 submodule update on, so the renamed tensor names "
-    "may be right for 1.2 only: check the tensor names against the release before serving 0.20-1.1. utils.cc "
+    "files (one consistent set: every ensemble step maps only tensors its model declares). Their input tensor "
+    "names (tensorrt_llm, ensemble, tensorrt_llm_bls) were reconciled with the release's own docs: "
+    "tensorrtllm_backend docs/model_config.md at the release's backend commit (source.docs), the only per-release "
+    "evidence of tensor names read; renamed_from_docs lists the stored names renamed to the documented ones "
+    "(the stored templates use min_tokens and seed, which the docs list only from the release/1.2 submodule "
+    "update on; before, min_length and random_seed, as in tensorrtllm_backend v0.19.0), docs_disagreements "
+    "what still differs; the ensemble steps follow the renames. utils.cc "
     "(stored version 19290813, first 16000 chars read) reads no model parameters; v0.18.2/v0.19.0 utils.cc has "
     "no GetParameter call."
 )
@@ -314,20 +336,27 @@ def git_commit(git_dir: Path, rev: str) -> str:
     ).stdout.strip()
 
 
+def backend_commit(git_dir: Path, release: str) -> str:
+    """The tensorrtllm_backend commit of a release >= 0.20: its tag, or the oldest commit with that subject."""
+    kind, value = RELEASE_POINTERS[release]
+    if kind == "tag":
+        return git_commit(git_dir, value)
+    log = subprocess.run(
+        ["git", "-C", str(git_dir), "log", "--all", "--format=%H %s", f"--grep={value}", "--fixed-strings"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    return log[-1].split()[0]
+
+
 def release_pointer(git_dir: Path, release: str) -> dict:
     """The NVIDIA/TensorRT-LLM commit tensorrtllm_backend's submodule points to for a release >= 0.20."""
     kind, value = RELEASE_POINTERS[release]
+    commit = backend_commit(git_dir, release)
     if kind == "tag":
-        commit = git_commit(git_dir, value)
         how = f"tensorrtllm_backend tag {value} ({commit})"
     else:
-        log = subprocess.run(
-            ["git", "-C", str(git_dir), "log", "--all", "--format=%H %s", f"--grep={value}", "--fixed-strings"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.splitlines()
-        commit = log[-1].split()[0]  # the oldest commit with that subject
         how = f"tensorrtllm_backend commit {commit} '{value}...'"
     tree = subprocess.run(
         ["git", "-C", str(git_dir), "ls-tree", commit, "tensorrt_llm"], capture_output=True, text=True, check=True
@@ -407,6 +436,190 @@ def stored_entry(cache: Path, git_dir: Path, release: str) -> dict:
     return entry(files, cpp, source)
 
 
+# ---------------------------------------------------------------- docs/model_config.md (documented inputs)
+
+DOC_PATH = "docs/model_config.md"
+RECONCILED = ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")
+# which docs lists describe a template's inputs: the docs have none for the ensemble (see the module docstring)
+DOC_MODEL = {"tensorrt_llm": "tensorrt_llm", "ensemble": "tensorrt_llm_bls", "tensorrt_llm_bls": "tensorrt_llm_bls"}
+DOC_TYPES = {
+    "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64",
+    "uint64": "TYPE_UINT64",
+    "float": "TYPE_FP32",
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "bool": "TYPE_BOOL",
+    "string": "TYPE_STRING",
+}
+SAMPLING = re.compile(r"^Sampling Config param: `(\w+)`$")
+
+
+@dataclass
+class DocInput:
+    name: str
+    dims: list | str  # [1], [-1], [2, -1]; a symbolic shape is kept as written
+    data_type: str | None  # TYPE_*; None for "(model data type)" or an unknown spelling
+    description: str
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _doc_type(text: str) -> str | None:
+    if "model data type" in text:
+        return None
+    word = text.strip().strip("`").split("`")[0].strip()
+    word = re.sub(r"^(u?int\d+)_?t$", r"\1", word)  # int32_t, int32t, uint64_t
+    return DOC_TYPES.get(word)
+
+
+def _doc_dims(text: str) -> list | str:
+    inner = text.strip().removeprefix("[").removesuffix("]")
+    try:
+        return [int(d) for d in inner.split(",")]
+    except ValueError:
+        return text.strip()
+
+
+def documented_inputs(text: str) -> dict[str, dict[str, DocInput]]:
+    """{"tensorrt_llm": {name: DocInput}, "tensorrt_llm_bls": {...}}: the input tables of model_config.md,
+    by the heading above them ("Common Inputs": both models; "Unique Inputs for <model> model": that one)."""
+    found: dict[str, dict[str, DocInput]] = {"tensorrt_llm": {}, "tensorrt_llm_bls": {}}
+    heading, header = "", None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            heading, header = line.lstrip("#").strip(), None
+            continue
+        if not line.lstrip().startswith("|"):
+            header = None
+            continue
+        cells = _cells(line)
+        if header is None:
+            header = [c.lower() for c in cells]
+            continue
+        if set("".join(cells)) <= set(":- "):  # the alignment row
+            continue
+        if header != ["name", "shape", "type", "description"] or "Inputs" not in heading:
+            continue
+        if heading == "Common Inputs":
+            models = list(found)
+        else:
+            match = re.fullmatch(r"Unique Inputs for (\w+) model", heading)
+            if match is None or match[1] not in found:
+                raise ValueError(f"{DOC_PATH}: input table under an unknown heading {heading!r}")
+            models = [match[1]]
+        row = DocInput(cells[0].strip("`"), _doc_dims(cells[1]), _doc_type(cells[2]), cells[3])
+        for model in models:
+            found[model][row.name] = row
+    return found
+
+
+def _words(camel: str) -> set[str]:
+    return {w.lower() for w in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", camel)}
+
+
+def reconcile(models: dict, docs: dict[str, dict[str, DocInput]], described: dict[str, str]) -> tuple[dict, dict]:
+    """(renamed {model: {template name: docs name}}, disagreements {model: {...}}) of the templates `models`
+    against the documented inputs `docs` (from `documented_inputs`); `described`: name -> the description
+    some docs read give it, for the template inputs these docs do not list. Does not change `models`."""
+    renamed, disagreements = {}, {}
+    for model in RECONCILED:
+        if model not in models:
+            continue
+        documented = docs[DOC_MODEL[model]]
+        inputs = {t["name"]: t for t in models[model]["inputs"]}
+        missing = [n for n in documented if n not in inputs]
+        renames = {}
+        for name, tensor in inputs.items():
+            if name in documented:
+                continue
+            description = described.get(name)
+            same_text = [m for m in missing if description is not None and documented[m].description == description]
+            own = SAMPLING.match(description or "")
+            related = [
+                m
+                for m in missing
+                if own is not None
+                and documented[m].dims == tensor["dims"]
+                and documented[m].data_type == tensor["data_type"]
+                and (theirs := SAMPLING.match(documented[m].description)) is not None
+                and _words(own[1]) & _words(theirs[1])
+            ]
+            for candidates in (same_text, related):
+                if len(candidates) == 1:
+                    renames[name] = candidates[0]
+                    missing.remove(candidates[0])
+                    break
+        if renames:
+            renamed[model] = renames
+        after = [renames.get(n, n) for n in inputs]
+        disagreements[model] = {
+            "documented_not_in_template": missing,
+            "template_not_documented": [n for n in after if n not in documented],
+        }
+    return renamed, disagreements
+
+
+def apply_renames(models: dict, renamed: dict) -> None:
+    """Rename the template inputs in place, and the ensemble steps' input_map entries that name them."""
+    for model, renames in renamed.items():
+        for tensor in models[model]["inputs"]:
+            tensor["name"] = renames.get(tensor["name"], tensor["name"])
+    ensemble = models.get("ensemble")
+    if ensemble is None:
+        return
+    own = renamed.get("ensemble", {})
+    for step in ensemble["steps"]:
+        keys = renamed.get(step["model_name"], {})
+        step["input_map"] = dict(sorted((keys.get(k, k), own.get(v, v)) for k, v in step["input_map"].items()))
+        step["output_map"] = dict(sorted((k, own.get(v, v)) for k, v in step["output_map"].items()))
+
+
+def docs_commits(git_dir: Path) -> dict[str, str]:
+    """release -> the tensorrtllm_backend commit whose docs/model_config.md describes it."""
+    commits = {release: git_commit(git_dir, tag) for release, tag in TAGS.items()}
+    return commits | {release: backend_commit(git_dir, release) for release in RELEASE_POINTERS}
+
+
+def descriptions(git_dir: Path, commits: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(name -> description, name -> commit): every documented input's description in the newest docs (of
+    `commits`, in release order) that list it."""
+    described, where = {}, {}
+    for commit in reversed(list(commits.values())):
+        for rows in documented_inputs(git_show(git_dir, commit, DOC_PATH)).values():
+            for name, row in rows.items():
+                if name not in described:
+                    described[name], where[name] = row.description, commit
+    return described, where
+
+
+def with_docs(facts: dict, git_dir: Path, release: str, apply: bool) -> dict:
+    """The entry `facts` with its tensor names reconciled with the release's docs (see the module docstring)."""
+    commits = docs_commits(git_dir)
+    described, where = descriptions(git_dir, commits)
+    docs = documented_inputs(git_show(git_dir, commits[release], DOC_PATH))
+    renamed, disagreements = reconcile(facts["models"], docs, described)
+    used = sorted({name for renames in renamed.values() for name in renames})
+    facts["source"]["docs"] = {
+        "repo": BACKEND_REPO,
+        "path": DOC_PATH,
+        "commit": commits[release],
+        **({"template_names_described_by": {name: where[name] for name in used}} if used else {}),
+    }
+    if not apply:
+        for model, renames in renamed.items():
+            print(f"  check: the docs would rename {model} {renames} (not applied)", file=sys.stderr)
+        renamed = {}
+    apply_renames(facts["models"], renamed)
+    for problem in consistency_problems(facts["models"]):
+        print(f"  inconsistent templates after renames: {problem}", file=sys.stderr)
+    for model, renames in renamed.items():
+        print(f"  renamed from docs: {model} {renames}")
+    return facts | {"renamed_from_docs": renamed, "docs_disagreements": disagreements}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--git", type=Path, required=True, help="a clone or bare mirror of tensorrtllm_backend")
@@ -418,11 +631,11 @@ def main(argv=None) -> None:
     for release in args.releases or [*TAGS, *RELEASE_POINTERS]:
         print(f"{release}:")
         if release in TAGS:
-            table[release] = tagged_entry(args.git, release)
+            table[release] = with_docs(tagged_entry(args.git, release), args.git, release, apply=False)
         else:
             if args.cache is None:
                 parser.error(f"{release} needs --cache")
-            table[release] = stored_entry(args.cache, args.git, release)
+            table[release] = with_docs(stored_entry(args.cache, args.git, release), args.git, release, apply=True)
     order = [*TAGS, *RELEASE_POINTERS]
     table = dict(sorted(table.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     args.out.write_text(json.dumps(table, indent=1) + "\n")
