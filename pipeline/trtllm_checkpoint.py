@@ -31,18 +31,14 @@ EXPECTED_ALGO = {
     ("int4", "w4a8_awq"): "W4A8_AWQ",
 }
 F32 = "F32"
-# QuantConfig's fields (modeling_utils.py): any other key inside `quantization` makes TensorRT-LLM's loader raise
-QUANT_CONFIG_KEYS = {
-    "quant_algo",
-    "kv_cache_quant_algo",
-    "group_size",
-    "smoothquant_val",
-    "clamp_val",
-    "use_meta_recipe",
-    "has_zero_point",
-    "pre_quant_scale",
-    "exclude_modules",
-}
+# Facts tabulated from TensorRT-LLM's source by scripts/dev/tabulate_trtllm_checkpoint.py, with the commits read.
+RULES = json.loads((Path(__file__).parent / "trtllm_checkpoint_rules.json").read_text())
+# QuantConfig.from_dict is cls(**config): a key inside `quantization` that is not a field of the dataclass in
+# every version read makes TensorRT-LLM's loader raise.
+QUANT_CONFIG_KEYS = set(RULES["quant_config"]["accepted_in_every_version"])
+# Mapping.from_dict is cls(**mapping): `mapping` may hold only parameters of Mapping.__init__ in every version read
+# (ModelOpt inside NVIDIA's container writes the richer Mapping.to_dict(), e.g. cp_size, moe_tp_size, attn_tp_size).
+MAPPING_KEYS = set(RULES["mapping"]["accepted_in_every_version"])
 
 
 @dataclass(frozen=True)
@@ -161,7 +157,6 @@ def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
         "rotary_base": hf.get("rope_theta", 10000.0),
         "rotary_scaling": hf.get("rope_scaling"),
         "position_embedding_type": "rope_gpt_neox",
-        "mapping": {"world_size": p.tp_size * p.pp_size, "tp_size": p.tp_size, "pp_size": p.pp_size},
     }
     problems = [
         f"config.json: {key} is {ckpt.get(key)!r}, the model's value is {value!r}"
@@ -172,6 +167,7 @@ def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
             and ckpt.get(key) == padded_vocab(value, p.tp_size, ckpt.get("quantization", {}).get("quant_algo"))
         )
     ]
+    problems += mapping_problems(ckpt.get("mapping"), p.tp_size, p.pp_size)
     quant = ckpt.get("quantization", {})
     unknown = sorted(set(quant) - QUANT_CONFIG_KEYS)
     if unknown:
@@ -197,6 +193,26 @@ def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
     if algo in ("W4A16_AWQ", "W4A8_AWQ") and quant.get("group_size") != q.group_size:
         problems.append(
             f"config.json: quantization.group_size is {quant.get('group_size')}, the config asks {q.group_size}"
+        )
+    return problems
+
+
+def mapping_problems(mapping, tp: int, pp: int) -> list[str]:
+    """`mapping` against the parallel config: world/tp/pp sizes must match, no context parallelism (the pipeline
+    builds none, and Mapping requires world_size == tp_size * pp_size * cp_size), and no key that some
+    version's Mapping.__init__ lacks."""
+    want = {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}
+    if not isinstance(mapping, dict):
+        return [f"config.json: mapping is {mapping!r}, expected a dict with {want}"]
+    problems = []
+    have = {key: mapping.get(key) for key in want}
+    if have != want or mapping.get("cp_size", 1) != 1:
+        problems.append(f"config.json: mapping is {mapping}, the parallel config needs {want} (and cp_size 1)")
+    unknown = sorted(set(mapping) - MAPPING_KEYS)
+    if unknown:
+        problems.append(
+            f"config.json: mapping has keys that TensorRT-LLM's Mapping does not take in every version tabulated "
+            f"(loading fails where it lacks them): {unknown}"
         )
     return problems
 

@@ -333,7 +333,9 @@ def _switch(flag: bool) -> str:
 def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
     """The `trtllm-build` invocation for the config.
 
-    Flags of tensorrt_llm/commands/build.py and plugin.py, 0.18-0.20.
+    Every flag is one that tensorrt_llm/commands/build.py (parse_arguments) or plugin.py (add_plugin_argument)
+    defines in every version tabulated into trtllm_build_flags.json by scripts/dev/tabulate_trtllm_build.py,
+    with a value within its choices there (tests/targets/test_trtllm.py checks it).
     """
     b = cfg.build
     return [

@@ -236,36 +236,69 @@ def _edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
+BUILD_FLAGS = Path(__file__).parents[2] / "pipeline" / "targets" / "trtllm_build_flags.json"
+
+
+def build_flag_problems(command: list[str], table: dict) -> list[str]:
+    """Flags of `command` absent from some version of the file that defines them (as tabulated from
+    TensorRT-LLM's source), or given a value outside that flag's choices or type there."""
+    problems = []
+    for arg in command[1:]:
+        flag, value = arg.split("=", 1)
+        entry = table["flags"].get(flag)
+        if entry is None:
+            problems.append(f"{flag}: defined by no version of build.py or plugin.py tabulated")
+            continue
+        absent = sorted(set(table["versions_read"][entry["defined_in"]]) - set(entry["in_versions"]))
+        if absent:
+            problems.append(f"{flag}: absent from {entry['defined_in']} at {absent}")
+        if entry["choices"] is not None and value not in entry["choices"]:
+            problems.append(f"{flag}={value}: not one of {entry['choices']}")
+        if entry["type"] == "int" and not value.lstrip("-").isdigit():
+            problems.append(f"{flag}={value}: not an int")
+    return problems
+
+
+def build_variants() -> list[tuple[str, str]]:
+    """(quantization, override) for every value of every enumerated or boolean build setting."""
+    import typing
+
+    from pipeline.config import BuildSection
+
+    variants = []
+    for name, field in BuildSection.model_fields.items():
+        values = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else ()
+        values = (True, False) if field.annotation is bool else values
+        variants += [("{weights: fp8}", f"build.{name}={str(v).lower()}") for v in values]
+    return variants
+
+
 def test_trtllm_build_flags_exist_in_the_targeted_release(tmp_path, tiny_llama):
-    """Every flag we pass is defined by tensorrt_llm/commands/build.py or plugin.py (add_plugin_argument)
-    in 0.18-0.20."""
+    """Every flag we pass is defined by tensorrt_llm/commands/build.py or plugin.py (add_plugin_argument) in every
+    version of them tabulated from TensorRT-LLM's source, and every value we can pass is within its choices."""
+    from pipeline.errors import ConfigError
     from pipeline.targets.trtllm import trtllm_build_command
 
-    known = {
-        "checkpoint_dir",
-        "output_dir",
-        "max_batch_size",
-        "max_input_len",
-        "max_seq_len",
-        "max_num_tokens",
-        "max_beam_width",
-        "kv_cache_type",
-        "workers",
-        "gpt_attention_plugin",
-        "gemm_plugin",
-        "context_fmha",
-        "use_paged_context_fmha",
-        "use_fp8_context_fmha",
-        "remove_input_padding",
-        "tokens_per_block",
-        "multiple_profiles",
-    }
-    cfg = load_config(
+    # settings the config only accepts together (no attention plugin / padding means the V1 batching)
+    companions = ["build.kv_cache_type=continuous", "build.remove_input_padding=false", "runtime.batching_strategy=V1"]
+    table, problems, built = json.loads(BUILD_FLAGS.read_text()), {}, 0
+    for quantization, override in build_variants():
+        for overrides in ([override], [*companions, override]):
+            try:
+                cfg = load_config(gpu_config(tmp_path, tiny_llama, quantization), overrides)
+            except ConfigError:
+                continue  # a combination the config refuses is never emitted
+            command = trtllm_build_command(cfg, Path("/ckpt"), Path("/engine"))
+            problems |= {p: overrides for p in build_flag_problems(command, table)}
+            built += 1
+            break
+    assert not problems, problems
+    assert built == len(build_variants())  # every value of every setting was emitted at least once
+    fp8 = load_config(
         gpu_config(tmp_path, tiny_llama, "{weights: fp8, kv_cache: fp8}"), ["build.use_fp8_context_fmha=true"]
     )
-    command = trtllm_build_command(cfg, Path("/ckpt"), Path("/engine"))
-    flags = dict(arg.removeprefix("--").split("=", 1) for arg in command[1:])
-    assert set(flags) <= known and flags["use_fp8_context_fmha"] == "enable" and flags["kv_cache_type"] == "paged"
+    flags = dict(arg.split("=", 1) for arg in trtllm_build_command(fp8, Path("/c"), Path("/e"))[1:])
+    assert flags["--use_fp8_context_fmha"] == "enable" and flags["--kv_cache_type"] == "paged"
 
 
 def test_validate_rejects_what_modelopt_cannot_do_here(tmp_path, tiny_llama):
