@@ -49,14 +49,12 @@ class Linear:
     in_features: int  # per rank
 
 
-def llama_linears(hf: dict, tp: int) -> list[Linear]:
+def llama_linears(facts: ModelFacts, tp: int) -> list[Linear]:
     """The linears of one decoder layer with per-rank shapes: column-parallel layers split their
     outputs, row-parallel ones (dense, proj) their inputs; KV heads are duplicated when fewer than tp."""
-    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
-    kv_heads = hf.get("num_key_value_heads", heads)
-    head_size = ModelFacts.from_hf_config(hf).head_size
-    inter = hf["intermediate_size"]
-    kv_per_rank = max(1, kv_heads // tp)
+    hidden, heads, head_size = facts.hidden_size, facts.num_attention_heads, facts.head_size
+    inter = facts.intermediate_size
+    kv_per_rank = max(1, facts.num_key_value_heads // tp)
     return [
         Linear("attention.qkv", "self_attn.q_proj", (heads // tp + 2 * kv_per_rank) * head_size, hidden),
         Linear("attention.dense", "self_attn.o_proj", hidden, heads * head_size // tp),
@@ -64,6 +62,42 @@ def llama_linears(hf: dict, tp: int) -> list[Linear]:
         Linear("mlp.gate", "mlp.up_proj", inter // tp, hidden),  # and its gate is HF's up_proj
         Linear("mlp.proj", "mlp.down_proj", hidden, inter // tp),
     ]
+
+
+ROW_PARALLEL = ("attention.dense", "mlp.proj")
+
+
+def padding_multiple(algo: str | None, group_size: int, tp: int) -> int | None:
+    """What TensorRT-LLM's weight-only linears round in_features and out_features up to (RULES
+    weight_only_layers: WeightOnlyQuantLinear `64 * tp_size`, WeightOnlyGroupwiseQuantLinear
+    `max(128 if use_w4a8_awq else 64, group_size) * tp_size`); None for layers that do not pad."""
+    if algo == "W8A16":
+        return 64 * tp
+    if algo in ("W4A16_AWQ", "W4A8_AWQ"):
+        return max(128 if algo == "W4A8_AWQ" else 64, group_size) * tp
+    return None
+
+
+def padding_problems(facts: ModelFacts, tp: int, algo: str | None, group_size: int) -> list[str]:
+    """Linears whose sizes TensorRT-LLM pads: the checkpoint holds them unpadded (ModelOpt and its loader do not
+    pad), so the engine build's shape check fails on them."""
+    multiple = padding_multiple(algo, group_size, tp)
+    if multiple is None:
+        return []
+    problems = []
+    for linear in llama_linears(facts, tp):
+        row = linear.name in ROW_PARALLEL  # the layer's own sizes: the split dimension times tp
+        sizes = {
+            "in_features": linear.in_features * (tp if row else 1),
+            "out_features": linear.out_features * (1 if row else tp),
+        }
+        problems += [
+            f"{linear.name} ({linear.hf}) has {name} {size}, which TensorRT-LLM's {algo} linear pads to a multiple "
+            f"of {multiple} (quantization/layers.py); the checkpoint is written unpadded and would not load"
+            for name, size in sizes.items()
+            if size % multiple
+        ]
+    return problems
 
 
 def linear_tensors(prefix: str, linear: Linear, quant: dict, dtype: str) -> dict[str, tuple[str, list[int]]]:
@@ -123,7 +157,7 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
         global_index = pp_rank * (layers // pp) + local
         out[f"{base}.input_layernorm.weight"] = (dtype, [hidden])
         out[f"{base}.post_layernorm.weight"] = (dtype, [hidden])
-        for linear in llama_linears(hf, tp):
+        for linear in llama_linears(ModelFacts.from_hf_config(hf), tp):
             names = (f"{base}.{linear.name}", f"model.layers.{global_index}.{linear.hf}")
             skip = any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*{p}*") for n in names for p in excluded)
             out |= linear_tensors(f"{base}.{linear.name}", linear, {} if skip else quant, dtype)
@@ -190,6 +224,10 @@ def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
         problems.append(
             f"config.json: quantization.kv_cache_quant_algo is {kv!r}, but kv_cache {q.kv_cache} needs {expected_kv!r}"
         )
+    problems += [
+        f"config.json: {problem}"
+        for problem in padding_problems(ModelFacts.from_hf_config(hf), p.tp_size, algo, quant.get("group_size") or 0)
+    ]
     if algo in ("W4A16_AWQ", "W4A8_AWQ") and quant.get("group_size") != q.group_size:
         problems.append(
             f"config.json: quantization.group_size is {quant.get('group_size')}, the config asks {q.group_size}"

@@ -24,6 +24,7 @@ from pipeline.triton.tensorrtllm_backend import (
     required_parameters,
     template,
 )
+from pipeline.trtllm_checkpoint import EXPECTED_ALGO, padding_problems
 
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 # Parameters naming a feature this pipeline does not build, which the backend reads without a fallback: an empty
@@ -443,6 +444,7 @@ class TrtllmTarget:
             "pipeline.verify",
             "pipeline.trtllm_reference",
             "pipeline.quality",
+            Path(__file__).parent.parent / "trtllm_checkpoint_rules.json",
         ),
         "engine": ("pipeline.targets.trtllm", "pipeline.memory"),
         "triton_repo": ("pipeline.targets.trtllm", TEMPLATES),
@@ -581,6 +583,12 @@ class TrtllmTarget:
                 )
         facts = cfg.model_facts()
         p = cfg.parallel
+        if facts is not None and (q.weights, q.method) in EXPECTED_ALGO:
+            algo = EXPECTED_ALGO[(q.weights, q.method)]
+            out += [
+                (("parallel", "tp_size"), f"{problem}; use a tp_size for which it divides, or fp8 / int8 smoothquant")
+                for problem in padding_problems(facts, p.tp_size, algo, q.group_size)
+            ]
         divisible = (
             facts is not None and not facts.num_attention_heads % p.tp_size and not facts.num_hidden_layers % p.pp_size
         )
