@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="this machine has a GPU and trtllm-build"))
 
 
-def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0) -> Path:
+def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0, hidden_size: int = 64) -> Path:
     """A randomly initialised 2-layer Llama with a word-level tokenizer, saved as an HF checkpoint."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -42,7 +42,7 @@ def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(vocab),
-        hidden_size=64,
+        hidden_size=hidden_size,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
