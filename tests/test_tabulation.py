@@ -8,11 +8,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("tree_sitter")
-pytest.importorskip("tree_sitter_cpp")
-
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
 TABLE = ROOT / "pipeline" / "triton" / "tensorrt_llm_templates.json"
