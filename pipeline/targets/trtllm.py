@@ -153,7 +153,14 @@ MODELOPT_PRESETS = {
 # called by preprocess_weights) quantizes W8A16 weights only when they are not int8 already, so ModelOpt's
 # int8 + weights_scaling_factor export cannot load; TensorRT-LLM's own ModelOpt flow exports int8_wo unquantized
 # too (quantization/quantize_by_modelopt.py). We export float weights and declare the algorithm.
-LOADER_QUANTIZED = {("int8", "rtn"): "W8A16"}
+LOADER_QUANTIZED = {("int8", "rtn")}  # declared as EXPECTED_ALGO says (W8A16)
+
+
+def loader_quantized(q) -> str | None:
+    """The quant_algo to declare for float weights TensorRT-LLM's loader quantizes, or None."""
+    return EXPECTED_ALGO[(q.weights, q.method)] if (q.weights, q.method) in LOADER_QUANTIZED else None
+
+
 KV_QUANTIZER = "*[kv]_bmm_quantizer"
 CHECKPOINT_DTYPES = {"auto": "float16", "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
 
@@ -659,7 +666,7 @@ class TrtllmTarget:
             dtype,
             p.tp_size,
             p.pp_size,
-            LOADER_QUANTIZED.get((cfg.quantization.weights, cfg.quantization.method)),
+            loader_quantized(cfg.quantization),
         )
         del model
         problems = check_checkpoint(checkpoint, hf_dir, cfg)
