@@ -19,8 +19,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +116,27 @@ class Ports:
     @classmethod
     def pick(cls, http: int = 0, grpc: int = 0, metrics: int = 0) -> "Ports":
         return cls(http or free_port(), grpc or free_port(), metrics or free_port())
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def stop_signals_deferred():
+    """SIGINT/SIGTERM held until the block ends: one arriving between tritonserver's fork and the assignment of
+    its Popen would leave a server nobody can stop (seen as an orphan when `serve` was stopped at 0.5 s)."""
+    if threading.current_thread() is not threading.main_thread():  # handlers run on the main thread only
+        yield
+        return
+    pending: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, _: pending.append(number)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])
 
 
 class TritonServer:
@@ -234,7 +257,7 @@ class TritonServer:
             self.work_dir = Path(tempfile.mkdtemp(prefix="trtllm-pipeline-serve-"))
             command, env = self.command(home, python_backend_dir(home, self.work_dir)), self.environment(home)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "ab") as log:
+        with open(self.log_file, "ab") as log, stop_signals_deferred():
             self.process = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
