@@ -1,0 +1,214 @@
+"""The unified HF checkpoint against TensorRT-LLM's PyTorch backend: the tabulator on the committed upstream
+excerpts, the committed table, and real exports of the tiny Llama (fp8 + fp8 KV, int4 AWQ) by the real CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.trtllm_torch_checkpoint import (
+    RELEASES,
+    TRTLLM_LINEARS,
+    same_weights_problems,
+    torch_loader_problems,
+    unsupported_quantization,
+)
+from tests.conftest import run_cli
+from tests.targets.test_trtllm import gpu_config
+
+ROOT = Path(__file__).resolve().parent.parent
+UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
+TABLE = ROOT / "pipeline" / "trtllm_torch_loader.json"
+
+spec = importlib.util.spec_from_file_location(
+    "tabulate_trtllm_torch_loader", ROOT / "scripts/dev/tabulate_trtllm_torch_loader.py"
+)
+tab = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = tab
+spec.loader.exec_module(tab)
+
+CASES = {
+    "fp8-fp8kv": "{weights: fp8, kv_cache: fp8}",
+    "int4-awq": "{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 8, seq_len: 64}}",
+}
+
+
+def test_the_committed_excerpts_tabulate_to_the_committed_table():
+    assert tab.tabulate(UPSTREAM) == json.loads(TABLE.read_text())
+
+
+def test_the_table_says_what_each_release_loads():
+    table = json.loads(TABLE.read_text())
+    assert list(table) == ["1.0", "1.1", "1.2"] == list(RELEASES)
+    for release, facts in table.items():
+        assert facts["quant_config_source"][0] == {
+            "when": "hf_quant_config.json exists",
+            "reader": "cls.load_modelopt_quant_config",
+        }
+        keys = facts["hf_quant_config"]
+        assert keys["required_top_level"] == ["quantization"] and keys["required_in_section"] == []
+        assert [k["key"] for k in keys["optional_in_section"]] == [
+            "quant_algo",
+            "kv_cache_quant_algo",
+            "group_size",
+            "exclude_modules",
+        ]
+        algos = facts["quant_algos"]
+        assert algos["W8A8_SQ_PER_CHANNEL"]["method"] is None, release  # no SmoothQuant linear method
+        assert "unsupported quant mode" in algos["W8A8_SQ_PER_CHANNEL"]["raises"]
+        assert algos["W8A16"]["method"] == "WeightOnlyQuantLinearMethod"
+        assert set(algos["W8A16"]["tensors"]["required"]) == {"weight_scale"}
+        assert algos["W8A16"]["tensors"]["dtypes"]["parameter weight"] == "torch.int8"
+        assert algos["FP8"]["method"] == "FP8QDQLinearMethod"
+        assert set(algos["FP8"]["tensors"]["required"]) == {"weight_scale"}
+        assert set(algos["FP8"]["tensors"]["optional"]) == {"input_scale", "k_scale", "v_scale"}
+        assert set(algos["W4A16_AWQ"]["tensors"]["required"]) == {"pre_quant_scale", "weight_scale"}
+        assert algos["W4A16_AWQ"]["tensors"]["required"]["pre_quant_scale"].startswith("load_weights_vanilla")
+        assert set(algos["W4A8_AWQ"]["tensors"]["required"]) == {
+            "input_scale",
+            "pre_quant_scale",
+            "weight_scale",
+            "weight_scale_2",
+        }
+        assert set(facts["kv_cache_scales"]) == {"k_scale", "v_scale"}
+        assert all(f["index_id"] for f in facts["source"]["files"])
+
+
+def test_unsupported_quantization_names_the_release():
+    for release in ("1.0", "1.2"):
+        assert unsupported_quantization("fp8", "rtn", "fp8", release) is None
+        assert unsupported_quantization("int4", "awq", "none", release) is None
+        assert unsupported_quantization("int4", "w4a8_awq", "none", release) is None
+        assert unsupported_quantization("none", "rtn", "fp8", release) is None
+        sq = unsupported_quantization("int8", "smoothquant", "fp8", release)
+        assert f"TensorRT-LLM {release}" in sq and "W8A8_SQ_PER_CHANNEL" in sq
+        assert "float weights" in unsupported_quantization("int8", "rtn", "none", release)
+        assert "pre_quant_scale" in unsupported_quantization("int4", "rtn", "none", release)
+    assert "no PyTorch-backend facts" in unsupported_quantization("fp8", "rtn", "none", "0.19")
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, tiny_llama) -> dict[str, Path]:
+    """`export/` of each case built by the real CLI, which stops at the engine stage for want of a GPU."""
+    out = {}
+    for name, quantization in CASES.items():
+        root = tmp_path_factory.mktemp(name)
+        result = run_cli("build", str(gpu_config(root, tiny_llama, quantization)), "--output", str(root / "out"))
+        assert (root / "out" / "export" / "hf_unified" / "config.json").is_file(), result.stdout + result.stderr
+        out[name] = root / "out" / "export"
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("release", ["1.0", "1.2"])
+def test_the_unified_export_is_what_the_pytorch_backend_loads(exports, case, release):
+    assert torch_loader_problems(exports[case] / "hf_unified", release) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ModelOpt 0.47 writes different quantized values to the two checkpoints of one calibration: a few fp8 "
+    "codes differ by one and the TensorRT-LLM checkpoint's KV scale is 1.0 where the unified one has k/v scales; "
+    "for AWQ the unified export averages gate/up pre_quant_scale into the norm and requantizes gate/up",
+)
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_unified_export_has_the_verified_weights(exports, case):
+    assert same_weights_problems(exports[case] / "hf_unified", exports[case] / "trtllm_checkpoint") == []
+
+
+def _rewrite(file: Path, change) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(file)
+    change(tensors)
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+@pytest.fixture
+def awq_copy(exports, tmp_path) -> Path:
+    copy = tmp_path / "hf_unified"
+    shutil.copytree(exports["int4-awq"] / "hf_unified", copy)
+    return copy
+
+
+def test_a_dropped_weight_scale_is_named(awq_copy):
+    name = "model.layers.1.mlp.down_proj.weight_scale"
+    _rewrite(awq_copy / "model.safetensors", lambda t: t.pop(name))
+    problems = torch_loader_problems(awq_copy, "1.2")
+    assert problems and all(name in p for p in problems), problems
+    assert "W4A16_AWQ_LinearMethod" in problems[0]
+
+
+def test_a_wrong_quant_algo_is_caught(awq_copy):
+    file = awq_copy / "hf_quant_config.json"
+    document = json.loads(file.read_text())
+    document["quantization"]["quant_algo"] = "W8A8_SQ_PER_CHANNEL"
+    file.write_text(json.dumps(document))
+    assert "TensorRT-LLM 1.0's PyTorch backend has no linear method" in torch_loader_problems(awq_copy, "1.0")[0]
+    document["quantization"]["quant_algo"] = "FP8"
+    file.write_text(json.dumps(document))
+    problems = torch_loader_problems(awq_copy, "1.0")
+    assert "model.layers.0.self_attn.q_proj.weight is U8, FP8QDQLinearMethod expects F8_E4M3" in problems
+
+
+def _as_trtllm_checkpoint(unified: Path, out: Path) -> Path:
+    """The TensorRT-LLM-named checkpoint holding exactly the unified checkpoint's fp8 tensors (q/k/v fused)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(unified / "model.safetensors")
+    config = json.loads((unified / "config.json").read_text())
+    names = {"weight": "weight", "weights_scaling_factor": "weight_scale", "activation_scaling_factor": "input_scale"}
+    written = {}
+    for layer in range(config["num_hidden_layers"]):
+        for linear, parts in TRTLLM_LINEARS.items():
+            for trt, hf in names.items():
+                pieces = [tensors[f"model.layers.{layer}.{part}.{hf}"] for part in parts]
+                value = torch.cat(pieces) if trt == "weight" else torch.stack(pieces).max().reshape(1)
+                written[f"transformer.layers.{layer}.{linear}.{trt}"] = value
+        kv = [tensors[f"model.layers.{layer}.self_attn.{x}_proj.{x}_scale"] for x in "kv"]
+        written[f"transformer.layers.{layer}.attention.kv_cache_scaling_factor"] = torch.stack(kv).max().reshape(1)
+    out.mkdir()
+    save_file(written, out / "rank0.safetensors")
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": config["num_hidden_layers"],
+                "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+                "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"},
+            }
+        )
+    )
+    return out
+
+
+def test_same_weights_passes_on_equal_tensors_and_names_a_changed_element(exports, tmp_path):
+    unified = exports["fp8-fp8kv"] / "hf_unified"
+    fused = _as_trtllm_checkpoint(unified, tmp_path / "ckpt")
+    assert same_weights_problems(unified, fused) == []
+    name = "transformer.layers.1.attention.qkv.weight"
+
+    def bump(t):
+        codes = t[name].view(torch.uint8).clone()
+        codes[40, 3] ^= 1  # one fp8 code in q_proj's rows (0-63) of the fused weight
+        t[name] = codes.view(torch.float8_e4m3fn)
+
+    _rewrite(fused / "rank0.safetensors", bump)
+    problems = same_weights_problems(unified, fused)
+    assert len(problems) == 1 and problems[0].startswith(f"{name} differs from model.layers.1.self_attn.q_proj.weight")
+    assert "first difference at [40, 3]" in problems[0]
+
+
+def test_tp_above_one_is_refused(exports, tmp_path):
+    copy = tmp_path / "ckpt"
+    shutil.copytree(exports["fp8-fp8kv"] / "trtllm_checkpoint", copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["mapping"] |= {"world_size": 2, "tp_size": 2}
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="only tp_size = pp_size = 1"):
+        same_weights_problems(exports["fp8-fp8kv"] / "hf_unified", copy)
