@@ -30,7 +30,11 @@ def _tabulator():
 
 
 tab = _tabulator()
-LLM_ARGS_EXCERPTS = {"1.0": "llm_args_1520735490_excerpt.py.txt", "1.2": "llm_args_7019226376_excerpt.py.txt"}
+LLM_ARGS_EXCERPTS = {
+    "1.0": "llm_args_1520735490_excerpt.py.txt",
+    "1.1": "llm_args_1090804222_excerpt.py.txt",
+    "1.2": "llm_args_7019226376_excerpt.py.txt",
+}
 SERVE_EXCERPTS = {"1.0": "serve_py_901178132_excerpt.py.txt", "1.2": "serve_py_00209af1_excerpt.py.txt"}
 
 # What the trtllm target's PyTorch path writes into the options YAML: (key path, kind).
@@ -114,7 +118,7 @@ def test_tabulator_refuses_an_unrecognized_llm_args():
 
 
 def test_table_records_its_sources():
-    assert set(TABLE["not_tabulated"]) | set(LLM_API_RELEASES) == {"1.0", "1.1", "1.2"}
+    assert LLM_API_RELEASES == ("1.0", "1.1", "1.2") and not TABLE["not_tabulated"]
     for release in LLM_API_RELEASES:
         source = TABLE["releases"][release]["source"]
         for file in ("llm_args", "serve"):
@@ -124,7 +128,7 @@ def test_table_records_its_sources():
         assert "confidence" in source["note"]
 
 
-@pytest.mark.parametrize("release", ["1.0", "1.2"])
+@pytest.mark.parametrize("release", LLM_API_RELEASES)
 @pytest.mark.parametrize(("path", "kind"), EMITTED)
 def test_table_has_every_key_the_target_emits(release, path, kind):
     spec = field(release, path)
@@ -133,16 +137,19 @@ def test_table_has_every_key_the_target_emits(release, path, kind):
         assert spec["kind"] == kind
 
 
-@pytest.mark.parametrize("release", ["1.0", "1.2"])
+@pytest.mark.parametrize("release", LLM_API_RELEASES)
 def test_capacity_scheduler_policies(release):
     choices = ["MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH"]
     assert field(release, ("scheduler_config", "capacity_scheduler_policy"))["choices"] == choices
     assert TABLE["releases"][release]["enums"]["CapacitySchedulerPolicy"] == choices
 
 
-def test_tokens_per_block_is_new_in_1_2():
+def test_kv_cache_defaults_and_tokens_per_block_by_release():
     assert field("1.0", ("kv_cache_config", "tokens_per_block")) is None
-    assert field("1.2", ("kv_cache_config", "tokens_per_block"))["default"] == 32
+    for release, fraction in (("1.0", None), ("1.1", 0.9), ("1.2", 0.9)):
+        assert field(release, ("kv_cache_config", "free_gpu_memory_fraction"))["default"] == fraction
+        if release != "1.0":
+            assert field(release, ("kv_cache_config", "tokens_per_block"))["default"] == 32
 
 
 # ---------------------------------------------------------------- the validator
@@ -173,7 +180,10 @@ def test_options_the_target_writes_are_accepted(release):
     ("key", "accepted_in", "refused_in"),
     [
         ({"fail_fast_on_attention_window_too_large": True}, "1.0", "1.2"),
-        ({"kv_cache_config": {"tokens_per_block": 32}}, "1.2", "1.0"),
+        ({"kv_cache_config": {"tokens_per_block": 32}}, "1.1", "1.0"),
+        ({"kv_connector_config": None}, "1.1", "1.0"),
+        ({"connector_config": None}, "1.0", "1.1"),
+        ({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 3}}, "1.1", "1.2"),
         ({"speculative_config": {"decoding_type": "DraftTarget", "max_draft_len": 3}}, "1.0", "1.2"),
         ({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 3}}, "1.2", "1.0"),
     ],
@@ -186,7 +196,7 @@ def test_a_key_that_moved_is_accepted_by_one_release_and_refused_by_the_other(ke
 
 def test_refusal_says_where_the_key_is():
     (path, message), *_ = options_problems({"fail_fast_on_attention_window_too_large": True}, "1.2")
-    assert message.endswith("(1.0 has it)")
+    assert message.endswith("(1.0, 1.1 have it)")
     for release in LLM_API_RELEASES:
         problems = dict(options_problems({"kv_cache_dtype": "fp8", "cuda_graph_batch_sizes": [1]}, release))
         assert problems[("kv_cache_dtype",)] == (
@@ -228,10 +238,18 @@ def test_validator_refuses_unknown_nested_keys_bad_enums_and_types(release):
 
 
 def test_unknown_release_is_refused():
-    with pytest.raises(ValueError, match="1.1"):
-        options_problems({}, "1.1")
+    with pytest.raises(ValueError, match="0.21"):
+        options_problems({}, "0.21")
+
+
+def test_keys_of_a_partly_read_model_are_not_refused():
+    """1.2's EagleDecodingConfig was cached with its fields left out: its keys cannot be judged."""
+    assert not TABLE["releases"]["1.2"]["models"]["EagleDecodingConfig"]["fields_complete"]
+    eagle = {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle_choices": [[0]], "speculative_model": "/d"}
+    assert options_problems({"speculative_config": eagle}, "1.2") == []
+    assert options_problems({"speculative_config": eagle | {"max_draft_len": "3"}}, "1.2")
 
 
 def test_serve_options_flag_is_the_newest_name_each_release_accepts():
-    assert serve_options_flag("1.0") == "--extra_llm_api_options"
+    assert serve_options_flag("1.0") == serve_options_flag("1.1") == "--extra_llm_api_options"
     assert serve_options_flag("1.2") == "--config"

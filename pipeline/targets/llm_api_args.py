@@ -65,8 +65,8 @@ def _where(path: tuple[str, ...], release: str) -> str:
 
 def options_problems(options: dict, release: str) -> list[Problem]:
     """(key path, message) for every key of `options` that `release`'s TorchLlmArgs would refuse: unknown keys
-    (of models that forbid them), values outside an enum/Literal, basic type mismatches and None where the
-    field is not Optional. Validators that compare fields with each other are not modelled."""
+    (of models that forbid them and whose fields were all read), values outside an enum/Literal, basic type
+    mismatches and None where the field is not Optional. Validators that compare fields are not modelled."""
     table = _release(release)
     return _model_problems(table, table["root"], options, (), release)
 
@@ -82,7 +82,7 @@ def _model_problems(table: dict, model: str, data: dict, path: tuple[str, ...], 
         here = path + (key,)
         if key in by_key:
             problems += _value_problems(table, by_key[key], item, here, release)
-        elif spec["extra"] == "forbid":
+        elif spec["extra"] == "forbid" and spec["fields_complete"]:
             problems.append((here, f"{'.'.join(here)} is not an LLM-API option in {release}{_where(here, release)}"))
     return problems
 

@@ -45,6 +45,22 @@ RELEASES = {
             "options (disagg_cluster_uri, media_io_kwargs, no stability tags); medium confidence."
         ),
     },
+    "1.1": {
+        "llm_args": "index-id-1090804222",
+        "serve": "index-id-901178132",
+        "note": (
+            "llm_args.py: index id 1090804222 (chars 0-112000 read: every field; the rest is validators). Its "
+            "content lies between the 1.0 and 1.2 versions: KvCacheConfig.free_gpu_memory_fraction defaults to 0.9 "
+            "(the 1.1 change of the release notes) and it has tokens_per_block, SaveState speculation, sparse "
+            "attention and the ray orchestrator, while DecodingBaseConfig.from_dict is still keyed 'DraftTarget' "
+            "(renamed in 1.2) and StrictBaseModel is still defined in llm_args.py. The 1.1.0 release commit "
+            "(48b7b5d8, tensorrtllm_backend's v1.1.0 submodule) is not stored, so whether this is it, the "
+            "release/1.1 branch or main near the cut is not known. Medium-low confidence. serve.py: no version "
+            "tied to 1.1 was found; the 1.0 one (index id 901178132) is used, whose --extra_llm_api_options every "
+            "version read accepts (1.2 keeps it as an alias of --config), so the flag we pass is right whether or "
+            "not 1.1 already has --config; its other flags are 1.0's."
+        ),
+    },
     "1.2": {
         "llm_args": "index-id-7019226376",
         "serve": "00209af149e7774406881a37283dce303571eb11",
@@ -61,13 +77,7 @@ RELEASES = {
         ),
     },
 }
-NOT_TABULATED = {
-    "1.1": (
-        "no stored llm_args.py version was read that can be tied to 1.1 (index id 1090804222, 121745 chars, "
-        "lies between the 1.0 and 1.2 versions by content but was not read). Use 1.0's or 1.2's facts only "
-        "after reading a 1.1 version."
-    )
-}
+NOT_TABULATED: dict[str, str] = {}  # release -> why its facts could not be read
 
 SCALARS = {
     "int": "int",
@@ -81,6 +91,7 @@ SCALARS = {
 }
 CONTAINERS = {"List": "list", "list": "list", "Set": "list", "set": "list", "Dict": "dict", "dict": "dict"}
 OPAQUE = {"object", "Any"}
+FIELDS_ELIDED = "# [fields elided]"  # marks, in a cached excerpt, a class some of whose fields were left out
 
 
 class UnrecognizedSource(ValueError):
@@ -201,6 +212,13 @@ def llm_args_facts(source: str, excerpt: bool = False) -> dict:
     that may lack TorchLlmArgs or the speculative configs)."""
     statements = complete_statements(source)
     classes = {s.name: s for s in statements if isinstance(s, ast.ClassDef)}
+    lines = source.splitlines()
+    starts = sorted(s.lineno for s in statements) + [len(lines) + 1]
+    partial = {  # a class's text runs to the next statement (trailing comments included)
+        name
+        for name, c in classes.items()
+        if any(FIELDS_ELIDED in line for line in lines[c.lineno - 1 : starts[starts.index(c.lineno) + 1] - 1])
+    }
     aliases = {}
     for s in statements:
         target = s.target if isinstance(s, ast.AnnAssign) else (s.targets[0] if isinstance(s, ast.Assign) else None)
@@ -231,10 +249,12 @@ def llm_args_facts(source: str, excerpt: bool = False) -> dict:
         node = models[name]
         bases = _bases(node)
         fields, extra, extra_from = {}, _extra_of(node), name
+        complete = name not in partial
         for base in bases:
             if base in models:
                 parent = table(base)
                 fields |= parent["fields"]
+                complete = complete and parent["fields_complete"]
                 if extra is None:
                     extra, extra_from = parent["extra"], parent["extra_from"]
             elif base == "StrictBaseModel" and extra is None:
@@ -251,7 +271,13 @@ def llm_args_facts(source: str, excerpt: bool = False) -> dict:
             if field.startswith("_") or ast.unparse(item.annotation).startswith("ClassVar"):
                 continue
             fields[field] = _field(item) | classify(item.annotation, names)
-        tables[name] = {"bases": bases, "extra": extra, "extra_from": extra_from, "fields": fields}
+        tables[name] = {
+            "bases": bases,
+            "extra": extra,
+            "extra_from": extra_from,
+            "fields": fields,
+            "fields_complete": complete,
+        }
         return tables[name]
 
     for name in models:
