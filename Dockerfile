@@ -1,18 +1,18 @@
 # Two images from one file.
 #   CPU (default):  docker build -t trtllm-pipeline .
 #                   docker run --rm -p 8000-8002:8000-8002 trtllm-pipeline
-#   GPU:            docker build --target=gpu --build-arg=TRITON_TAG=25.05 --build-arg=TRTLLM_VERSION=0.19 \
-#                     --build-arg=CONFIG=build_configs/smollm2-135m-fp8.yaml --tag=trtllm-pipeline:gpu-0.19 .
-#                   docker run --rm --gpus all -p 8000-8002:8000-8002 trtllm-pipeline:gpu-0.19
+#   GPU:            docker build --target=gpu --build-arg=TRITON_TAG=26.07 --build-arg=TRTLLM_VERSION=1.2 \
+#                     --build-arg=CONFIG=build_configs/smollm2-135m-fp8.yaml --tag=trtllm-pipeline:gpu-1.2 .
+#                   docker run --rm --gpus all -p 8000-8002:8000-8002 trtllm-pipeline:gpu-1.2
 # `trtllm-pipeline plan CONFIG` prints the GPU command for a config: TRITON_TAG is the newest NVIDIA Triton
 # container holding its target.trtllm_version (pipeline/targets/trtllm.py TRITON_CONTAINERS), and the build stops
-# if the container's TensorRT-LLM is another release. The engine is built when the container starts (it needs
-# the GPU), then served.
-ARG TRITON_TAG=25.05
+# if the container's TensorRT-LLM is another release. The build runs when the container starts (an engine needs
+# the GPU), then `serve`: trtllm-serve for the PyTorch backend (OpenAI API on port 8000), tritonserver for engines.
+ARG TRITON_TAG=26.07
 
 FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-trtllm-python-py3 AS gpu
 ARG CONFIG=build_configs/smollm2-135m-fp8.yaml
-ARG TRTLLM_VERSION=0.19
+ARG TRTLLM_VERSION=1.2
 ENV CONFIG=${CONFIG} TRTLLM_PIPELINE_CACHE=/opt/trtllm-pipeline/.cache
 WORKDIR /opt/trtllm-pipeline
 COPY pyproject.toml Makefile README.md ./

@@ -434,7 +434,9 @@ def serve(
 ):
     """Serve a built Triton repository with a real tritonserver.
 
-    onnxruntime builds: tritonserver 2.51 on CPU, from PyPI's nvidia-pytriton wheel. trtllm builds:
+    onnxruntime builds: tritonserver 2.51 on CPU, from PyPI's nvidia-pytriton wheel. trtllm builds with the
+    PyTorch backend: trtllm-serve (OpenAI-compatible) on a GPU machine with TensorRT-LLM, else exit 4 with the
+    exact `docker run` commands (trtllm-serve, or tritonserver with the llmapi model). trtllm engine builds:
     the tritonserver of NVIDIA's TensorRT-LLM container, under mpirun with one rank per GPU when
     tp x pp > 1. Validates the repository first, then runs until Ctrl-C or SIGTERM. Clients call the `ensemble` (or
     `tensorrt_llm_bls`) model exactly as they would a TensorRT-LLM deployment.
@@ -443,6 +445,7 @@ def serve(
     curl -s localhost:8000/v2/models/ensemble/generate -d '{"text_input": "The capital of France is", "max_tokens": 16}'
     """
     from pipeline.build import cache_dir, default_output
+    from pipeline.targets.trtllm_llmapi import llmapi_model_name, serve_llm_api
     from pipeline.triton.server import Ports, TritonServer, tensorrtllm_world_size
     from pipeline.triton.validate import validate_repo as check
 
@@ -457,6 +460,12 @@ def serve(
     report = check(repo)
     if report.problems:
         raise ConfigError(repo, report.problems)
+    if llmapi_model_name(repo):  # TensorRT-LLM's PyTorch backend: served by trtllm-serve, OpenAI API included
+        if openai:
+            raise PipelineError(
+                f"{repo} is served by trtllm-serve, which serves the OpenAI API (/v1) itself; drop --openai"
+            )
+        serve_llm_api(repo, host, http_port)
     gpu_model, world_size = tensorrtllm_world_size(report)
     server = TritonServer(
         repo,

@@ -55,9 +55,18 @@ class TargetSection(Section):
         "onnxruntime", description="; ".join(f"{name}: {target.summary}" for name, target in TARGETS.items()) + "."
     )
     trtllm_version: str = Field(
-        "0.19",
-        description="trtllm: the TensorRT-LLM release targeted (picks flags and templates), "
-        'e.g. "0.19"; `validate` names the supported ones.',
+        "1.2",
+        description="trtllm: the TensorRT-LLM release targeted (picks the LLM-API options, flags and templates "
+        'checked against it), e.g. "1.2"; `validate` names the supported ones.',
+    )
+    trtllm_backend: Literal[tuple(TARGETS["trtllm"].backends)] = Field(
+        "pytorch",
+        description="trtllm: "
+        + "; ".join(
+            f"{name}: {backend.summary}, TensorRT-LLM {', '.join(backend.releases)}"
+            for name, backend in TARGETS["trtllm"].backends.items()
+        )
+        + ".",
     )
     onnx_graph: Literal["auto", "fused", "optimum"] = Field(
         "auto",

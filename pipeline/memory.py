@@ -1,7 +1,8 @@
 """Preflight memory plan for a TensorRT-LLM build: does it fit the target GPU, and how much KV cache is left.
 
 Estimates, per GPU (the busiest rank): weights by quantization, activations and workspace for
-`max_num_tokens`, the CUDA context, then the KV cache per token and how many tokens and full-length
+`max_num_tokens`, the CUDA context, the PyTorch backend's CUDA graph pool (its graphs share one pool, sized by
+the largest captured decode batch), then the KV cache per token and how many tokens and full-length
 sequences fit in `kv_cache_free_gpu_mem_fraction` of what remains. Also the host RAM the ModelOpt
 conversion needs (the float32 model plus an export copy). Estimates, not measurements: they err
 on the safe side so that a refused config would really not fit.
@@ -35,6 +36,7 @@ class MemoryPlan:
     weights_bytes: int  # per GPU, busiest rank
     activation_bytes: int
     context_bytes: int
+    cuda_graph_bytes: int
     kv_bytes_per_token: int
     kv_budget_bytes: int
     kv_tokens: int
@@ -47,7 +49,8 @@ class MemoryPlan:
         return [
             f"target GPU {self.gpu}: {g(self.gpu_bytes)} per GPU",
             f"weights per GPU {g(self.weights_bytes)}, activations/workspace {g(self.activation_bytes)}, CUDA "
-            f"context {g(self.context_bytes)}",
+            f"context {g(self.context_bytes)}"
+            + (f", CUDA graph pool {g(self.cuda_graph_bytes)}" if self.cuda_graph_bytes else ""),
             f"KV cache: {self.kv_bytes_per_token / 1024:.1f} KiB per token; {g(self.kv_budget_bytes)} -> "
             f"{self.kv_tokens:,} tokens, "
             f"{self.full_sequences:,} full-length sequences",
@@ -72,7 +75,9 @@ def weight_bytes_per_param(weights: str, group_size: int, dtype_bytes: int) -> f
     ]  # + scales
 
 
-def plan_memory(cfg, facts) -> MemoryPlan:
+def plan_memory(cfg, facts, cuda_graph_batch: int = 0) -> MemoryPlan:
+    """The plan for `cfg` on `target.gpu`; `cuda_graph_batch` is the largest decode batch captured as a CUDA graph
+    in a pool of its own (the PyTorch backend's; engines capture inside their activation workspace)."""
     q, b, p, r = cfg.quantization, cfg.build, cfg.parallel, cfg.runtime
     dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 2)  # auto exports float16
     linear, embedding = parameter_counts(facts)
@@ -85,12 +90,18 @@ def plan_memory(cfg, facts) -> MemoryPlan:
         b.max_num_tokens * (4 * facts.hidden_size + 2 * facts.intermediate_size / tp) * dtype_bytes
         + b.max_batch_size * b.max_beam_width * facts.vocab_size * 4
     )
+    # one decode step of the largest captured batch: its hidden states, MLP intermediates and float32 logits
+    graphs = int(
+        cuda_graph_batch
+        * b.max_beam_width
+        * ((4 * facts.hidden_size + 2 * facts.intermediate_size / tp) * dtype_bytes + facts.vocab_size * 4)
+    )
     kv_dtype_bytes = 1 if q.kv_cache in ("fp8", "int8") else dtype_bytes
     kv_heads_per_rank = max(1, facts.num_key_value_heads // tp)
     kv_per_token = math.ceil(facts.num_hidden_layers / pp) * kv_heads_per_rank * facts.head_size * 2 * kv_dtype_bytes
     gpu = cfg.target.gpu
     total = GPUS[gpu] * GiB
-    free = total - weights - activations - CUDA_CONTEXT_BYTES
+    free = total - weights - activations - CUDA_CONTEXT_BYTES - graphs
     budget = max(0, int(free * r.kv_cache_free_gpu_mem_fraction))
     tokens = budget // kv_per_token
     host = int((linear + embedding * 2) * 4 * 2)  # float32 model + export copy
@@ -100,6 +111,7 @@ def plan_memory(cfg, facts) -> MemoryPlan:
         weights,
         activations,
         CUDA_CONTEXT_BYTES,
+        graphs,
         kv_per_token,
         budget,
         tokens,
@@ -110,8 +122,10 @@ def plan_memory(cfg, facts) -> MemoryPlan:
     if free <= 0:
         plan.problems.append(
             f"does not fit one {gpu} ({GPUS[gpu]} GiB): weights {weights / GiB:.1f} GiB + activations "
-            f"{activations / GiB:.1f} GiB + CUDA context {CUDA_CONTEXT_BYTES / GiB:.1f} GiB per GPU; quantize "
-            f"(fp8/int4), raise parallel.tp_size, or choose a larger GPU"
+            f"{activations / GiB:.1f} GiB + CUDA context {CUDA_CONTEXT_BYTES / GiB:.1f} GiB"
+            + (f" + CUDA graph pool {graphs / GiB:.1f} GiB" if graphs else "")
+            + " per GPU; quantize "
+            "(fp8/int4), raise parallel.tp_size, or choose a larger GPU"
         )
     elif tokens < b.max_seq_len:
         plan.problems.append(

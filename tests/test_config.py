@@ -17,14 +17,25 @@ INVALID = {
     "fp8_weights_on_cpu": ("quantization:\n  weights: fp8\n", "quantization.weights", 2),
     "fp8_kv_on_cpu": ("quantization:\n  kv_cache: fp8\n", "quantization.kv_cache", 2),
     "fp8_fmha_without_fp8": (
-        "target:\n  name: trtllm\nbuild:\n  use_fp8_context_fmha: true\n",
+        "target:\n  name: trtllm\n  trtllm_backend: tensorrt\nbuild:\n  use_fp8_context_fmha: true\n",
         "build.use_fp8_context_fmha",
-        4,
+        5,
     ),
     "kv_quant_without_paged": (
-        "target:\n  name: trtllm\nquantization:\n  kv_cache: int8\nbuild:\n  kv_cache_type: continuous\n",
+        "target:\n  name: trtllm\n  trtllm_backend: tensorrt\nquantization:\n  kv_cache: int8\nbuild:\n"
+        "  kv_cache_type: continuous\n",
         "quantization.kv_cache",
+        5,
+    ),
+    "continuous_kv_on_pytorch": (
+        "target:\n  name: trtllm\nbuild:\n  kv_cache_type: continuous\n",
+        "build.kv_cache_type",
         4,
+    ),
+    "pytorch_backend_before_1_0": (
+        "target:\n  name: trtllm\n  trtllm_version: '0.19'\n",
+        "target.trtllm_version",
+        3,
     ),
     "tp_not_dividing_heads": ("target:\n  name: trtllm\nparallel:\n  tp_size: 2\n", "parallel.tp_size", 4),
     "pp_not_dividing_layers": ("target:\n  name: trtllm\nparallel:\n  pp_size: 4\n", "parallel.pp_size", 4),
@@ -37,9 +48,10 @@ INVALID = {
     "negative_batch": ("build:\n  max_batch_size: 0\n", "build.max_batch_size", 2),
     "beam_on_cpu": ("build:\n  max_beam_width: 4\n", "build.max_beam_width", 2),
     "reuse_without_paged_fmha": (
-        "target:\n  name: trtllm\nbuild:\n  use_paged_context_fmha: false\nruntime:\n  enable_kv_cache_reuse: true\n",
+        "target:\n  name: trtllm\n  trtllm_backend: tensorrt\nbuild:\n  use_paged_context_fmha: false\nruntime:\n"
+        "  enable_kv_cache_reuse: true\n",
         "runtime.enable_kv_cache_reuse",
-        6,
+        7,
     ),
     "num_tokens_below_input": ("build:\n  max_num_tokens: 256\n  max_input_len: 512\n", "build.max_num_tokens", 2),
     "bad_int4_group": ("quantization:\n  weights: int4\n  group_size: 100\n", "quantization.group_size", 3),
@@ -82,6 +94,18 @@ UNHONOURED = {
         "trtllm",
     ),
     "onnx_graph_on_trtllm": ("target:\n  name: trtllm\n  onnx_graph: fused\n", "target.onnx_graph", 3, "trtllm"),
+    "engine_plugin_on_pytorch_backend": (
+        "target:\n  name: trtllm\nbuild:\n  gemm_plugin: float16\n",
+        "build.gemm_plugin",
+        4,
+        "trtllm",
+    ),
+    "cuda_graph_cache_on_pytorch_backend": (
+        "target:\n  name: trtllm\nruntime:\n  cuda_graph_cache_size: 4\n",
+        "runtime.cuda_graph_cache_size",
+        4,
+        "trtllm",
+    ),
 }
 
 

@@ -99,7 +99,7 @@ def test_committed_table_layout_and_v019_required_parameters():
 
 
 def test_trtllm_target_reads_the_table():
-    from pipeline.targets import trtllm
+    from pipeline.targets import trtllm_engine as trtllm
 
     for version in trtllm.SUPPORTED_VERSIONS:
         spec = trtllm.template(version)

@@ -54,13 +54,13 @@ def positionless(value):
 @pytest.fixture(scope="module")
 def emitted(tmp_path_factory, tiny_llama) -> dict[str, str]:
     """flag -> value of the trtllm-build command the pipeline prints for an FP8 build with FP8 context FMHA."""
-    from pipeline.targets.trtllm import trtllm_build_command
+    from pipeline.targets.trtllm_engine import trtllm_build_command
 
     path = write_config(
         tmp_path_factory.mktemp("cfg") / "gpu.yaml",
         f"""
         model: {{source: hf, path: {tiny_llama}}}
-        target: {{name: trtllm, trtllm_version: "0.19"}}
+        target: {{name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}}
         quantization: {{weights: fp8, kv_cache: fp8}}
         build: {{max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024, use_fp8_context_fmha: true}}
     """,

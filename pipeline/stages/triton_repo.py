@@ -1,6 +1,6 @@
 """Stage `triton_repo`: a Triton model repository (preprocessing, LLM, postprocessing, ensemble, BLS).
 
-The target provides the LLM model (`Target.triton_llm_model`); the rest is the same for every target.
+The target lays out its models (`Target.triton_models`); writing and validating them is the same for all.
 Inputs: `runtime`, `triton`, `target`, the engine's `config.json`, the python models copied into the
 repository. Runtime knobs are read only here, so changing one re-runs only this stage. The repository
 refers to the engine directory by absolute path, as `gpt_model_path` does in TensorRT-LLM deployments.
@@ -41,5 +41,5 @@ def write(cfg: BuildConfig, engine_dir: Path, out_dir: Path, log=print) -> dict:
     """The repository for the engine in `engine_dir`, its limits read from the engine's config.json."""
     engine_dir = engine_dir.resolve()
     engine = json.loads((engine_dir / "config.json").read_text())
-    llm_model = target_of(cfg).triton_llm_model(cfg, engine_dir, engine)
-    return build_repo(cfg, llm_model, engine_dir, engine, out_dir, log)
+    specs = target_of(cfg).triton_models(cfg, engine_dir, engine)
+    return build_repo(cfg, specs, engine_dir, engine, out_dir, log)

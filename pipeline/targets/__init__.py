@@ -27,8 +27,9 @@ class Target(Protocol):
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    # Config fields (dotted paths; a section name covers its fields) this target reads. Any other field set
-    # in a config for this target is a `validate` error naming the field and the target.
+    # Config fields (dotted paths; a section name covers its fields) this target reads under any of its options
+    # (`fields_read` says which a given config's build reads). Any other field set in a config for this target
+    # is a `validate` error naming the field and the target.
     honours: ClassVar[frozenset[str]]
     # Per stage: the Python modules (dotted) and copied files (paths) the target executes there, and the
     # distributions whose versions shape the output. Both are hashed into the stage's lock entry.
@@ -37,6 +38,12 @@ class Target(Protocol):
 
     def unavailable(self) -> str | None:
         """Why this machine cannot build and run this target's engines (None when it can)."""
+
+    def fields_read(self, cfg: BuildConfig) -> frozenset[str]:
+        """The fields a build of this config reads (a subset of `honours` when the target has options)."""
+
+    def option_reading(self, cfg: BuildConfig, field: str) -> str | None:
+        """The target option (e.g. `target.trtllm_backend: tensorrt`) under which it would read `field`."""
 
     def config_problems(self, cfg: BuildConfig) -> list[Problem]:
         """The target's own rules over the config (values it cannot honour, combinations it cannot build)."""
@@ -56,8 +63,9 @@ class Target(Protocol):
     def build_engine(self, cfg: BuildConfig, ctx) -> dict:
         """The engine and its `config.json` in ctx.out_dir, quality-gated (stage `engine`)."""
 
-    def triton_llm_model(self, cfg: BuildConfig, engine_dir: Path, engine: dict) -> ModelSpec:
-        """The Triton model that runs the engine; the rest of the repository is the same for every target."""
+    def triton_models(self, cfg: BuildConfig, engine_dir: Path, engine: dict) -> list[ModelSpec]:
+        """Every model of the Triton repository serving the engine (`repo.inflight_batcher_models` lays out
+        tensorrtllm_backend's, around the target's LLM model)."""
 
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime: Any, thread_spinning: bool | None):
         """A runner with ModelRunnerCpp's calling conventions for a built engine (`run`, benchmarks)."""
@@ -154,13 +162,16 @@ def given_fields(section, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]
 def unhonoured_problems(cfg: BuildConfig) -> list[Problem]:
     """A field set for a target that does not read it is an error: the engine would differ from the config."""
     target = target_of(cfg)
+    fields = target.fields_read(cfg)
     problems = []
     for path in given_fields(cfg):
         dotted = ".".join(path)
-        if honoured(dotted, target.honours):
+        if honoured(dotted, fields):
             continue
+        option = target.option_reading(cfg, dotted)
         others = [name for name, other in TARGETS.items() if name != target.name and honoured(dotted, other.honours)]
-        fix = f"remove it, or use target.name: {' or '.join(others)}" if others else "remove it"
+        fixes = ([option] if option else []) + ([f"target.name: {' or '.join(others)}"] if others else [])
+        fix = f"remove it, or use {' or '.join(fixes)}" if fixes else "remove it"
         problems.append(
             (path, f"is not honoured by target {target.name}, so the engine would not be what the config says; {fix}")
         )

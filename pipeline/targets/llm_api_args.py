@@ -32,6 +32,12 @@ def serve_options_flag(release: str) -> str:
     return next(name for name in OPTIONS_FLAG_NAMES + tuple(flags) if name in flags)
 
 
+def has_option(release: str, key: tuple[str, ...]) -> bool:
+    """Whether `release`'s TorchLlmArgs has the (nested) option `key`, e.g. ("kv_cache_config", "tokens_per_block")."""
+    table = _release(release)
+    return tuple(key) in _paths(table, table["root"])
+
+
 def _paths(table: dict, model: str, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], dict]:
     """Every key path of `model` (nested models included) -> its field facts."""
     found = {}

@@ -539,11 +539,18 @@ class OnnxRuntimeTarget:
             raise BuildStepError(problem)
         return {**metrics, **report}
 
-    def triton_llm_model(self, cfg, engine_dir: Path, engine: dict):
-        """A decoupled python model with in-flight batching; it imports the installed package (it runs in the
-        project's environment), so model.py is the only file copied."""
+    def fields_read(self, cfg) -> frozenset[str]:
+        return self.honours
+
+    def option_reading(self, cfg, field: str) -> str | None:
+        return None
+
+    def triton_models(self, cfg, engine_dir: Path, engine: dict):
+        """tensorrtllm_backend's layout around a decoupled python LLM model with in-flight batching; it imports
+        the installed package (it runs in the project's environment), so model.py is the only file copied."""
         from pipeline.triton import interface
         from pipeline.triton.model_config import ModelSpec, model_config
+        from pipeline.triton.repo import inflight_batcher_models
 
         r, t = cfg.runtime, cfg.triton
         config = model_config(
@@ -564,7 +571,7 @@ class OnnxRuntimeTarget:
                 "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
             },
         )
-        return ModelSpec(config, {"model.py": LLM_MODEL_FILE})
+        return inflight_batcher_models(cfg, ModelSpec(config, {"model.py": LLM_MODEL_FILE}), engine_dir, engine)
 
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
         from pipeline.runtime.model_runner import ModelRunner

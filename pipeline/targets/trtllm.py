@@ -1,12 +1,11 @@
-"""The `trtllm` target (GPU): TensorRT-LLM engines served by Triton's `tensorrtllm` backend.
+"""The `trtllm` target (GPU): a ModelOpt-quantized checkpoint, verified on CPU, deployed by one of TensorRT-LLM's
+two backends.
 
-quantize: ModelOpt calibration on CPU; export: TensorRT-LLM + unified HF checkpoints, checked for
-conformance and quality by a CPU reference forward; engine: `trtllm-build` (on a GPU machine; here
-the stage stops with exit 4 and the exact command). The Triton repository's `tensorrt_llm` model config
-has every tensor of the real template of the targeted release (tabulated from the upstream backend and
-templates by scripts/dev/tabulate_trtllm_backend.py into tensorrt_llm_templates.json, which also lists the
-parameters the C++ backend cannot load without) and every parameter filled from the build config and the
-engine's own recorded build config.
+quantize: ModelOpt calibration on CPU; export: TensorRT-LLM + unified HF checkpoints, checked for conformance
+and quality by a CPU reference forward. What the engine stage writes and what serves it is the backend's
+(`target.trtllm_backend`, registered adapters): `pytorch` (trtllm_llmapi.py: the unified checkpoint plus an
+LLM-API options YAML for `trtllm-serve` and Triton's `llmapi` model, TensorRT-LLM 1.0+) or `tensorrt`
+(trtllm_engine.py: a `trtllm-build` engine for Triton's C++ `tensorrtllm` backend, 0.18 to 1.2).
 """
 
 from __future__ import annotations
@@ -15,24 +14,13 @@ import json
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 from pipeline.errors import BuildStepError, PipelineError
-from pipeline.targets import COMMON_FIELDS, register_target
-from pipeline.triton.tensorrtllm_backend import (
-    SUPPORTED_VERSIONS,
-    TEMPLATES,
-    required_parameters,
-    template,
-)
-from pipeline.trtllm_checkpoint import EXPECTED_ALGO, padding_problems
+from pipeline.targets import Problem, register_target
+from pipeline.triton.tensorrtllm_backend import TEMPLATES
+from pipeline.trtllm_checkpoint import EXPECTED_ALGO
 
-EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-# Parameters naming a feature this pipeline does not build, which the backend reads without a fallback: an empty
-# value is its "off" (model_instance_state.cc getGuidedDecodingConfigFromParams: no guided decoding when the
-# backend or the tokenizer info path is empty). Every other template parameter we do not fill is read inside a
-# try block with a default (the table's optional_parameters), so leaving it out keeps the release's default.
-FEATURES_OFF = {"guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
-DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
 # The newest NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release, from NVIDIA's Triton
 # compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md, as recorded in the
 # workplace notes trtllm-versions.md): 0.18.2 in 25.04, 1.0 in 25.09-25.10, 1.1 in 25.12-26.02, 1.2.1 in 26.04-26.07.
@@ -45,100 +33,6 @@ TRITON_CONTAINERS = {
     "1.1": "26.02",
     "1.2": "26.07",
 }
-
-
-def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object]:
-    r = cfg.runtime
-    built = engine["build_config"]
-    values = {
-        "max_beam_width": built["max_beam_width"],
-        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
-        "gpt_model_type": r.batching_strategy,
-        "gpt_model_path": engine_dir,
-        "batch_scheduler_policy": r.batch_scheduler_policy,
-        "kv_cache_free_gpu_mem_fraction": r.kv_cache_free_gpu_mem_fraction,
-        "kv_cache_host_memory_bytes": 0,
-        "kv_cache_onboard_blocks": True,
-        "exclude_input_in_output": r.exclude_input_in_output,
-        "cancellation_check_period_ms": 100,
-        "stats_check_period_ms": 100,
-        "iter_stats_max_iterations": 1000,
-        "request_stats_max_iterations": 0,
-        "enable_kv_cache_reuse": r.enable_kv_cache_reuse,
-        "normalize_log_probs": True,
-        "enable_chunked_context": r.enable_chunked_context,
-        "lora_cache_optimal_adapter_size": 8,
-        "lora_cache_max_adapter_size": 64,
-        "lora_cache_gpu_memory_fraction": 0.05,
-        "lora_cache_host_memory_bytes": 1 << 30,
-        "executor_worker_path": EXECUTOR_WORKER,
-        "gpu_weights_percent": 1.0,
-        "enable_context_fmha_fp32_acc": False,
-        "multi_block_mode": True,
-        "cuda_graph_mode": r.cuda_graph_mode,
-        "cuda_graph_cache_size": r.cuda_graph_cache_size,
-        "speculative_decoding_fast_logits": False,
-        "tokenizer_dir": engine_dir,
-    }
-    if r.max_tokens_in_paged_kv_cache:
-        values["max_tokens_in_paged_kv_cache"] = r.max_tokens_in_paged_kv_cache
-    return values
-
-
-def triton_llm_model(cfg, engine_dir: Path, engine: dict):
-    """The `tensorrt_llm` model (backend tensorrtllm) for the engine in `engine_dir`."""
-    from pipeline.triton.model_config import ModelSpec, mc, model_config
-
-    spec = template(cfg.target.trtllm_version)
-    r, t = cfg.runtime, cfg.triton
-    built = engine["build_config"]
-    dtype = DTYPES.get(engine.get("pretrained_config", {}).get("dtype", "float16"), "TYPE_FP16")
-    variables = {
-        "${logits_datatype}": "TYPE_FP32",
-        "${encoder_input_features_data_type}": dtype,
-        "${prompt_embedding_table_data_type}": dtype,  # a variable from 0.20 on (TYPE_FP16 before)
-    }
-    config = model_config(
-        t.llm_model_name,
-        backend="tensorrtllm",
-        max_batch_size=built["max_batch_size"],
-        inputs=[],
-        outputs=[],
-        decoupled=r.streaming,
-        instances=t.llm_instance_count,
-        queue_delay_us=r.max_queue_delay_microseconds,
-        max_queue_size=t.max_queue_size,
-    )
-    config.dynamic_batching.preferred_batch_size.append(built["max_batch_size"])
-    for row in spec["inputs"]:
-        tensor = config.input.add(
-            name=row["name"],
-            data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])),
-            dims=row["dims"],
-            optional=row["optional"],
-            allow_ragged_batch=row["allow_ragged_batch"],
-        )
-        if "reshape" in row:
-            tensor.reshape.shape.extend(row["reshape"])
-    for row in spec["outputs"]:
-        config.output.add(
-            name=row["name"],
-            data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])),
-            dims=row["dims"],
-        )
-    filled = template_parameters(cfg, engine_dir, engine) | FEATURES_OFF
-    values = {k: v for k, v in filled.items() if k in spec["parameters"]}  # older templates lack some
-    unfilled = set(required_parameters(cfg.target.trtllm_version)) - set(values)
-    if unfilled:  # the backend would fail to load: "Cannot find parameter with name"
-        raise BuildStepError(
-            f"TensorRT-LLM {cfg.target.trtllm_version}'s tensorrtllm backend reads {sorted(unfilled)} without a "
-            "fallback, and this pipeline has no value for them; add them to template_parameters"
-        )
-    for key, value in values.items():
-        config.parameters[key].string_value = str(value).lower() if isinstance(value, bool) else str(value)
-    return ModelSpec(config)
-
-
 # ---------------------------------------------------------------- calibration and checkpoint export (ModelOpt)
 
 # (weights, method) -> the ModelOpt preset; int4 presets get their block size from quantization.group_size.
@@ -331,43 +225,6 @@ def repair_pre_quant_scale(checkpoint: Path) -> bool:
     return repaired
 
 
-# ---------------------------------------------------------------- engine (trtllm-build)
-
-
-def _switch(flag: bool) -> str:
-    return "enable" if flag else "disable"
-
-
-def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
-    """The `trtllm-build` invocation for the config.
-
-    Every flag is one that tensorrt_llm/commands/build.py (parse_arguments) or plugin.py (add_plugin_argument)
-    defines in every version tabulated into trtllm_build_flags.json by scripts/dev/tabulate_trtllm_build.py,
-    with a value within its choices there (tests/targets/test_trtllm.py checks it).
-    """
-    b = cfg.build
-    return [
-        "trtllm-build",
-        f"--checkpoint_dir={checkpoint}",
-        f"--output_dir={out_dir}",
-        f"--max_batch_size={b.max_batch_size}",
-        f"--max_input_len={b.max_input_len}",
-        f"--max_seq_len={b.max_seq_len}",
-        f"--max_num_tokens={b.max_num_tokens}",
-        f"--max_beam_width={b.max_beam_width}",
-        f"--kv_cache_type={b.kv_cache_type}",
-        f"--gpt_attention_plugin={b.gpt_attention_plugin}",
-        f"--gemm_plugin={b.gemm_plugin}",
-        f"--context_fmha={_switch(b.context_fmha)}",
-        f"--use_paged_context_fmha={_switch(b.use_paged_context_fmha)}",
-        f"--use_fp8_context_fmha={_switch(b.use_fp8_context_fmha)}",
-        f"--remove_input_padding={_switch(b.remove_input_padding)}",
-        f"--tokens_per_block={b.tokens_per_block}",
-        f"--multiple_profiles={_switch(b.multiple_profiles)}",
-        f"--workers={cfg.parallel.tp_size * cfg.parallel.pp_size}",
-    ]
-
-
 def gpu_image_command(cfg) -> list[str]:
     """`docker build` of the Dockerfile's gpu stage on the container that holds the targeted release."""
     version = cfg.target.trtllm_version
@@ -384,65 +241,102 @@ def gpu_image_command(cfg) -> list[str]:
     ]
 
 
-def missing_for_engine() -> list[str]:
-    """What this machine lacks to run trtllm-build (empty on a GPU machine with TensorRT-LLM)."""
-    import shutil
-
-    return [
-        what
-        for what, present in (
-            ("the trtllm-build command (pip install tensorrt_llm from NVIDIA's index)", shutil.which("trtllm-build")),
-            ("an NVIDIA GPU (/dev/nvidia0)", Path("/dev/nvidia0").exists()),
-        )
-        if not present
-    ]
+# ---------------------------------------------------------------- backends
 
 
-def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> dict:
-    """Run trtllm-build into out_dir, or stop naming what this machine lacks; an engine is never faked."""
-    import shlex
-    import subprocess
+class TrtllmBackend(Protocol):
+    """How a trtllm build is deployed: what the engine stage writes, the Triton models serving it, the runner.
 
-    from pipeline.errors import TargetUnavailable
+    Quantization and the verified checkpoints are the target's, shared by every backend; a backend is chosen
+    by `target.trtllm_backend` and registered like a target, so no stage asks which one it runs.
+    """
 
-    command = trtllm_build_command(cfg, checkpoint.resolve(), out_dir)
-    missing = missing_for_engine()
-    if missing:
-        suggested = trtllm_build_command(cfg, checkpoint.resolve(), final_dir.resolve())
-        raise TargetUnavailable(
-            f"the trtllm engine needs {' and '.join(missing)}. The checkpoint is built and verified: "
-            f"{checkpoint}; on a GPU machine run:\n  {shlex.join(suggested)}\nor build the whole config there in "
-            f"NVIDIA's TensorRT-LLM {cfg.target.trtllm_version} container:\n  {shlex.join(gpu_image_command(cfg))}"
-        )
-    log(shlex.join(command))
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode:
-        raise BuildStepError(f"trtllm-build failed ({result.returncode}):\n{result.stderr[-2000:]}")
-    return {"trtllm_build": shlex.join(command)}
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    releases: ClassVar[tuple[str, ...]]  # the TensorRT-LLM releases whose facts are tabulated for this backend
+    honours: ClassVar[frozenset[str]]  # every config field a build with this backend reads
+
+    def missing(self) -> list[str]:
+        """What this machine lacks to build and run this backend's output (empty on a GPU machine with it)."""
+
+    def config_problems(self, cfg) -> list[Problem]:
+        """The backend's own rules over the config (for the targeted release)."""
+
+    def writes(self, stage: str, cfg) -> str: ...
+
+    def export_problems(self, cfg, export_dir: Path) -> list[str]:
+        """What is wrong with the exported checkpoints for this backend, beyond the shared conformance check."""
+
+    def build_engine(self, cfg, ctx) -> dict:
+        """The engine stage's output: what the backend deploys, in ctx.out_dir."""
+
+    def triton_models(self, cfg, engine_dir: Path, engine: dict) -> list: ...
+
+    def load_runner(self, engine_dir: Path, engine: dict, runtime): ...
+
+    def plan_notes(self, cfg, output: Path) -> list[str]: ...
+
+    def memory_plan(self, cfg, facts):
+        """pipeline.memory's plan for this backend's runtime on `target.gpu`."""
+
+
+BACKENDS: dict[str, TrtllmBackend] = {}
+BACKEND_MODULES = ("pipeline.targets.trtllm_engine", "pipeline.targets.trtllm_llmapi")
+# The upstream facts the backends generate and check against (tabulated by scripts/dev/tabulate_trtllm_*.py).
+BACKEND_TABLES = (
+    TEMPLATES,
+    Path(__file__).parent / "trtllm_llm_args.json",
+    Path(__file__).parent.parent / "triton" / "llmapi_model.json",
+    Path(__file__).parent.parent / "trtllm_torch_loader.json",
+)
+
+
+def register_backend(cls: type) -> type:
+    BACKENDS[cls.name] = cls()
+    return cls
+
+
+def backend_of(cfg) -> TrtllmBackend:
+    return BACKENDS[cfg.target.trtllm_backend]
+
+
+def engine_backend(engine: dict) -> TrtllmBackend:
+    """The backend that wrote an engine directory's `config.json` (trtllm-build's own has no `backend` key)."""
+    return BACKENDS[engine.get("backend", "tensorrt")]
 
 
 # ---------------------------------------------------------------- the adapter
+
+# Fields every backend reads: the model, quantization and the verified checkpoint.
+CHECKPOINT_FIELDS = frozenset(
+    {
+        "model",
+        "target.name",
+        "target.trtllm_version",
+        "target.trtllm_backend",
+        "target.gpu",
+        "quantization.weights",
+        "quantization.method",
+        "quantization.group_size",
+        "quantization.exclude_modules",
+        "quantization.kv_cache",
+        "quantization.calibration",
+        "quantization.modelopt_recipe",
+        "parallel",
+        "verify.eval_text",
+        "verify.eval_tokens",
+        "verify.max_perplexity_increase",
+    }
+)
 
 
 @register_target
 class TrtllmTarget:
     name = "trtllm"
-    summary = "GPU: ModelOpt-quantized TensorRT-LLM checkpoint -> trtllm-build engine, Triton tensorrtllm backend"
-    honours = COMMON_FIELDS | {
-        "target.trtllm_version",
-        "target.gpu",
-        "quantization.kv_cache",
-        "quantization.calibration",
-        "quantization.modelopt_recipe",
-        "parallel",
-        "build",
-        "runtime.batching_strategy",
-        "runtime.kv_cache_free_gpu_mem_fraction",
-        "runtime.enable_kv_cache_reuse",
-        "runtime.cuda_graph_mode",
-        "runtime.cuda_graph_cache_size",
-        "runtime.streaming",
-    }
+    summary = (
+        "GPU: ModelOpt-quantized checkpoint for TensorRT-LLM's PyTorch backend (LLM-API options, Triton llmapi "
+        "model) or a trtllm-build engine (Triton tensorrtllm backend)"
+    )
     sources = {
         "quantize": ("pipeline.targets.trtllm", "pipeline.fetch"),
         "export": (
@@ -453,9 +347,11 @@ class TrtllmTarget:
             "pipeline.quality",
             Path(__file__).parent.parent / "trtllm_checkpoint_rules.json",
         ),
-        "engine": ("pipeline.targets.trtllm", "pipeline.memory"),
-        "triton_repo": ("pipeline.targets.trtllm", TEMPLATES),
+        # both backends' modules and tables: a superset of what one build executes
+        "engine": ("pipeline.targets.trtllm", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),
+        "triton_repo": ("pipeline.targets.trtllm", *BACKEND_MODULES, *BACKEND_TABLES),
     }
+    backends = BACKENDS  # the config's target.trtllm_backend choices
     tools = {
         "quantize": ("nvidia-modelopt", "torch", "transformers"),
         "export": ("nvidia-modelopt", "torch", "transformers", "safetensors"),
@@ -463,36 +359,44 @@ class TrtllmTarget:
         "triton_repo": (),
     }
 
+    @property
+    def honours(self) -> frozenset[str]:
+        return frozenset().union(*(backend.honours for backend in BACKENDS.values()))
+
+    def fields_read(self, cfg) -> frozenset[str]:
+        return backend_of(cfg).honours
+
+    def option_reading(self, cfg, field: str) -> str | None:
+        from pipeline.targets import honoured
+
+        others = [name for name, backend in BACKENDS.items() if honoured(field, backend.honours)]
+        return f"target.trtllm_backend: {' or '.join(others)}" if others else None
+
     def unavailable(self) -> str | None:
-        missing = missing_for_engine()
-        return f"engines need {' and '.join(missing)}" if missing else None
+        lacking = [
+            f"the {name} backend needs {' and '.join(missing)}"
+            for name, backend in BACKENDS.items()
+            if (missing := backend.missing())
+        ]
+        return "; ".join(lacking) or None
 
     def config_problems(self, cfg) -> list:
-        q, b, r, t = cfg.quantization, cfg.build, cfg.runtime, cfg.target
+        q, b, t = cfg.quantization, cfg.build, cfg.target
+        backend = backend_of(cfg)
         out = []
-        if t.trtllm_version not in SUPPORTED_VERSIONS:
+        if t.trtllm_version not in backend.releases:
+            others = [name for name, other in BACKENDS.items() if t.trtllm_version in other.releases]
+            fix = f"set target.trtllm_backend: {others[0]}, or " if others else ""
             out.append(
                 (
                     ("target", "trtllm_version"),
-                    f"'{t.trtllm_version}' is not supported; use one of {', '.join(SUPPORTED_VERSIONS)} "
-                    '(quote it: "0.19")',
+                    f"'{t.trtllm_version}' has no {backend.name} backend here ({backend.summary}: "
+                    f"{', '.join(backend.releases)}); {fix}use one of {', '.join(backend.releases)} "
+                    '(quote it: "1.2")',
                 )
             )
         if b.tokens_per_block & (b.tokens_per_block - 1):
             out.append((("build", "tokens_per_block"), f"{b.tokens_per_block} is not a power of two; use 32 or 64"))
-        fp8 = q.weights == "fp8" or q.kv_cache == "fp8"
-        if b.use_fp8_context_fmha and not fp8:
-            out.append(
-                (
-                    ("build", "use_fp8_context_fmha"),
-                    "needs FP8 quantization; set quantization.weights: fp8 (or kv_cache: fp8) "
-                    "or use_fp8_context_fmha: false",
-                )
-            )
-        if q.kv_cache != "none" and b.kv_cache_type != "paged":
-            out.append(
-                (("quantization", "kv_cache"), f"{q.kv_cache} KV-cache quantization needs build.kv_cache_type: paged")
-            )
         if q.kv_cache == "int8":
             out.append(
                 (
@@ -500,15 +404,6 @@ class TrtllmTarget:
                     "ModelOpt 0.47 exports only FP8 (or NVFP4) KV-cache scales (its export asserts "
                     "KV_CACHE_FP8/NVFP4 in modelopt/torch/export/quant_utils.py), so an INT8 KV "
                     "cache cannot be produced; use kv_cache: fp8",
-                )
-            )
-        if (q.weights, q.method) in LOADER_QUANTIZED and q.exclude_modules:
-            out.append(
-                (
-                    ("quantization", "exclude_modules"),
-                    "int8 weight-only checkpoints are quantized by TensorRT-LLM's loader, which quantizes every "
-                    "attention and MLP linear (weight_only_quantize_dict); not every release reads an exclusion "
-                    "list there, so remove exclude_modules or use fp8 or int4",
                 )
             )
         if q.method == "hqq":
@@ -565,45 +460,14 @@ class TrtllmTarget:
                     "or int4 (awq), or quantize on a GPU host",
                 )
             )
-        paged = b.kv_cache_type == "paged"
-        if b.gpt_attention_plugin == "disable" and (paged or b.remove_input_padding):
-            out.append(
-                (
-                    ("build", "gpt_attention_plugin"),
-                    "paged KV cache and remove_input_padding need the GPT attention plugin; set it to auto",
-                )
-            )
-        if r.batching_strategy == "inflight_fused_batching" and not (
-            paged and b.remove_input_padding and b.gpt_attention_plugin != "disable"
-        ):
-            out.append(
-                (
-                    ("runtime", "batching_strategy"),
-                    "in-flight batching needs kv_cache_type: paged, remove_input_padding: true "
-                    "and the GPT attention plugin",
-                )
-            )
-        for knob in ("enable_kv_cache_reuse", "enable_chunked_context"):
-            if getattr(r, knob) and not (paged and b.use_paged_context_fmha):
-                out.append(
-                    (("runtime", knob), "needs build.kv_cache_type: paged and build.use_paged_context_fmha: true")
-                )
         facts = cfg.model_facts()
         p = cfg.parallel
-        if facts is not None and (q.weights, q.method) in EXPECTED_ALGO:
-            algo = EXPECTED_ALGO[(q.weights, q.method)]
-            out += [
-                (("parallel", "tp_size"), f"{problem}; use a tp_size for which it divides, or fp8 / int8 smoothquant")
-                for problem in padding_problems(facts, p.tp_size, algo, q.group_size)
-            ]
         divisible = (
             facts is not None and not facts.num_attention_heads % p.tp_size and not facts.num_hidden_layers % p.pp_size
         )
         if t.gpu and divisible:
-            from pipeline.memory import plan_memory
-
-            out += [(("target", "gpu"), problem) for problem in plan_memory(cfg, facts).problems]
-        return out
+            out += [(("target", "gpu"), problem) for problem in backend.memory_plan(cfg, facts).problems]
+        return out + backend.config_problems(cfg)
 
     def skips(self, stage: str, cfg) -> str | None:
         q = cfg.quantization
@@ -622,9 +486,7 @@ class TrtllmTarget:
             "quantize": f"ModelOpt-calibrated model ({q.weights} weights, {q.kv_cache} KV cache)",
             "export": f"TensorRT-LLM checkpoint (config.json, rank0..{p.tp_size * p.pp_size - 1}.safetensors) "
             "and unified HF checkpoint",
-            "engine": "engine directory: config.json, rank*.engine, tokenizer",
-            "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)",
-        }.get(stage, "")
+        }.get(stage) or backend_of(cfg).writes(stage, cfg)
 
     def quantize(self, cfg, ctx) -> dict:
         import time
@@ -679,6 +541,13 @@ class TrtllmTarget:
             f"checkpoint conforms to TensorRT-LLM {cfg.target.trtllm_version}: every tensor name, dtype and "
             "shape on every rank"
         )
+        backend = backend_of(cfg)
+        problems = backend.export_problems(cfg, ctx.out_dir)
+        if problems:
+            raise BuildStepError(
+                f"the export does not suit TensorRT-LLM {cfg.target.trtllm_version}'s {backend.name} backend:\n  "
+                + "\n  ".join(problems)
+            )
         report = checkpoint_report(cfg, hf_dir, checkpoint, ctx.cache, ctx.log)
         ctx.log(
             f"checkpoint perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
@@ -691,40 +560,19 @@ class TrtllmTarget:
         return report
 
     def build_engine(self, cfg, ctx) -> dict:
-        from pipeline.memory import plan_memory
-
+        backend = backend_of(cfg)
         facts = cfg.model_facts()
         if cfg.target.gpu and facts:
-            for line in plan_memory(cfg, facts).lines():
+            for line in backend.memory_plan(cfg, facts).lines():
                 ctx.log(line)
-        return build_engine(
-            cfg, ctx.upstream("export") / "trtllm_checkpoint", ctx.out_dir, ctx.upstream("engine"), ctx.log
-        )
+        return backend.build_engine(cfg, ctx)
 
-    def triton_llm_model(self, cfg, engine_dir: Path, engine: dict):
-        return triton_llm_model(cfg, engine_dir, engine)
+    def triton_models(self, cfg, engine_dir: Path, engine: dict):
+        return backend_of(cfg).triton_models(cfg, engine_dir, engine)
 
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
-        from pipeline.errors import TargetUnavailable
-
-        try:
-            from tensorrt_llm.runtime import ModelRunnerCpp
-        except ImportError:
-            raise TargetUnavailable(
-                f"{engine_dir} is a TensorRT-LLM engine; running it needs an NVIDIA GPU and the tensorrt_llm "
-                "package, which this machine lacks"
-            ) from None
-        gpu_options = (
-            {}
-            if runtime is None
-            else {
-                "kv_cache_free_gpu_memory_fraction": runtime.kv_cache_free_gpu_mem_fraction,
-                "enable_chunked_context": runtime.enable_chunked_context,
-                "kv_cache_enable_block_reuse": runtime.enable_kv_cache_reuse,
-                "cuda_graph_mode": runtime.cuda_graph_mode,
-            }
-        )
-        return ModelRunnerCpp.from_dir(str(engine_dir), **gpu_options)
+        engine = json.loads((engine_dir / "config.json").read_text())
+        return engine_backend(engine).load_runner(engine_dir, engine, runtime)
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
         """The TensorRT-LLM checkpoint itself, read back from every rank and run by a CPU reference forward."""
@@ -739,20 +587,11 @@ class TrtllmTarget:
         return checkpoint, checkpoint_report(cfg, output / "import", checkpoint, cache, log)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
-        import shlex
-
-        from pipeline.memory import plan_memory
-
-        command = trtllm_build_command(
-            cfg, (output / "export" / "trtllm_checkpoint").resolve(), (output / "engine").resolve()
-        )
-        notes = [
-            f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}",
-            f"or the whole config in NVIDIA's container:\n  {shlex.join(gpu_image_command(cfg))}",
-        ]
+        backend = backend_of(cfg)
+        notes = backend.plan_notes(cfg, output)
         facts = cfg.model_facts()
         if cfg.target.gpu and facts:
-            notes.append("memory plan:\n  " + "\n  ".join(plan_memory(cfg, facts).lines()))
+            notes.append("memory plan:\n  " + "\n  ".join(backend.memory_plan(cfg, facts).lines()))
         return notes
 
 
@@ -776,3 +615,7 @@ def recipe_problems(recipe: str, cfg) -> list[str]:
             "general/ptq/fp8_default-kv_fp8)"
         ]
     return []
+
+
+# The backends register themselves on import (they import this module's shared parts).
+from pipeline.targets import trtllm_engine, trtllm_llmapi  # noqa: E402,F401

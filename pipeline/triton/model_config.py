@@ -22,6 +22,7 @@ class ModelSpec:
 
     config: mc.ModelConfig
     files: dict[str, Path] = field(default_factory=dict)  # name in 1/ -> source file
+    texts: dict[str, str] = field(default_factory=dict)  # name in 1/ -> generated content (e.g. model.yaml)
 
 
 def tensors(cls, table: list[interface.Tensor]) -> list:

@@ -1,9 +1,9 @@
 """Generate a Triton model repository from a built engine, as `ModelConfig` protobufs.
 
-Layout of tensorrtllm_backend's `inflight_batcher_llm`: preprocessing, the LLM model, postprocessing,
-ensemble and tensorrt_llm_bls. Only the LLM model differs between targets: the `triton_repo` stage passes in
-the target's (`Target.triton_llm_model`). Configs are protobuf messages serialized with
-`text_format`, never filled string templates, and the written repository is validated as a whole.
+The target lays the repository out (`Target.triton_models`); most use tensorrtllm_backend's
+`inflight_batcher_llm` layout (`inflight_batcher_models`): preprocessing, the target's LLM model,
+postprocessing, ensemble and tensorrt_llm_bls. Configs are protobuf messages serialized with `text_format`,
+never filled string templates, and the written repository is validated as a whole.
 """
 
 from __future__ import annotations
@@ -125,18 +125,25 @@ def write_repo(specs: list[ModelSpec], out_dir: Path) -> None:
         (model_dir / "config.pbtxt").write_text(text_format.MessageToString(spec.config))
         for name, source in spec.files.items():
             shutil.copy2(source, model_dir / "1" / name)
+        for name, text in spec.texts.items():
+            (model_dir / "1" / name).write_text(text)
+
+
+def inflight_batcher_models(cfg: BuildConfig, llm_model: ModelSpec, engine_dir: Path, engine: dict) -> list[ModelSpec]:
+    """tensorrtllm_backend's inflight_batcher_llm layout around the target's LLM model.
+
+    Args:
+        engine: the engine's `config.json`, whose max_batch_size every model takes (not a re-typed number).
+    """
+    max_batch_size = engine["build_config"]["max_batch_size"]
+    return [llm_model, *shared_models(cfg, engine_dir, max_batch_size, llm_input_names(llm_model.config))]
 
 
 def build_repo(
-    cfg: BuildConfig, llm_model: ModelSpec, engine_dir: Path, engine: dict, out_dir: Path, log=print
+    cfg: BuildConfig, specs: list[ModelSpec], engine_dir: Path, engine: dict, out_dir: Path, log=print
 ) -> dict:
-    """Write and validate the repository around the target's LLM model; returns manifest metrics.
-
-    Args:
-        engine: the engine's `config.json`, whose limits the repository takes.
-    """
-    max_batch_size = engine["build_config"]["max_batch_size"]  # the engine's own limit, not a re-typed number
-    specs = [llm_model, *shared_models(cfg, engine_dir, max_batch_size, llm_input_names(llm_model.config))]
+    """Write and validate the repository the target laid out; returns manifest metrics."""
+    max_batch_size = engine["build_config"]["max_batch_size"]
     write_repo(specs, out_dir)
     report = validate_repo(out_dir, cfg.target.trtllm_version)  # checked for tensorrtllm models only
     if report.problems:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -165,7 +166,9 @@ def check_model_files(
         return
     if not (model_dir / "1").is_dir():
         report.add(where, f"version directory {model_dir / '1'} is missing")
-    if config.backend == "python" and not (model_dir / "1" / "model.py").is_file():
+    if (model_dir / "1" / "model.yaml").is_file():  # Triton's llmapi model: model.py comes from NVIDIA's container
+        check_llmapi_model(model_dir / "1" / "model.yaml", report, trtllm_version)
+    elif config.backend == "python" and not (model_dir / "1" / "model.py").is_file():
         report.add(where, f"python backend model file {model_dir / '1' / 'model.py'} is missing")
     for key in TOKENIZER_PARAMETERS:
         value = _parameter(config, key)
@@ -197,6 +200,42 @@ def check_model_files(
             report.add(
                 where, f"engine {engine} was built by TensorRT-LLM {built}, but the repository targets {trtllm_version}"
             )
+
+
+def check_llmapi_model(model_yaml: Path, report: RepoReport, trtllm_version: str | None) -> None:
+    """model.yaml against what the release's llmapi model.py reads and its LLM API accepts, and the model directory
+    it names. The release is `trtllm_version`, else the one recorded next to that directory by our build."""
+    from pipeline.targets.llm_api_args import LLM_API_RELEASES, options_problems
+    from pipeline.triton.llmapi_model import llmapi_model, model_yaml_problems
+
+    where = str(model_yaml)
+    try:
+        spec = yaml.safe_load(model_yaml.read_text())
+    except yaml.YAMLError as exc:
+        report.add(where, f"not valid YAML: {exc}")
+        return
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), str):
+        report.add(where, "needs `model:`, the checkpoint directory (or Hugging Face name) LLM() loads")
+        return
+    model = Path(spec["model"])
+    if model.is_absolute() and not (model / "config.json").is_file():
+        report.add(where, f"model: {model} has no config.json (rebuild the engine stage)")
+    elif model.is_absolute():
+        for missing in missing_tokenizer_files(model):
+            report.add(where, f"model: {missing} is missing (the LLM loads its tokenizer from {model})")
+    record = model.parent / "config.json"
+    release = trtllm_version or (json.loads(record.read_text()).get("trtllm_version") if record.is_file() else None)
+    if release is None:
+        return
+    if release not in LLM_API_RELEASES:
+        report.add(where, f"TensorRT-LLM {release} has no LLM-API llmapi model here ({', '.join(LLM_API_RELEASES)})")
+        return
+    for problem in model_yaml_problems(spec, release):
+        report.add(where, problem)
+    excluded = set(llmapi_model(release)["llm_kwargs"]["excluded_model_yaml_keys"])
+    options = {key: value for key, value in spec.items() if key not in excluded and key != "model"}
+    for key, message in options_problems(options, release):
+        report.add(where, f"{'.'.join(key)}: {message}")
 
 
 def validate_repo(repo: Path, trtllm_version: str | None = None) -> RepoReport:

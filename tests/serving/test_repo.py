@@ -123,7 +123,7 @@ def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_l
     config = write_config(
         tmp_path / "gpu.yaml",
         f"""
-        target: {{name: trtllm, trtllm_version: "{version}"}}
+        target: {{name: trtllm, trtllm_backend: tensorrt, trtllm_version: "{version}"}}
         quantization: {{weights: fp8, kv_cache: fp8}}
         runtime: {{enable_kv_cache_reuse: true, enable_chunked_context: true, cuda_graph_cache_size: 4,
                   max_tokens_in_paged_kv_cache: 65536}}
@@ -156,7 +156,12 @@ def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_l
 
 def test_validate_repo_names_a_required_parameter_the_backend_would_fail_to_load_without(tmp_path, tiny_llama):
     """tensorrtllm_backend v0.19.0 reads guided_decoding_backend with no fallback: a config without it fails to load."""
-    cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
+    cfg = load_config(
+        write_config(
+            tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
+        ),
+        [],
+    )
     triton_repo.write(
         cfg, trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0"), tmp_path / "repo", log=print
     )
@@ -185,7 +190,12 @@ def test_our_client_interface_is_each_releases_ensemble_minus_named_features():
 
 
 def test_validate_repo_rejects_an_engine_built_by_another_tensorrt_llm_release(tmp_path, tiny_llama):
-    cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
+    cfg = load_config(
+        write_config(
+            tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
+        ),
+        [],
+    )
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.18.2")
     with pytest.raises(BuildStepError, match=r"built by TensorRT-LLM 0\.18\.2, but the repository targets 0\.19"):
         triton_repo.write(
@@ -315,7 +325,12 @@ def _param(path: Path, key: str) -> str:
 
 @pytest.mark.parametrize("mistake", list(BROKEN))
 def test_validator_names_file_line_and_field_of_each_mistake(tmp_path, tiny_llama, mistake):
-    cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
+    cfg = load_config(
+        write_config(
+            tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
+        ),
+        [],
+    )
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0")
     triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
     break_it, expected = BROKEN[mistake]
@@ -329,7 +344,12 @@ def test_validator_reports_an_empty_directory(tmp_path):
 
 
 def test_serving_a_trtllm_repository_without_gpu_names_what_is_missing(tmp_path, tiny_llama):
-    cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
+    cfg = load_config(
+        write_config(
+            tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
+        ),
+        [],
+    )
     triton_repo.write(
         cfg, trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0"), tmp_path / "repo", log=lambda _: None
     )
@@ -375,7 +395,12 @@ def test_bls_wires_the_models_as_the_ensemble_does():
 @pytest.mark.parametrize("name", ["../evil", "/tmp/evil-model"])
 def test_the_writer_refuses_a_name_leading_outside_before_writing_anything(tmp_path, tiny_llama, name):
     """Belt and braces behind the config's name rule: a config that bypassed validation still writes nothing."""
-    cfg = load_config(write_config(tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_version: "0.19"}\n'), [])
+    cfg = load_config(
+        write_config(
+            tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
+        ),
+        [],
+    )
     cfg.triton.__dict__["postprocessing_name"] = name  # what validate_assignment would refuse
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0")
     before = sorted(tmp_path.rglob("*"))

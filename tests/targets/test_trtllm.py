@@ -59,7 +59,7 @@ def gpu_config(tmp_path: Path, tiny_llama: Path, quantization: str, parallel: st
         tmp_path / "gpu.yaml",
         f"""
         model: {{source: hf, path: {tiny_llama}}}
-        target: {{name: trtllm, trtllm_version: "0.19"}}
+        target: {{name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}}
         quantization: {quantization}
         parallel: {parallel}
         build: {{max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024}}
@@ -274,7 +274,7 @@ def test_trtllm_build_flags_exist_in_the_targeted_release(tmp_path, tiny_llama):
     """Every flag we pass is defined by tensorrt_llm/commands/build.py or plugin.py (add_plugin_argument) in every
     version of them tabulated from TensorRT-LLM's source, and every value we can pass is within its choices."""
     from pipeline.errors import ConfigError
-    from pipeline.targets.trtllm import trtllm_build_command
+    from pipeline.targets.trtllm_engine import trtllm_build_command
 
     # settings the config only accepts together (no attention plugin / padding means the V1 batching)
     companions = ["build.kv_cache_type=continuous", "build.remove_input_padding=false", "runtime.batching_strategy=V1"]
@@ -376,7 +376,8 @@ def test_every_supported_release_has_a_container_and_the_dockerfile_default_matc
     TRITON_TAG and TRTLLM_VERSION must be one such pair, or its own version check stops the build."""
     import re
 
-    from pipeline.targets.trtllm import SUPPORTED_VERSIONS, TRITON_CONTAINERS
+    from pipeline.targets.trtllm import TRITON_CONTAINERS
+    from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS
 
     assert set(TRITON_CONTAINERS) == set(SUPPORTED_VERSIONS)
     dockerfile = (Path(__file__).parents[2] / "Dockerfile").read_text()

@@ -1,0 +1,491 @@
+"""The trtllm target's `pytorch` backend: TensorRT-LLM's default since 1.0, deployed through the LLM API.
+
+What users deploy is the (ModelOpt-quantized) unified Hugging Face checkpoint plus one LLM-API options YAML:
+`trtllm-serve MODEL --config FILE`, or Triton's `llmapi` python model, whose `model.yaml` carries the same
+options next to a `triton_config` section. So the engine stage writes no engine: it lays out `engine/model/`
+(the unified checkpoint, checked against what the PyTorch loader of the targeted release reads, with the
+tokenizer) and `engine/llm_api_options.yaml`, every key of which is checked against that release's `TorchLlmArgs`
+(tabulated from llm_args.py by scripts/dev/tabulate_trtllm_llm_args.py). The Triton repository holds the llmapi
+model's `config.pbtxt` and `model.yaml` (its model.py comes from NVIDIA's container when served, never from here)
+and an ensemble that keeps our clients' tensor names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pipeline.errors import BuildStepError, TargetUnavailable
+from pipeline.targets import Problem, given_fields
+from pipeline.targets.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
+from pipeline.targets.trtllm import CHECKPOINT_FIELDS, TRITON_CONTAINERS, gpu_image_command, register_backend
+from pipeline.triton.llmapi_model import llmapi_model, model_yaml_problems
+from pipeline.trtllm_torch_checkpoint import torch_loader_problems, unsupported_quantization
+
+OPTIONS_FILE = "llm_api_options.yaml"
+MODEL_DIR = "model"  # engine/model: the unified checkpoint and tokenizer, what `trtllm-serve MODEL` loads
+ENGINE_RECORD = "config.json"  # engine/config.json: our record (limits, release), as an engine directory has
+# Build config values -> TensorRT-LLM's CapacitySchedulerPolicy names.
+SCHEDULER_POLICIES = {"max_utilization": "MAX_UTILIZATION", "guaranteed_no_evict": "GUARANTEED_NO_EVICT"}
+# Our client tensors (interface.CLIENT_INPUTS) -> the llmapi model's inputs (its config.pbtxt). Client inputs
+# missing here have no llmapi input: README "Which TensorRT-LLM?" documents them.
+CLIENT_TO_LLMAPI = {
+    "text_input": "text_input",
+    "max_tokens": "sampling_param_max_tokens",
+    "stream": "streaming",
+    "temperature": "sampling_param_temperature",
+    "top_k": "sampling_param_top_k",
+    "top_p": "sampling_param_top_p",
+    "presence_penalty": "sampling_param_presence_penalty",
+    "frequency_penalty": "sampling_param_frequency_penalty",
+    "random_seed": "sampling_param_seed",
+    "stop_words": "sampling_param_stop",
+    "exclude_input_in_output": "sampling_param_exclude_input_from_output",
+}
+LLMAPI_TO_CLIENT_OUTPUTS = {"text_output": "text_output"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One LLM-API option and the config field it comes from (so a release lacking it names that field)."""
+
+    key: tuple[str, ...]
+    value: object
+    field: str
+
+
+def cuda_graph_batch_sizes(max_batch_size: int) -> list[int]:
+    """Powers of two below max_batch_size, then max_batch_size: every decode batch pads to a captured graph."""
+    sizes, size = [], 1
+    while size < max_batch_size:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max_batch_size]
+
+
+def all_options(cfg) -> list[Option]:
+    """Every LLM-API option the build config sets, before the targeted release is consulted."""
+    b, r, q, p = cfg.build, cfg.runtime, cfg.quantization, cfg.parallel
+    options = [
+        Option(("max_batch_size",), b.max_batch_size, "build.max_batch_size"),
+        Option(("max_num_tokens",), b.max_num_tokens, "build.max_num_tokens"),
+        Option(("max_seq_len",), b.max_seq_len, "build.max_seq_len"),
+        Option(("max_input_len",), b.max_input_len, "build.max_input_len"),
+        Option(("max_beam_width",), b.max_beam_width, "build.max_beam_width"),
+        Option(("tensor_parallel_size",), p.tp_size, "parallel.tp_size"),
+        Option(("pipeline_parallel_size",), p.pp_size, "parallel.pp_size"),
+        Option(("enable_chunked_prefill",), r.enable_chunked_context, "runtime.enable_chunked_context"),
+        Option(
+            ("scheduler_config", "capacity_scheduler_policy"),
+            SCHEDULER_POLICIES[r.batch_scheduler_policy],
+            "runtime.batch_scheduler_policy",
+        ),
+        Option(
+            ("kv_cache_config", "free_gpu_memory_fraction"),
+            r.kv_cache_free_gpu_mem_fraction,
+            "runtime.kv_cache_free_gpu_mem_fraction",
+        ),
+        Option(("kv_cache_config", "enable_block_reuse"), r.enable_kv_cache_reuse, "runtime.enable_kv_cache_reuse"),
+        Option(("kv_cache_config", "dtype"), "fp8" if q.kv_cache == "fp8" else "auto", "quantization.kv_cache"),
+        Option(("kv_cache_config", "tokens_per_block"), b.tokens_per_block, "build.tokens_per_block"),
+    ]
+    if r.max_tokens_in_paged_kv_cache:
+        options.append(
+            Option(
+                ("kv_cache_config", "max_tokens"),
+                r.max_tokens_in_paged_kv_cache,
+                "runtime.max_tokens_in_paged_kv_cache",
+            )
+        )
+    graphs = {"batch_sizes": cuda_graph_batch_sizes(b.max_batch_size), "enable_padding": True}
+    options.append(Option(("cuda_graph_config",), graphs if r.cuda_graph_mode else None, "runtime.cuda_graph_mode"))
+    return options
+
+
+def _explicit(cfg) -> set[str]:
+    return {".".join(path) for path in given_fields(cfg)}
+
+
+def release_options(cfg) -> tuple[dict, list[Problem]]:
+    """(the options YAML for the targeted release, problems naming config field and release).
+
+    An option the release lacks is left out when its field keeps its default (the release's own default then
+    applies), and is a problem when the config sets it: a setting must never be dropped silently.
+    """
+    release, explicit = cfg.target.trtllm_version, _explicit(cfg)
+    nested: dict = {}
+    fields: dict[tuple[str, ...], str] = {}
+    problems: list[Problem] = []
+    for option in all_options(cfg):
+        dotted = ".".join(option.key)
+        if not has_option(release, option.key):
+            if option.field in explicit:
+                problems.append(
+                    (
+                        tuple(option.field.split(".")),
+                        f"TensorRT-LLM {release}'s LLM API has no option {dotted}, which this field sets; remove "
+                        "it, or target a release that has it",
+                    )
+                )
+            continue
+        node = nested
+        for part in option.key[:-1]:
+            node = node.setdefault(part, {})
+        node[option.key[-1]] = option.value
+        fields[option.key] = option.field
+    for key, message in options_problems(nested, release):
+        field = next((f for k, f in fields.items() if key[: len(k)] == k), "target.trtllm_version")
+        problems.append((tuple(field.split(".")), message))
+    return nested, problems
+
+
+# ---------------------------------------------------------------- the Triton llmapi repository
+
+
+def llmapi_config(cfg, release: str):
+    """The llmapi model's config.pbtxt: the release's own tensors, named by triton.llm_model_name.
+
+    max_batch_size and decoupled are left to model.yaml's triton_config, as upstream's config.pbtxt does
+    (its model.py sets them in auto_complete_config; set in config.pbtxt they could not be overridden)."""
+    from pipeline.triton.model_config import mc
+
+    spec = llmapi_model(release)["config"]
+    config = mc.ModelConfig(name=cfg.triton.llm_model_name, backend=spec["backend"])
+    for group in spec["instance_group"]:
+        config.instance_group.add(count=group["count"], kind=mc.ModelInstanceGroup.Kind.Value(group["kind"]))
+    for table, add in ((spec["inputs"], config.input.add), (spec["outputs"], config.output.add)):
+        for row in table:
+            tensor = add(name=row["name"], data_type=mc.DataType.Value(row["data_type"]), dims=row["dims"])
+            if row.get("optional"):
+                tensor.optional = True
+    return config
+
+
+def model_yaml(cfg, engine_dir: Path, options: dict) -> dict:
+    """model.yaml: the model directory, the backend, every LLM-API option, and the Triton-side settings."""
+    return {
+        "model": str(engine_dir / MODEL_DIR),
+        "backend": "pytorch",
+        **options,
+        "triton_config": {"max_batch_size": 0, "decoupled": cfg.runtime.streaming},
+    }
+
+
+def llmapi_ensemble(cfg, llm):
+    """An ensemble named like our other repositories' that takes our clients' tensors to the llmapi model's."""
+    from pipeline.triton import interface
+    from pipeline.triton.model_config import model_config
+
+    declared = {tensor.name: tensor for tensor in llm.input}
+    missing = sorted(theirs for theirs in CLIENT_TO_LLMAPI.values() if theirs not in declared)
+    if missing:
+        raise BuildStepError(
+            f"the llmapi model of TensorRT-LLM {cfg.target.trtllm_version} has no input {', '.join(missing)}; "
+            "update CLIENT_TO_LLMAPI in pipeline/targets/trtllm_llmapi.py"
+        )
+    inputs = [row for row in interface.CLIENT_INPUTS if row[0] in CLIENT_TO_LLMAPI]
+    outputs = [row for row in interface.CLIENT_OUTPUTS if row[0] in LLMAPI_TO_CLIENT_OUTPUTS]
+    config = model_config(
+        cfg.triton.ensemble_name, platform="ensemble", backend="", max_batch_size=0, inputs=inputs, outputs=outputs
+    )
+    config.ensemble_scheduling.step.add(
+        model_name=llm.name,
+        model_version=-1,
+        input_map={CLIENT_TO_LLMAPI[name]: name for name, *_ in inputs},
+        output_map={theirs: ours for theirs, ours in LLMAPI_TO_CLIENT_OUTPUTS.items()},
+    )
+    return config
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where the filesystem allows (an 8B checkpoint is not copied twice), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+# ---------------------------------------------------------------- running it (GPU)
+
+
+class LlmApiRunner:
+    """tensorrt_llm.LLM behind ModelRunnerCpp's calling conventions, so `run` and scripts/run_batch.py drive it
+    as they drive engines. Requests of a batch run concurrently (the LLM batches them in flight); a step is
+    reported each time one finishes, so time-to-first-token here is time to the first finished request."""
+
+    def __init__(self, llm, max_batch_size: int):
+        self.llm, self.max_batch_size = llm, max_batch_size
+
+    @classmethod
+    def from_dir(cls, engine_dir: Path, engine: dict) -> "LlmApiRunner":
+        from tensorrt_llm import LLM
+
+        options = yaml.safe_load((engine_dir / OPTIONS_FILE).read_text())
+        return cls(LLM(model=str(engine_dir / MODEL_DIR), **options), engine["build_config"]["max_batch_size"])
+
+    def generate(
+        self,
+        batch_input_ids,
+        *,
+        max_new_tokens: int,
+        end_id: int,
+        pad_id: int,
+        stop_words_list=None,
+        temperature: float = 1.0,
+        top_k: int = 1,
+        top_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        random_seed: int | None = None,
+        **_conventions,  # streaming / return_dict: always streamed as ModelRunnerCpp's dicts
+    ):
+        import torch
+        from tensorrt_llm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=max_new_tokens,
+            end_id=end_id,
+            pad_id=pad_id,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p or None,
+            repetition_penalty=repetition_penalty,
+            seed=random_seed,
+            stop_token_ids=[w[0][0] for w in (stop_words_list or [[]])[0] if len(w[0]) == 1] or None,
+        )
+        prompts = [ids.tolist() for ids in batch_input_ids]
+        futures = [self.llm.generate_async(ids, params) for ids in prompts]
+        width = max(map(len, prompts)) + max_new_tokens
+        output_ids = torch.full((len(prompts), 1, width), pad_id, dtype=torch.int32)
+        lengths = torch.tensor([[len(ids)] for ids in prompts], dtype=torch.int32)
+        for row, future in enumerate(futures):
+            generated = future.result().outputs[0].token_ids
+            output_ids[row, 0, : len(prompts[row])] = torch.tensor(prompts[row])
+            output_ids[row, 0, len(prompts[row]) : len(prompts[row]) + len(generated)] = torch.tensor(generated)
+            lengths[row, 0] = len(prompts[row]) + len(generated)
+            yield {"output_ids": output_ids.clone(), "sequence_lengths": lengths.clone()}
+
+
+def missing_for_llm_api() -> list[str]:
+    """What this machine lacks to run the LLM API (empty on a GPU machine with TensorRT-LLM)."""
+    import importlib.util
+
+    return [
+        what
+        for what, present in (
+            ("the tensorrt_llm package (NVIDIA's container or index)", importlib.util.find_spec("tensorrt_llm")),
+            ("an NVIDIA GPU (/dev/nvidia0)", Path("/dev/nvidia0").exists()),
+        )
+        if not present
+    ]
+
+
+def trtllm_serve_command(engine_dir: Path, release: str, host: str, port: int) -> list[str]:
+    return [
+        "trtllm-serve",
+        str(engine_dir / MODEL_DIR),
+        f"{serve_options_flag(release)}={engine_dir / OPTIONS_FILE}",
+        f"--host={host}",
+        f"--port={port}",
+    ]
+
+
+def serve_commands(engine_dir: Path, repo: Path, release: str, host: str, port: int) -> list[str]:
+    """The two ways to serve a pytorch-backend build in NVIDIA's container for `release`, as shell lines:
+    trtllm-serve (OpenAI-compatible), or tritonserver with the repository once the container's llmapi
+    model.py is copied beside our model.yaml."""
+    import shlex
+
+    image = f"nvcr.io/nvidia/tritonserver:{TRITON_CONTAINERS[release]}-trtllm-python-py3"
+    mounts = sorted({str(engine_dir.parent), str(repo.parent)})
+    docker = ["docker", "run", "--rm", "--gpus=all", "--ipc=host", *(f"--volume={m}:{m}" for m in mounts)]
+    model_py = f"{llmapi_model(release)['container']['llmapi_model_dir']}/1/*.py"
+    copy = f"cp {model_py} {repo}/{llmapi_model_name(repo) or 'tensorrt_llm'}/1/"
+    return [
+        shlex.join(
+            [*docker, f"--publish={port}:{port}", image, *trtllm_serve_command(engine_dir, release, host, port)]
+        ),
+        shlex.join([*docker, "--publish=8000:8000", image, "bash", "-c"])
+        + " "
+        + shlex.quote(f"{copy} && tritonserver --model-repository={repo}"),
+    ]
+
+
+def llmapi_model_name(repo: Path) -> str | None:
+    """The repository's llmapi model: the python model whose version directory holds a model.yaml."""
+    found = sorted(p.parent.parent.name for p in repo.glob("*/1/model.yaml"))
+    return found[0] if found else None
+
+
+def serve_llm_api(repo: Path, host: str, port: int) -> None:
+    """Serve a pytorch-backend repository with trtllm-serve where TensorRT-LLM and a GPU are (the process becomes
+    trtllm-serve); elsewhere stop with exit 4 and the exact commands for NVIDIA's container."""
+    spec = yaml.safe_load((repo / llmapi_model_name(repo) / "1" / "model.yaml").read_text())
+    engine_dir = Path(spec["model"]).parent
+    release = json.loads((engine_dir / ENGINE_RECORD).read_text())["trtllm_version"]
+    missing = missing_for_llm_api()
+    if missing:
+        trtllm_serve, triton = serve_commands(engine_dir, repo, release, host, port)
+        raise TargetUnavailable(
+            f"{repo} is served by TensorRT-LLM {release}'s PyTorch backend, which needs {' and '.join(missing)}. "
+            f"On a GPU machine run NVIDIA's container:\n  {trtllm_serve}\nor, for Triton's llmapi model:\n  {triton}"
+        )
+    command = trtllm_serve_command(engine_dir, release, host, port)
+    os.execvp(command[0], command)
+
+
+# ---------------------------------------------------------------- the backend
+
+
+@register_backend
+class LlmApiBackend:
+    name = "pytorch"
+    summary = "the PyTorch backend (unified checkpoint + LLM-API options: trtllm-serve, Triton llmapi model)"
+    releases = LLM_API_RELEASES
+    honours = CHECKPOINT_FIELDS | {
+        "build.max_batch_size",
+        "build.max_input_len",
+        "build.max_seq_len",
+        "build.max_num_tokens",
+        "build.max_beam_width",
+        "build.kv_cache_type",
+        "build.tokens_per_block",
+        "runtime.batching_strategy",
+        "runtime.batch_scheduler_policy",
+        "runtime.kv_cache_free_gpu_mem_fraction",
+        "runtime.enable_kv_cache_reuse",
+        "runtime.enable_chunked_context",
+        "runtime.cuda_graph_mode",
+        "runtime.streaming",
+        "runtime.exclude_input_in_output",
+        "runtime.max_tokens_in_paged_kv_cache",
+        "triton.ensemble_name",
+        "triton.llm_model_name",
+    }
+
+    def missing(self) -> list[str]:
+        return missing_for_llm_api()
+
+    def config_problems(self, cfg) -> list[Problem]:
+        b, r, q = cfg.build, cfg.runtime, cfg.quantization
+        release = cfg.target.trtllm_version
+        out: list[Problem] = []
+        if b.kv_cache_type != "paged":
+            out.append((("build", "kv_cache_type"), "the PyTorch backend's KV cache is always paged; remove it"))
+        if r.batching_strategy != "inflight_fused_batching":
+            out.append(
+                (
+                    ("runtime", "batching_strategy"),
+                    "the PyTorch backend always batches in flight (V1 static batching is engine-only); remove it or "
+                    "set target.trtllm_backend: tensorrt",
+                )
+            )
+        if not r.exclude_input_in_output:
+            out.append(
+                (
+                    ("runtime", "exclude_input_in_output"),
+                    "the LLM API returns generated text only; remove it (clients of the llmapi model may send "
+                    "sampling_param_exclude_input_from_output per request)",
+                )
+            )
+        if release not in LLM_API_RELEASES:
+            return out  # the target already names the releases this backend has
+        reason = unsupported_quantization(q.weights, q.method, q.kv_cache, release)
+        if reason:
+            out.append((("quantization", "weights"), reason))
+        out += release_options(cfg)[1]
+        return out
+
+    def writes(self, stage: str, cfg) -> str:
+        return {
+            "engine": f"runtime configuration: {MODEL_DIR}/ (unified checkpoint + tokenizer) and {OPTIONS_FILE} "
+            f"(LLM-API options checked against TensorRT-LLM {cfg.target.trtllm_version})",
+            "triton_repo": "Triton model repository: the llmapi model (config.pbtxt, model.yaml) and an ensemble "
+            "taking our clients' tensors",
+        }.get(stage, "")
+
+    def export_problems(self, cfg, export_dir: Path) -> list[str]:
+        """The unified checkpoint is what the release's PyTorch loader reads."""
+        return torch_loader_problems(export_dir / "hf_unified", cfg.target.trtllm_version)
+
+    def build_engine(self, cfg, ctx) -> dict:
+        options, problems = release_options(cfg)
+        if problems:  # validate refuses these first; a build reaching here has a bug
+            raise BuildStepError("; ".join(f"{'.'.join(field)}: {message}" for field, message in problems))
+        unified = ctx.upstream("export") / "hf_unified"
+        model_dir = ctx.out_dir / MODEL_DIR
+        model_dir.mkdir()
+        for file in sorted(unified.iterdir()):
+            link_or_copy(file, model_dir / file.name)
+        hf_dir = ctx.upstream("import")
+        from pipeline.stages.engine import TOKENIZER_FILES
+
+        for name in TOKENIZER_FILES:  # the LLM loads its tokenizer from the model directory
+            if (hf_dir / name).exists() and not (model_dir / name).exists():
+                shutil.copy2(hf_dir / name, model_dir / name)
+        (ctx.out_dir / OPTIONS_FILE).write_text(
+            f"# LLM-API options for TensorRT-LLM {cfg.target.trtllm_version} (PyTorch backend), written by "
+            f"trtllm-pipeline; every key checked against that release's TorchLlmArgs.\n"
+            f"# trtllm-serve {MODEL_DIR} {serve_options_flag(cfg.target.trtllm_version)} {OPTIONS_FILE}\n"
+            + yaml.safe_dump(options, sort_keys=False)
+        )
+        hf_config = json.loads((unified / "config.json").read_text())
+        record = {
+            "target": "trtllm",
+            "backend": self.name,
+            "trtllm_version": cfg.target.trtllm_version,
+            "build_config": {
+                name: getattr(cfg.build, name)
+                for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width")
+            },
+            "pretrained_config": {
+                "architecture": (hf_config.get("architectures") or ["?"])[0],
+                "dtype": hf_config.get("torch_dtype") or hf_config.get("dtype"),
+                "mapping": {"tp_size": cfg.parallel.tp_size, "pp_size": cfg.parallel.pp_size},
+            },
+        }
+        (ctx.out_dir / ENGINE_RECORD).write_text(json.dumps(record, indent=2))
+        ctx.log(f"LLM-API options ({len(options)} keys) checked against TensorRT-LLM {cfg.target.trtllm_version}")
+        return {"llm_api_options": options}
+
+    def triton_models(self, cfg, engine_dir: Path, engine: dict) -> list:
+        from pipeline.triton.model_config import ModelSpec
+
+        release = cfg.target.trtllm_version
+        options = yaml.safe_load((engine_dir / OPTIONS_FILE).read_text())
+        llm = llmapi_config(cfg, release)
+        text = yaml.safe_dump(model_yaml(cfg, engine_dir, options), sort_keys=False)
+        problems = model_yaml_problems(yaml.safe_load(text), release)
+        if problems:
+            raise BuildStepError("model.yaml for the llmapi model:\n  " + "\n  ".join(problems))
+        return [ModelSpec(llm, texts={"model.yaml": text}), ModelSpec(llmapi_ensemble(cfg, llm))]
+
+    def load_runner(self, engine_dir: Path, engine: dict, runtime):
+        missing = missing_for_llm_api()
+        if missing:
+            raise TargetUnavailable(
+                f"{engine_dir} is configured for TensorRT-LLM's PyTorch backend; running it needs "
+                f"{' and '.join(missing)}"
+            )
+        return LlmApiRunner.from_dir(engine_dir, engine)
+
+    def plan_notes(self, cfg, output: Path) -> list[str]:
+        import shlex
+
+        engine, repo = (output / "engine").resolve(), (output / "triton_repo").resolve()
+        trtllm_serve, triton = serve_commands(engine, repo, cfg.target.trtllm_version, "0.0.0.0", 8000)
+        return [
+            f"serve with trtllm-serve (TensorRT-LLM {cfg.target.trtllm_version}, NVIDIA's container):\n"
+            f"  {trtllm_serve}",
+            f"or with Triton's llmapi model:\n  {triton}",
+            f"or the whole config in NVIDIA's container:\n  {shlex.join(gpu_image_command(cfg))}",
+        ]
+
+    def memory_plan(self, cfg, facts):
+        from pipeline.memory import plan_memory
+
+        return plan_memory(cfg, facts, cuda_graph_batch=cfg.build.max_batch_size if cfg.runtime.cuda_graph_mode else 0)

@@ -1,0 +1,152 @@
+"""The trtllm target's PyTorch backend on CPU: the unified checkpoint checked against the release's PyTorch loader,
+LLM-API options checked against the release's TorchLlmArgs, the Triton llmapi repository, and a clear stop (exit 4,
+with the exact commands) where a GPU is needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+from pipeline.targets.llm_api_args import options_problems
+from pipeline.targets.trtllm_llmapi import OPTIONS_FILE, cuda_graph_batch_sizes, release_options
+from pipeline.triton.llmapi_model import llmapi_model
+from pipeline.triton.validate import validate_repo
+from tests.conftest import run_cli, write_config
+
+RELEASES = ("1.0", "1.2")
+
+
+def pytorch_config(tmp_path: Path, tiny_llama: Path, release: str, extra: str = "") -> Path:
+    return write_config(
+        tmp_path / f"pytorch-{release}.yaml",
+        f"""
+        model: {{source: hf, path: {tiny_llama}}}
+        target: {{name: trtllm, trtllm_backend: pytorch, trtllm_version: "{release}"}}
+        quantization: {{weights: fp8, kv_cache: fp8, calibration: {{num_samples: 4, seq_len: 32}}}}
+        build: {{max_batch_size: 12, max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024}}
+        runtime: {{enable_kv_cache_reuse: true, enable_chunked_context: true}}
+        verify: {{eval_tokens: 256, max_perplexity_increase: 0.5}}
+        {extra}
+    """,
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_llama):
+    """The tiny Llama built by the real CLI for 1.0 and 1.2: FP8 weights and KV cache, to the end."""
+    out = {}
+    for release in RELEASES:
+        root = tmp_path_factory.mktemp(f"pytorch-{release}")
+        result = run_cli("build", str(pytorch_config(root, tiny_llama, release)), "--output", str(root / "out"))
+        out[release] = (root / "out", result)
+    return out
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_build_runs_to_the_end_without_a_gpu(built, release):
+    output, result = built[release]
+    assert result.returncode == 0, result.stderr[-3000:]
+    engine = output / "engine"
+    record = json.loads((engine / "config.json").read_text())
+    assert (record["backend"], record["trtllm_version"]) == ("pytorch", release)
+    assert (engine / "model" / "hf_quant_config.json").is_file()
+    assert (engine / "model" / "tokenizer.json").is_file()
+    assert not list(engine.glob("*.engine")), "the PyTorch backend has no engine to fake"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_generated_option_is_a_field_of_the_releases_torch_llm_args(built, release):
+    output, _ = built[release]
+    options = yaml.safe_load((output / "engine" / OPTIONS_FILE).read_text())
+    assert options_problems(options, release) == []
+    assert options["max_batch_size"] == 12
+    assert options["kv_cache_config"]["dtype"] == "fp8"
+    assert options["kv_cache_config"]["enable_block_reuse"] is True
+    assert options["enable_chunked_prefill"] is True
+    assert options["cuda_graph_config"]["batch_sizes"] == [1, 2, 4, 8, 12]
+    assert options["scheduler_config"]["capacity_scheduler_policy"] == "GUARANTEED_NO_EVICT"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_llmapi_repository_is_valid_for_its_release(built, release):
+    output, _ = built[release]
+    repo = output / "triton_repo"
+    assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "tensorrt_llm"]
+    assert not (repo / "tensorrt_llm" / "1" / "model.py").exists(), "model.py comes from NVIDIA's container"
+    report = validate_repo(repo, release)
+    assert report.problems == []
+    spec = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert spec["triton_config"] == {"max_batch_size": 0, "decoupled": True}
+    assert spec["model"] == str((output / "engine" / "model").resolve())
+    upstream = {row["name"] for row in llmapi_model(release)["config"]["inputs"]}
+    assert {t.name for t in report.models["tensorrt_llm"].input} == upstream
+
+
+def test_validate_repo_catches_a_key_the_release_lacks(built, tmp_path):
+    import shutil
+
+    output, _ = built["1.2"]
+    repo = tmp_path / "repo"
+    shutil.copytree(output / "triton_repo", repo)
+    model_yaml = repo / "tensorrt_llm" / "1" / "model.yaml"
+    spec = yaml.safe_load(model_yaml.read_text())
+    spec["kv_cache_config"]["no_such_knob"] = 1
+    spec["triton_config"]["decoupled"] = "false"
+    model_yaml.write_text(yaml.safe_dump(spec))
+    problems = "\n".join(validate_repo(repo, "1.2").problems)
+    assert "no_such_knob" in problems and "1.2" in problems
+    assert "triton_config.decoupled" in problems
+
+
+@pytest.mark.no_gpu
+def test_serve_stops_with_exit_4_and_the_exact_commands(built):
+    output, _ = built["1.2"]
+    result = run_cli("serve", str(output / "triton_repo"))
+    assert result.returncode == 4, result.stderr
+    message = result.stdout + result.stderr
+    assert "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in message
+    assert f"trtllm-serve {(output / 'engine' / 'model').resolve()}" in message
+    assert "/app/all_models/llmapi/tensorrt_llm/1/" in message
+
+
+@pytest.mark.no_gpu
+def test_run_stops_with_exit_4(built):
+    output, _ = built["1.2"]
+    result = run_cli("run", str(output / "engine"), "-p", "w1 w2")
+    assert result.returncode == 4, result.stderr
+    assert "PyTorch backend" in result.stdout + result.stderr
+
+
+def test_plan_prints_the_serve_commands(tmp_path, tiny_llama):
+    result = run_cli("plan", str(pytorch_config(tmp_path, tiny_llama, "1.2")), "--output", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "trtllm-serve" in result.stdout and "26.07-trtllm-python-py3" in result.stdout
+
+
+def test_engine_build_flags_are_refused_with_the_backend_that_reads_them(tmp_path, tiny_llama):
+    path = pytorch_config(tmp_path, tiny_llama, "1.2", "")
+    path.write_text(path.read_text().replace("max_num_tokens: 1024}", "max_num_tokens: 1024, gemm_plugin: float16}"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (problem,) = info.value.problems
+    assert "build.gemm_plugin" in problem and "target.trtllm_backend: tensorrt" in problem
+
+
+def test_cuda_graph_batch_sizes_reach_max_batch_size():
+    assert cuda_graph_batch_sizes(1) == [1]
+    assert cuda_graph_batch_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert cuda_graph_batch_sizes(100) == [1, 2, 4, 8, 16, 32, 64, 100]
+
+
+def test_options_carry_every_setting_for_both_releases(tmp_path, tiny_llama):
+    for release in RELEASES:
+        cfg = load_config(pytorch_config(tmp_path, tiny_llama, release, "parallel: {tp_size: 2}"))
+        options, problems = release_options(cfg)
+        assert problems == []
+        assert options["tensor_parallel_size"] == 2
+        assert options["kv_cache_config"]["free_gpu_memory_fraction"] == 0.9
