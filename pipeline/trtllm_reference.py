@@ -7,6 +7,11 @@ into transformers' LlamaForCausalLM. Activation quantization (FP8, INT8 SmoothQu
 `prequant_scaling_factor` are applied by forward pre-hooks, and a quantized KV cache by fake-quantizing
 the key/value projections' outputs (before RoPE; TensorRT-LLM quantizes after, a rotation that keeps
 per-tensor ranges close). Written by hand: no library reads TensorRT-LLM checkpoints without a GPU.
+
+`load_unified_reference` does the same for ModelOpt's unified HF checkpoint (`export/hf_unified/`) with the
+semantics of TensorRT-LLM's PyTorch backend, which deploys that checkpoint: its LinearMethods' loaders
+(tensorrt_llm/_torch/modules/linear.py, the versions tabulated in trtllm_torch_loader.json) and its TRTLLM
+attention backend. `checkpoint_report(..., kind=)` scores either kind the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([low, high], dim=1).reshape(-1, packed.shape[1])
 
 
+def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Packed int4 [out/2, in] (TensorRT-LLM's int8 or ModelOpt's unified uint8: the same nibble layout) times
+    per-group scales [out, in/group]."""
+    values = unpack_int4(packed).float()
+    return values * scale.float().repeat_interleave(values.shape[1] // scale.shape[1], dim=1)
+
+
 def loader_int8_weight_only(weight: torch.Tensor) -> torch.Tensor:
     """What TensorRT-LLM's loader makes of a float W8A16 weight [out, in], dequantized: symmetric_quantize
     (cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp @ 05316d3) scales each output channel
@@ -54,9 +66,7 @@ def dequantize(tensors: dict[str, torch.Tensor], prefix: str, algo: str | None) 
         return weight.float() * scale.float()
     if algo == "W8A8_SQ_PER_CHANNEL":
         return weight.float() * scale.float()[:, None]
-    values = unpack_int4(weight).float()  # W4A16_AWQ / W4A8_AWQ: scale [out, in/group]
-    group = values.shape[1] // scale.shape[1]
-    return values * scale.float().repeat_interleave(group, dim=1)
+    return dequantize_int4(weight, scale)  # W4A16_AWQ / W4A8_AWQ: scale [out, in/group]
 
 
 def load_ranks(checkpoint: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
@@ -69,7 +79,7 @@ def load_ranks(checkpoint: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
 
 def load_reference(checkpoint: Path, hf_dir: Path):
     """transformers LlamaForCausalLM (float32) computing what the checkpoint's engine would compute."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config, ranks = load_ranks(checkpoint)
     tp, pp = config["mapping"]["tp_size"], config["mapping"]["pp_size"]
@@ -148,6 +158,15 @@ def load_reference(checkpoint: Path, hf_dir: Path):
             for target in ("self_attn.k_proj", "self_attn.v_proj"):
                 hooks[f"{hf}.{target}:out"] = (scale, "fp8" if kv_algo == "FP8" else "int8")
 
+    return build_reference(hf_config, state, hooks)
+
+
+def build_reference(hf_config, state: dict[str, torch.Tensor], hooks: dict):
+    """LlamaForCausalLM (float32) holding `state` (HF names, dequantized weights), with `hooks`: module name ->
+    (prequant factor or None, activation scale or None, "fp8"|"int8") applied to its input, and
+    "module:out" -> (scale, "fp8"|"int8") fake-quantizing its output."""
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [m for m in missing if "rotary" not in m] or unexpected:
@@ -168,8 +187,109 @@ def load_reference(checkpoint: Path, hf_dir: Path):
     return model
 
 
-def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=print) -> dict:
-    """TensorRT-LLM checkpoint vs the fp32 HF model: perplexity, top-1 agreement, logits difference, a greedy sample."""
+# ---------------------------------------------------------------- the unified HF checkpoint, as TensorRT-LLM's
+# PyTorch backend loads it
+
+# HF Llama linears the PyTorch backend fuses (qkv_proj, gate_up_proj: their fused loaders) and the ones it loads
+# alone (load_weights_vanilla)
+FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
+VANILLA = (("self_attn.o_proj",), ("mlp.down_proj",))
+# TRTLLM attention backend (tensorrt_llm/_torch/attention_backend/trtllm.py) quantizes an FP8 KV cache with its
+# kv_cache_scaling_factor, a constant 1.0; the checkpoint's k_scale / v_scale reach qkv_proj.kv_scales, which
+# modules/attention.py passes to the kernel only for an FP4 KV cache. So k_scale / v_scale do not change an FP8 KV
+# cache, which is stored at scale 1.0, as the TensorRT-LLM checkpoint's kv_cache_scaling_factor (ModelOpt clamps
+# it to >= 1.0 there) also says.
+TORCH_FP8_KV_SCALE = 1.0
+TORCH_ALGOS = ("FP8", "W4A16_AWQ", "W4A8_AWQ")
+
+
+def _fp8_round(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+
+
+def unified_linears(
+    tensors: dict[str, torch.Tensor], prefix: str, group: tuple[str, ...], algo: str | None, dtype: torch.dtype
+) -> tuple[list[torch.Tensor], tuple | None]:
+    """The dequantized weights of the linears `group` (one fused PyTorch-backend linear, or one vanilla linear) of
+    layer `prefix` and the input hook spec they share, as the backend's LinearMethod for `algo` loads and runs them.
+    `dtype` is the model dtype, the precision the loaders cast scales and rescaled weights to."""
+    names = [f"{prefix}.{m}" for m in group]
+    weights = [tensors[f"{n}.weight"] for n in names]
+    if algo is None or not all(f"{n}.weight_scale" in tensors for n in names):  # unquantized or excluded
+        return [w.float() for w in weights], None
+    scales = [tensors[f"{n}.weight_scale"].float() for n in names]
+    pqs = tensors.get(f"{names[0]}.pre_quant_scale")  # the loaders read it from the group's first linear
+    if algo == "FP8":  # FP8QDQLinearMethod: a fused linear requantizes its parts, in `dtype`, to the largest scale
+        top = torch.stack([s.reshape(()) for s in scales]).max()
+        out = [
+            _fp8_round(w.to(dtype) * s.to(dtype) / top.to(dtype)) * top if len(group) > 1 else w.float() * s
+            for w, s in zip(weights, scales)
+        ]
+        inputs = [tensors[f"{n}.input_scale"].float().reshape(()) for n in names if f"{n}.input_scale" in tensors]
+        if not inputs:
+            raise ValueError(f"{names[0]}: no input_scale; dynamic FP8 activation quantization is not modelled")
+        return out, (None, torch.stack(inputs).max(), "fp8")
+    if algo == "W4A16_AWQ":  # W4A16_AWQ_LinearMethod: pre_quant_scale read by load_weights_vanilla only
+        out = [dequantize_int4(w, s.to(dtype).float()) for w, s in zip(weights, scales)]
+        factor = pqs.float() if pqs is not None and len(group) == 1 else None
+        return out, None if factor is None else (factor, None, "fp8")
+    if algo == "W4A8_AWQ":  # W4A8_AWQ_LinearMethod: int4 x fp16(weight_scale / weight_scale_2) -> fp8 GEMM
+        scale_2 = tensors[f"{names[0]}.weight_scale_2"].float().reshape(())
+        out = [_fp8_round(dequantize_int4(w, (s / scale_2).half().float())) * scale_2 for w, s in zip(weights, scales)]
+        act = tensors[f"{names[0]}.input_scale"].float().reshape(())
+        return out, (None if pqs is None else pqs.float(), act, "fp8")
+    raise ValueError(f"quant_algo {algo!r}: TensorRT-LLM's PyTorch backend semantics are modelled for {TORCH_ALGOS}")
+
+
+def load_unified_reference(unified_dir: Path, hf_dir: Path):
+    """transformers LlamaForCausalLM (float32) computing what TensorRT-LLM's PyTorch backend would compute from
+    the unified HF checkpoint `unified_dir` (hf_quant_config.json + *.safetensors, HF tensor names)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    config = json.loads((unified_dir / "config.json").read_text())
+    quant_file = unified_dir / "hf_quant_config.json"
+    quant = json.loads(quant_file.read_text()).get("quantization", {}) if quant_file.is_file() else {}
+    algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
+    if kv_algo not in (None, "FP8"):
+        raise ValueError(f"kv_cache_quant_algo {kv_algo!r}: only an FP8 KV cache is modelled for the PyTorch backend")
+    dtype = getattr(torch, config.get("torch_dtype") or config.get("dtype") or "float16")
+    tensors = {}
+    for file in sorted(unified_dir.glob("*.safetensors")):
+        tensors |= load_file(file)
+    hf_config = AutoConfig.from_pretrained(hf_dir)
+    hf_config.tie_word_embeddings = False
+    vocab = hf_config.vocab_size
+    embed = tensors["model.embed_tokens.weight"][:vocab].float()
+    state = {
+        "model.embed_tokens.weight": embed,
+        "lm_head.weight": tensors["lm_head.weight"][:vocab].float() if "lm_head.weight" in tensors else embed,
+        "model.norm.weight": tensors["model.norm.weight"].float(),
+    }
+    hooks = {}
+    for index in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{index}"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            state[f"{prefix}.{norm}.weight"] = tensors[f"{prefix}.{norm}.weight"].float()
+        for group in FUSED + VANILLA:
+            weights, hook = unified_linears(tensors, prefix, group, algo, dtype)
+            for module, weight in zip(group, weights):
+                state[f"{prefix}.{module}.weight"] = weight
+                if hook is not None:
+                    hooks[f"{prefix}.{module}"] = hook
+        if kv_algo == "FP8":
+            for module in ("self_attn.k_proj", "self_attn.v_proj"):
+                hooks[f"{prefix}.{module}:out"] = (torch.tensor(TORCH_FP8_KV_SCALE), "fp8")
+    return build_reference(hf_config, state, hooks)
+
+
+LOADERS = {"trtllm": load_reference, "unified": load_unified_reference}
+
+
+def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=print, kind: str = "trtllm") -> dict:
+    """A checkpoint's reference forward vs the fp32 HF model: perplexity, top-1 agreement, logits difference, a
+    greedy sample. `kind`: "trtllm" (a TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's
+    unified HF checkpoint, as TensorRT-LLM's PyTorch backend runs it)."""
     import numpy as np
     from transformers import AutoTokenizer
 
@@ -178,11 +298,11 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
 
     ids = eval_token_ids(cfg, hf_dir, cache, log)
     log(
-        f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the checkpoint's "
+        f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the {kind} checkpoint's "
         "reference forward"
     )
     hf_fn = quality.hf_logits_fn(hf_dir)
-    reference = load_reference(checkpoint, hf_dir)
+    reference = LOADERS[kind](checkpoint, hf_dir)
     ckpt_fn = quality.torch_logits_fn(reference)
     window = ids[None, :WINDOW]
     hf_logits, ckpt_logits = hf_fn(window), ckpt_fn(window)

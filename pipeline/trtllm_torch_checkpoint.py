@@ -4,8 +4,8 @@ TensorRT-LLM 1.x's PyTorch backend (LLM API, `trtllm-serve`) loads a ModelOpt un
 requires is tabulated from its source by scripts/dev/tabulate_trtllm_torch_loader.py into trtllm_torch_loader.json
 (per release: the hf_quant_config.json keys read, the LinearMethod each quant_algo gets or the ValueError it raises,
 the tensors each method's loaders read next to `weight` without a fallback, the dtypes they assert). The shapes
-are ModelOpt's layout, derived from config.json and group_size. `same_weights_problems` ties the checkpoint users
-deploy to the TensorRT-LLM checkpoint the CPU reference forward verified: the same quantized weights and scales.
+are ModelOpt's layout, derived from config.json and group_size. Whether the deployed values are good is measured on
+the unified checkpoint itself: pipeline/trtllm_reference.py load_unified_reference (checkpoint_report kind="unified").
 """
 
 from __future__ import annotations
@@ -209,9 +209,25 @@ def unsupported_quantization(weights: str, method: str, kv_cache: str, release: 
     return None
 
 
+def export_unified(model, dtype, unified_dir: Path) -> list[str]:
+    """ModelOpt's unified HF checkpoint of the calibrated `model` in `dtype` (a torch dtype); returns the identity
+    pre_quant_scale tensors repair_pre_quant_scale added (int4 round-to-nearest).
+
+    export_hf_checkpoint's dtype only casts the weights it quantizes: everything else (norms, embeddings, lm_head,
+    pre_quant_scale) and config.json's dtype are saved as the model holds them, float32 after the CPU calibration.
+    So the model is cast first. This mutates `model` (as export_hf_checkpoint itself does): call it after the
+    TensorRT-LLM checkpoint export."""
+    from modelopt.torch.export import export_hf_checkpoint
+
+    model.to(dtype)
+    export_hf_checkpoint(model, dtype, unified_dir)
+    return repair_pre_quant_scale(unified_dir)
+
+
 def repair_pre_quant_scale(unified_dir: Path) -> list[str]:
-    """Write the identity pre_quant_scale (ones, the checkpoint's float dtype) that ModelOpt leaves out for int4
-    round-to-nearest on the linears the W4A16_AWQ loader reads it from; returns the tensors written."""
+    """Write the identity pre_quant_scale (ones, in the model dtype of config.json, which W4A8_AWQ_LinearMethod
+    asserts) that ModelOpt leaves out for int4 round-to-nearest on the linears the W4A16_AWQ loader reads it from;
+    returns the tensors written. export_checkpoints calls it on `hf_unified/` right after export_hf_checkpoint."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -221,6 +237,8 @@ def repair_pre_quant_scale(unified_dir: Path) -> list[str]:
     quant = json.loads(quant_file.read_text()).get("quantization", {})
     if quant.get("quant_algo") not in ("W4A16_AWQ", "W4A8_AWQ"):
         return []
+    config = json.loads((unified_dir / "config.json").read_text())
+    dtype = getattr(torch, config.get("torch_dtype") or config.get("dtype") or "float16")
     written = []
     for file in sorted(unified_dir.glob("*.safetensors")):
         tensors = load_file(file)
@@ -232,125 +250,8 @@ def repair_pre_quant_scale(unified_dir: Path) -> list[str]:
                 and f"{prefix}.pre_quant_scale" not in tensors
             ):
                 packed = tensors[f"{prefix}.weight"]
-                dtype = tensors[name].dtype if tensors[name].is_floating_point() else torch.float32
                 tensors[f"{prefix}.pre_quant_scale"] = torch.ones(packed.shape[1], dtype=dtype)
                 written.append(f"{prefix}.pre_quant_scale")
         if written:
             save_file(tensors, file, metadata={"format": "pt"})
     return written
-
-
-# ---------------------------------------------------------------- same weights as the TensorRT-LLM checkpoint
-
-# TensorRT-LLM checkpoint linear (pipeline/trtllm_checkpoint.py llama_linears) -> the HF linears it concatenates
-# along the output dimension
-TRTLLM_LINEARS = {
-    "attention.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "attention.dense": ("self_attn.o_proj",),
-    "mlp.fc": ("mlp.gate_proj",),
-    "mlp.gate": ("mlp.up_proj",),
-    "mlp.proj": ("mlp.down_proj",),
-}
-# Linears whose pre_quant_scale the unified export folds into the norm before them: (HF norm, TensorRT-LLM norm)
-FOLDED_INTO = {
-    "attention.qkv": ("input_layernorm", "input_layernorm"),
-    "mlp.fc": ("post_attention_layernorm", "post_layernorm"),
-    "mlp.gate": ("post_attention_layernorm", "post_layernorm"),
-}
-# TensorRT-LLM checkpoint tensor -> unified checkpoint tensor
-SCALE_NAMES = {
-    "weight": "weight",
-    "weights_scaling_factor": "weight_scale",
-    "activation_scaling_factor": "input_scale",
-    "prequant_scaling_factor": "pre_quant_scale",
-    "weights_scaling_factor_2": "weight_scale_2",
-}
-
-
-def same_weights_problems(unified_dir: Path, trtllm_checkpoint_dir: Path) -> list[str]:
-    """Quantized weights and scales of the unified checkpoint that differ from the TensorRT-LLM checkpoint's.
-
-    Only single-rank TensorRT-LLM checkpoints are compared (tp_size = pp_size = 1): a tp > 1 checkpoint splits
-    each tensor along its parallel dimension (and duplicates KV heads), which this does not reassemble; for those
-    it raises ValueError, so export a tp=1 checkpoint for the comparison."""
-    import torch
-    from safetensors import safe_open
-
-    config = json.loads((trtllm_checkpoint_dir / "config.json").read_text())
-    mapping = config.get("mapping", {})
-    if mapping.get("world_size", 1) != 1:
-        raise ValueError(
-            f"{trtllm_checkpoint_dir} has world_size {mapping.get('world_size')}: only tp_size = pp_size = 1 "
-            "checkpoints are compared with the unified checkpoint"
-        )
-    quant = config.get("quantization") or {}
-    if quant.get("quant_algo") == "W8A16":
-        return ["W8A16: the TensorRT-LLM checkpoint holds float weights its loader quantizes; nothing to compare"]
-    unified = {}
-    for file in sorted(unified_dir.glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            unified |= {name: f.get_tensor(name) for name in f.keys()}
-    with safe_open(trtllm_checkpoint_dir / "rank0.safetensors", "pt") as f:
-        reference = {name: f.get_tensor(name) for name in f.keys()}
-    problems = []
-    quantized = quant.get("quant_algo") is not None
-    for layer in range(config["num_hidden_layers"]):
-        for linear, parts in TRTLLM_LINEARS.items():
-            for trt_name, hf_name in SCALE_NAMES.items():
-                ref_name = f"transformer.layers.{layer}.{linear}.{trt_name}"
-                if ref_name not in reference or (trt_name == "weight" and not quantized):
-                    continue
-                names = [f"model.layers.{layer}.{part}.{hf_name}" for part in parts]
-                missing = [n for n in names if n not in unified]
-                if missing and trt_name == "prequant_scaling_factor" and linear in FOLDED_INTO:
-                    # ModelOpt's unified export folds the pre_quant_scale of linears fed by a norm into its weight
-                    hf_norm, trt_norm = FOLDED_INTO[linear]
-                    folded = reference[f"transformer.layers.{layer}.{trt_norm}.weight"] * reference[ref_name]
-                    norm = f"model.layers.{layer}.{hf_norm}.weight"
-                    problems += _compare(f"{ref_name} x {trt_norm}.weight", folded, [norm], [unified[norm]], torch)
-                    continue
-                if missing:
-                    problems.append(f"{ref_name} has no counterpart: the unified checkpoint lacks {missing}")
-                    continue
-                problems += _compare(ref_name, reference[ref_name], names, [unified[n] for n in names], torch)
-        if quant.get("kv_cache_quant_algo"):
-            ref_name = f"transformer.layers.{layer}.attention.kv_cache_scaling_factor"
-            names = [f"model.layers.{layer}.self_attn.{kv}_proj.{kv}_scale" for kv in "kv"]
-            if ref_name in reference and all(n in unified for n in names):
-                problems += _compare_kv(ref_name, reference[ref_name], names, [unified[n] for n in names], torch)
-            elif ref_name in reference:
-                problems.append(f"{ref_name} has no counterpart: the unified checkpoint lacks {names}")
-    return problems
-
-
-def _compare(ref_name: str, ref, names: list[str], tensors: list, torch) -> list[str]:
-    if ref.dtype in (torch.int8, torch.uint8) or ref.dtype == torch.float8_e4m3fn:
-        ref_bytes = ref.view(torch.uint8)
-        parts = [t.view(torch.uint8) for t in tensors]
-        joined = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if joined.shape != ref_bytes.shape or not torch.equal(joined, ref_bytes):
-            return [f"{ref_name} differs from {' + '.join(names)} ({_where(ref_bytes, joined)})"]
-        return []
-    ref32 = ref.float()
-    if len(tensors) > 1 and ref32.numel() == 1:  # one scale for the fused linear: the maximum of the parts'
-        joined = torch.stack([t.float().reshape(()) for t in tensors]).max().reshape(ref32.shape)
-    else:
-        joined = torch.cat([t.float().reshape(-1, *t.shape[1:]) for t in tensors]) if len(tensors) > 1 else tensors[0]
-        joined = joined.float().reshape(ref32.shape) if joined.numel() == ref32.numel() else joined.float()
-    if joined.shape != ref32.shape or not torch.equal(joined.to(ref.dtype).float(), ref32):
-        return [f"{ref_name} differs from {' + '.join(names)} ({_where(ref32, joined)})"]
-    return []
-
-
-def _compare_kv(ref_name: str, ref, names: list[str], tensors: list, torch) -> list[str]:
-    joined = torch.stack([t.float().reshape(()) for t in tensors]).max().reshape(ref.shape)
-    if not torch.equal(joined, ref.float()):
-        return [f"{ref_name} {ref.float().tolist()} differs from max({', '.join(names)}) {joined.tolist()}"]
-    return []
-
-
-def _where(ref, other) -> str:
-    if ref.shape != other.shape:
-        return f"shape {list(other.shape)} vs {list(ref.shape)}"
-    index = (ref != other).nonzero()[0].tolist()
-    return f"first difference at {index}: {other[tuple(index)].item()} vs {ref[tuple(index)].item()}"
