@@ -336,7 +336,8 @@ def run(
     threads: Optional[int] = typer.Option(None, help="CPU threads for the onnxruntime engine (default: all)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary."),
 ):
-    """Generate for a batch of prompts with a built engine (ModelRunner on CPU, ModelRunnerCpp on GPU).
+    """Generate for a batch of prompts with a built engine (ModelRunner on CPU; on GPU ModelRunnerCpp for engines,
+    tensorrt_llm.LLM with the build's LLM-API options for the PyTorch backend).
 
     Example: trtllm-pipeline run build_configs/smollm2-135m-cpu.yaml --chat -p "Name three colours." -p "What is 2+2?"
     """
@@ -523,21 +524,24 @@ def validate_repo(
     ),
     trtllm_version: Optional[str] = typer.Option(
         None,
-        help="For tensorrtllm models: check the parameters this TensorRT-LLM release's backend reads without a "
-        "fallback are present and of the right type, and the engine was built by this release, e.g. 1.0.",
+        help="Check against this TensorRT-LLM release, e.g. 1.2: tensorrtllm models have every parameter its backend "
+        "reads without a fallback, of the right type, and an engine built by it; llmapi models' model.yaml holds "
+        "only options its LLM API and model.py accept (default for those: the release recorded by the build).",
     ),
 ):
     """Check a Triton model repository offline: every config.pbtxt parses, no ${...} placeholder is
     left, ensemble steps are wired with matching types, every model called is a plain name inside the
     repository, and engine/tokenizer paths exist and hold what they need.
 
-    Example: trtllm-pipeline validate-repo triton_model_repo --trtllm-version 0.19
+    Example: trtllm-pipeline validate-repo triton_model_repo --trtllm-version 1.2
     """
     if trtllm_version is not None:
+        from pipeline.targets.llm_api_args import LLM_API_RELEASES
         from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS
 
-        if trtllm_version not in SUPPORTED_VERSIONS:
-            raise typer.BadParameter(f"'{trtllm_version}' is not one of {', '.join(SUPPORTED_VERSIONS)}")
+        known = sorted(set(SUPPORTED_VERSIONS) | set(LLM_API_RELEASES), key=lambda v: tuple(map(int, v.split("."))))
+        if trtllm_version not in known:
+            raise typer.BadParameter(f"'{trtllm_version}' is not one of {', '.join(known)}")
     from pipeline.triton.validate import validate_repo as check
 
     report = check(repo, trtllm_version)

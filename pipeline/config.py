@@ -81,6 +81,13 @@ class TargetSection(Section):
         "cannot fit are refused).",
     )
 
+    @field_validator("trtllm_version", mode="before")
+    @classmethod
+    def _release_as_written(cls, value):
+        """YAML reads an unquoted 1.2 as a number; take it as the release it spells (an unquoted 0.20 reads as
+        0.2, which `validate` then refuses, naming the releases and the quoting)."""
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
 
 class CalibrationSection(Section):
     text: str = Field(

@@ -200,12 +200,6 @@ def unsupported_quantization(weights: str, method: str, kv_cache: str, release: 
             "exports int8 weight-only as float weights for the engine loader to quantize, so the unified checkpoint "
             "is unquantized; use fp8 or int4 awq"
         )
-    if (weights, method) == ("int4", "rtn"):
-        return (
-            f"TensorRT-LLM {release}'s {row['method']} reads pre_quant_scale of o_proj and down_proj without a "
-            "fallback (load_weights_vanilla), and ModelOpt writes none for int4 round-to-nearest; use int4 awq "
-            "(or write identity pre_quant_scale tensors: repair_pre_quant_scale)"
-        )
     return None
 
 

@@ -171,7 +171,9 @@ def export_checkpoints(
     from one calibration: the second is what TensorRT-LLM's PyTorch workflow, vLLM and SGLang load.
     `loader_quantized` is the quant_algo declared for float weights TensorRT-LLM's loader quantizes."""
     import torch
-    from modelopt.torch.export import export_hf_checkpoint, export_tensorrt_llm_checkpoint
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    from pipeline.trtllm_torch_checkpoint import export_unified
 
     torch_dtype = getattr(torch, dtype)
     checkpoint, unified = out_dir / "trtllm_checkpoint", out_dir / "hf_unified"
@@ -184,7 +186,7 @@ def export_checkpoints(
             inference_tensor_parallel=tp_size,
             inference_pipeline_parallel=pp_size,
         )
-        export_hf_checkpoint(model, torch_dtype, unified)
+        export_unified(model, torch_dtype, unified)  # last: it casts the model to the checkpoint dtype
     repair_pre_quant_scale(checkpoint)
     if loader_quantized:
         config_file = checkpoint / "config.json"
@@ -266,6 +268,10 @@ class TrtllmBackend(Protocol):
 
     def export_problems(self, cfg, export_dir: Path) -> list[str]:
         """What is wrong with the exported checkpoints for this backend, beyond the shared conformance check."""
+
+    def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
+        """(the exported checkpoint this backend deploys, its `trtllm_reference.checkpoint_report` kind): the one
+        the quality gate scores."""
 
     def build_engine(self, cfg, ctx) -> dict:
         """The engine stage's output: what the backend deploys, in ctx.out_dir."""
@@ -548,7 +554,8 @@ class TrtllmTarget:
                 f"the export does not suit TensorRT-LLM {cfg.target.trtllm_version}'s {backend.name} backend:\n  "
                 + "\n  ".join(problems)
             )
-        report = checkpoint_report(cfg, hf_dir, checkpoint, ctx.cache, ctx.log)
+        deployed, kind = backend.deployed_checkpoint(ctx.out_dir)
+        report = checkpoint_report(cfg, hf_dir, deployed, ctx.cache, ctx.log, kind=kind)
         ctx.log(
             f"checkpoint perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
             f"({report['perplexity_increase']:+.1%}), top-1 agreement {report['top1_agreement']:.1%}, "
@@ -556,7 +563,7 @@ class TrtllmTarget:
         )
         problem = gate_problem(cfg, report)
         if problem:
-            raise BuildStepError("TensorRT-LLM checkpoint " + problem)
+            raise BuildStepError(f"{deployed.name} checkpoint " + problem)
         return report
 
     def build_engine(self, cfg, ctx) -> dict:
@@ -575,16 +582,15 @@ class TrtllmTarget:
         return engine_backend(engine).load_runner(engine_dir, engine, runtime)
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
-        """The TensorRT-LLM checkpoint itself, read back from every rank and run by a CPU reference forward."""
+        """The checkpoint the backend deploys, read back and run by a CPU reference forward with its semantics."""
         from pipeline.trtllm_reference import checkpoint_report
 
-        checkpoint = output / "export" / "trtllm_checkpoint"
+        checkpoint, kind = backend_of(cfg).deployed_checkpoint(output / "export")
         if not (checkpoint / "config.json").is_file():
             raise PipelineError(
-                f"no TensorRT-LLM checkpoint in {checkpoint}; build it first: trtllm-pipeline build CONFIG "
-                "--until export"
+                f"no exported checkpoint in {checkpoint}; build it first: trtllm-pipeline build CONFIG --until export"
             )
-        return checkpoint, checkpoint_report(cfg, output / "import", checkpoint, cache, log)
+        return checkpoint, checkpoint_report(cfg, output / "import", checkpoint, cache, log, kind=kind)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         backend = backend_of(cfg)

@@ -284,6 +284,9 @@ class EngineBackend:
     def export_problems(self, cfg, export_dir: Path) -> list[str]:
         return []  # trtllm-build reads the TensorRT-LLM checkpoint, which the target's conformance check covers
 
+    def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
+        return export_dir / "trtllm_checkpoint", "trtllm"
+
     def build_engine(self, cfg, ctx) -> dict:
         return build_engine(
             cfg, ctx.upstream("export") / "trtllm_checkpoint", ctx.out_dir, ctx.upstream("engine"), ctx.log

@@ -107,17 +107,13 @@ def all_options(cfg) -> list[Option]:
     return options
 
 
-def _explicit(cfg) -> set[str]:
-    return {".".join(path) for path in given_fields(cfg)}
-
-
 def release_options(cfg) -> tuple[dict, list[Problem]]:
     """(the options YAML for the targeted release, problems naming config field and release).
 
     An option the release lacks is left out when its field keeps its default (the release's own default then
     applies), and is a problem when the config sets it: a setting must never be dropped silently.
     """
-    release, explicit = cfg.target.trtllm_version, _explicit(cfg)
+    release, explicit = cfg.target.trtllm_version, {".".join(path) for path in given_fields(cfg)}
     nested: dict = {}
     fields: dict[tuple[str, ...], str] = {}
     problems: list[Problem] = []
@@ -411,6 +407,9 @@ class LlmApiBackend:
     def export_problems(self, cfg, export_dir: Path) -> list[str]:
         """The unified checkpoint is what the release's PyTorch loader reads."""
         return torch_loader_problems(export_dir / "hf_unified", cfg.target.trtllm_version)
+
+    def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
+        return export_dir / "hf_unified", "unified"
 
     def build_engine(self, cfg, ctx) -> dict:
         options, problems = release_options(cfg)

@@ -337,20 +337,21 @@ def llama_shape(tmp_path: Path, size: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("config", "size"),
+    ("config", "size", "command"),
     [
-        ("llama-3.1-8b-fp8-h100", "8b"),
-        ("llama-3.1-8b-int4-awq-l40s", "8b"),
-        ("llama-3.1-70b-fp8-tp4", "70b"),
-        ("smollm2-135m-fp8", None),
+        ("llama-3.1-8b-fp8-h100", "8b", "trtllm-serve"),
+        ("llama-3.1-8b-int4-awq-l40s", "8b", "trtllm-serve"),
+        ("llama-3.1-70b-fp8-tp4", "70b", "trtllm-serve"),
+        ("smollm2-135m-fp8", None, "trtllm-serve"),
+        ("smollm2-135m-int4-awq", None, "trtllm-build --checkpoint_dir="),  # the shipped engine example
     ],
 )
-def test_example_gpu_configs_fit_their_gpu_and_plan_prints_the_engine_command(tmp_path, config, size):
-    overrides = [f"model.path={llama_shape(tmp_path, size)}"] if size else []
+def test_example_gpu_configs_fit_their_gpu_and_plan_prints_the_gpu_command(tmp_path, config, size, command):
+    overrides = [f"model.path={llama_shape(tmp_path, size)}"] if size else ["target.gpu=L4"]
     result = run_cli("plan", f"build_configs/{config}.yaml", *overrides, "--output", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     out = " ".join(result.stdout.split())
-    assert "trtllm-build --checkpoint_dir=" in out and "full-length sequences" in out
+    assert command in out and "full-length sequences" in out
 
 
 def test_memory_plan_refuses_70b_fp16_on_one_80gb_gpu(tmp_path):

@@ -150,3 +150,34 @@ def test_options_carry_every_setting_for_both_releases(tmp_path, tiny_llama):
         assert problems == []
         assert options["tensor_parallel_size"] == 2
         assert options["kv_cache_config"]["free_gpu_memory_fraction"] == 0.9
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "says"),
+    [
+        # kv_cache_config.tokens_per_block is an LLM-API option from 1.1 on (tabulated llm_args.py)
+        (
+            "build: {max_batch_size: 12, max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024, tokens_per_block: 64}",
+            "build.tokens_per_block",
+            "TensorRT-LLM 1.0's LLM API has no option kv_cache_config.tokens_per_block",
+        ),
+        (
+            "quantization: {weights: int8, method: smoothquant, calibration: {}}",
+            "quantization.weights",
+            "TensorRT-LLM 1.0's PyTorch backend cannot load W8A8_SQ_PER_CHANNEL",
+        ),
+        ("quantization: {weights: int8}", "quantization.weights", "TensorRT-LLM 1.0's PyTorch backend loads W8A16"),
+    ],
+)
+def test_what_the_targeted_release_lacks_is_a_validate_error_naming_field_and_release(
+    tmp_path, tiny_llama, extra, field, says
+):
+    path = pytorch_config(tmp_path, tiny_llama, "1.0")
+    section = extra.split(":")[0]
+    kept = [line for line in path.read_text().splitlines() if not line.startswith(f"{section}:")]
+    path.write_text("\n".join([*kept, extra]) + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert any(f": {field}: " in p and says in p for p in info.value.problems), info.value.problems
+    if field == "build.tokens_per_block":  # the same setting is an option in 1.2
+        load_config(path, ["target.trtllm_version=1.2"])
