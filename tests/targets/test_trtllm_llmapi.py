@@ -157,7 +157,8 @@ def test_options_carry_every_setting_for_both_releases(tmp_path, tiny_llama):
     [
         # kv_cache_config.tokens_per_block is an LLM-API option from 1.1 on (tabulated llm_args.py)
         (
-            "build: {max_batch_size: 12, max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024, tokens_per_block: 64}",
+            "build: {max_batch_size: 12, max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024, "
+            "tokens_per_block: 64}",
             "build.tokens_per_block",
             "TensorRT-LLM 1.0's LLM API has no option kv_cache_config.tokens_per_block",
         ),
