@@ -47,7 +47,9 @@ def stage_inputs(stage: ModuleType, cfg: BuildConfig, lock_entry: dict | None, u
     dep_files, dep_hash = hash_paths(stage.deps(cfg), cached)
     roots = (stage.__name__, *stage.SOURCES, *target_of(cfg).sources.get(stage.NAME, ()))
     inputs = {
-        "params": {path: dump_value(cfg, path) for path in stage.READS},
+        "params": {
+            path: dump_value(cfg, path) for path in (*stage.READS, *target_of(cfg).stage_reads(stage.NAME, cfg))
+        },
         "tools": tool_versions(stage, cfg),
         "code": source_hashes(roots),
         "deps": dep_hash,

@@ -73,7 +73,7 @@ def test_unchanged_rebuild_does_nothing_and_changes_rerun_only_their_readers(tmp
 
 def test_quantization_change_reruns_from_quantize_on_trtllm(tmp_path, tiny_llama, every_stage_runs):
     output = tmp_path / "out"
-    cfg = load_config(tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\nquantization:\n  weights: int8\n"))
+    cfg = load_config(tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\nquantization:\n  weights: fp8\n"))
     build(cfg, output, Console(file=open(os.devnull, "w")))
     changed = load_config(
         tiny_config(tmp_path, tiny_llama, "target:\n  name: trtllm\nquantization:\n  weights: int4\n  group_size: 32\n")

@@ -2,7 +2,8 @@
 
 The target lays out its models (`Target.triton_models`); writing and validating them is the same for all.
 Inputs: `runtime`, `triton`, `target`, the engine's `config.json`, the python models copied into the
-repository. Runtime knobs are read only here, so changing one re-runs only this stage. The repository
+repository. Runtime knobs are read here, so changing one re-runs only this stage (for trtllm's PyTorch backend,
+those its LLM-API options hold re-run `engine` too, which writes them). The repository
 refers to the engine directory by absolute path, as `gpt_model_path` does in TensorRT-LLM deployments.
 """
 

@@ -45,6 +45,9 @@ class Target(Protocol):
     def option_reading(self, cfg: BuildConfig, field: str) -> str | None:
         """The target option (e.g. `target.trtllm_backend: tensorrt`) under which it would read `field`."""
 
+    def stage_reads(self, stage: str, cfg: BuildConfig) -> tuple[str, ...]:
+        """Config paths `stage` reads for this config beyond the stage's own READS (hashed into its lock entry)."""
+
     def config_problems(self, cfg: BuildConfig) -> list[Problem]:
         """The target's own rules over the config (values it cannot honour, combinations it cannot build)."""
 
@@ -178,5 +181,7 @@ def unhonoured_problems(cfg: BuildConfig) -> list[Problem]:
     return problems
 
 
-# The registry: importing an adapter registers it (adapters import their heavy libraries only inside functions).
-from pipeline.targets import onnxruntime, trtllm  # noqa: E402,F401
+# The registry: importing an adapter registers it (adapters import their heavy libraries only inside functions);
+# trtllm's backends register with it, here rather than in trtllm.py, so a stage that runs one backend's code does
+# not hash the other's (pipeline.sources does not follow this registry).
+from pipeline.targets import onnxruntime, trtllm, trtllm_engine, trtllm_llmapi  # noqa: E402,F401

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 TABLE = json.loads((Path(__file__).parent / "trtllm_llm_args.json").read_text())
-LLM_API_RELEASES = tuple(sorted(TABLE["releases"]))
+LLM_API_RELEASES = tuple(sorted(TABLE["releases"], key=lambda v: tuple(map(int, v.split(".")))))
 # `trtllm-serve`'s names for the options-file flag, newest first (1.2 added --config).
 OPTIONS_FLAG_NAMES = ("--config", "--extra_llm_api_options")
 

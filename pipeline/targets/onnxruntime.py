@@ -545,6 +545,9 @@ class OnnxRuntimeTarget:
     def option_reading(self, cfg, field: str) -> str | None:
         return None
 
+    def stage_reads(self, stage: str, cfg) -> tuple[str, ...]:
+        return ()
+
     def triton_models(self, cfg, engine_dir: Path, engine: dict):
         """tensorrtllm_backend's layout around a decoupled python LLM model with in-flight batching; it imports
         the installed package (it runs in the project's environment), so model.py is the only file copied."""

@@ -165,35 +165,37 @@ def load_calibrated(hf_dir: Path, quantize_dir: Path | None):
 
 
 def export_checkpoints(
-    model, out_dir: Path, dtype: str, tp_size: int, pp_size: int, loader_quantized: str | None
-) -> tuple[Path, Path]:
-    """The TensorRT-LLM checkpoint (`trtllm_checkpoint/`) and the unified HF checkpoint (`hf_unified/`)
-    from one calibration: the second is what TensorRT-LLM's PyTorch workflow, vLLM and SGLang load.
-    `loader_quantized` is the quant_algo declared for float weights TensorRT-LLM's loader quantizes."""
+    model, out_dir: Path, dtype: str, tp_size: int, pp_size: int, loader_quantized: str | None, trtllm: bool
+) -> None:
+    """The unified HF checkpoint (`hf_unified/`: what TensorRT-LLM's PyTorch backend, vLLM and SGLang load) and,
+    when `trtllm`, the TensorRT-LLM checkpoint (`trtllm_checkpoint/`, what trtllm-build reads) from one calibration.
+    `loader_quantized` is the quant_algo declared for float weights TensorRT-LLM's engine loader quantizes."""
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
     from pipeline.trtllm_torch_checkpoint import export_unified
 
     torch_dtype = getattr(torch, dtype)
-    checkpoint, unified = out_dir / "trtllm_checkpoint", out_dir / "hf_unified"
+    checkpoint = out_dir / "trtllm_checkpoint"
     with quiet_modelopt():
-        export_tensorrt_llm_checkpoint(
-            model,
-            "llama",
-            torch_dtype,
-            checkpoint,
-            inference_tensor_parallel=tp_size,
-            inference_pipeline_parallel=pp_size,
-        )
-        export_unified(model, torch_dtype, unified)  # last: it casts the model to the checkpoint dtype
+        if trtllm:
+            export_tensorrt_llm_checkpoint(
+                model,
+                "llama",
+                torch_dtype,
+                checkpoint,
+                inference_tensor_parallel=tp_size,
+                inference_pipeline_parallel=pp_size,
+            )
+        export_unified(model, torch_dtype, out_dir / "hf_unified")  # last: it casts the model to the dtype
+    if not trtllm:
+        return
     repair_pre_quant_scale(checkpoint)
     if loader_quantized:
         config_file = checkpoint / "config.json"
         config = json.loads(config_file.read_text())
         config["quantization"] = {**(config.get("quantization") or {}), "quant_algo": loader_quantized}
         config_file.write_text(json.dumps(config, indent=4))
-    return checkpoint, unified
 
 
 def repair_pre_quant_scale(checkpoint: Path) -> bool:
@@ -257,6 +259,7 @@ class TrtllmBackend(Protocol):
     summary: ClassVar[str]
     releases: ClassVar[tuple[str, ...]]  # the TensorRT-LLM releases whose facts are tabulated for this backend
     honours: ClassVar[frozenset[str]]  # every config field a build with this backend reads
+    engine_reads: ClassVar[tuple[str, ...]]  # config paths its engine stage reads beyond the stage's READS
 
     def missing(self) -> list[str]:
         """What this machine lacks to build and run this backend's output (empty on a GPU machine with it)."""
@@ -266,8 +269,8 @@ class TrtllmBackend(Protocol):
 
     def writes(self, stage: str, cfg) -> str: ...
 
-    def export_problems(self, cfg, export_dir: Path) -> list[str]:
-        """What is wrong with the exported checkpoints for this backend, beyond the shared conformance check."""
+    def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:
+        """What makes the exported checkpoint this backend deploys differ from what the release loads."""
 
     def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
         """(the exported checkpoint this backend deploys, its `trtllm_reference.checkpoint_report` kind): the one
@@ -348,10 +351,13 @@ class TrtllmTarget:
         "export": (
             "pipeline.targets.trtllm",
             "pipeline.trtllm_checkpoint",
+            "pipeline.trtllm_torch_checkpoint",
             "pipeline.verify",
             "pipeline.trtllm_reference",
             "pipeline.quality",
+            *BACKEND_MODULES,  # export_problems and deployed_checkpoint
             Path(__file__).parent.parent / "trtllm_checkpoint_rules.json",
+            Path(__file__).parent.parent / "trtllm_torch_loader.json",
         ),
         # both backends' modules and tables: a superset of what one build executes
         "engine": ("pipeline.targets.trtllm", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),
@@ -377,6 +383,9 @@ class TrtllmTarget:
 
         others = [name for name, backend in BACKENDS.items() if honoured(field, backend.honours)]
         return f"target.trtllm_backend: {' or '.join(others)}" if others else None
+
+    def stage_reads(self, stage: str, cfg) -> tuple[str, ...]:
+        return backend_of(cfg).engine_reads if stage == "engine" else ()
 
     def unavailable(self) -> str | None:
         lacking = [
@@ -487,11 +496,9 @@ class TrtllmTarget:
         return None
 
     def writes(self, stage: str, cfg) -> str:
-        q, p = cfg.quantization, cfg.parallel
+        q = cfg.quantization
         return {
             "quantize": f"ModelOpt-calibrated model ({q.weights} weights, {q.kv_cache} KV cache)",
-            "export": f"TensorRT-LLM checkpoint (config.json, rank0..{p.tp_size * p.pp_size - 1}.safetensors) "
-            "and unified HF checkpoint",
         }.get(stage) or backend_of(cfg).writes(stage, cfg)
 
     def quantize(self, cfg, ctx) -> dict:
@@ -514,47 +521,33 @@ class TrtllmTarget:
         return {"calibration_seconds": round(time.perf_counter() - started, 1), "recipe": q.modelopt_recipe or "preset"}
 
     def export(self, cfg, ctx) -> dict:
-        """TensorRT-LLM + unified HF checkpoints with ModelOpt, then conformance and the quality gate."""
-        from pipeline.trtllm_checkpoint import check_checkpoint
+        """The checkpoint the backend deploys (and the unified one), its conformance, then the quality gate."""
         from pipeline.trtllm_reference import checkpoint_report
         from pipeline.verify import gate_problem
 
         quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / "modelopt_state.pth").is_file() else None
         hf_dir = ctx.upstream("import")
         dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
-        p = cfg.parallel
+        p, release, backend = cfg.parallel, cfg.target.trtllm_version, backend_of(cfg)
+        deployed, kind = backend.deployed_checkpoint(ctx.out_dir)
+        engine_input = kind == "trtllm"
         ctx.log(
-            f"exporting a {dtype} TensorRT-LLM checkpoint for tp={p.tp_size} pp={p.pp_size} and a unified HF "
-            "checkpoint (ModelOpt)"
+            f"exporting a {dtype} "
+            + (f"TensorRT-LLM checkpoint for tp={p.tp_size} pp={p.pp_size} and a " if engine_input else "")
+            + "unified HF checkpoint (ModelOpt)"
         )
         model = load_calibrated(hf_dir, quantized)
-        checkpoint, _ = export_checkpoints(
-            model,
-            ctx.out_dir,
-            dtype,
-            p.tp_size,
-            p.pp_size,
-            loader_quantized(cfg.quantization),
+        export_checkpoints(
+            model, ctx.out_dir, dtype, p.tp_size, p.pp_size, loader_quantized(cfg.quantization), engine_input
         )
         del model
-        problems = check_checkpoint(checkpoint, hf_dir, cfg)
+        problems = backend.export_problems(cfg, hf_dir, ctx.out_dir)
         if problems:
             raise BuildStepError(
-                f"{checkpoint} does not conform to TensorRT-LLM {cfg.target.trtllm_version}:\n  "
+                f"{deployed} does not conform to TensorRT-LLM {release}'s {backend.name} backend:\n  "
                 + "\n  ".join(problems)
             )
-        ctx.log(
-            f"checkpoint conforms to TensorRT-LLM {cfg.target.trtllm_version}: every tensor name, dtype and "
-            "shape on every rank"
-        )
-        backend = backend_of(cfg)
-        problems = backend.export_problems(cfg, ctx.out_dir)
-        if problems:
-            raise BuildStepError(
-                f"the export does not suit TensorRT-LLM {cfg.target.trtllm_version}'s {backend.name} backend:\n  "
-                + "\n  ".join(problems)
-            )
-        deployed, kind = backend.deployed_checkpoint(ctx.out_dir)
+        ctx.log(f"{deployed.name} conforms to what TensorRT-LLM {release}'s {backend.name} backend loads")
         report = checkpoint_report(cfg, hf_dir, deployed, ctx.cache, ctx.log, kind=kind)
         ctx.log(
             f"checkpoint perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
@@ -621,7 +614,3 @@ def recipe_problems(recipe: str, cfg) -> list[str]:
             "general/ptq/fp8_default-kv_fp8)"
         ]
     return []
-
-
-# The backends register themselves on import (they import this module's shared parts).
-from pipeline.targets import trtllm_engine, trtllm_llmapi  # noqa: E402,F401

@@ -201,6 +201,7 @@ class EngineBackend:
     name = "tensorrt"
     summary = "TensorRT engines (trtllm-build, Triton tensorrtllm backend)"
     releases = SUPPORTED_VERSIONS
+    engine_reads = ()  # trtllm-build takes build, quantization and parallel; runtime knobs go to triton_repo
     honours = (
         COMMON_FIELDS
         | CHECKPOINT_FIELDS
@@ -276,13 +277,18 @@ class EngineBackend:
         return out
 
     def writes(self, stage: str, cfg) -> str:
+        ranks = cfg.parallel.tp_size * cfg.parallel.pp_size
         return {
+            "export": f"TensorRT-LLM checkpoint (config.json, rank0..{ranks - 1}.safetensors; every tensor checked) "
+            "and unified HF checkpoint",
             "engine": "engine directory: config.json, rank*.engine, tokenizer",
             "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)",
         }.get(stage, "")
 
-    def export_problems(self, cfg, export_dir: Path) -> list[str]:
-        return []  # trtllm-build reads the TensorRT-LLM checkpoint, which the target's conformance check covers
+    def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:
+        from pipeline.trtllm_checkpoint import check_checkpoint
+
+        return check_checkpoint(export_dir / "trtllm_checkpoint", hf_dir, cfg)
 
     def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
         return export_dir / "trtllm_checkpoint", "trtllm"

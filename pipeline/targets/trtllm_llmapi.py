@@ -20,16 +20,19 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import BuildStepError, TargetUnavailable
+from pipeline.errors import BuildStepError, PipelineError, TargetUnavailable
 from pipeline.targets import Problem, given_fields
 from pipeline.targets.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
 from pipeline.targets.trtllm import CHECKPOINT_FIELDS, TRITON_CONTAINERS, gpu_image_command, register_backend
-from pipeline.triton.llmapi_model import llmapi_model, model_yaml_problems
+from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
+from pipeline.trtllm_torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
 from pipeline.trtllm_torch_checkpoint import torch_loader_problems, unsupported_quantization
 
+# The releases all three of the backend's tables cover: LLM-API options, the llmapi model, the PyTorch loader.
+RELEASES = tuple(r for r in LLM_API_RELEASES if r in LLMAPI_RELEASES and r in TORCH_LOADER_RELEASES)
 OPTIONS_FILE = "llm_api_options.yaml"
 MODEL_DIR = "model"  # engine/model: the unified checkpoint and tokenizer, what `trtllm-serve MODEL` loads
-ENGINE_RECORD = "config.json"  # engine/config.json: our record (limits, release), as an engine directory has
+ENGINE_RECORD = "config.json"  # engine/config.json: limits and release, where run/serve read an engine's
 # Build config values -> TensorRT-LLM's CapacitySchedulerPolicy names.
 SCHEDULER_POLICIES = {"max_utilization": "MAX_UTILIZATION", "guaranteed_no_evict": "GUARANTEED_NO_EVICT"}
 # Our client tensors (interface.CLIENT_INPUTS) -> the llmapi model's inputs (its config.pbtxt). Client inputs
@@ -211,18 +214,22 @@ def link_or_copy(source: Path, target: Path) -> None:
 
 class LlmApiRunner:
     """tensorrt_llm.LLM behind ModelRunnerCpp's calling conventions, so `run` and scripts/run_batch.py drive it
-    as they drive engines. Requests of a batch run concurrently (the LLM batches them in flight); a step is
-    reported each time one finishes, so time-to-first-token here is time to the first finished request."""
+    as they drive engines. Requests of a batch run concurrently (the LLM batches them in flight); their results
+    are collected in order, one step each, so `run`'s time to first token is the first request's whole latency."""
 
     def __init__(self, llm, max_batch_size: int):
         self.llm, self.max_batch_size = llm, max_batch_size
 
     @classmethod
     def from_dir(cls, engine_dir: Path, engine: dict) -> "LlmApiRunner":
+        """The LLM the way the llmapi model.py builds it: options through update_llm_args_with_extra_dict (nested
+        dicts become their config classes), then LLM(**kwargs) (llmapi_model.json llm_kwargs)."""
         from tensorrt_llm import LLM
+        from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
 
         options = yaml.safe_load((engine_dir / OPTIONS_FILE).read_text())
-        return cls(LLM(model=str(engine_dir / MODEL_DIR), **options), engine["build_config"]["max_batch_size"])
+        kwargs = update_llm_args_with_extra_dict({"model": str(engine_dir / MODEL_DIR)}, options)
+        return cls(LLM(**kwargs), engine["build_config"]["max_batch_size"])
 
     def generate(
         self,
@@ -237,11 +244,17 @@ class LlmApiRunner:
         top_p: float = 0.0,
         repetition_penalty: float = 1.0,
         random_seed: int | None = None,
-        **_conventions,  # streaming / return_dict: always streamed as ModelRunnerCpp's dicts
+        **_conventions,  # streaming / return_dict: always yields ModelRunnerCpp's dicts
     ):
         import torch
         from tensorrt_llm import SamplingParams
 
+        stops = (stop_words_list or [[]])[0]  # the same stop words for every row: lists of token ids
+        if any(len(word) != 1 for word in stops):
+            raise PipelineError(
+                "stop words of several tokens are not passed to the LLM API here (SamplingParams.stop_token_ids "
+                "takes single tokens); use single-token stop words"
+            )
         params = SamplingParams(
             max_tokens=max_new_tokens,
             end_id=end_id,
@@ -251,7 +264,7 @@ class LlmApiRunner:
             top_p=top_p or None,
             repetition_penalty=repetition_penalty,
             seed=random_seed,
-            stop_token_ids=[w[0][0] for w in (stop_words_list or [[]])[0] if len(w[0]) == 1] or None,
+            stop_token_ids=[word[0] for word in stops] or None,
         )
         prompts = [ids.tolist() for ids in batch_input_ids]
         futures = [self.llm.generate_async(ids, params) for ids in prompts]
@@ -280,35 +293,53 @@ def missing_for_llm_api() -> list[str]:
     ]
 
 
-def trtllm_serve_command(engine_dir: Path, release: str, host: str, port: int) -> list[str]:
-    return [
-        "trtllm-serve",
-        str(engine_dir / MODEL_DIR),
-        f"{serve_options_flag(release)}={engine_dir / OPTIONS_FILE}",
-        f"--host={host}",
-        f"--port={port}",
-    ]
+@dataclass(frozen=True)
+class Deployment:
+    """What serving a pytorch-backend build needs: read back from its repository's model.yaml and the record
+    the engine stage wrote next to the model directory."""
 
+    model_dir: Path
+    options: Path
+    release: str
+    repo: Path
+    llm_model_name: str
 
-def serve_commands(engine_dir: Path, repo: Path, release: str, host: str, port: int) -> list[str]:
-    """The two ways to serve a pytorch-backend build in NVIDIA's container for `release`, as shell lines:
-    trtllm-serve (OpenAI-compatible), or tritonserver with the repository once the container's llmapi
-    model.py is copied beside our model.yaml."""
-    import shlex
+    @classmethod
+    def of(cls, repo: Path) -> "Deployment":
+        repo = repo.resolve()
+        name = llmapi_model_name(repo)
+        spec = yaml.safe_load((repo / name / "1" / "model.yaml").read_text())
+        model_dir = Path(spec["model"])
+        record = model_dir.parent / ENGINE_RECORD
+        try:
+            release = json.loads(record.read_text())["trtllm_version"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise PipelineError(
+                f"{record} does not record the TensorRT-LLM release (the repository was not built by "
+                f"trtllm-pipeline): serve it yourself, e.g. trtllm-serve {model_dir} --config OPTIONS.yaml"
+            ) from None
+        return cls(model_dir, model_dir.parent / OPTIONS_FILE, release, repo, name)
 
-    image = f"nvcr.io/nvidia/tritonserver:{TRITON_CONTAINERS[release]}-trtllm-python-py3"
-    mounts = sorted({str(engine_dir.parent), str(repo.parent)})
-    docker = ["docker", "run", "--rm", "--gpus=all", "--ipc=host", *(f"--volume={m}:{m}" for m in mounts)]
-    model_py = f"{llmapi_model(release)['container']['llmapi_model_dir']}/1/*.py"
-    copy = f"cp {model_py} {repo}/{llmapi_model_name(repo) or 'tensorrt_llm'}/1/"
-    return [
-        shlex.join(
-            [*docker, f"--publish={port}:{port}", image, *trtllm_serve_command(engine_dir, release, host, port)]
-        ),
-        shlex.join([*docker, "--publish=8000:8000", image, "bash", "-c"])
-        + " "
-        + shlex.quote(f"{copy} && tritonserver --model-repository={repo}"),
-    ]
+    def trtllm_serve(self, host: str, port: int) -> list[str]:
+        flag = serve_options_flag(self.release)
+        return ["trtllm-serve", str(self.model_dir), f"{flag}={self.options}", f"--host={host}", f"--port={port}"]
+
+    def container_commands(self, host: str, port: int) -> list[str]:
+        """`docker run` lines for the release's container, publishing `port` on `host`: trtllm-serve
+        (OpenAI-compatible), or tritonserver once the container's llmapi model.py is copied beside our model.yaml."""
+        import shlex
+
+        image = f"nvcr.io/nvidia/tritonserver:{TRITON_CONTAINERS[self.release]}-trtllm-python-py3"
+        mounts = sorted({str(self.model_dir.parent.parent), str(self.repo.parent)})
+        docker = ["docker", "run", "--rm", "--gpus=all", "--ipc=host", *(f"--volume={m}:{m}" for m in mounts)]
+        docker.append(f"--publish={host}:{port}:{port}")
+        model_py = f"{llmapi_model(self.release)['container']['llmapi_model_dir']}/1/*.py"
+        triton = f"cp {model_py} {self.repo / self.llm_model_name / '1'}/ && tritonserver "
+        triton += f"--model-repository={self.repo} --http-port={port}"
+        return [
+            shlex.join([*docker, image, *self.trtllm_serve("0.0.0.0", port)]),  # 0.0.0.0 inside: --publish binds
+            shlex.join([*docker, image, "bash", "-c"]) + " " + shlex.quote(triton),
+        ]
 
 
 def llmapi_model_name(repo: Path) -> str | None:
@@ -320,17 +351,16 @@ def llmapi_model_name(repo: Path) -> str | None:
 def serve_llm_api(repo: Path, host: str, port: int) -> None:
     """Serve a pytorch-backend repository with trtllm-serve where TensorRT-LLM and a GPU are (the process becomes
     trtllm-serve); elsewhere stop with exit 4 and the exact commands for NVIDIA's container."""
-    spec = yaml.safe_load((repo / llmapi_model_name(repo) / "1" / "model.yaml").read_text())
-    engine_dir = Path(spec["model"]).parent
-    release = json.loads((engine_dir / ENGINE_RECORD).read_text())["trtllm_version"]
+    deployment = Deployment.of(repo)
     missing = missing_for_llm_api()
     if missing:
-        trtllm_serve, triton = serve_commands(engine_dir, repo, release, host, port)
+        trtllm_serve, triton = deployment.container_commands(host, port)
         raise TargetUnavailable(
-            f"{repo} is served by TensorRT-LLM {release}'s PyTorch backend, which needs {' and '.join(missing)}. "
-            f"On a GPU machine run NVIDIA's container:\n  {trtllm_serve}\nor, for Triton's llmapi model:\n  {triton}"
+            f"{deployment.repo} is served by TensorRT-LLM {deployment.release}'s PyTorch backend, which needs "
+            f"{' and '.join(missing)}. On a GPU machine run NVIDIA's container:\n  {trtllm_serve}\nor, for "
+            f"Triton's llmapi model:\n  {triton}"
         )
-    command = trtllm_serve_command(engine_dir, release, host, port)
+    command = deployment.trtllm_serve(host, port)
     os.execvp(command[0], command)
 
 
@@ -341,7 +371,7 @@ def serve_llm_api(repo: Path, host: str, port: int) -> None:
 class LlmApiBackend:
     name = "pytorch"
     summary = "the PyTorch backend (unified checkpoint + LLM-API options: trtllm-serve, Triton llmapi model)"
-    releases = LLM_API_RELEASES
+    releases = RELEASES
     honours = CHECKPOINT_FIELDS | {
         "build.max_batch_size",
         "build.max_input_len",
@@ -357,11 +387,20 @@ class LlmApiBackend:
         "runtime.enable_chunked_context",
         "runtime.cuda_graph_mode",
         "runtime.streaming",
-        "runtime.exclude_input_in_output",
         "runtime.max_tokens_in_paged_kv_cache",
         "triton.ensemble_name",
         "triton.llm_model_name",
     }
+
+    # the runtime knobs all_options writes into the options YAML
+    engine_reads = (
+        "runtime.batch_scheduler_policy",
+        "runtime.kv_cache_free_gpu_mem_fraction",
+        "runtime.enable_kv_cache_reuse",
+        "runtime.enable_chunked_context",
+        "runtime.cuda_graph_mode",
+        "runtime.max_tokens_in_paged_kv_cache",
+    )
 
     def missing(self) -> list[str]:
         return missing_for_llm_api()
@@ -380,15 +419,7 @@ class LlmApiBackend:
                     "set target.trtllm_backend: tensorrt",
                 )
             )
-        if not r.exclude_input_in_output:
-            out.append(
-                (
-                    ("runtime", "exclude_input_in_output"),
-                    "the LLM API returns generated text only; remove it (clients of the llmapi model may send "
-                    "sampling_param_exclude_input_from_output per request)",
-                )
-            )
-        if release not in LLM_API_RELEASES:
+        if release not in RELEASES:
             return out  # the target already names the releases this backend has
         reason = unsupported_quantization(q.weights, q.method, q.kv_cache, release)
         if reason:
@@ -398,14 +429,14 @@ class LlmApiBackend:
 
     def writes(self, stage: str, cfg) -> str:
         return {
+            "export": "unified HF checkpoint (hf_quant_config.json, safetensors; checked against the PyTorch loader)",
             "engine": f"runtime configuration: {MODEL_DIR}/ (unified checkpoint + tokenizer) and {OPTIONS_FILE} "
             f"(LLM-API options checked against TensorRT-LLM {cfg.target.trtllm_version})",
             "triton_repo": "Triton model repository: the llmapi model (config.pbtxt, model.yaml) and an ensemble "
             "taking our clients' tensors",
         }.get(stage, "")
 
-    def export_problems(self, cfg, export_dir: Path) -> list[str]:
-        """The unified checkpoint is what the release's PyTorch loader reads."""
+    def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:
         return torch_loader_problems(export_dir / "hf_unified", cfg.target.trtllm_version)
 
     def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
@@ -475,8 +506,15 @@ class LlmApiBackend:
     def plan_notes(self, cfg, output: Path) -> list[str]:
         import shlex
 
-        engine, repo = (output / "engine").resolve(), (output / "triton_repo").resolve()
-        trtllm_serve, triton = serve_commands(engine, repo, cfg.target.trtllm_version, "0.0.0.0", 8000)
+        output = output.resolve()
+        deployment = Deployment(
+            output / "engine" / MODEL_DIR,
+            output / "engine" / OPTIONS_FILE,
+            cfg.target.trtllm_version,
+            output / "triton_repo",
+            cfg.triton.llm_model_name,
+        )
+        trtllm_serve, triton = deployment.container_commands("127.0.0.1", 8000)
         return [
             f"serve with trtllm-serve (TensorRT-LLM {cfg.target.trtllm_version}, NVIDIA's container):\n"
             f"  {trtllm_serve}",

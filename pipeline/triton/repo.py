@@ -145,7 +145,7 @@ def build_repo(
     """Write and validate the repository the target laid out; returns manifest metrics."""
     max_batch_size = engine["build_config"]["max_batch_size"]
     write_repo(specs, out_dir)
-    report = validate_repo(out_dir, cfg.target.trtllm_version)  # checked for tensorrtllm models only
+    report = validate_repo(out_dir, cfg.target.trtllm_version)  # the release: for tensorrtllm and llmapi models
     if report.problems:
         raise BuildStepError("generated repository failed validation:\n  " + "\n  ".join(report.problems))
     log(f"{len(specs)} models: " + ", ".join(s.config.name for s in specs))

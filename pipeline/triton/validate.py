@@ -206,7 +206,7 @@ def check_llmapi_model(model_yaml: Path, report: RepoReport, trtllm_version: str
     """model.yaml against what the release's llmapi model.py reads and its LLM API accepts, and the model directory
     it names. The release is `trtllm_version`, else the one recorded next to that directory by our build."""
     from pipeline.targets.llm_api_args import LLM_API_RELEASES, options_problems
-    from pipeline.triton.llmapi_model import llmapi_model, model_yaml_problems
+    from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
 
     where = str(model_yaml)
     try:
@@ -223,11 +223,15 @@ def check_llmapi_model(model_yaml: Path, report: RepoReport, trtllm_version: str
     elif model.is_absolute():
         for missing in missing_tokenizer_files(model):
             report.add(where, f"model: {missing} is missing (the LLM loads its tokenizer from {model})")
-    record = model.parent / "config.json"
-    release = trtllm_version or (json.loads(record.read_text()).get("trtllm_version") if record.is_file() else None)
+    release = trtllm_version or recorded_release(model.parent / "config.json")
     if release is None:
+        report.add(
+            where,
+            f"no TensorRT-LLM release to check it against (none recorded in {model.parent / 'config.json'}); "
+            f"pass --trtllm-version, one of {', '.join(LLM_API_RELEASES)}",
+        )
         return
-    if release not in LLM_API_RELEASES:
+    if release not in LLM_API_RELEASES or release not in LLMAPI_RELEASES:
         report.add(where, f"TensorRT-LLM {release} has no LLM-API llmapi model here ({', '.join(LLM_API_RELEASES)})")
         return
     for problem in model_yaml_problems(spec, release):
@@ -236,6 +240,15 @@ def check_llmapi_model(model_yaml: Path, report: RepoReport, trtllm_version: str
     options = {key: value for key, value in spec.items() if key not in excluded and key != "model"}
     for key, message in options_problems(options, release):
         report.add(where, f"{'.'.join(key)}: {message}")
+
+
+def recorded_release(record: Path) -> str | None:
+    """The release our build recorded in the engine directory's config.json (None if it recorded none)."""
+    try:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded.get("trtllm_version") if isinstance(recorded, dict) else None
 
 
 def validate_repo(repo: Path, trtllm_version: str | None = None) -> RepoReport:

@@ -57,6 +57,18 @@ def test_the_build_runs_to_the_end_without_a_gpu(built, release):
     assert (engine / "model" / "hf_quant_config.json").is_file()
     assert (engine / "model" / "tokenizer.json").is_file()
     assert not list(engine.glob("*.engine")), "the PyTorch backend has no engine to fake"
+    assert not (output / "export" / "trtllm_checkpoint").exists(), "only the checkpoint it deploys is exported"
+
+
+def test_a_runtime_knob_the_options_hold_rebuilds_them(built):
+    output, _ = built["1.2"]
+    config = next(output.parent.glob("pytorch-*.yaml"))
+    result = run_cli(
+        "plan", str(config), "runtime.kv_cache_free_gpu_mem_fraction=0.5", "--json", "--output", str(output)
+    )
+    assert result.returncode == 0, result.stderr
+    status = {row["stage"]: row["status"] for row in json.loads(result.stdout)}
+    assert status["export"] == "up to date" and status["engine"] == "will run", status
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -101,6 +113,9 @@ def test_validate_repo_catches_a_key_the_release_lacks(built, tmp_path):
     problems = "\n".join(validate_repo(repo, "1.2").problems)
     assert "no_such_knob" in problems and "1.2" in problems
     assert "triton_config.decoupled" in problems
+    spec["model"] = str(tmp_path / "elsewhere")  # a hand-made repository: no release recorded by our build
+    model_yaml.write_text(yaml.safe_dump(spec))
+    assert "pass --trtllm-version" in "\n".join(validate_repo(repo).problems)
 
 
 @pytest.mark.no_gpu
