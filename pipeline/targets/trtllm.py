@@ -267,7 +267,8 @@ class TrtllmBackend(Protocol):
     def config_problems(self, cfg) -> list[Problem]:
         """The backend's own rules over the config (for the targeted release)."""
 
-    def writes(self, stage: str, cfg) -> str: ...
+    def writes(self, stage: str, cfg) -> str:
+        """What `stage` writes with this backend (export, engine, triton_repo), for `plan`."""
 
     def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:
         """What makes the exported checkpoint this backend deploys differ from what the release loads."""
@@ -279,11 +280,14 @@ class TrtllmBackend(Protocol):
     def build_engine(self, cfg, ctx) -> dict:
         """The engine stage's output: what the backend deploys, in ctx.out_dir."""
 
-    def triton_models(self, cfg, engine_dir: Path, engine: dict) -> list: ...
+    def triton_models(self, cfg, engine_dir: Path, engine: dict) -> list:
+        """The Triton repository's models (Target.triton_models)."""
 
-    def load_runner(self, engine_dir: Path, engine: dict, runtime): ...
+    def load_runner(self, engine_dir: Path, engine: dict, runtime):
+        """A runner with ModelRunnerCpp's calling conventions for an engine directory this backend wrote."""
 
-    def plan_notes(self, cfg, output: Path) -> list[str]: ...
+    def plan_notes(self, cfg, output: Path) -> list[str]:
+        """The exact commands to run on a GPU machine, for `plan`."""
 
     def memory_plan(self, cfg, facts):
         """pipeline.memory's plan for this backend's runtime on `target.gpu`."""
@@ -303,6 +307,11 @@ BACKEND_TABLES = (
 def register_backend(cls: type) -> type:
     BACKENDS[cls.name] = cls()
     return cls
+
+
+def lacking(*requirements: tuple[str, object]) -> list[str]:
+    """The descriptions of the (description, present) requirements that are not present."""
+    return [what for what, present in requirements if not present]
 
 
 def backend_of(cfg) -> TrtllmBackend:

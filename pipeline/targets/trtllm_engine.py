@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, Problem
-from pipeline.targets.trtllm import CHECKPOINT_FIELDS, LOADER_QUANTIZED, gpu_image_command, register_backend
+from pipeline.targets.trtllm import CHECKPOINT_FIELDS, LOADER_QUANTIZED, gpu_image_command, lacking, register_backend
 from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS, required_parameters, template
 from pipeline.trtllm_checkpoint import EXPECTED_ALGO, padding_problems
 
@@ -160,14 +160,10 @@ def missing_for_engine() -> list[str]:
     """What this machine lacks to run trtllm-build (empty on a GPU machine with TensorRT-LLM)."""
     import shutil
 
-    return [
-        what
-        for what, present in (
-            ("the trtllm-build command (pip install tensorrt_llm from NVIDIA's index)", shutil.which("trtllm-build")),
-            ("an NVIDIA GPU (/dev/nvidia0)", Path("/dev/nvidia0").exists()),
-        )
-        if not present
-    ]
+    return lacking(
+        ("the trtllm-build command (pip install tensorrt_llm from NVIDIA's index)", shutil.which("trtllm-build")),
+        ("an NVIDIA GPU (/dev/nvidia0)", Path("/dev/nvidia0").exists()),
+    )
 
 
 def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> dict:

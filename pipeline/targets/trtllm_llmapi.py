@@ -23,7 +23,13 @@ import yaml
 from pipeline.errors import BuildStepError, PipelineError, TargetUnavailable
 from pipeline.targets import Problem, given_fields
 from pipeline.targets.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
-from pipeline.targets.trtllm import CHECKPOINT_FIELDS, TRITON_CONTAINERS, gpu_image_command, register_backend
+from pipeline.targets.trtllm import (
+    CHECKPOINT_FIELDS,
+    TRITON_CONTAINERS,
+    gpu_image_command,
+    lacking,
+    register_backend,
+)
 from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
 from pipeline.trtllm_torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
 from pipeline.trtllm_torch_checkpoint import torch_loader_problems, unsupported_quantization
@@ -283,14 +289,10 @@ def missing_for_llm_api() -> list[str]:
     """What this machine lacks to run the LLM API (empty on a GPU machine with TensorRT-LLM)."""
     import importlib.util
 
-    return [
-        what
-        for what, present in (
-            ("the tensorrt_llm package (NVIDIA's container or index)", importlib.util.find_spec("tensorrt_llm")),
-            ("an NVIDIA GPU (/dev/nvidia0)", Path("/dev/nvidia0").exists()),
-        )
-        if not present
-    ]
+    return lacking(
+        ("the tensorrt_llm package (NVIDIA's container or index)", importlib.util.find_spec("tensorrt_llm")),
+        ("an NVIDIA GPU (/dev/nvidia0)", Path("/dev/nvidia0").exists()),
+    )
 
 
 @dataclass(frozen=True)
