@@ -259,7 +259,9 @@ class TrtllmBackend(Protocol):
     summary: ClassVar[str]
     releases: ClassVar[tuple[str, ...]]  # the TensorRT-LLM releases whose facts are tabulated for this backend
     honours: ClassVar[frozenset[str]]  # every config field a build with this backend reads
-    engine_reads: ClassVar[tuple[str, ...]]  # config paths its engine stage reads beyond the stage's READS
+
+    def engine_reads(self, cfg) -> tuple[str, ...]:
+        """Config paths its engine stage reads for `cfg` beyond the stage's READS (hashed into the lock)."""
 
     def missing(self) -> list[str]:
         """What this machine lacks to build and run this backend's output (empty on a GPU machine with it)."""
@@ -394,7 +396,7 @@ class TrtllmTarget:
         return f"target.trtllm_backend: {' or '.join(others)}" if others else None
 
     def stage_reads(self, stage: str, cfg) -> tuple[str, ...]:
-        return backend_of(cfg).engine_reads if stage == "engine" else ()
+        return backend_of(cfg).engine_reads(cfg) if stage == "engine" else ()
 
     def unavailable(self) -> str | None:
         lacking = [

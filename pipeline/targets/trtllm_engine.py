@@ -197,7 +197,6 @@ class EngineBackend:
     name = "tensorrt"
     summary = "TensorRT engines (trtllm-build, Triton tensorrtllm backend)"
     releases = SUPPORTED_VERSIONS
-    engine_reads = ()  # trtllm-build takes build, quantization and parallel; runtime knobs go to triton_repo
     honours = (
         COMMON_FIELDS
         | CHECKPOINT_FIELDS
@@ -211,6 +210,9 @@ class EngineBackend:
             "runtime.streaming",
         }
     )
+
+    def engine_reads(self, cfg) -> tuple[str, ...]:
+        return ()  # trtllm-build takes build, quantization and parallel; runtime knobs go to triton_repo
 
     def missing(self) -> list[str]:
         return missing_for_engine()

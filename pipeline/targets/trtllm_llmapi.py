@@ -31,6 +31,7 @@ from pipeline.targets.trtllm import (
     register_backend,
 )
 from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
+from pipeline.triton.validate import recorded_release
 from pipeline.trtllm_torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
 from pipeline.trtllm_torch_checkpoint import torch_loader_problems, unsupported_quantization
 
@@ -313,9 +314,8 @@ class Deployment:
         spec = yaml.safe_load((repo / name / "1" / "model.yaml").read_text())
         model_dir = Path(spec["model"])
         record = model_dir.parent / ENGINE_RECORD
-        try:
-            release = json.loads(record.read_text())["trtllm_version"]
-        except (OSError, ValueError, KeyError, TypeError):
+        release = recorded_release(record)
+        if release is None:
             raise PipelineError(
                 f"{record} does not record the TensorRT-LLM release (the repository was not built by "
                 f"trtllm-pipeline): serve it yourself, e.g. trtllm-serve {model_dir} --config OPTIONS.yaml"
@@ -394,15 +394,8 @@ class LlmApiBackend:
         "triton.llm_model_name",
     }
 
-    # the runtime knobs all_options writes into the options YAML
-    engine_reads = (
-        "runtime.batch_scheduler_policy",
-        "runtime.kv_cache_free_gpu_mem_fraction",
-        "runtime.enable_kv_cache_reuse",
-        "runtime.enable_chunked_context",
-        "runtime.cuda_graph_mode",
-        "runtime.max_tokens_in_paged_kv_cache",
-    )
+    def engine_reads(self, cfg) -> tuple[str, ...]:
+        return tuple(option.field for option in all_options(cfg))  # every field the options YAML holds
 
     def missing(self) -> list[str]:
         return missing_for_llm_api()
