@@ -13,11 +13,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from pipeline.architectures import support_problem
 from pipeline.errors import CheckpointError, ConfigError
 from pipeline.memory import GPUS
 from pipeline.models import (
     BUILTIN_MODELS,
-    SUPPORTED_ARCHITECTURES,
     ModelFacts,
     checkpoint_problems,
     facts_from_gguf,
@@ -539,13 +539,9 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
 def _model_shape_problems(cfg: BuildConfig, facts: ModelFacts) -> list[tuple[tuple, str]]:
     out = []
     tp, pp = cfg.parallel.tp_size, cfg.parallel.pp_size
-    if facts.architecture not in SUPPORTED_ARCHITECTURES:
-        out.append(
-            (
-                ("model", "path"),
-                f"architecture {facts.architecture} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
-            )
-        )
+    unsupported = support_problem(facts.architecture, cfg.target.name, target_of(cfg).architecture_support(cfg))
+    if unsupported:
+        out.append((("model", "path"), unsupported))
     if facts.num_attention_heads % tp:
         out.append(
             (

@@ -12,10 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.architectures import GGUF_ARCHITECTURES
 from pipeline.errors import CheckpointError
-
-# Architectures every stage handles (ONNX export, TensorRT-LLM LLaMA conversion and conformance).
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 
 
 @dataclass(frozen=True)
@@ -97,9 +95,6 @@ def facts_from_hf_dir(path: Path) -> ModelFacts:
         raise CheckpointError(f"{config_file}: not valid JSON: {exc}") from None
     except KeyError as exc:
         raise CheckpointError(f"{config_file}: has no {exc.args[0]}; it is not a causal LM config") from None
-
-
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 
 
 def read_gguf(path: Path):

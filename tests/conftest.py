@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny random Llama (for shape/plumbing tests) and the real SmolLM2 build (slow)."""
+"""Shared fixtures: tiny random checkpoints of every registered family and the real SmolLM2 build (slow)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,40 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="this machine has a GPU and trtllm-build"))
 
 
-def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0, hidden_size: int = 64) -> Path:
-    """A randomly initialised 2-layer Llama with a word-level tokenizer, saved as an HF checkpoint."""
+# Per architecture: the transformers config class and what makes the family itself at tiny size (a feature the
+# fused graph, the exporters and the conformance checks must honour, exercised by every test of that family).
+TINY_FAMILIES = {
+    "LlamaForCausalLM": ("LlamaConfig", {"tie_word_embeddings": True}),
+    "Qwen2ForCausalLM": ("Qwen2Config", {"tie_word_embeddings": False}),  # q/k/v biases
+    "Qwen3ForCausalLM": ("Qwen3Config", {"head_dim": 32}),  # q/k RMSNorm; head_dim != hidden / heads
+    "MistralForCausalLM": ("MistralConfig", {"sliding_window": 16, "tie_word_embeddings": False}),
+    "Gemma3ForCausalLM": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 32,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_local_base_freq": 10000.0,
+            "rope_theta": 1000000.0,
+            "final_logit_softcapping": 30.0,
+        },
+    ),
+    "Phi3ForCausalLM": ("Phi3Config", {"partial_rotary_factor": 0.75, "tie_word_embeddings": False}),
+}
+# The sliding window of the tiny Mistral and Gemma 3: prompts longer than this exercise it.
+TINY_SLIDING_WINDOW = 16
+
+
+def make_tiny(
+    architecture: str, path: Path, vocab_words: int = 250, seed: int = 0, hidden_size: int = 64, **overrides
+) -> Path:
+    """A randomly initialised 2-layer checkpoint of `architecture` (a key of TINY_FAMILIES) with a word-level
+    tokenizer, saved as an HF checkpoint; `overrides` change its config."""
     import torch
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<unk>", "<s>", "</s>"]
     vocab = {tok: i for i, tok in enumerate(specials + [f"w{i}" for i in range(vocab_words)])}
@@ -40,24 +69,34 @@ def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0, hidden_si
         tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
     )
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=hidden_size,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-5,
+    config_class, family = TINY_FAMILIES[architecture]
+    config = getattr(transformers, config_class)(
+        **{
+            "vocab_size": len(vocab),
+            "hidden_size": hidden_size,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 4096,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "pad_token_id": 2,
+            "rms_norm_eps": 1e-5,
+            **family,
+            **overrides,
+        }
     )
-    model = LlamaForCausalLM(config).eval()
+    config.architectures = [architecture]
+    model = getattr(transformers, architecture)(config).eval()
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+def make_tiny_llama(path: Path, vocab_words: int = 250, seed: int = 0, hidden_size: int = 64) -> Path:
+    """A randomly initialised 2-layer Llama with a word-level tokenizer, saved as an HF checkpoint."""
+    return make_tiny("LlamaForCausalLM", path, vocab_words, seed, hidden_size)
 
 
 @pytest.fixture(scope="session")

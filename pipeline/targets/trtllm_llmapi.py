@@ -400,6 +400,11 @@ class LlmApiBackend:
     def missing(self) -> list[str]:
         return missing_for_llm_api()
 
+    def architecture_support(self, cfg) -> dict[str, str | None]:
+        from pipeline.architectures import ARCHITECTURES
+
+        return {name: None if name == "LlamaForCausalLM" else "not built yet" for name in ARCHITECTURES}
+
     def config_problems(self, cfg) -> list[Problem]:
         b, r, q = cfg.build, cfg.runtime, cfg.quantization
         release = cfg.target.trtllm_version
