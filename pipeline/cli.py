@@ -114,6 +114,50 @@ def targets():
         )
 
 
+@app.command()
+def architectures():
+    """List the registered model architectures (Hugging Face `architectures` names), what sets each family apart,
+    and which target, backend and TensorRT-LLM release builds it; a refusal says why. `validate` refuses a
+    checkpoint whose architecture the config's target cannot build, naming the supported ones.
+
+    Example: trtllm-pipeline architectures
+    """
+    from pipeline.architectures import ARCHITECTURES
+    from pipeline.config import BuildConfig
+    from pipeline.targets import TARGETS
+
+    columns: dict[str, dict[str, list]] = {}  # column -> architecture -> [(release or "", why not)]
+    for name, target in TARGETS.items():
+        for variant in target.variants():
+            release = variant.get("trtllm_version", "")
+            column = " ".join([name, *(v for k, v in variant.items() if k != "trtllm_version")])
+            support = target.architecture_support(BuildConfig(target={"name": name, **variant}))
+            for arch, why_not in support.items():
+                columns.setdefault(column, {}).setdefault(arch, []).append((release, why_not))
+    table = Table(title="registered architectures", title_justify="left")
+    table.add_column("architecture", no_wrap=True)
+    table.add_column("family")
+    for heading in columns:
+        table.add_column(heading)
+    refusals = {}
+    for arch in ARCHITECTURES.values():
+        cells = []
+        for column, by_arch in columns.items():
+            taken = [release for release, why_not in by_arch[arch.name] if why_not is None]
+            refused = [(release, why_not) for release, why_not in by_arch[arch.name] if why_not is not None]
+            for release, why_not in refused:
+                refusals.setdefault(f"{arch.name} on {column}", {}).setdefault(why_not, []).append(release)
+            cells.append(("[green]" + (" ".join(taken) or "yes") + "[/]") if taken else "[yellow]refused[/]")
+        table.add_row(arch.name, arch.family, *cells)
+    console.print(table)
+    for arch in ARCHITECTURES.values():
+        console.print(f"  {arch.family}: {arch.traits}", highlight=False, soft_wrap=True)
+    for where, reasons in refusals.items():
+        for why_not, releases in reasons.items():
+            scope = f" {' '.join(r for r in releases if r)}" if any(releases) else ""
+            console.print(f"  {where}{scope}: {why_not}", highlight=False, soft_wrap=True)
+
+
 def _decision_table(decisions, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("stage", "status", "why", "writes"):

@@ -70,10 +70,9 @@ class TargetSection(Section):
     )
     onnx_graph: Literal["auto", "fused", "optimum"] = Field(
         "auto",
-        description="onnxruntime: 'fused' builds ONNX Runtime's fused Llama graph (GroupQueryAttention with an "
-        "in-place KV cache; "
-        "~3x faster decode, Llama-family checkpoints only), 'optimum' the optimum-onnx export (any architecture); "
-        "auto: fused when the checkpoint supports it.",
+        description="onnxruntime: 'fused' builds our fused ONNX Runtime graph (GroupQueryAttention with an "
+        "in-place KV cache, ~2x faster decode; every family `trtllm-pipeline architectures` lists), 'optimum' the "
+        "optimum-onnx export (the fallback); auto: fused when the checkpoint's options allow it.",
     )
     gpu: Literal[tuple(GPUS)] | None = Field(
         None,

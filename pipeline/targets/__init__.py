@@ -48,6 +48,10 @@ class Target(Protocol):
     def stage_reads(self, stage: str, cfg: BuildConfig) -> tuple[str, ...]:
         """Config paths `stage` reads for this config beyond the stage's own READS (hashed into its lock entry)."""
 
+    def variants(self) -> list[dict[str, str]]:
+        """The `target` section settings that change what it can build (e.g. backend and release), one dict per
+        combination; [{}] when it has none (`trtllm-pipeline architectures` tabulates support over them)."""
+
     def architecture_support(self, cfg: BuildConfig) -> dict[str, str | None]:
         """Every registered architecture (pipeline.architectures) -> None when this config's build takes it, else
         why not (the release or graph that lacks it, and the fix)."""

@@ -393,6 +393,9 @@ class OnnxRuntimeTarget:
 
         return None if find_spec("onnxruntime") else "onnxruntime is not installed: pip install -e ."
 
+    def variants(self) -> list[dict[str, str]]:
+        return [{}]
+
     def architecture_support(self, cfg) -> dict[str, str | None]:
         from pipeline.architectures import ARCHITECTURES
 

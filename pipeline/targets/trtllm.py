@@ -409,6 +409,13 @@ class TrtllmTarget:
         ]
         return "; ".join(lacking) or None
 
+    def variants(self) -> list[dict[str, str]]:
+        return [
+            {"trtllm_backend": name, "trtllm_version": release}
+            for name, backend in BACKENDS.items()
+            for release in backend.releases
+        ]
+
     def architecture_support(self, cfg) -> dict[str, str | None]:
         return backend_of(cfg).architecture_support(cfg)
 
