@@ -263,8 +263,9 @@ def fused_checkpoint_linears(load_weights: ast.FunctionDef) -> dict:
             "split_rows_at": list(dict.fromkeys(resolved)),
             "passes": sorted(passes),
             "weight_scale_split_when": scale_rule,
-            "bindings": {k: v for k, v in locals_.items() if k in " ".join(resolved) or k == "head_dim"}
-            | {k: v for k, v in names.items() if k == "intermediate_size"},
+            "bindings": {  # the integer locals the split expressions use
+                k: v for k, v in (locals_ | names).items() if not any(c in v for c in "([{")
+            },
         }
     return out
 
