@@ -191,7 +191,8 @@ def build_reference(hf_config, state: dict[str, torch.Tensor], hooks: dict):
 # PyTorch backend loads it
 
 # HF Llama linears the PyTorch backend fuses (qkv_proj, gate_up_proj: their fused loaders) and the ones it loads
-# alone (load_weights_vanilla)
+# alone (load_weights_vanilla). Every family trtllm_torch_models.json tabulates has them, but Phi-3, whose checkpoint
+# holds qkv_proj / gate_up_proj fused (load_unified_reference loads those whole).
 FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
 VANILLA = (("self_attn.o_proj",), ("mlp.down_proj",))
 # TRTLLM attention backend (tensorrt_llm/_torch/attention_backend/trtllm.py) quantizes an FP8 KV cache with its
@@ -321,7 +322,7 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
             lambda m, args, out, q=q_rows: torch.cat([out[..., :q], _fake_quant(out[..., q:], scale, "fp8")], -1)
         )
     for norm, spec in (attention.get("qk_norm") or {}).items():
-        if isinstance(spec["eps"], float):  # a literal eps in place of config.rms_norm_eps (Qwen3 before 1.2)
+        if isinstance(spec["eps"], float):  # a literal eps in place of config.rms_norm_eps (Qwen3's own q/k norms)
             for name, module in model.named_modules():
                 if name.endswith(f"self_attn.{norm}"):
                     module.variance_epsilon = spec["eps"]
