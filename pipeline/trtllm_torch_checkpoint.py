@@ -123,12 +123,13 @@ def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len
         )
     window = config.get("sliding_window")
     if window and attention.get("attention_window") is None and (max_seq_len is None or window < max_seq_len):
+        read = "never names sliding_window" if "sliding_window" in model["never_names"] else "takes no window from it"
         problems.append(
-            f"config.json sets sliding_window {window} (below max_seq_len {max_seq_len}), but {where}'s attention "
-            f"{attention.get('class')} takes no window from it: every layer would attend to the whole sequence"
+            f"config.json sets sliding_window {window} (below max_seq_len {max_seq_len}), but {where} {read}: its "
+            f"{attention.get('class')} attends to the whole sequence in every layer"
         )
     for key in model["never_names"]:
-        if config.get(key) is not None:
+        if key != "sliding_window" and config.get(key) is not None:
             problems.append(f"config.json sets {key} {config[key]}, which {where} never reads (its output differs)")
     return problems
 

@@ -40,8 +40,12 @@ def test_every_registered_family_is_registered_by_every_tabulated_release():
             source = facts["architectures"][arch]["source"]
             assert source["repo"] == "NVIDIA/TensorRT-LLM" and source["index_id"], (release, arch)
             assert source["path"].startswith("tensorrt_llm/_torch/models/modeling_"), (release, arch)
-    mistral = TABLE["1.2"]["architectures"]["MistralForCausalLM"]
-    assert mistral["source"]["path"].endswith("modeling_llama.py") and mistral["attention"]["class"] == "LlamaAttention"
+    mistral = TABLE["1.2"]["architectures"]["MistralForCausalLM"]  # modeling_mistral is imported after modeling_llama
+    assert (
+        mistral["source"]["path"].endswith("modeling_mistral.py")
+        and mistral["attention"]["class"] == "MistralAttention"
+    )
+    assert mistral["shadows"] == ["tensorrt_llm/_torch/models/modeling_llama.py"]
     assert TABLE["1.0"]["architectures"]["Phi3ForCausalLM"]["source"]["commit"].startswith("000a01de")
 
 
@@ -67,6 +71,7 @@ def test_what_each_family_reads_beyond_llama():
         )
         assert "attention_bias" in phi3["config_required"]
         assert families["MistralForCausalLM"]["attention"]["attention_window"] is None
+        assert "sliding_window" in families["MistralForCausalLM"]["never_names"]
     passes = {r: TABLE[r]["architectures"]["Phi3ForCausalLM"]["fused_checkpoint_linears"] for r in TABLE}
     assert passes["1.0"]["self_attn.qkv_proj"]["passes"] == ["weight"]
     assert "weight_scale" in passes["1.2"]["self_attn.qkv_proj"]["passes"]

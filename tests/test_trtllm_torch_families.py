@@ -21,8 +21,8 @@ from pipeline.trtllm_torch_checkpoint import RELEASES, torch_loader_problems
 from tests.conftest import TINY_FAMILIES, make_tiny, write_config
 
 FAMILIES = list(TINY_FAMILIES)
-# The tiny checkpoints as a release deploys them: a sliding window the Llama model TensorRT-LLM runs Mistral with
-# takes no window for, and a soft-capping its Gemma 3 never applies, are each a problem of their own (tested below).
+# The tiny checkpoints as a release deploys them: a sliding window TensorRT-LLM's Mistral model never reads, and a
+# soft-capping its Gemma 3 never applies, are each a problem of their own (tested below).
 CLEAN = {"MistralForCausalLM": {"sliding_window": None}, "Gemma3ForCausalLM": {"final_logit_softcapping": None}}
 QUANT = {
     "none": {"weights": "none", "method": "rtn", "kv_cache": "none"},
@@ -193,7 +193,8 @@ def test_config_keys_a_release_reads_or_ignores_are_named(exports, tmp_path):
     mistral = _copy(exports, "MistralForCausalLM", "none", tmp_path / "m")
     _edit_config(mistral, {"sliding_window": 16})
     problems = torch_loader_problems(mistral, "1.2", MAX_SEQ_LEN)
-    assert len(problems) == 1 and "sliding_window 16" in problems[0] and "LlamaAttention" in problems[0], problems
+    assert len(problems) == 1 and "sliding_window 16" in problems[0] and "never names sliding_window" in problems[0]
+    assert "modeling_mistral.py@52281727364" in problems[0], problems
     assert torch_loader_problems(mistral, "1.2", 16) == []  # a window no sequence reaches changes nothing
     gemma = _copy(exports, "Gemma3ForCausalLM", "none", tmp_path / "g")
     _edit_config(gemma, {"final_logit_softcapping": 30.0, "sliding_window_pattern": 6})

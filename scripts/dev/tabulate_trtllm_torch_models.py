@@ -2,11 +2,14 @@
 model reads from a unified HF checkpoint beyond Llama's, from its own source.
 
 Maintainer tool, not run by the pipeline. Reads with `ast` (never runs) verbatim excerpts of
-tensorrt_llm/_torch/models/modeling_{llama,qwen,qwen3,gemma3,phi3}.py, modules/qk_norm_attention.py and
-models/checkpoints/hf/gemma3_weight_mapper.py (committed under tests/fixtures/upstream/models_*.py.txt /
+tensorrt_llm/_torch/models/modeling_{llama,mistral,qwen,qwen3,gemma3,phi3}.py, modules/qk_norm_attention.py,
+models/checkpoints/hf/gemma3_weight_mapper.py, models/__init__.py (the import order) and modeling_utils.py
+(register_auto_model) (committed under tests/fixtures/upstream/models_*.py.txt /
 modules_*.py.txt, each headed with its repository, path and index id; cached under
 /work/upstream-cache/NVIDIA+TensorRT-LLM/index-id-<id>/<path>.excerpt-<name>, described in READS-trtllm-i11.json):
-- `@register_auto_model("X")`: the architecture names, their class and the decoder model it wraps;
+- `@register_auto_model("X")`: the architecture names, their class and the decoder model it wraps. Two modules
+  register MistralForCausalLM (modeling_llama.py and modeling_mistral.py); register_auto_model assigns
+  MODEL_CLASS_MAPPING[name] = cls, so the module models/__init__.py imports later holds the name;
 - the attention class (the one whose `super().__init__` takes num_key_value_heads): `bias=` / `dense_bias=` (which
   q/k/v and o_proj biases its Linear layers hold, so load), q_norm / k_norm (its own RMSNorm or
   QKNormRoPEAttention's, with their eps), and whether it takes an attention window from config.sliding_window;
@@ -45,6 +48,9 @@ COMMON_CONFIG = {
     "pad_token_id",
 }
 LLAMA = "models_llama_426411151.py.txt"
+MISTRAL = "models_mistral_52281727364.py.txt"
+INIT = "models_init_130844221.py.txt"
+UTILS = "models_utils_1046435088.py.txt"
 QWEN = "models_qwen_897439166.py.txt"
 QWEN3 = "models_qwen3_2464033405.py.txt"
 GEMMA3_PATTERN = "models_gemma3_3555689717.py.txt"
@@ -60,21 +66,23 @@ PHI3_SCALES = "models_phi3_1151304321.py.txt"
 # < 651856424 (config.layer_types, QKNormRoPEAttention, the HF weight mapper's +1); modeling_phi3.py 9325938422
 # (load_weights passes only `weight` to the split parts) < 1151304321 (also splits or shares weight_scale and
 # passes input_scale / weight_scale_2). modeling_qwen.py has one stored version (897439166); modeling_qwen3.py's
-# 2464033405 is the oldest stored with SpecDecOneEngineForCausalLM and is used for every release.
+# 2464033405 is the oldest stored with SpecDecOneEngineForCausalLM and is used for every release. Every stored
+# models/__init__.py that imports modeling_phi3 also imports `Mistral3VLM, MistralForCausalLM` from modeling_mistral
+# after modeling_llama: modeling_mistral.py 52281727364 (with Mistral3VLM, read whole) for every release.
 RELEASES = {
     "1.0": {
-        "files": [LLAMA, QWEN, QWEN3, GEMMA3_PATTERN, PHI3_WEIGHT_ONLY],
+        "files": [INIT, UTILS, LLAMA, MISTRAL, QWEN, QWEN3, GEMMA3_PATTERN, PHI3_WEIGHT_ONLY],
         "note": "modeling_phi3.py at commit 000a01de (version.py 1.0.0rc4): the anchor. modeling_gemma3.py "
         "3555689717 (sliding_window_pattern; TensorRT-LLM 1.0 pins transformers 4.53, whose Gemma3TextConfig has "
         "it). Others by content order; medium confidence.",
     },
     "1.1": {
-        "files": [LLAMA, QWEN, QWEN3, GEMMA3_PATTERN, PHI3_SCALES],
+        "files": [INIT, UTILS, LLAMA, MISTRAL, QWEN, QWEN3, GEMMA3_PATTERN, PHI3_SCALES],
         "note": "modeling_phi3.py 1151304321 (weight_scale split or shared, input_scale / weight_scale_2 passed: "
         "after 1.0.0rc4); modeling_gemma3.py as 1.0. Low confidence that these are the 1.1.0 texts.",
     },
     "1.2": {
-        "files": [LLAMA, QWEN, QWEN3, *GEMMA3_LAYER_TYPES, QK_NORM, PHI3_SCALES],
+        "files": [INIT, UTILS, LLAMA, MISTRAL, QWEN, QWEN3, *GEMMA3_LAYER_TYPES, QK_NORM, PHI3_SCALES],
         "note": "modeling_gemma3.py 651856424 (config.layer_types, QKNormRoPEAttention, Gemma3HfWeightMapper): "
         "the newest stored line; modeling_phi3.py as 1.1. Low confidence for the exact 1.2.x texts.",
     },
@@ -270,8 +278,24 @@ def fused_checkpoint_linears(load_weights: ast.FunctionDef) -> dict:
     return out
 
 
+def import_order(trees) -> list[str]:
+    """models/__init__.py's `from .modeling_x import ...` modules, in order."""
+    init = next(t for rec, t, _ in trees if rec["path"].endswith("models/__init__.py"))
+    return [n.module for n in init.body if isinstance(n, ast.ImportFrom) and n.level == 1]
+
+
+def later_registration_wins(trees) -> bool:
+    """Whether register_auto_model's decorator overwrites: `MODEL_CLASS_MAPPING[name] = cls`."""
+    utils = next(t for rec, t, _ in trees if rec["path"].endswith("models/modeling_utils.py"))
+    function = next(n for n in utils.body if isinstance(n, ast.FunctionDef) and n.name == "register_auto_model")
+    return any(ast.unparse(n) == "MODEL_CLASS_MAPPING[name] = cls" for n in ast.walk(function))
+
+
 def family_facts(trees: list[tuple[dict, ast.Module, list[str]]]) -> dict:
     """architecture name -> what the PyTorch backend's model for it reads, from the excerpts of one release."""
+    order = import_order(trees)
+    if not later_registration_wins(trees):
+        raise ValueError("register_auto_model no longer overwrites: which registration holds a name is unknown")
     qk_base = next(
         (c for _, t, _ in trees for c in _classes(t).values() if c.name == "QKNormRoPEAttention"),
         None,
@@ -306,7 +330,14 @@ def family_facts(trees: list[tuple[dict, ast.Module, list[str]]]) -> dict:
                 for d in cls.decorator_list
                 if isinstance(d, ast.Call) and ast.unparse(d.func) == "register_auto_model"
             ]
+            module = record["path"].rsplit("/", 1)[1].removesuffix(".py")
             for name in names:
+                if name in out and order.index(out[name]["source"]["path"].rsplit("/", 1)[1][:-3]) > order.index(
+                    module
+                ):
+                    out[name]["shadows"].append(record["path"])
+                    continue
+                shadowed = [out[name]["source"]["path"], *out[name]["shadows"]] if name in out else []
                 base = cls.bases[0]
                 read, defaulted = config_reads([c for c in (attention, layer, cls) if c is not None])
                 schedule = next(  # how a layer is told sliding from full attention
@@ -330,6 +361,7 @@ def family_facts(trees: list[tuple[dict, ast.Module, list[str]]]) -> dict:
                     if load_weights is not None
                     else {},
                     "never_names": never,
+                    "shadows": shadowed,  # modules registering the name earlier in the import order
                 }
     return out
 
