@@ -333,9 +333,6 @@ def _head_dim(hf_config) -> int:
     return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
-LOADERS = {"trtllm": load_reference, "unified": load_unified_reference}
-
-
 def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=print, kind: str = "trtllm") -> dict:
     """A checkpoint's reference forward vs the fp32 HF model: perplexity, top-1 agreement, logits difference, a
     greedy sample. `kind`: "trtllm" (a TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's
@@ -352,7 +349,13 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
         "reference forward"
     )
     hf_fn = quality.hf_logits_fn(hf_dir)
-    reference = LOADERS[kind](checkpoint, hf_dir)
+    if kind == "unified":  # as the targeted release's model reads it (the newest tabulated for an engine config)
+        from pipeline.trtllm_torch_checkpoint import RELEASES
+
+        release = cfg.target.trtllm_version
+        reference = load_unified_reference(checkpoint, hf_dir, release if release in RELEASES else None)
+    else:
+        reference = load_reference(checkpoint, hf_dir)
     ckpt_fn = quality.torch_logits_fn(reference)
     window = ids[None, :WINDOW]
     hf_logits, ckpt_logits = hf_fn(window), ckpt_fn(window)
