@@ -165,18 +165,19 @@ def family_tensors(config: dict, model: dict, tied: bool) -> dict[str, tuple[str
     return out
 
 
-def split_problems(module: str, split: dict, config: dict, tensors: dict, required: set[str], where: str) -> list:
-    """How `model`'s load_weights would mis-split the quantized checkpoint-fused `module` (Phi-3's qkv_proj /
-    gate_up_proj): tensors the parts never get, a packed int4 weight split at unpacked row counts, a per-row
-    weight_scale handed whole to every part, a head_dim other than config.json's."""
-    short = module.rsplit(".", 2)[-2] + "." + module.rsplit(".", 1)[1]
+def split_problems(
+    module: str, out: int, split: dict, config: dict, tensors: dict, required: set[str], where: str
+) -> list[str]:
+    """How `where` (a load_weights) would mis-split the quantized checkpoint-fused `module` of `out` rows (Phi-3's
+    qkv_proj / gate_up_proj): tensors the parts never get, a packed int4 weight split at unpacked row counts, a
+    per-row weight_scale handed whole to every part, a head_dim other than config.json's."""
     facts = ModelFacts.from_hf_config(config)
     problems = []
     dropped = sorted(n for n in required if n not in split["passes"])
     if dropped:
         problems.append(
             f"{module}: {where} hands the split parts only {split['passes']}, so the fused loader finds no "
-            f"{dropped} (KeyError); exclude {short.rsplit('.', 1)[1]} from quantization or target a newer release"
+            f"{dropped} (KeyError); exclude {module.rsplit('.', 1)[1]} from quantization or target a newer release"
         )
     bindings = split["bindings"]
     if "head_dim" in bindings and evaluate("head_dim", config, bindings) != facts.head_size:
@@ -184,7 +185,6 @@ def split_problems(module: str, split: dict, config: dict, tensors: dict, requir
             f"{module}: {where} splits at head_dim = {bindings['head_dim']} = "
             f"{evaluate('head_dim', config, bindings)}, but config.json's head_dim is {facts.head_size}"
         )
-    out = linear_shapes(config, {short: split})[f"{module.rsplit('.', 2)[0]}.{short}"][0]
     weight = tensors.get(f"{module}.weight")
     if weight is not None and weight[1][0] != out:
         bounds = [evaluate(b, config, bindings) for b in split["split_rows_at"]]
@@ -332,7 +332,7 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
         }
         split = fused.get(module.split(".", 3)[3])
         if split is not None:
-            problems += split_problems(module, split, config, tensors, required, where)
+            problems += split_problems(module, out, split, config, tensors, required, where)
         for name in ["weight", *sorted(required | set(reads["optional"]))]:
             full = f"{module}.{name}"
             if name in ("k_scale", "v_scale") and short != name[0] + "_proj":
