@@ -102,7 +102,8 @@ def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len
     `loaded` is the transformers config object (class defaults count as present)."""
     where = f"TensorRT-LLM {release}'s {model['class']} ({model['source']['path']}@{model['source']['index_id']})"
     problems = [
-        f"config.json has no {key}, which {where} reads without a fallback (AttributeError)"
+        f"config.json has no {key}, which {where} reads without a fallback (AttributeError, or whatever default the "
+        "release's own transformers gives it)"
         for key in model["config_required"]
         if key not in config and not hasattr(loaded, key)
     ]
