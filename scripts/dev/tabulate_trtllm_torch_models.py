@@ -79,7 +79,9 @@ RELEASES = {
     "1.1": {
         "files": [INIT, UTILS, LLAMA, MISTRAL, QWEN, QWEN3, GEMMA3_PATTERN, PHI3_SCALES],
         "note": "modeling_phi3.py 1151304321 (weight_scale split or shared, input_scale / weight_scale_2 passed: "
-        "after 1.0.0rc4); modeling_gemma3.py as 1.0. Low confidence that these are the 1.1.0 texts.",
+        "NVIDIA/TensorRT-LLM pull request 6761 'Accommodate Phi3/4 to work with ModelOpt's FP8 ckpts in Torch', "
+        "reviewed 2025-08-08..15 on main, the 1.1 line); modeling_gemma3.py as 1.0. Low confidence that these "
+        "are the 1.1.0 texts.",
     },
     "1.2": {
         "files": [INIT, UTILS, LLAMA, MISTRAL, QWEN, QWEN3, *GEMMA3_LAYER_TYPES, QK_NORM, PHI3_SCALES],
