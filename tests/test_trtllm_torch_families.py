@@ -206,3 +206,25 @@ def test_config_keys_a_release_reads_or_ignores_are_named(exports, tmp_path):
     del config["attention_bias"]
     (phi3 / "config.json").write_text(json.dumps(config))
     assert any("no attention_bias" in p for p in torch_loader_problems(phi3, "1.0", MAX_SEQ_LEN))
+
+
+def test_the_reference_computes_what_the_release_reads_not_what_transformers_does(exports, tmp_path):
+    """Mistral's sliding window is never read (full attention past it); Qwen3's own q/k norms use eps 1e-6."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.trtllm_reference import load_unified_reference
+
+    hf = tmp_path / "hf"
+    shutil.copytree(exports["MistralForCausalLM", "none"][0], hf)
+    _edit_config(hf, {"sliding_window": 8})  # the HF model as trained: windowed
+    copy = _copy(exports, "MistralForCausalLM", "none", tmp_path)
+    _edit_config(copy, {"sliding_window": 8})
+    windowed = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    ids = torch.arange(3, 35)[None]
+    with torch.no_grad():
+        hf_logits, ref_logits = windowed(ids).logits, load_unified_reference(copy, hf, "1.2")(ids).logits
+    assert torch.allclose(hf_logits[:, :8], ref_logits[:, :8], atol=1e-2)  # inside the window: the same
+    assert (hf_logits[:, 8:] - ref_logits[:, 8:]).abs().max() > 0.05  # past it: the window is not applied
+    qwen3 = load_unified_reference(exports["Qwen3ForCausalLM", "none"][1], exports["Qwen3ForCausalLM", "none"][0])
+    assert qwen3.model.layers[0].self_attn.q_norm.variance_epsilon == 1e-6
+    assert qwen3.model.layers[0].input_layernorm.variance_epsilon == 1e-5  # config.json's rms_norm_eps
