@@ -191,7 +191,8 @@ def build_reference(hf_config, state: dict[str, torch.Tensor], hooks: dict):
 # PyTorch backend loads it
 
 # HF Llama linears the PyTorch backend fuses (qkv_proj, gate_up_proj: their fused loaders) and the ones it loads
-# alone (load_weights_vanilla)
+# alone (load_weights_vanilla). Every family trtllm_torch_models.json tabulates has them, but Phi-3, whose checkpoint
+# holds qkv_proj / gate_up_proj fused (load_unified_reference loads those whole).
 FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
 VANILLA = (("self_attn.o_proj",), ("mlp.down_proj",))
 # TRTLLM attention backend (tensorrt_llm/_torch/attention_backend/trtllm.py) quantizes an FP8 KV cache with its
@@ -201,6 +202,7 @@ VANILLA = (("self_attn.o_proj",), ("mlp.down_proj",))
 # it to >= 1.0 there) also says.
 TORCH_FP8_KV_SCALE = 1.0
 TORCH_ALGOS = ("FP8", "W4A16_AWQ", "W4A8_AWQ")
+SCALES = ("weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale", "k_scale", "v_scale")
 
 
 def _fp8_round(x: torch.Tensor) -> torch.Tensor:
@@ -208,11 +210,19 @@ def _fp8_round(x: torch.Tensor) -> torch.Tensor:
 
 
 def unified_linears(
-    tensors: dict[str, torch.Tensor], prefix: str, group: tuple[str, ...], algo: str | None, dtype: torch.dtype
+    tensors: dict[str, torch.Tensor],
+    prefix: str,
+    group: tuple[str, ...],
+    algo: str | None,
+    dtype: torch.dtype,
+    fused: bool | None = None,
 ) -> tuple[list[torch.Tensor], tuple | None]:
     """The dequantized weights of the linears `group` (one fused PyTorch-backend linear, or one vanilla linear) of
     layer `prefix` and the input hook spec they share, as the backend's LinearMethod for `algo` loads and runs them.
-    `dtype` is the model dtype, the precision the loaders cast scales and rescaled weights to."""
+    `dtype` is the model dtype, the precision the loaders cast scales and rescaled weights to. `fused`: whether the
+    backend loads the group through a fused loader (default: when it has more than one linear; a checkpoint-fused
+    Phi-3 qkv_proj / gate_up_proj is one tensor the backend splits and loads fused)."""
+    fused = len(group) > 1 if fused is None else fused
     names = [f"{prefix}.{m}" for m in group]
     weights = [tensors[f"{n}.weight"] for n in names]
     if algo is None or not all(f"{n}.weight_scale" in tensors for n in names):  # unquantized or excluded
@@ -222,7 +232,7 @@ def unified_linears(
     if algo == "FP8":  # FP8QDQLinearMethod: a fused linear requantizes its parts, in `dtype`, to the largest scale
         top = torch.stack([s.reshape(()) for s in scales]).max()
         out = [
-            _fp8_round(w.to(dtype) * s.to(dtype) / top.to(dtype)) * top if len(group) > 1 else w.float() * s
+            _fp8_round(w.to(dtype) * s.to(dtype) / top.to(dtype)) * top if fused else w.float() * s
             for w, s in zip(weights, scales)
         ]
         inputs = [tensors[f"{n}.input_scale"].float().reshape(()) for n in names if f"{n}.input_scale" in tensors]
@@ -231,7 +241,7 @@ def unified_linears(
         return out, (None, torch.stack(inputs).max(), "fp8")
     if algo == "W4A16_AWQ":  # W4A16_AWQ_LinearMethod: pre_quant_scale read by load_weights_vanilla only
         out = [dequantize_int4(w, s.to(dtype).float()) for w, s in zip(weights, scales)]
-        factor = pqs.float() if pqs is not None and len(group) == 1 else None
+        factor = pqs.float() if pqs is not None and not fused else None
         return out, None if factor is None else (factor, None, "fp8")
     if algo == "W4A8_AWQ":  # W4A8_AWQ_LinearMethod: int4 x fp16(weight_scale / weight_scale_2) -> fp8 GEMM
         scale_2 = tensors[f"{names[0]}.weight_scale_2"].float().reshape(())
@@ -241,13 +251,24 @@ def unified_linears(
     raise ValueError(f"quant_algo {algo!r}: TensorRT-LLM's PyTorch backend semantics are modelled for {TORCH_ALGOS}")
 
 
-def load_unified_reference(unified_dir: Path, hf_dir: Path):
-    """transformers LlamaForCausalLM (float32) computing what TensorRT-LLM's PyTorch backend would compute from
-    the unified HF checkpoint `unified_dir` (hf_quant_config.json + *.safetensors, HF tensor names)."""
+def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None = None):
+    """transformers' model of the family (float32) computing what TensorRT-LLM `release`'s PyTorch backend (default:
+    the newest tabulated) would compute from the unified HF checkpoint `unified_dir` (hf_quant_config.json +
+    *.safetensors, HF tensor names). Where that release's model (trtllm_torch_models.json) reads less than
+    transformers does, the reference follows the release: config keys it never names (Gemma's logit
+    soft-capping) are dropped, a sliding window its attention takes no window for is dropped (Mistral: full
+    attention), a literal sliding-layer RoPE base and q/k-norm eps are used. Phi-3's qkv_proj / gate_up_proj stay
+    fused, as in transformers and the checkpoint."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
+    from pipeline.trtllm_torch_checkpoint import FUSED_PARTS, RELEASES, family
+
     config = json.loads((unified_dir / "config.json").read_text())
+    release = release or RELEASES[-1]
+    model_facts = family(config, release)
+    if model_facts is None:
+        raise ValueError(f"TensorRT-LLM {release} registers no PyTorch model for {config.get('architectures')}")
     quant_file = unified_dir / "hf_quant_config.json"
     quant = json.loads(quant_file.read_text()).get("quantization", {}) if quant_file.is_file() else {}
     algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
@@ -259,31 +280,57 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path):
         tensors |= load_file(file)
     hf_config = AutoConfig.from_pretrained(hf_dir)
     hf_config.tie_word_embeddings = False
+    attention = model_facts["attention"] or {}
+    for key in model_facts["never_names"]:
+        setattr(hf_config, key, None)
+    if attention.get("attention_window") is None and getattr(hf_config, "sliding_window", None):
+        hf_config.sliding_window = None
+    if isinstance(attention.get("sliding_rope_theta"), (int, float)):
+        hf_config.rope_local_base_freq = attention["sliding_rope_theta"]
     vocab = hf_config.vocab_size
     embed = tensors["model.embed_tokens.weight"][:vocab].float()
     state = {
         "model.embed_tokens.weight": embed,
         "lm_head.weight": tensors["lm_head.weight"][:vocab].float() if "lm_head.weight" in tensors else embed,
-        "model.norm.weight": tensors["model.norm.weight"].float(),
     }
-    hooks = {}
+    fused = model_facts["fused_checkpoint_linears"]
+    covered = {f"{whole.split('.')[0]}.{part}" for whole in fused for part in FUSED_PARTS[whole]}
+    groups = [(m,) for m in fused] + [g for g in FUSED + VANILLA if not covered.intersection(g)]
+    hooks, kv_slices = {}, {}
     for index in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{index}"
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            state[f"{prefix}.{norm}.weight"] = tensors[f"{prefix}.{norm}.weight"].float()
-        for group in FUSED + VANILLA:
-            weights, hook = unified_linears(tensors, prefix, group, algo, dtype)
+        for group in groups:
+            weights, hook = unified_linears(
+                tensors, prefix, group, algo, dtype, fused=len(group) > 1 or group[0] in fused
+            )
             for module, weight in zip(group, weights):
                 state[f"{prefix}.{module}.weight"] = weight
                 if hook is not None:
                     hooks[f"{prefix}.{module}"] = hook
-        if kv_algo == "FP8":
+        if kv_algo == "FP8" and "self_attn.qkv_proj" in fused:
+            kv_slices[f"{prefix}.self_attn.qkv_proj"] = hf_config.num_attention_heads * _head_dim(hf_config)
+        elif kv_algo == "FP8":
             for module in ("self_attn.k_proj", "self_attn.v_proj"):
                 hooks[f"{prefix}.{module}:out"] = (torch.tensor(TORCH_FP8_KV_SCALE), "fp8")
-    return build_reference(hf_config, state, hooks)
+    for name, tensor in tensors.items():  # norms, q/k norms, biases: copied as they are
+        if name not in state and name.rsplit(".", 1)[-1] not in SCALES and not name.endswith("proj.weight"):
+            state[name] = tensor.float()
+    model = build_reference(hf_config, state, hooks)
+    scale = torch.tensor(TORCH_FP8_KV_SCALE)
+    for name, q_rows in kv_slices.items():  # the k/v part of a checkpoint-fused qkv_proj's output
+        model.get_submodule(name).register_forward_hook(
+            lambda m, args, out, q=q_rows: torch.cat([out[..., :q], _fake_quant(out[..., q:], scale, "fp8")], -1)
+        )
+    for norm, spec in (attention.get("qk_norm") or {}).items():
+        if isinstance(spec["eps"], float):  # a literal eps in place of config.rms_norm_eps (Qwen3's own q/k norms)
+            for name, module in model.named_modules():
+                if name.endswith(f"self_attn.{norm}"):
+                    module.variance_epsilon = spec["eps"]
+    return model
 
 
-LOADERS = {"trtllm": load_reference, "unified": load_unified_reference}
+def _head_dim(hf_config) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
 def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=print, kind: str = "trtllm") -> dict:
@@ -302,7 +349,13 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
         "reference forward"
     )
     hf_fn = quality.hf_logits_fn(hf_dir)
-    reference = LOADERS[kind](checkpoint, hf_dir)
+    if kind == "unified":  # as the targeted release's model reads it (the newest tabulated for an engine config)
+        from pipeline.trtllm_torch_checkpoint import RELEASES
+
+        release = cfg.target.trtllm_version
+        reference = load_unified_reference(checkpoint, hf_dir, release if release in RELEASES else None)
+    else:
+        reference = load_reference(checkpoint, hf_dir)
     ckpt_fn = quality.torch_logits_fn(reference)
     window = ids[None, :WINDOW]
     hf_logits, ckpt_logits = hf_fn(window), ckpt_fn(window)

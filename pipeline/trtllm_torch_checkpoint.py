@@ -3,34 +3,61 @@
 TensorRT-LLM 1.x's PyTorch backend (LLM API, `trtllm-serve`) loads a ModelOpt unified checkpoint directly. What it
 requires is tabulated from its source by scripts/dev/tabulate_trtllm_torch_loader.py into trtllm_torch_loader.json
 (per release: the hf_quant_config.json keys read, the LinearMethod each quant_algo gets or the ValueError it raises,
-the tensors each method's loaders read next to `weight` without a fallback, the dtypes they assert). The shapes
-are ModelOpt's layout, derived from config.json and group_size. Whether the deployed values are good is measured on
-the unified checkpoint itself: pipeline/trtllm_reference.py load_unified_reference (checkpoint_report kind="unified").
+the tensors each method's loaders read next to `weight` without a fallback, the dtypes they assert). What each
+family's model reads beyond Llama's (biases, q/k norms, Gemma's extra norms, Phi-3's checkpoint-fused linears and
+how its load_weights splits them, config.json keys read without a fallback) is tabulated per release by
+scripts/dev/tabulate_trtllm_torch_models.py into trtllm_torch_models.json. The shapes are ModelOpt's layout,
+derived from config.json and group_size. Whether the deployed values are good is measured on the unified
+checkpoint itself: pipeline/trtllm_reference.py load_unified_reference (checkpoint_report kind="unified").
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
+import operator
 from pathlib import Path
 
 from pipeline.models import ModelFacts
 from pipeline.trtllm_checkpoint import EXPECTED_ALGO
 
 TABLE = json.loads((Path(__file__).parent / "trtllm_torch_loader.json").read_text())
-RELEASES = tuple(TABLE)
+MODELS = json.loads((Path(__file__).parent / "trtllm_torch_models.json").read_text())
+RELEASES = tuple(r for r in TABLE if r in MODELS)
 # HF Llama linears; the PyTorch backend fuses q/k/v into qkv_proj and gate/up into gate_up_proj (their fused
-# loaders) and loads o_proj / down_proj alone (load_weights_vanilla).
+# loaders) and loads o_proj / down_proj alone (load_weights_vanilla). A family whose HF checkpoint holds qkv_proj /
+# gate_up_proj already fused (Phi-3) has them in place of the parts (family_linears).
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 VANILLA = ("o_proj", "down_proj")
+FUSED_PARTS = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj": ("gate_proj", "up_proj")}
+# The Llama decoder layer's norms: what a family whose decoder layer was not tabulated (Llama, Mistral) holds.
+LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 INT = ("I8", "U8")  # int4 pairs packed in a byte (ModelOpt writes U8; the loader takes .to(torch.int8))
 FLOAT = ("F32", "F16", "BF16")
 DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 SCALAR = ([], [1])
 
 
-def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
+def family(config: dict, release: str) -> dict | None:
+    """What TensorRT-LLM `release`'s PyTorch model for config.json's architecture reads, or None if unregistered."""
+    return MODELS[release]["architectures"].get((config.get("architectures") or [""])[0])
+
+
+def family_linears(fused: dict) -> tuple[str, ...]:
+    """The decoder linears (relative to a layer) of a checkpoint whose family's load_weights takes the
+    `fused` modules (trtllm_torch_models.json fused_checkpoint_linears) already fused."""
+    out = []
+    for group, parts in (("self_attn", ATTENTION), ("mlp", MLP)):
+        whole = next((m for m in fused if m.startswith(f"{group}.")), None)
+        out += [whole] if whole else []
+        out += [f"{group}.{p}" for p in parts if not (whole and p in FUSED_PARTS[whole])]
+    return tuple(out)
+
+
+def linear_shapes(config: dict, fused: dict | None = None) -> dict[str, tuple[int, int]]:
     """HF module name -> (out_features, in_features) of every decoder linear."""
     facts = ModelFacts.from_hf_config(config)
     heads, kv, head = facts.num_attention_heads, facts.num_key_value_heads, facts.head_size
@@ -43,12 +70,136 @@ def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
         "gate_proj": (inter, hidden),
         "up_proj": (inter, hidden),
         "down_proj": (hidden, inter),
+        "qkv_proj": ((heads + 2 * kv) * head, hidden),
+        "gate_up_proj": (2 * inter, hidden),
     }
     return {
-        f"model.layers.{i}.{'self_attn' if short in ATTENTION else 'mlp'}.{short}": sizes[short]
+        f"model.layers.{i}.{module}": sizes[module.rsplit(".", 1)[1]]
         for i in range(facts.num_hidden_layers)
-        for short in ATTENTION + MLP
+        for module in family_linears(fused or {})
     }
+
+
+def evaluate(expr: str, config: dict, bindings: dict) -> int:
+    """A tabulated integer expression of load_weights (`hidden_size + num_kv_heads * head_dim`, with its local
+    bindings such as `head_dim = hidden_size // num_heads` and `self.config.X`) on config.json."""
+
+    def value(node):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.BinOp):
+            return OPS[type(node.op)](value(node.left), value(node.right))
+        text = ast.unparse(node)
+        if text.startswith("self.config."):
+            return config[text.removeprefix("self.config.")]
+        return value(ast.parse(bindings[text], mode="eval").body)
+
+    return value(ast.parse(expr, mode="eval").body)
+
+
+def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len: int | None) -> list[str]:
+    """What `model` (the family's trtllm_torch_models.json row) reads from config.json that it lacks or ignores.
+    `loaded` is the transformers config object (class defaults count as present)."""
+    where = f"TensorRT-LLM {release}'s {model['class']} ({model['source']['path']}@{model['source']['index_id']})"
+    problems = [
+        f"config.json has no {key}, which {where} reads without a fallback (AttributeError, or whatever default the "
+        "release's own transformers gives it)"
+        for key in model["config_required"]
+        if key not in config and not hasattr(loaded, key)
+    ]
+    attention = model["attention"] or {}
+    schedule = model["sliding_schedule"] or ""
+    pattern, kinds = config.get("sliding_window_pattern"), config.get("layer_types")
+    if "sliding_window_pattern" in schedule and pattern and kinds:
+        derived = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(len(kinds))]
+        if derived != kinds:
+            problems.append(
+                f"{where} picks sliding layers as {schedule} = {derived}, but config.json's layer_types is {kinds}"
+            )
+    theta = attention.get("sliding_rope_theta")
+    if isinstance(theta, (int, float)) and config.get("rope_local_base_freq") not in (None, theta):
+        problems.append(
+            f"{where} gives sliding layers RoPE base {theta}, not config.json's rope_local_base_freq "
+            f"{config['rope_local_base_freq']}"
+        )
+    window = config.get("sliding_window")
+    if window and attention.get("attention_window") is None and (max_seq_len is None or window < max_seq_len):
+        read = "never names sliding_window" if "sliding_window" in model["never_names"] else "takes no window from it"
+        problems.append(
+            f"config.json sets sliding_window {window} (below max_seq_len {max_seq_len}), but {where} {read}: its "
+            f"{attention.get('class')} attends to the whole sequence in every layer"
+        )
+    for key in model["never_names"]:
+        if key != "sliding_window" and config.get(key) is not None:
+            problems.append(f"config.json sets {key} {config[key]}, which {where} never reads (its output differs)")
+    return problems
+
+
+def family_tensors(config: dict, model: dict, tied: bool) -> dict[str, tuple[str, list[int]]]:
+    """The non-linear tensors (and biases) `model` copies from the checkpoint without a fallback: name ->
+    (what reads it, shape). `tied`: the loaded config's tie_word_embeddings (lm_head is then not loaded)."""
+    facts = ModelFacts.from_hf_config(config)
+    hidden, head = facts.hidden_size, facts.head_size
+    attention = model["attention"] or {}
+    out = {
+        "model.embed_tokens.weight": ("the embedding", [None, hidden]),
+        "model.norm.weight": ("the final norm", [hidden]),
+    }
+    if not tied:
+        out["lm_head.weight"] = ("lm_head (tie_word_embeddings is false)", [None, hidden])
+    shapes = linear_shapes(config, model["fused_checkpoint_linears"])
+    for i in range(facts.num_hidden_layers):
+        prefix = f"model.layers.{i}"
+        for norm in model["layer_norms"] or LLAMA_NORMS:
+            out[f"{prefix}.{norm}.weight"] = (f"the decoder layer's {norm}", [hidden])
+        for norm in attention.get("qk_norm") or {}:
+            out[f"{prefix}.self_attn.{norm}.weight"] = (f"{attention['class']}.{norm}", [head])
+        for module, (rows, _) in shapes.items():
+            if not module.startswith(f"{prefix}.self_attn."):
+                continue
+            # o_proj takes dense_bias; Attention's dense_bias=None means "as bias" (modules/attention.py, not
+            # tabulated)
+            flag = attention.get("dense_bias") if module.endswith("o_proj") else None
+            flag = attention.get("bias") if flag is None else flag
+            if flag is True or (isinstance(flag, str) and config.get(flag.removeprefix("config."))):
+                out[f"{module}.bias"] = (f"{attention['class']} (bias={flag})", [rows])
+    return out
+
+
+def split_problems(
+    module: str, out: int, split: dict, config: dict, tensors: dict, required: set[str], where: str
+) -> list[str]:
+    """How `where` (a load_weights) would mis-split the quantized checkpoint-fused `module` of `out` rows (Phi-3's
+    qkv_proj / gate_up_proj): tensors the parts never get, a packed int4 weight split at unpacked row counts, a
+    per-row weight_scale handed whole to every part, a head_dim other than config.json's."""
+    facts = ModelFacts.from_hf_config(config)
+    problems = []
+    dropped = sorted(n for n in required if n not in split["passes"])
+    if dropped:
+        problems.append(
+            f"{module}: {where} hands the split parts only {split['passes']}, so the fused loader finds no "
+            f"{dropped} (KeyError); exclude {module.rsplit('.', 1)[1]} from quantization or target a newer release"
+        )
+    bindings = split["bindings"]
+    if "head_dim" in bindings and evaluate("head_dim", config, bindings) != facts.head_size:
+        problems.append(
+            f"{module}: {where} splits at head_dim = {bindings['head_dim']} = "
+            f"{evaluate('head_dim', config, bindings)}, but config.json's head_dim is {facts.head_size}"
+        )
+    weight = tensors.get(f"{module}.weight")
+    if weight is not None and weight[1][0] != out:
+        bounds = [evaluate(b, config, bindings) for b in split["split_rows_at"]]
+        problems.append(
+            f"{module}.weight has {weight[1][0]} rows (packed int4: two output rows a byte) but {where} splits its "
+            f"rows at {bounds}, counted unpacked: the parts get the wrong rows"
+        )
+    scale = tensors.get(f"{module}.weight_scale")
+    if "weight_scale" in split["passes"] and weight and scale and scale[1] and scale[1][0] == out != weight[1][0]:
+        problems.append(
+            f"{module}.weight_scale has {out} rows, not the weight's {weight[1][0]}: {where} "
+            f"({split['weight_scale_split_when']} is false) gives every part the whole scale"
+        )
+    return problems
 
 
 def expected(algo: str, name: str, out: int, inp: int, group: int | None) -> tuple[tuple[str, ...], list | tuple]:
@@ -86,16 +237,45 @@ def _excluded(module: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(module, p) or fnmatch.fnmatchcase(module, f"*{p}*") for p in patterns)
 
 
-def torch_loader_problems(unified_dir: Path, release: str) -> list[str]:
-    """Everything in `unified_dir` TensorRT-LLM `release`'s PyTorch backend would fail on or misread."""
-    if release not in TABLE:
+def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | None = None) -> list[str]:
+    """Everything in `unified_dir` TensorRT-LLM `release`'s PyTorch backend would fail on or misread.
+    `max_seq_len`: the deployment's, which a sliding window the model ignores must not be below."""
+    from transformers import AutoConfig
+
+    if release not in RELEASES:
         return [f"TensorRT-LLM {release}: no PyTorch-backend facts tabulated (have {', '.join(RELEASES)})"]
     facts = TABLE[release]
     config = json.loads((unified_dir / "config.json").read_text())
+    model = family(config, release)
+    if model is None:
+        return [
+            f"config.json architecture {(config.get('architectures') or ['<none>'])[0]}: TensorRT-LLM {release}'s "
+            "tensorrt_llm/_torch/models registers no such class"
+        ]
     tensors = _headers(unified_dir)
     if not tensors:
         return [f"{unified_dir}: no *.safetensors"]
-    problems: list[str] = []
+    loaded = AutoConfig.from_pretrained(unified_dir)
+    problems = config_problems(config, loaded, model, release, max_seq_len)
+    source = model["source"]
+    where = f"TensorRT-LLM {release}'s {model['class']}.load_weights ({source['path']}@{source['index_id']})"
+    wanted = family_tensors(config, model, loaded.tie_word_embeddings)
+    for name, (reader, shape) in wanted.items():
+        have = tensors.get(name)
+        if have is None:
+            problems.append(f"missing {name}, which {reader} reads (TensorRT-LLM {release}, {model['class']})")
+        elif (
+            have[0] not in FLOAT
+            or len(have[1]) != len(shape)
+            or any(a not in (b, None) for a, b in zip(shape, have[1]))
+        ):
+            problems.append(f"{name} is {have[0]} {have[1]}, {reader} expects a float tensor of shape {shape}")
+    problems += [
+        f"{name}: {model['attention']['class']} has no such bias (bias={model['attention']['bias']}), so TensorRT-LLM "
+        f"{release} would compute without it"
+        for name in tensors
+        if name.endswith(".bias") and name not in wanted
+    ]
     quant_file = unified_dir / "hf_quant_config.json"
     quant: dict = {}
     if quant_file.is_file():
@@ -128,7 +308,8 @@ def torch_loader_problems(unified_dir: Path, release: str) -> list[str]:
         problems.append(f"hf_quant_config.json: {algo} needs an integer group_size (weight_scale is per group)")
         group = None
     model_dtype = DTYPES.get(config.get("torch_dtype") or config.get("dtype"))
-    for module, (out, inp) in linear_shapes(config).items():
+    fused = model["fused_checkpoint_linears"]
+    for module, (out, inp) in linear_shapes(config, fused).items():
         short = module.rsplit(".", 1)[1]
         weight = tensors.get(f"{module}.weight")
         if weight is None:
@@ -150,6 +331,9 @@ def torch_loader_problems(unified_dir: Path, release: str) -> list[str]:
             for name, why in reads["required"].items()
             if not why.startswith("load_weights_vanilla") or name == "weight_scale" or short in VANILLA
         }
+        split = fused.get(module.split(".", 3)[3])
+        if split is not None:
+            problems += split_problems(module, out, split, config, tensors, required, where)
         for name in ["weight", *sorted(required | set(reads["optional"]))]:
             full = f"{module}.{name}"
             if name in ("k_scale", "v_scale") and short != name[0] + "_proj":
@@ -175,6 +359,38 @@ def torch_loader_problems(unified_dir: Path, release: str) -> list[str]:
                     f"`{assertion}`"
                 )
     return problems
+
+
+def fused_split_refusal(arch: str, release: str, weights: str, method: str, exclude: list[str]) -> str | None:
+    """Why TensorRT-LLM `release`'s model for `arch` cannot load this quantization of its checkpoint-fused linears
+    (Phi-3's qkv_proj / gate_up_proj, which its load_weights splits), or None. `exclude`: quantization.exclude_modules
+    (an excluded linear stays float and splits fine)."""
+    model = MODELS.get(release, {}).get("architectures", {}).get(arch)
+    algo = EXPECTED_ALGO.get((weights, method))
+    row = TABLE.get(release, {}).get("quant_algos", {}).get(algo) or {}
+    if model is None or not row.get("method"):
+        return None
+    where = f"{model['class']}.load_weights ({model['source']['path']}@{model['source']['index_id']})"
+    for module, split in model["fused_checkpoint_linears"].items():
+        short = module.rsplit(".", 1)[1]
+        if any(fnmatch.fnmatchcase(short, p) or p in short for p in exclude):
+            continue
+        dropped = sorted(n for n in row["tensors"]["required"] if n not in split["passes"])
+        packed = algo in ("W4A16_AWQ", "W4A8_AWQ")
+        if dropped or packed:
+            why = (
+                f"splits the packed int4 weight's rows at {split['split_rows_at']}, counted unpacked"
+                if packed
+                else f"hands the split parts only {split['passes']}, so {row['method']} finds no {dropped}"
+            )
+            newer = [r for r in MODELS if r > release and not fused_split_refusal(arch, r, weights, method, exclude)]
+            fix = f"set target.trtllm_version: {newer[0]}, or " if newer else ""
+            return (
+                f"TensorRT-LLM {release}'s {where} {why} ({module}, {algo}); {fix}add "
+                f"{', '.join(m.rsplit('.', 1)[1] for m in model['fused_checkpoint_linears'])} to "
+                "quantization.exclude_modules"
+            )
+    return None
 
 
 def unsupported_quantization(weights: str, method: str, kv_cache: str, release: str) -> str | None:
@@ -204,8 +420,9 @@ def unsupported_quantization(weights: str, method: str, kv_cache: str, release: 
 
 
 def export_unified(model, dtype, unified_dir: Path) -> list[str]:
-    """ModelOpt's unified HF checkpoint of the calibrated `model` in `dtype` (a torch dtype); returns the identity
-    pre_quant_scale tensors repair_pre_quant_scale added (int4 round-to-nearest).
+    """ModelOpt's unified HF checkpoint of the calibrated `model` in `dtype` (a torch dtype); returns what the
+    repairs added: identity pre_quant_scale tensors (int4 round-to-nearest, repair_pre_quant_scale) and
+    `config.json:<key>` entries (repair_config).
 
     export_hf_checkpoint's dtype only casts the weights it quantizes: everything else (norms, embeddings, lm_head,
     pre_quant_scale) and config.json's dtype are saved as the model holds them, float32 after the CPU calibration.
@@ -215,7 +432,42 @@ def export_unified(model, dtype, unified_dir: Path) -> list[str]:
 
     model.to(dtype)
     export_hf_checkpoint(model, dtype, unified_dir)
-    return repair_pre_quant_scale(unified_dir)
+    return repair_pre_quant_scale(unified_dir) + repair_config(unified_dir)
+
+
+def period(layer_types: list[str]) -> int | None:
+    """The N of `bool((i + 1) % N)` (sliding unless every N-th layer) that reproduces `layer_types`, if any."""
+    return next(
+        (
+            n
+            for n in range(2, len(layer_types) + 2)
+            if all((kind == "sliding_attention") == bool((i + 1) % n) for i, kind in enumerate(layer_types))
+        ),
+        None,
+    )
+
+
+def repair_config(unified_dir: Path) -> list[str]:
+    """Write the config.json keys a tabulated release's model reads without a fallback (trtllm_torch_models.json
+    config_required) that this transformers neither writes nor defaults, from what the checkpoint itself says:
+    attention_bias (Phi-3's attention reads it; whether q/k/v biases are present) and sliding_window_pattern
+    (Gemma 3 before 1.2 reads it; the period of layer_types). Returns `config.json:<key>` per key written."""
+    from transformers import AutoConfig
+
+    file = unified_dir / "config.json"
+    config = json.loads(file.read_text())
+    arch = (config.get("architectures") or [""])[0]
+    required = {key for r in MODELS.values() if (m := r["architectures"].get(arch)) for key in m["config_required"]}
+    loaded = AutoConfig.from_pretrained(unified_dir)
+    absent = {key for key in required if key not in config and not hasattr(loaded, key)}
+    added = {}
+    if "attention_bias" in absent:
+        added["attention_bias"] = any(n.endswith(("q_proj.bias", "qkv_proj.bias")) for n in _headers(unified_dir))
+    if "sliding_window_pattern" in absent and config.get("layer_types") and period(config["layer_types"]):
+        added["sliding_window_pattern"] = period(config["layer_types"])
+    if added:
+        file.write_text(json.dumps(config | added, indent=2, sort_keys=True) + "\n")
+    return [f"config.json:{key}" for key in added]
 
 
 def repair_pre_quant_scale(unified_dir: Path) -> list[str]:

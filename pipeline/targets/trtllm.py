@@ -306,6 +306,7 @@ BACKEND_TABLES = (
     Path(__file__).parent / "trtllm_llm_args.json",
     Path(__file__).parent.parent / "triton" / "llmapi_model.json",
     Path(__file__).parent.parent / "trtllm_torch_loader.json",
+    Path(__file__).parent.parent / "trtllm_torch_models.json",
 )
 
 
@@ -372,6 +373,7 @@ class TrtllmTarget:
             *BACKEND_MODULES,  # export_problems and deployed_checkpoint
             Path(__file__).parent.parent / "trtllm_checkpoint_rules.json",
             Path(__file__).parent.parent / "trtllm_torch_loader.json",
+            Path(__file__).parent.parent / "trtllm_torch_models.json",
         ),
         # both backends' modules and tables: a superset of what one build executes
         "engine": ("pipeline.targets.trtllm", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),

@@ -32,8 +32,9 @@ from pipeline.targets.trtllm import (
 )
 from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
 from pipeline.triton.validate import recorded_release
+from pipeline.trtllm_torch_checkpoint import MODELS as TORCH_MODELS
 from pipeline.trtllm_torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
-from pipeline.trtllm_torch_checkpoint import torch_loader_problems, unsupported_quantization
+from pipeline.trtllm_torch_checkpoint import fused_split_refusal, torch_loader_problems, unsupported_quantization
 
 # The releases all three of the backend's tables cover: LLM-API options, the llmapi model, the PyTorch loader.
 RELEASES = tuple(r for r in LLM_API_RELEASES if r in LLMAPI_RELEASES and r in TORCH_LOADER_RELEASES)
@@ -401,9 +402,30 @@ class LlmApiBackend:
         return missing_for_llm_api()
 
     def architecture_support(self, cfg) -> dict[str, str | None]:
+        """What the targeted release's tensorrt_llm/_torch/models registers (trtllm_torch_models.json), and
+        whether its model loads this quantization of the family's checkpoint-fused linears."""
         from pipeline.architectures import ARCHITECTURES
 
-        return {name: None if name == "LlamaForCausalLM" else "not built yet" for name in ARCHITECTURES}
+        release, q = cfg.target.trtllm_version, cfg.quantization
+        if release not in TORCH_MODELS:
+            return {name: f"TensorRT-LLM {release}: no PyTorch-backend model table" for name in ARCHITECTURES}
+        table = TORCH_MODELS[release]
+        files = ", ".join(
+            f"{f['path'].rsplit('/', 1)[1]}@{f['index_id']}"
+            for f in table["source"]["files"]
+            if "/models/modeling_" in f["path"]
+        )
+        out = {}
+        for name in ARCHITECTURES:
+            if name not in table["architectures"]:
+                having = [r for r in TORCH_MODELS if name in TORCH_MODELS[r]["architectures"]]
+                fix = f"; set target.trtllm_version: {having[-1]}" if having else ""
+                out[name] = (
+                    f"TensorRT-LLM {release}'s tensorrt_llm/_torch/models registers no {name} (read: {files}){fix}"
+                )
+            else:
+                out[name] = fused_split_refusal(name, release, q.weights, q.method, q.exclude_modules)
+        return out
 
     def config_problems(self, cfg) -> list[Problem]:
         b, r, q = cfg.build, cfg.runtime, cfg.quantization
@@ -437,7 +459,7 @@ class LlmApiBackend:
         }.get(stage, "")
 
     def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:
-        return torch_loader_problems(export_dir / "hf_unified", cfg.target.trtllm_version)
+        return torch_loader_problems(export_dir / "hf_unified", cfg.target.trtllm_version, cfg.build.max_seq_len)
 
     def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
         return export_dir / "hf_unified", "unified"

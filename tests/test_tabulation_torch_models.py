@@ -1,0 +1,122 @@
+"""The PyTorch-backend model tabulator (scripts/dev/tabulate_trtllm_torch_models.py), re-run on the committed
+upstream excerpts, agrees with the committed trtllm_torch_models.json; the table says, per release, which families
+tensorrt_llm/_torch/models registers and what each family's model reads beyond Llama's; the PyTorch backend's
+architecture_support answers from it (a validate error naming release, file and fix)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.architectures import ARCHITECTURES
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+from tests.conftest import make_tiny, write_config
+
+ROOT = Path(__file__).parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "upstream"
+TABLE = json.loads((ROOT / "pipeline" / "trtllm_torch_models.json").read_text())
+spec = importlib.util.spec_from_file_location(
+    "tabulate_trtllm_torch_models", ROOT / "scripts/dev/tabulate_trtllm_torch_models.py"
+)
+tab = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = tab
+spec.loader.exec_module(tab)
+
+
+def test_the_committed_excerpts_tabulate_to_the_committed_table():
+    assert tab.tabulate(FIXTURES) == TABLE
+
+
+def test_every_registered_family_is_registered_by_every_tabulated_release():
+    assert list(TABLE) == ["1.0", "1.1", "1.2"]
+    for release, facts in TABLE.items():
+        assert set(ARCHITECTURES) <= set(facts["architectures"]), release
+        for arch in ARCHITECTURES:
+            source = facts["architectures"][arch]["source"]
+            assert source["repo"] == "NVIDIA/TensorRT-LLM" and source["index_id"], (release, arch)
+            assert source["path"].startswith("tensorrt_llm/_torch/models/modeling_"), (release, arch)
+    mistral = TABLE["1.2"]["architectures"]["MistralForCausalLM"]  # modeling_mistral is imported after modeling_llama
+    assert (
+        mistral["source"]["path"].endswith("modeling_mistral.py")
+        and mistral["attention"]["class"] == "MistralAttention"
+    )
+    assert mistral["shadows"] == ["tensorrt_llm/_torch/models/modeling_llama.py"]
+    assert TABLE["1.0"]["architectures"]["Phi3ForCausalLM"]["source"]["commit"].startswith("000a01de")
+
+
+def test_what_each_family_reads_beyond_llama():
+    for release, facts in TABLE.items():
+        families = facts["architectures"]
+        qwen2 = families["Qwen2ForCausalLM"]["attention"]
+        assert (qwen2["bias"], qwen2["dense_bias"], qwen2["qk_norm"]) == (True, False, None)
+        qwen3 = families["Qwen3ForCausalLM"]["attention"]
+        assert qwen3["bias"] == qwen3["dense_bias"] == "config.attention_bias" and set(qwen3["qk_norm"]) == {
+            "q_norm",
+            "k_norm",
+        }
+        gemma = families["Gemma3ForCausalLM"]
+        assert set(gemma["layer_norms"]) >= {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
+        assert gemma["norm_weight_offset"]["add"] == 1 and set(gemma["attention"]["qk_norm"]) == {"q_norm", "k_norm"}
+        assert {"final_logit_softcapping", "attn_logit_softcapping"} <= set(gemma["never_names"])
+        assert gemma["attention"]["attention_window"] == "config.sliding_window"
+        phi3 = families["Phi3ForCausalLM"]
+        assert set(phi3["fused_checkpoint_linears"]) == {"self_attn.qkv_proj", "mlp.gate_up_proj"}
+        assert (
+            phi3["fused_checkpoint_linears"]["self_attn.qkv_proj"]["bindings"]["head_dim"] == "hidden_size // num_heads"
+        )
+        assert "attention_bias" in phi3["config_required"]
+        assert families["MistralForCausalLM"]["attention"]["attention_window"] is None
+        assert "sliding_window" in families["MistralForCausalLM"]["never_names"]
+    passes = {r: TABLE[r]["architectures"]["Phi3ForCausalLM"]["fused_checkpoint_linears"] for r in TABLE}
+    assert passes["1.0"]["self_attn.qkv_proj"]["passes"] == ["weight"]
+    assert "weight_scale" in passes["1.2"]["self_attn.qkv_proj"]["passes"]
+    schedules = {r: TABLE[r]["architectures"]["Gemma3ForCausalLM"]["sliding_schedule"] for r in TABLE}
+    assert "sliding_window_pattern" in schedules["1.0"] and "layer_types" in schedules["1.2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_phi3(tmp_path_factory) -> Path:
+    return make_tiny("Phi3ForCausalLM", tmp_path_factory.mktemp("tiny-phi3"))
+
+
+def pytorch_config(tmp_path: Path, model: Path, release: str, quantization: str) -> Path:
+    return write_config(
+        tmp_path / f"pytorch-{release}.yaml",
+        f"""
+        model: {{source: hf, path: {model}}}
+        target: {{name: trtllm, trtllm_backend: pytorch, trtllm_version: "{release}"}}
+        quantization: {quantization}
+        build: {{max_input_len: 32, max_seq_len: 64, max_num_tokens: 64}}
+        """,
+    )
+
+
+@pytest.mark.parametrize("release", list(TABLE))
+def test_architecture_support_answers_from_the_release_table(tmp_path, tiny_phi3, release):
+    from pipeline.targets import TARGETS
+
+    cfg = load_config(pytorch_config(tmp_path, tiny_phi3, release, "{weights: none}"))
+    assert TARGETS["trtllm"].architecture_support(cfg) == dict.fromkeys(ARCHITECTURES)
+
+
+def test_phi3_fp8_on_1_0_is_refused_naming_release_file_and_fix(tmp_path, tiny_phi3):
+    path = pytorch_config(tmp_path, tiny_phi3, "1.0", "{weights: fp8, calibration: {num_samples: 4, seq_len: 32}}")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    says = [p for p in info.value.problems if "Phi3ForCausalLM is not supported" in p]
+    assert says and "TensorRT-LLM 1.0's Phi3ForCausalLM.load_weights" in says[0], info.value.problems
+    assert "modeling_phi3.py@9325938422" in says[0] and "set target.trtllm_version: 1.1" in says[0]
+    load_config(path, ["target.trtllm_version=1.1"])
+
+
+def test_phi3_int4_is_refused_unless_its_fused_linears_stay_float(tmp_path, tiny_phi3):
+    awq = "{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 4, seq_len: 32}"
+    with pytest.raises(ConfigError) as info:
+        load_config(pytorch_config(tmp_path, tiny_phi3, "1.2", awq + "}"))
+    assert any("packed int4" in p and "exclude_modules" in p for p in info.value.problems), info.value.problems
+    load_config(pytorch_config(tmp_path, tiny_phi3, "1.2", awq + ", exclude_modules: [qkv_proj, gate_up_proj]}"))
