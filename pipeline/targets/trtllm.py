@@ -173,15 +173,17 @@ def export_checkpoints(
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
+    from pipeline.trtllm_checkpoint import engine_family
     from pipeline.trtllm_torch_checkpoint import export_unified
 
     torch_dtype = getattr(torch, dtype)
     checkpoint = out_dir / "trtllm_checkpoint"
+    hf_config = model.config.to_dict()
     with quiet_modelopt():
         if trtllm:
             export_tensorrt_llm_checkpoint(
                 model,
-                "llama",
+                engine_family(hf_config["architectures"][0]).decoder_type,
                 torch_dtype,
                 checkpoint,
                 inference_tensor_parallel=tp_size,
@@ -191,11 +193,30 @@ def export_checkpoints(
     if not trtllm:
         return
     repair_pre_quant_scale(checkpoint)
+    repair_family_keys(checkpoint, hf_config)
     if loader_quantized:
         config_file = checkpoint / "config.json"
         config = json.loads(config_file.read_text())
         config["quantization"] = {**(config.get("quantization") or {}), "quant_algo": loader_quantized}
         config_file.write_text(json.dumps(config, indent=4))
+
+
+def repair_family_keys(checkpoint: Path, hf_config: dict) -> bool:
+    """ModelOpt 0.47 writes the TensorRT-LLM config by hand without tensorrt_llm installed and leaves out the keys a
+    family's class reads without a default (QWenConfig's `qwen_type`, which QWenDecoderLayer branches on and
+    from_hugging_face takes from the HF model_type): write them as from_hugging_face would."""
+    from pipeline.trtllm_checkpoint import engine_family, family_values
+
+    config_file = checkpoint / "config.json"
+    config = json.loads(config_file.read_text())
+    missing = {
+        k: v
+        for k, v in family_values(engine_family(hf_config["architectures"][0]), hf_config).items()
+        if k not in config
+    }
+    if missing:
+        config_file.write_text(json.dumps(config | missing, indent=4))
+    return bool(missing)
 
 
 def repair_pre_quant_scale(checkpoint: Path) -> bool:
