@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.architectures import ARCHITECTURES
 from pipeline.models import ModelFacts
 
 # tensorrt_llm/quantization/mode.py QuantAlgo values this pipeline produces, and the KV-cache ones.
@@ -81,37 +82,60 @@ class EngineFamily:
     dense_bias: bool | None  # the attention output projection's bias, when the layer fixes it
 
 
-def engine_family(architecture: str) -> EngineFamily:
-    """The tabulated facts for `architecture`, or NotBuildable naming the source that rules it out."""
+# The HF architectures whose TensorRT-LLM checkpoint this module checks tensor by tensor and trtllm_reference
+# rebuilds: the LLaMA layout, plus Qwen2's q/k/v biases. Qwen3's per-head q/k RMSNorm (q_layernorm / k_layernorm,
+# which ModelOpt writes) is in neither.
+CHECKED_LAYOUTS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+def model_map_class(architecture: str, release: str) -> str:
+    """The class `release`'s MODEL_MAP gives `architecture`: the one of every stored version, or, for an entry only
+    newer versions have, theirs from the release whose notes say it was added on."""
+    maps = ENGINE_MODELS["model_map"]
+    classes = {m["classes"].get(architecture) for m in maps}
+    added = ENGINE_MODELS["added_in_release"].get(architecture)
+    if None not in classes and len(classes) == 1:
+        return classes.pop()
+    lacking = ", ".join(_where(m["source"]) for m in maps if architecture not in m["classes"])
+    if added is None or len(classes - {None}) != 1:
+        raise NotBuildable(
+            f"the class registry (MODEL_MAP) has no class for it in {lacking}, and no release note says which "
+            "release added one"
+        )
+    (trtllm_class,) = classes - {None}
+    if _release_key(release) < _release_key(added["release"]):
+        raise NotBuildable(
+            f"the class registry has no class for it (MODEL_MAP in {lacking}); {added['release']} added one "
+            f"({trtllm_class}; {added['source']['path']}: {added['line'].lstrip('- ')!r})"
+        )
+    return trtllm_class
+
+
+def engine_family(architecture: str, release: str) -> EngineFamily:
+    """The tabulated facts for `architecture` in `release`, or NotBuildable naming the source that rules it out."""
+    trtllm_class = model_map_class(architecture, release)
     modelopt = ENGINE_MODELS["modelopt"]
     decoder = modelopt_decoder_type(architecture)
     if decoder not in modelopt["config_writer_decoder_types"]:
         raise NotBuildable(
-            f"ModelOpt {modelopt['version']} cannot export it as a TensorRT-LLM checkpoint: its decoder type "
-            f"{decoder!r} (modelopt/torch/export/model_utils.py MODEL_NAME_TO_TYPE) is not one "
-            f"convert_to_tensorrt_llm_config writes ({', '.join(modelopt['config_writer_decoder_types'])}; "
-            f'otherwise {modelopt["config_writer_otherwise_raises"]}: "Cannot export tensorrt_llm checkpoint for '
-            f'model {decoder}")'
+            f"MODEL_MAP maps it to {trtllm_class}, but ModelOpt {modelopt['version']} cannot export it as a "
+            f"TensorRT-LLM checkpoint: its decoder type {decoder!r} (modelopt/torch/export/model_utils.py "
+            f"MODEL_NAME_TO_TYPE) is not one convert_to_tensorrt_llm_config writes "
+            f"({', '.join(modelopt['config_writer_decoder_types'])}; otherwise "
+            f'{modelopt["config_writer_otherwise_raises"]}: "Cannot export tensorrt_llm checkpoint for model '
+            f'{decoder}")'
         )
-    maps = ENGINE_MODELS["model_map"]
-    classes = {m["classes"].get(architecture) for m in maps}
-    if None in classes or len(classes) != 1:
-        lacking = [_where(m["source"]) for m in maps if architecture not in m["classes"]]
-        having = [
-            f"{m['classes'][architecture]} in {_where(m['source'])}" for m in maps if architecture in m["classes"]
-        ]
+    if architecture not in CHECKED_LAYOUTS:
         raise NotBuildable(
-            f"the engine workflow's class registry (MODEL_MAP) has no class for it in {', '.join(lacking)}"
-            + (f" (it has {'; '.join(having)})" if having else "")
-            + ", and no stored version is tied to a release, so which releases build it is not known"
+            f"MODEL_MAP maps it to {trtllm_class}, but this pipeline checks and references only the "
+            f"{', '.join(CHECKED_LAYOUTS)} checkpoint layouts of the engine workflow (not "
+            f"{ARCHITECTURES[architecture].traits})"
         )
-    (trtllm_class,) = classes
-    model = ENGINE_MODELS["model_classes"].get(trtllm_class)
-    if model is None:
-        raise NotBuildable(
-            f"MODEL_MAP maps it to {trtllm_class}, whose checkpoint layout (config class, decoder layer) this "
-            "pipeline has not tabulated, so it cannot check the checkpoint"
-        )
+    model = ENGINE_MODELS["model_classes"][trtllm_class]  # tabulated for every class of CHECKED_LAYOUTS
     config = ENGINE_MODELS["config_classes"][model["config_class"]]
     layer = ENGINE_MODELS["decoder_layers"][model["decoder_layer"]]
     dense = layer["attention"].get("dense_bias")
@@ -245,7 +269,7 @@ def padded_vocab(vocab: int, tp: int, quant_algo: str | None) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
+def expected_tensors(ckpt: dict, hf: dict, rank: int, family: EngineFamily) -> dict[str, tuple]:
     """name -> (dtype, shape[, "optional"]) of every tensor TensorRT-LLM reads from this rank's file."""
     mapping, quant = ckpt["mapping"], ckpt.get("quantization", {})
     tp, pp = mapping["tp_size"], mapping["pp_size"]
@@ -254,7 +278,6 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
     hidden, layers = hf["hidden_size"], hf["num_hidden_layers"]
     excluded = quant.get("exclude_modules") or []
     vocab = padded_vocab(hf["vocab_size"], tp, quant.get("quant_algo"))
-    family = engine_family(hf["architectures"][0])
     qkv_bias = ckpt.get("attn_bias", family.defaults["attn_bias"])  # what the class builds Attention(bias=) with
     out: dict[str, tuple[str, list[int]]] = {}
     if pp_rank == 0:
@@ -269,9 +292,7 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
             names = (f"{base}.{linear.name}", f"model.layers.{global_index}.{linear.hf}")
             skip = any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*{p}*") for n in names for p in excluded)
             out |= linear_tensors(f"{base}.{linear.name}", linear, {} if skip else quant, dtype)
-            if qkv_bias and (
-                linear.name == "attention.qkv" or (linear.name == "attention.dense" and family.dense_bias)
-            ):
+            if qkv_bias and linear.name == "attention.qkv":  # (a model with other biases is refused: family_problems)
                 out[f"{base}.{linear.name}.bias"] = (dtype, [linear.out_features])  # biases stay in the model dtype
         if quant.get("kv_cache_quant_algo"):
             out[f"{base}.attention.kv_cache_scaling_factor"] = (F32, [1])
@@ -284,10 +305,9 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
     return out
 
 
-def family_problems(ckpt: dict, hf: dict, biases: dict[str, bool]) -> list[str]:
+def family_problems(ckpt: dict, hf: dict, biases: dict[str, bool], family: EngineFamily) -> list[str]:
     """The family's own config.json keys (read without a default) and its bias switches (read with the config
     class's default when absent) against the model's values."""
-    family = engine_family(hf["architectures"][0])
     problems = [
         f"config.json: {key} is {ckpt.get(key)!r}; TensorRT-LLM's {family.trtllm_class} reads it without a default "
         f"and from_hugging_face takes it from the HF config's {family.derived[key]}: {value!r}"
@@ -310,7 +330,7 @@ def family_problems(ckpt: dict, hf: dict, biases: dict[str, bool]) -> list[str]:
     return problems
 
 
-def config_problems(ckpt: dict, hf: dict, cfg, biases: dict[str, bool]) -> list[str]:
+def config_problems(ckpt: dict, hf: dict, cfg, biases: dict[str, bool], family: EngineFamily) -> list[str]:
     """Every config.json field TensorRT-LLM's config class for the family reads, against the model's true value."""
     heads = hf["num_attention_heads"]
     q, p = cfg.quantization, cfg.parallel
@@ -339,7 +359,7 @@ def config_problems(ckpt: dict, hf: dict, cfg, biases: dict[str, bool]) -> list[
             and ckpt.get(key) == padded_vocab(value, p.tp_size, ckpt.get("quantization", {}).get("quant_algo"))
         )
     ]
-    problems += family_problems(ckpt, hf, biases)
+    problems += family_problems(ckpt, hf, biases, family)
     problems += mapping_problems(ckpt.get("mapping"), p.tp_size, p.pp_size)
     quant = ckpt.get("quantization", {})
     unknown = sorted(set(quant) - QUANT_CONFIG_KEYS)
@@ -407,10 +427,10 @@ def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
     ckpt = json.loads((checkpoint / "config.json").read_text())
     hf = json.loads((hf_dir / "config.json").read_text())
     try:
-        engine_family(hf["architectures"][0])
+        family = engine_family(hf["architectures"][0], cfg.target.trtllm_version)
     except NotBuildable as e:
         return [f"{hf['architectures'][0]}: {e}"]
-    problems = config_problems(ckpt, hf, cfg, hf_biases(hf_dir))
+    problems = config_problems(ckpt, hf, cfg, hf_biases(hf_dir), family)
     if ckpt.get("dtype") not in ("float16", "bfloat16", "float32"):
         return problems + [f"config.json: dtype {ckpt.get('dtype')!r} is not float16, bfloat16 or float32"]
     world = ckpt["mapping"]["world_size"]
@@ -423,7 +443,7 @@ def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
         file = checkpoint / f"rank{rank}.safetensors"
         if not file.is_file():
             continue
-        want = expected_tensors(ckpt, hf, rank)
+        want = expected_tensors(ckpt, hf, rank, family)
         with safe_open(file, "pt") as f:
             have = {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape())) for name in f.keys()}
         optional = {name for name, spec in want.items() if len(spec) == 3}

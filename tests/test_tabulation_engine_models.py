@@ -55,3 +55,11 @@ def test_modelopt_facts():
     assert {"llama", "qwen"} <= set(mo["config_writer_decoder_types"])
     assert "phi3" not in mo["config_writer_decoder_types"] and "gemma3" not in mo["config_writer_decoder_types"]
     assert mo["config_writer_otherwise_raises"] == "NotImplementedError"
+
+
+def test_release_notes_date_the_entries_older_stored_versions_lack():
+    added = TABLE["added_in_release"]
+    assert {arch: entry["release"] for arch, entry in added.items()} == {
+        "Gemma3ForCausalLM": "0.19",  # not 0.21's "Added Gemma3 VLM support": the earliest wins
+        "Qwen3ForCausalLM": "0.20",
+    }

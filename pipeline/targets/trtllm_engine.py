@@ -1,6 +1,11 @@
 """The trtllm target's `tensorrt` backend: TensorRT engines built by `trtllm-build`, served by Triton's C++
 `tensorrtllm` backend (the engine workflow TensorRT-LLM 0.18 to 1.2 ship; removed from main in 2026).
 
+The families it builds are those every stored version of TensorRT-LLM's MODEL_MAP gives a class whose checkpoint
+layout is tabulated and ModelOpt 0.47 exports (pipeline/trtllm_checkpoint.py engine_family, from
+trtllm_engine_models.json): Llama, Mistral (LLaMAForCausalLM; its sliding window is the runtime's
+max_attention_window_size) and Qwen2 (QWenForCausalLM); `architecture_support` names the source ruling out the rest.
+
 The engine stage runs `trtllm-build` on the verified TensorRT-LLM checkpoint (here it stops with exit 4 and the
 exact command). The Triton repository's `tensorrt_llm` model config has every tensor of the real template of the
 targeted release (tabulated from the upstream backend and templates by scripts/dev/tabulate_trtllm_backend.py into
@@ -231,7 +236,7 @@ class EngineBackend:
         support: dict[str, str | None] = {}
         for name in ARCHITECTURES:
             try:
-                engine_family(name)
+                engine_family(name, cfg.target.trtllm_version)
                 support[name] = None
             except NotBuildable as e:
                 support[name] = (

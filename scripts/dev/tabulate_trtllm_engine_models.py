@@ -16,10 +16,11 @@ Maintainer tool, not run by the pipeline. Reads with `ast` (never runs):
 
 Which stored version stands for which release: the index does not store the release commits (the tensorrtllm_backend
 mirror's tensorrt_llm submodule pointers, v0.18.2 5aec7af4, v0.19.0 c6f7d423, v1.0.0 ae8270b7: "stored, but not at
-that commit"). MODEL_MAP is ordered by content: 2489028756 (no Gemma 3, Qwen3, DeepseekV2: before the 0.18 line)
-< 820782731 and 02267d3d (Gemma 3 and Qwen3 added). An entry present in every stored version is taken to hold for
-every release 0.18-1.2 (the engine workflow was not changed for those classes before its removal); an entry
-missing from some version is reported per version, not per release. Usage:
+that commit"). MODEL_MAP is ordered by content: 2489028756 (no Gemma 3, Qwen3, DeepseekV2) < 820782731 and 02267d3d
+(Gemma 3 and Qwen3 added). An entry present in every stored version is taken to hold for every release 0.18-1.2; for
+an entry only the newer versions have, the release notes (docs/source/release-notes.md, excerpt) name the release that
+added it ("Added Gemma3 text-only model support" in 0.19, "Added Qwen3 support" in 0.20; 0.18.x is 0.17 plus
+dependency updates). Usage:
     python scripts/dev/tabulate_trtllm_engine_models.py tests/fixtures/upstream \
         /work/main/.venv/lib/python3.11/site-packages/modelopt pipeline/trtllm_engine_models.json
 """
@@ -42,6 +43,9 @@ GEMMA_CONSTANTS = "gemma_config_397088162_architectures.py.txt"
 CONFIG_CLASSES = ("qwen_config_0428c188_config.py.txt", "llama_config_04100fd0_config.py.txt")
 MODEL_CLASSES = ("qwen_model_04a2cacb_decoder_layer.py.txt", "llama_model_663997685_decoder_layer.py.txt")
 CONFIG_KWARGS = "modeling_utils_01ea6d79_config_kwargs.py.txt"
+RELEASE_NOTES = "release_notes_683127886_model_support.md.txt"
+RELEASE_HEADING = re.compile(r"## TensorRT-LLM Release (\d+\.\d+)\.\d+")
+ADDED = re.compile(r"\s*- Added (\w+)\b")
 HEADER = re.compile(
     r"# Excerpt of (\S+/\S+) (\S+) at "
     r"(?:commit (\w+) \(index id (\d+)\)|the version the search index stores as id (\d+))"
@@ -161,12 +165,41 @@ def engine_facts(fixtures: Path) -> dict:
         for n in ast.walk(init)
     )
     return {
+        "added_in_release": added_in_release(fixtures / RELEASE_NOTES, maps),
         "model_map": maps,
         "model_classes": models,
         "config_classes": configs,
         "decoder_layers": layers,
         "pretrained_config": {"unnamed_keys_become_attributes": sets_unnamed, "source": kwargs_source},
     }
+
+
+def added_in_release(notes: Path, maps: list[dict]) -> dict[str, dict]:
+    """For each architecture the oldest stored MODEL_MAP lacks and the newest has: the earliest release whose notes
+    say "Added <name without ForCausalLM>" (0.18.x is 0.17 plus dependency updates, so it has what the oldest
+    stored version has)."""
+    new = [a for a in maps[-1]["classes"] if a not in maps[0]["classes"]]
+    found, release = {}, None
+    lines = notes.read_text().splitlines()
+    for line in lines[3:]:
+        heading = RELEASE_HEADING.match(line)
+        if heading:
+            release = heading.group(1)
+            continue
+        added = ADDED.match(line)
+        for arch in new:
+            if added and added.group(1) == arch.removesuffix("ForCausalLM"):
+                if arch not in found or _key(release) < _key(found[arch]["release"]):
+                    found[arch] = {"release": release, "line": line.strip()}
+    source = re.match(r"# Excerpt of (\S+/\S+) (\S+)", lines[0]).groups()
+    return {
+        arch: entry | {"source": {"repo": source[0], "path": source[1], "index_id": "683127886"}}
+        for arch, entry in found.items()
+    }
+
+
+def _key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
 
 
 # ---------------------------------------------------------------- ModelOpt

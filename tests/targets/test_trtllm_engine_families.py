@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.config import load_config
 from pipeline.trtllm_checkpoint import check_checkpoint
@@ -130,6 +131,13 @@ def test_mistral_window_reaches_the_reference_and_the_triton_model(built):
     root, _ = built[("MistralForCausalLM", "none-tp2")]
     reference = load_reference(root / "out" / "export" / "trtllm_checkpoint", root / "out" / "import")
     assert reference.config.sliding_window == TINY_SLIDING_WINDOW
+    ids = torch.randint(3, 250, (1, 4 * TINY_SLIDING_WINDOW))
+    with torch.no_grad():
+        windowed = reference(ids).logits
+        reference.config.sliding_window = None
+        full = reference(ids).logits
+    assert torch.equal(windowed[0, :TINY_SLIDING_WINDOW], full[0, :TINY_SLIDING_WINDOW])  # the window is applied,
+    assert not torch.allclose(windowed[0, TINY_SLIDING_WINDOW + 1 :], full[0, TINY_SLIDING_WINDOW + 1 :])  # past it
     engine = {"build_config": {"max_beam_width": 1, "max_batch_size": 8}}
     mistral = template_parameters(load_config(root / "gpu.yaml"), root / "engine", engine)
     assert mistral["max_attention_window_size"] == TINY_SLIDING_WINDOW
@@ -139,18 +147,23 @@ def test_mistral_window_reaches_the_reference_and_the_triton_model(built):
 
 
 @pytest.mark.parametrize(
-    ("arch", "why"),
+    ("arch", "release", "why"),
     [
-        ("Qwen3ForCausalLM", "has no class for it in tensorrt_llm/models/__init__.py @ index id 2489028756"),
-        ("Gemma3ForCausalLM", "ModelOpt 0.47.0 cannot export it as a TensorRT-LLM checkpoint"),
-        ("Phi3ForCausalLM", "decoder type 'phi3'"),
+        ("Qwen3ForCausalLM", "0.19", "has no class for it (MODEL_MAP in tensorrt_llm/models/__init__.py @ index id"),
+        ("Qwen3ForCausalLM", "0.19", "0.20 added one (QWenForCausalLM; docs/source/release-notes.md"),
+        ("Qwen3ForCausalLM", "1.2", "MODEL_MAP maps it to QWenForCausalLM, but this pipeline checks and references"),
+        ("Gemma3ForCausalLM", "0.18", "0.19 added one (GemmaForCausalLM"),
+        ("Gemma3ForCausalLM", "1.2", "maps it to GemmaForCausalLM, but ModelOpt 0.47.0 cannot export it"),
+        ("Phi3ForCausalLM", "1.0", "maps it to Phi3ForCausalLM, but ModelOpt 0.47.0 cannot export it"),
     ],
 )
-def test_validate_refuses_what_the_engine_backend_cannot_take(tmp_path, arch, why):
+def test_validate_refuses_what_the_engine_backend_cannot_take(tmp_path, arch, release, why):
     model = make_tiny(arch, tmp_path / "model")
-    result = run_cli("validate", str(engine_config(tmp_path, model, "{weights: none}")))
+    config = engine_config(tmp_path, model, "{weights: none}")
+    config.write_text(config.read_text().replace('"1.2"', f'"{release}"'))
+    result = run_cli("validate", str(config))
     message = " ".join(result.stderr.split())
     assert result.returncode == 2, result.stdout + result.stderr
-    assert f"architecture {arch} is not supported on target trtllm" in message and why in message
-    assert "TensorRT-LLM 1.2's engine workflow" in message and "use target.trtllm_backend: pytorch" in message
+    assert f"architecture {arch} is not supported on target trtllm" in message and why in message, message
+    assert f"TensorRT-LLM {release}'s engine workflow" in message and "use target.trtllm_backend: pytorch" in message
     assert "(supported there: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)" in message
