@@ -27,6 +27,7 @@ class ModelFacts:
     vocab_size: int
     max_position_embeddings: int
     head_dim: int | None = None  # set when the checkpoint says so (Gemma, Qwen3: head_dim != hidden / heads)
+    sliding_window: int | None = None  # every layer attends to this many tokens (Mistral); None: to all of them
 
     @property
     def head_size(self) -> int:
@@ -46,6 +47,10 @@ class ModelFacts:
             vocab_size=config["vocab_size"],
             max_position_embeddings=config.get("max_position_embeddings", 0),
             head_dim=config.get("head_dim"),
+            # Qwen2 saves a window it does not use (use_sliding_window false); Gemma 3 windows some layers only
+            sliding_window=config.get("sliding_window")
+            if config.get("use_sliding_window", True) and "layer_types" not in config
+            else None,
         )
 
 

@@ -1,10 +1,14 @@
-"""Conformance of a TensorRT-LLM LLaMA checkpoint (`config.json` + `rank{N}.safetensors`), checked on CPU.
+"""Conformance of a TensorRT-LLM checkpoint (`config.json` + `rank{N}.safetensors`) of a family the engine
+workflow builds (LLaMA-layout classes: LLaMAForCausalLM, QWenForCausalLM), checked on CPU.
 
 The exporter is not trusted: ModelOpt has been seen to write a checkpoint that TensorRT-LLM's loader
 rejects (e.g. `pre_quant_scale: true` with no `prequant_scaling_factor` tensors for int4
 round-to-nearest). Every expectation here is derived from the model's own HF config and the build
 config, then compared with what was written: `config.json` fields against the model's true values,
-and every tensor name, dtype and shape on every rank, with no tensor missing and none extra.
+and every tensor name, dtype and shape on every rank, with no tensor missing and none extra. What sets a family
+apart (its MODEL_MAP class, the config keys its class reads without a default, its attention biases) comes from
+trtllm_engine_models.json, tabulated from TensorRT-LLM's and ModelOpt's source by
+scripts/dev/tabulate_trtllm_engine_models.py.
 Written by hand because no library validates checkpoints against TensorRT-LLM's model definition.
 """
 
@@ -15,6 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.architectures import ARCHITECTURES
 from pipeline.models import ModelFacts
 
 # tensorrt_llm/quantization/mode.py QuantAlgo values this pipeline produces, and the KV-cache ones.
@@ -39,6 +44,131 @@ QUANT_CONFIG_KEYS = set(RULES["quant_config"]["accepted_in_every_version"])
 # Mapping.from_dict is cls(**mapping): `mapping` may hold only parameters of Mapping.__init__ in every version read
 # (ModelOpt inside NVIDIA's container writes the richer Mapping.to_dict(), e.g. cp_size, moe_tp_size, attn_tp_size).
 MAPPING_KEYS = set(RULES["mapping"]["accepted_in_every_version"])
+ENGINE_MODELS = json.loads((Path(__file__).parent / "trtllm_engine_models.json").read_text())
+
+
+class NotBuildable(ValueError):
+    """An architecture the engine workflow cannot take from this pipeline; the message says why."""
+
+
+def _where(source: dict) -> str:
+    version = source["commit"][:8] if source["commit"] else f"index id {source['index_id']}"
+    return f"{source['path']} @ {version}"
+
+
+def modelopt_decoder_type(architecture: str) -> str | None:
+    """The decoder type ModelOpt's own table gives the model class (model_utils.get_model_type: the first
+    MODEL_NAME_TO_TYPE name contained in the class name), the one its TensorRT-LLM exporter is called with."""
+    return next(
+        (
+            decoder
+            for name, decoder in ENGINE_MODELS["modelopt"]["model_name_to_type"]
+            if name.lower() in architecture.lower()
+        ),
+        None,
+    )
+
+
+@dataclass(frozen=True)
+class EngineFamily:
+    """What the engine workflow's class for an HF architecture reads from a checkpoint."""
+
+    architecture: str  # HF name: ModelOpt writes it as config.json `architecture`, MODEL_MAP resolves it
+    trtllm_class: str
+    decoder_type: str  # ModelOpt's
+    defaults: dict  # the config class's __init__ defaults: what a missing config.json key means
+    derived: dict[str, str]  # config key -> the HF config attribute from_hugging_face takes it from
+    required: tuple[str, ...]  # keys the decoder layer branches on that the config class has no default for
+    dense_bias: bool | None  # the attention output projection's bias, when the layer fixes it
+
+
+# The HF architectures whose TensorRT-LLM checkpoint this module checks tensor by tensor and trtllm_reference
+# rebuilds: the LLaMA layout, plus Qwen2's q/k/v biases. Qwen3's per-head q/k RMSNorm (q_layernorm / k_layernorm,
+# which ModelOpt writes) is in neither.
+CHECKED_LAYOUTS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+def model_map_class(architecture: str, release: str) -> str:
+    """The class `release`'s MODEL_MAP gives `architecture`: the one of every stored version, or, for an entry only
+    newer versions have, theirs from the release whose notes say it was added on."""
+    maps = ENGINE_MODELS["model_map"]
+    classes = {m["classes"].get(architecture) for m in maps}
+    added = ENGINE_MODELS["added_in_release"].get(architecture)
+    if None not in classes and len(classes) == 1:
+        return classes.pop()
+    lacking = ", ".join(_where(m["source"]) for m in maps if architecture not in m["classes"])
+    if added is None or len(classes - {None}) != 1:
+        raise NotBuildable(
+            f"the class registry (MODEL_MAP) has no class for it in {lacking}, and no release note says which "
+            "release added one"
+        )
+    (trtllm_class,) = classes - {None}
+    if _release_key(release) < _release_key(added["release"]):
+        raise NotBuildable(
+            f"the class registry has no class for it (MODEL_MAP in {lacking}); {added['release']} added one "
+            f"({trtllm_class}; {added['source']['path']}: {added['line'].lstrip('- ')!r})"
+        )
+    return trtllm_class
+
+
+def engine_family(architecture: str, release: str) -> EngineFamily:
+    """The tabulated facts for `architecture` in `release`, or NotBuildable naming the source that rules it out."""
+    trtllm_class = model_map_class(architecture, release)
+    modelopt = ENGINE_MODELS["modelopt"]
+    decoder = modelopt_decoder_type(architecture)
+    if decoder not in modelopt["config_writer_decoder_types"]:
+        raise NotBuildable(
+            f"MODEL_MAP maps it to {trtllm_class}, but ModelOpt {modelopt['version']} cannot export it as a "
+            f"TensorRT-LLM checkpoint: its decoder type {decoder!r} (modelopt/torch/export/model_utils.py "
+            f"MODEL_NAME_TO_TYPE) is not one convert_to_tensorrt_llm_config writes "
+            f"({', '.join(modelopt['config_writer_decoder_types'])}; otherwise "
+            f'{modelopt["config_writer_otherwise_raises"]}: "Cannot export tensorrt_llm checkpoint for model '
+            f'{decoder}")'
+        )
+    if architecture not in CHECKED_LAYOUTS:
+        raise NotBuildable(
+            f"MODEL_MAP maps it to {trtllm_class}, but this pipeline checks and references only the "
+            f"{', '.join(CHECKED_LAYOUTS)} checkpoint layouts of the engine workflow (not "
+            f"{ARCHITECTURES[architecture].traits})"
+        )
+    model = ENGINE_MODELS["model_classes"][trtllm_class]  # tabulated for every class of CHECKED_LAYOUTS
+    config = ENGINE_MODELS["config_classes"][model["config_class"]]
+    layer = ENGINE_MODELS["decoder_layers"][model["decoder_layer"]]
+    dense = layer["attention"].get("dense_bias")
+    return EngineFamily(
+        architecture=architecture,
+        trtllm_class=trtllm_class,
+        decoder_type=decoder,
+        defaults=config["init_defaults"],
+        derived={k: v.removeprefix("hf_config.") for k, v in config["from_hugging_face"].items()},
+        required=tuple(k for k in layer["compares"] if k not in config["init_defaults"]),
+        dense_bias=None if dense is None else dense == "True",
+    )
+
+
+def family_values(family: EngineFamily, hf: dict) -> dict:
+    """The config.json keys the family's class reads without a default, as its from_hugging_face derives them."""
+    return {key: hf[family.derived[key]] for key in family.required}
+
+
+def hf_biases(hf_dir: Path) -> dict[str, bool]:
+    """Which HF linears of the model carry a bias, from its own checkpoint (Qwen2 has q/k/v biases and no
+    config key saying so)."""
+    from safetensors import safe_open
+
+    names = set()
+    for file in sorted(hf_dir.glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            names |= set(f.keys())
+    return {
+        "attn": any(n.endswith("self_attn.q_proj.bias") for n in names),
+        "dense": any(n.endswith("self_attn.o_proj.bias") for n in names),
+        "mlp": any(n.endswith(("mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias")) for n in names),
+    }
 
 
 @dataclass(frozen=True)
@@ -139,7 +269,7 @@ def padded_vocab(vocab: int, tp: int, quant_algo: str | None) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
+def expected_tensors(ckpt: dict, hf: dict, rank: int, family: EngineFamily) -> dict[str, tuple]:
     """name -> (dtype, shape[, "optional"]) of every tensor TensorRT-LLM reads from this rank's file."""
     mapping, quant = ckpt["mapping"], ckpt.get("quantization", {})
     tp, pp = mapping["tp_size"], mapping["pp_size"]
@@ -148,6 +278,7 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
     hidden, layers = hf["hidden_size"], hf["num_hidden_layers"]
     excluded = quant.get("exclude_modules") or []
     vocab = padded_vocab(hf["vocab_size"], tp, quant.get("quant_algo"))
+    qkv_bias = ckpt.get("attn_bias", family.defaults["attn_bias"])  # what the class builds Attention(bias=) with
     out: dict[str, tuple[str, list[int]]] = {}
     if pp_rank == 0:
         rows = vocab // tp if ckpt.get("use_parallel_embedding") else hf["vocab_size"]
@@ -161,6 +292,8 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
             names = (f"{base}.{linear.name}", f"model.layers.{global_index}.{linear.hf}")
             skip = any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*{p}*") for n in names for p in excluded)
             out |= linear_tensors(f"{base}.{linear.name}", linear, {} if skip else quant, dtype)
+            if qkv_bias and linear.name == "attention.qkv":  # (a model with other biases is refused: family_problems)
+                out[f"{base}.{linear.name}.bias"] = (dtype, [linear.out_features])  # biases stay in the model dtype
         if quant.get("kv_cache_quant_algo"):
             out[f"{base}.attention.kv_cache_scaling_factor"] = (F32, [1])
             # separate K and V scales are also read: preprocess_weights (0.18+) replaces the KV scale by their max
@@ -172,12 +305,37 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int) -> dict[str, tuple]:
     return out
 
 
-def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
-    """Every config.json field TensorRT-LLM's LLaMA config reads, against the model's true value."""
+def family_problems(ckpt: dict, hf: dict, biases: dict[str, bool], family: EngineFamily) -> list[str]:
+    """The family's own config.json keys (read without a default) and its bias switches (read with the config
+    class's default when absent) against the model's values."""
+    problems = [
+        f"config.json: {key} is {ckpt.get(key)!r}; TensorRT-LLM's {family.trtllm_class} reads it without a default "
+        f"and from_hugging_face takes it from the HF config's {family.derived[key]}: {value!r}"
+        for key, value in family_values(family, hf).items()
+        if ckpt.get(key) != value
+    ]
+    for key, hf_key in (("attn_bias", "attn"), ("mlp_bias", "mlp")):
+        built = ckpt.get(key, family.defaults[key])
+        if built != biases[hf_key]:
+            problems.append(
+                f"config.json: {key} is {ckpt.get(key, f'absent (default {built})')}, so {family.trtllm_class} "
+                f"{'builds' if built else 'drops'} those biases, but the model {'has' if biases[hf_key] else 'has no'} "
+                "them"
+            )
+    if biases["mlp"] or (biases["attn"] and family.dense_bias != biases["dense"]):
+        problems.append(
+            f"the model's {'MLP' if biases['mlp'] else 'attention output'} biases are not modelled for "
+            f"{family.trtllm_class} by this check"
+        )
+    return problems
+
+
+def config_problems(ckpt: dict, hf: dict, cfg, biases: dict[str, bool], family: EngineFamily) -> list[str]:
+    """Every config.json field TensorRT-LLM's config class for the family reads, against the model's true value."""
     heads = hf["num_attention_heads"]
     q, p = cfg.quantization, cfg.parallel
     want = {
-        "architecture": "LlamaForCausalLM",
+        "architecture": hf["architectures"][0],  # what ModelOpt writes; MODEL_MAP resolves it to the class
         "num_hidden_layers": hf["num_hidden_layers"],
         "num_attention_heads": heads,
         "num_key_value_heads": hf.get("num_key_value_heads", heads),
@@ -201,6 +359,7 @@ def config_problems(ckpt: dict, hf: dict, cfg) -> list[str]:
             and ckpt.get(key) == padded_vocab(value, p.tp_size, ckpt.get("quantization", {}).get("quant_algo"))
         )
     ]
+    problems += family_problems(ckpt, hf, biases, family)
     problems += mapping_problems(ckpt.get("mapping"), p.tp_size, p.pp_size)
     quant = ckpt.get("quantization", {})
     unknown = sorted(set(quant) - QUANT_CONFIG_KEYS)
@@ -267,7 +426,11 @@ def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
 
     ckpt = json.loads((checkpoint / "config.json").read_text())
     hf = json.loads((hf_dir / "config.json").read_text())
-    problems = config_problems(ckpt, hf, cfg)
+    try:
+        family = engine_family(hf["architectures"][0], cfg.target.trtllm_version)
+    except NotBuildable as e:
+        return [f"{hf['architectures'][0]}: {e}"]
+    problems = config_problems(ckpt, hf, cfg, hf_biases(hf_dir), family)
     if ckpt.get("dtype") not in ("float16", "bfloat16", "float32"):
         return problems + [f"config.json: dtype {ckpt.get('dtype')!r} is not float16, bfloat16 or float32"]
     world = ckpt["mapping"]["world_size"]
@@ -280,7 +443,7 @@ def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
         file = checkpoint / f"rank{rank}.safetensors"
         if not file.is_file():
             continue
-        want = expected_tensors(ckpt, hf, rank)
+        want = expected_tensors(ckpt, hf, rank, family)
         with safe_open(file, "pt") as f:
             have = {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape())) for name in f.keys()}
         optional = {name for name, spec in want.items() if len(spec) == 3}

@@ -1,12 +1,15 @@
-"""A CPU reference forward of a TensorRT-LLM LLaMA checkpoint: quality is measured before GPU hours.
+"""A CPU reference forward of a TensorRT-LLM checkpoint of a LLaMA-layout family (Llama, Mistral, Qwen2): quality
+is measured before GPU hours.
 
 Every rank's tensors are read back, tensor-parallel shards merged (column-parallel layers along
 outputs, with duplicated KV heads taken once; row-parallel ones along inputs; pipeline stages by
 layer), each weight dequantized by TensorRT-LLM's scaling-factor semantics, and the result loaded
-into transformers' LlamaForCausalLM. Activation quantization (FP8, INT8 SmoothQuant, W4A8) and
-`prequant_scaling_factor` are applied by forward pre-hooks, and a quantized KV cache by fake-quantizing
-the key/value projections' outputs (before RoPE; TensorRT-LLM quantizes after, a rotation that keeps
-per-tensor ranges close). Written by hand: no library reads TensorRT-LLM checkpoints without a GPU.
+into the transformers model of the HF config's own family (so Qwen2's q/k/v biases are loaded and
+Mistral's sliding window is in the forward, as the engine applies it with max_attention_window_size).
+Activation quantization (FP8, INT8 SmoothQuant, W4A8) and `prequant_scaling_factor` are applied by
+forward pre-hooks, and a quantized KV cache by fake-quantizing the key/value projections' outputs
+(before RoPE; TensorRT-LLM quantizes after, a rotation that keeps per-tensor ranges close). Written by
+hand: no library reads TensorRT-LLM checkpoints without a GPU.
 
 `load_unified_reference` does the same for ModelOpt's unified HF checkpoint (`export/hf_unified/`) with the
 semantics of TensorRT-LLM's PyTorch backend, which deploys that checkpoint: its LinearMethods' loaders
@@ -78,7 +81,8 @@ def load_ranks(checkpoint: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
 
 
 def load_reference(checkpoint: Path, hf_dir: Path):
-    """transformers LlamaForCausalLM (float32) computing what the checkpoint's engine would compute."""
+    """The transformers model of the HF config's family (float32) computing what the checkpoint's engine would
+    compute."""
     from transformers import AutoConfig
 
     config, ranks = load_ranks(checkpoint)
@@ -110,14 +114,17 @@ def load_reference(checkpoint: Path, hf_dir: Path):
         hf = f"model.layers.{index}"
         state[f"{hf}.input_layernorm.weight"] = shard[0][f"{local}.input_layernorm.weight"].float()
         state[f"{hf}.post_attention_layernorm.weight"] = shard[0][f"{local}.post_layernorm.weight"].float()
-        qkv = [dequantize(r, f"{local}.attention.qkv", algo) for r in shard]
-        state[f"{hf}.self_attn.q_proj.weight"] = torch.cat([w[:q_rows] for w in qkv])
-        state[f"{hf}.self_attn.k_proj.weight"] = torch.cat(
-            [w[q_rows : q_rows + kv_per_rank] for t, w in enumerate(qkv) if t % kv_owner == 0]
-        )
-        state[f"{hf}.self_attn.v_proj.weight"] = torch.cat(
-            [w[q_rows + kv_per_rank :] for t, w in enumerate(qkv) if t % kv_owner == 0]
-        )
+        fused = {"weight": [dequantize(r, f"{local}.attention.qkv", algo) for r in shard]}
+        if f"{local}.attention.qkv.bias" in shard[0]:  # Qwen2's q/k/v biases, fused and split like the weight
+            fused["bias"] = [r[f"{local}.attention.qkv.bias"].float() for r in shard]
+        for kind, parts in fused.items():
+            state[f"{hf}.self_attn.q_proj.{kind}"] = torch.cat([w[:q_rows] for w in parts])
+            state[f"{hf}.self_attn.k_proj.{kind}"] = torch.cat(
+                [w[q_rows : q_rows + kv_per_rank] for t, w in enumerate(parts) if t % kv_owner == 0]
+            )
+            state[f"{hf}.self_attn.v_proj.{kind}"] = torch.cat(
+                [w[q_rows + kv_per_rank :] for t, w in enumerate(parts) if t % kv_owner == 0]
+            )
         state[f"{hf}.self_attn.o_proj.weight"] = torch.cat(
             [dequantize(r, f"{local}.attention.dense", algo) for r in shard], dim=1
         )
@@ -162,7 +169,7 @@ def load_reference(checkpoint: Path, hf_dir: Path):
 
 
 def build_reference(hf_config, state: dict[str, torch.Tensor], hooks: dict):
-    """LlamaForCausalLM (float32) holding `state` (HF names, dequantized weights), with `hooks`: module name ->
+    """The HF config's model (float32) holding `state` (HF names, dequantized weights), with `hooks`: module name ->
     (prequant factor or None, activation scale or None, "fp8"|"int8") applied to its input, and
     "module:out" -> (scale, "fp8"|"int8") fake-quantizing its output."""
     from transformers import AutoModelForCausalLM

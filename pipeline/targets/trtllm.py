@@ -19,7 +19,7 @@ from typing import ClassVar, Protocol
 from pipeline.errors import BuildStepError, PipelineError
 from pipeline.targets import Problem, register_target
 from pipeline.triton.tensorrtllm_backend import TEMPLATES
-from pipeline.trtllm_checkpoint import EXPECTED_ALGO
+from pipeline.trtllm_checkpoint import EXPECTED_ALGO, EngineFamily
 
 # The newest NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release, from NVIDIA's Triton
 # compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md, as recorded in the
@@ -165,37 +165,62 @@ def load_calibrated(hf_dir: Path, quantize_dir: Path | None):
 
 
 def export_checkpoints(
-    model, out_dir: Path, dtype: str, tp_size: int, pp_size: int, loader_quantized: str | None, trtllm: bool
+    model,
+    out_dir: Path,
+    dtype: str,
+    tp_size: int,
+    pp_size: int,
+    loader_quantized: str | None,
+    trtllm_release: str | None,
 ) -> None:
     """The unified HF checkpoint (`hf_unified/`: what TensorRT-LLM's PyTorch backend, vLLM and SGLang load) and,
-    when `trtllm`, the TensorRT-LLM checkpoint (`trtllm_checkpoint/`, what trtllm-build reads) from one calibration.
+    for a `trtllm_release`, the TensorRT-LLM checkpoint (`trtllm_checkpoint/`, what that release's trtllm-build reads)
+    from one calibration, exported with the decoder type ModelOpt's table gives the family.
     `loader_quantized` is the quant_algo declared for float weights TensorRT-LLM's engine loader quantizes."""
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
+    from pipeline.trtllm_checkpoint import engine_family
     from pipeline.trtllm_torch_checkpoint import export_unified
 
     torch_dtype = getattr(torch, dtype)
     checkpoint = out_dir / "trtllm_checkpoint"
+    hf_config = model.config.to_dict()
+    family = engine_family(hf_config["architectures"][0], trtllm_release) if trtllm_release else None
     with quiet_modelopt():
-        if trtllm:
+        if family:
             export_tensorrt_llm_checkpoint(
                 model,
-                "llama",
+                family.decoder_type,
                 torch_dtype,
                 checkpoint,
                 inference_tensor_parallel=tp_size,
                 inference_pipeline_parallel=pp_size,
             )
         export_unified(model, torch_dtype, out_dir / "hf_unified")  # last: it casts the model to the dtype
-    if not trtllm:
+    if not family:
         return
     repair_pre_quant_scale(checkpoint)
+    repair_family_keys(checkpoint, hf_config, family)
     if loader_quantized:
         config_file = checkpoint / "config.json"
         config = json.loads(config_file.read_text())
         config["quantization"] = {**(config.get("quantization") or {}), "quant_algo": loader_quantized}
         config_file.write_text(json.dumps(config, indent=4))
+
+
+def repair_family_keys(checkpoint: Path, hf_config: dict, family: EngineFamily) -> bool:
+    """ModelOpt 0.47 writes the TensorRT-LLM config by hand without tensorrt_llm installed and leaves out the keys a
+    family's class reads without a default (QWenConfig's `qwen_type`, which QWenDecoderLayer branches on and
+    from_hugging_face takes from the HF model_type): write them as from_hugging_face would."""
+    from pipeline.trtllm_checkpoint import family_values
+
+    config_file = checkpoint / "config.json"
+    config = json.loads(config_file.read_text())
+    missing = {k: v for k, v in family_values(family, hf_config).items() if k not in config}
+    if missing:
+        config_file.write_text(json.dumps(config | missing, indent=4))
+    return bool(missing)
 
 
 def repair_pre_quant_scale(checkpoint: Path) -> bool:
@@ -564,7 +589,13 @@ class TrtllmTarget:
         )
         model = load_calibrated(hf_dir, quantized)
         export_checkpoints(
-            model, ctx.out_dir, dtype, p.tp_size, p.pp_size, loader_quantized(cfg.quantization), engine_input
+            model,
+            ctx.out_dir,
+            dtype,
+            p.tp_size,
+            p.pp_size,
+            loader_quantized(cfg.quantization),
+            release if engine_input else None,
         )
         del model
         problems = backend.export_problems(cfg, hf_dir, ctx.out_dir)

@@ -1,6 +1,11 @@
 """The trtllm target's `tensorrt` backend: TensorRT engines built by `trtllm-build`, served by Triton's C++
 `tensorrtllm` backend (the engine workflow TensorRT-LLM 0.18 to 1.2 ship; removed from main in 2026).
 
+The families it builds are those every stored version of TensorRT-LLM's MODEL_MAP gives a class whose checkpoint
+layout is tabulated and ModelOpt 0.47 exports (pipeline/trtllm_checkpoint.py engine_family, from
+trtllm_engine_models.json): Llama, Mistral (LLaMAForCausalLM; its sliding window is the runtime's
+max_attention_window_size) and Qwen2 (QWenForCausalLM); `architecture_support` names the source ruling out the rest.
+
 The engine stage runs `trtllm-build` on the verified TensorRT-LLM checkpoint (here it stops with exit 4 and the
 exact command). The Triton repository's `tensorrt_llm` model config has every tensor of the real template of the
 targeted release (tabulated from the upstream backend and templates by scripts/dev/tabulate_trtllm_backend.py into
@@ -62,6 +67,11 @@ def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object
     }
     if r.max_tokens_in_paged_kv_cache:
         values["max_tokens_in_paged_kv_cache"] = r.max_tokens_in_paged_kv_cache
+    facts = cfg.model_facts()
+    if facts is not None and facts.sliding_window:
+        # Mistral's window is no checkpoint field (LLaMAConfig has none: trtllm_engine_models.json); the engine
+        # attends to the last max_attention_window_size tokens, which the backend reads from this parameter.
+        values["max_attention_window_size"] = facts.sliding_window
     return values
 
 
@@ -218,9 +228,22 @@ class EngineBackend:
         return missing_for_engine()
 
     def architecture_support(self, cfg) -> dict[str, str | None]:
+        """Supported: the architectures every stored MODEL_MAP gives a class whose checkpoint layout is tabulated
+        and ModelOpt exports (trtllm_checkpoint.engine_family); the rest name the source that rules them out."""
         from pipeline.architectures import ARCHITECTURES
+        from pipeline.trtllm_checkpoint import NotBuildable, engine_family
 
-        return {name: None if name == "LlamaForCausalLM" else "not built yet" for name in ARCHITECTURES}
+        support: dict[str, str | None] = {}
+        for name in ARCHITECTURES:
+            try:
+                engine_family(name, cfg.target.trtllm_version)
+                support[name] = None
+            except NotBuildable as e:
+                support[name] = (
+                    f"TensorRT-LLM {cfg.target.trtllm_version}'s engine workflow cannot take {name} here: {e}; "
+                    "use target.trtllm_backend: pytorch"
+                )
+        return support
 
     def config_problems(self, cfg) -> list[Problem]:
         q, b, r = cfg.quantization, cfg.build, cfg.runtime
