@@ -139,23 +139,22 @@ def architectures():
     table.add_column("family")
     for heading in columns:
         table.add_column(heading)
-    refusals = {}
+    refusals: dict[str, str] = {}
     for arch in ARCHITECTURES.values():
         cells = []
         for column, by_arch in columns.items():
             taken = [release for release, why_not in by_arch[arch.name] if why_not is None]
             refused = [(release, why_not) for release, why_not in by_arch[arch.name] if why_not is not None]
-            for release, why_not in refused:
-                refusals.setdefault(f"{arch.name} on {column}", {}).setdefault(why_not, []).append(release)
+            if refused:  # the newest refused release's reason; `validate` names the reason for any other
+                releases = " ".join(release for release, _ in refused)
+                refusals[f"{arch.name} on {column}{' ' + releases if releases else ''}"] = refused[-1][1]
             cells.append(("[green]" + (" ".join(taken) or "yes") + "[/]") if taken else "[yellow]refused[/]")
         table.add_row(arch.name, arch.family, *cells)
     console.print(table)
     for arch in ARCHITECTURES.values():
         console.print(f"  {arch.family}: {arch.traits}", highlight=False, soft_wrap=True)
-    for where, reasons in refusals.items():
-        for why_not, releases in reasons.items():
-            scope = f" {' '.join(r for r in releases if r)}" if any(releases) else ""
-            console.print(f"  {where}{scope}: {why_not}", highlight=False, soft_wrap=True)
+    for where, why_not in refusals.items():
+        console.print(f"  {where}: {why_not}", highlight=False, soft_wrap=True)
 
 
 def _decision_table(decisions, title: str) -> Table:
