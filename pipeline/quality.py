@@ -102,7 +102,7 @@ def empty_past(session, batch: int) -> dict[str, np.ndarray]:
 def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
     session = ort_session(onnx_path, threads)
 
-    fused = "seqlens_k" in {i.name for i in session.get_inputs()}  # the graph of pipeline/targets/llama_onnx.py
+    fused = "seqlens_k" in {i.name for i in session.get_inputs()}  # the graph of pipeline/targets/fused_onnx.py
 
     def logits(ids: np.ndarray) -> np.ndarray:
         batch, length = ids.shape

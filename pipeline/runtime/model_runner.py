@@ -754,7 +754,7 @@ class ConcatCache:
 
 
 class SharedCache:
-    """The fused graph (`pipeline/targets/llama_onnx.py`): GroupQueryAttention writes each step's keys
+    """The fused graph (`pipeline/targets/fused_onnx.py`): GroupQueryAttention writes each step's keys
     and values in place into a buffer the batch owns, [rows, kv_heads, capacity, head_size].
 
     Rows need no padding: each has its own length (seqlens_k), so decoding copies nothing; only a
