@@ -1,8 +1,9 @@
 """The `onnxruntime` target (CPU): an ONNX decoder quantized by ONNX Runtime, served by Triton's python backend.
 
-export: the fused graph of `fused_onnx` (every registered family) or optimum-onnx's export (`target.onnx_graph`), checked
-against transformers' logits; engine: ORT weight-only quantization (MatMulNBits) and the perplexity
-gate; Triton: a decoupled python model running `pipeline.runtime.scheduler` over the ModelRunner.
+export: the fused graph of `fused_onnx` (every registered family) or optimum-onnx's export
+(`target.onnx_graph`), checked against transformers' logits; engine: ORT weight-only quantization
+(MatMulNBits) and the perplexity gate; Triton: a decoupled python model running
+`pipeline.runtime.scheduler` over the ModelRunner.
 
 Why these tools (measured, see docs/research/onnx-export-study.md): optimum-onnx 0.1.0 runs with the
 transformers 4.57 that the GGUF import and ModelOpt need, and its graph keeps the standard
