@@ -55,13 +55,13 @@ def random_checkpoint(architecture: str, path: Path, seed: int = 0, **size) -> P
     return path
 
 
-def fp32_engine(hf_dir: Path, engine_dir: Path, max_batch_size: int, max_seq_len: int) -> Path:
-    """An fp32 engine directory of the fused graph, as the engine stage writes it (no perplexity gate)."""
+def fp32_engine(hf_dir: Path, engine_dir: Path, max_batch_size: int, max_seq_len: int, graph: str = "fused") -> Path:
+    """An fp32 engine directory (the fused graph or optimum's), as the engine stage writes it (no perplexity gate)."""
     from pipeline.config import BuildConfig
     from pipeline.targets.onnxruntime import engine_config, export_decoder
 
     if not (engine_dir / "config.json").is_file():
-        export_decoder(hf_dir, engine_dir, "fused")
+        export_decoder(hf_dir, engine_dir, graph)
         cfg = BuildConfig.model_validate(
             {
                 "model": {"source": "hf", "path": str(hf_dir)},

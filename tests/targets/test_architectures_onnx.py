@@ -1,0 +1,128 @@
+"""The fused graph of every registered family against transformers: logits on a prompt longer than the sliding
+window, and greedy decoding through the real ModelRunner continuing past it, token for token."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import quality
+from pipeline.bench.architectures import fp32_engine
+from pipeline.errors import BuildStepError
+from pipeline.runtime.model_runner import ModelRunner
+from pipeline.targets import fused_onnx
+from pipeline.targets import onnxruntime as target
+from tests.conftest import TINY_FAMILIES, TINY_SLIDING_WINDOW, make_tiny
+
+PROMPT_LEN = 40  # > TINY_SLIDING_WINDOW: the window masks part of the prompt
+NEW_TOKENS = 24
+
+
+def randomized(hf_dir, seed: int = 1):
+    """Give the parameters transformers initialises to constants (norm weights, biases) random values, so that
+    a graph that drops or misreads one of them cannot match."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                param.add_(0.2 * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=list(TINY_FAMILIES))
+def family(request, tmp_path_factory):
+    """(architecture, checkpoint, fp32 engine of the fused graph, transformers model) per family."""
+    work = tmp_path_factory.mktemp(request.param)
+    hf_dir = make_tiny(request.param, work / "hf", initializer_range=0.1)
+    model = randomized(hf_dir)
+    engine = fp32_engine(hf_dir, work / "engine", max_batch_size=2, max_seq_len=128)
+    return request.param, hf_dir, engine, model
+
+
+def prompts(count: int = 2) -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    return [rng.integers(3, 250, length).tolist() for length in (PROMPT_LEN, 11)[:count]]
+
+
+def hf_greedy(model, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(ids),
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def runner_greedy(engine, batch: list[list[int]]) -> list[list[int]]:
+    runner = ModelRunner.from_dir(engine, num_threads=1)
+    out = runner.generate(batch, max_new_tokens=NEW_TOKENS, end_id=-1, return_dict=True)
+    return [
+        out["output_ids"][row, 0, len(prompt) : out["sequence_lengths"][row, 0]].tolist()
+        for row, prompt in enumerate(batch)
+    ]
+
+
+def test_fused_graph_logits_match_transformers_past_the_sliding_window(family):
+    arch, hf_dir, engine, model = family
+    config = json.loads((hf_dir / "config.json").read_text())
+    ids = np.asarray(prompts(1), dtype=np.int64)
+    reference = quality.torch_logits_fn(model)(ids)
+    logits = quality.ort_logits_fn(engine / "model.onnx", threads=1)(ids)
+    assert np.abs(reference).max() > 0.5  # logits big enough for the comparison to mean something
+    assert np.abs(logits - reference).max() < 1e-4, arch
+    if config.get("sliding_window"):
+        assert PROMPT_LEN > TINY_SLIDING_WINDOW == config["sliding_window"]
+
+
+def test_greedy_decode_through_the_runner_matches_transformers_generate(family):
+    arch, _, engine, model = family
+    batch = prompts()  # two rows of different lengths, decoded together; the long one passes the window
+    expected = [hf_greedy(model, prompt) for prompt in batch]
+    assert [len(tokens) for tokens in expected] == [NEW_TOKENS] * 2
+    assert runner_greedy(engine, batch) == expected, arch
+
+
+def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_path):
+    hf_dir = make_tiny(
+        "Phi3ForCausalLM",
+        tmp_path,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0] * 24,
+            "long_factor": [2.0] * 24,
+        },
+        original_max_position_embeddings=1024,
+    )
+    assert "longrope" in fused_onnx.supports(hf_dir)
+    assert target.choose_graph(hf_dir, "auto") == "optimum"
+    with pytest.raises(BuildStepError, match=r"longrope.*set target.onnx_graph: optimum"):
+        target.choose_graph(hf_dir, "fused")
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "rope_scaling": None, "hidden_size": 64}))
+    assert "rotary part of each head (24 of head_dim 32)" in fused_onnx.supports(hf_dir)
+
+
+def test_optimum_gemma3_graph_without_position_ids_matches_transformers(tmp_path):
+    """optimum's Gemma 3 export has no position_ids input; the logits check and the runner feed only what it has."""
+    hf_dir = make_tiny("Gemma3ForCausalLM", tmp_path / "hf", initializer_range=0.1)
+    model = randomized(hf_dir)
+    engine = fp32_engine(hf_dir, tmp_path / "engine", max_batch_size=2, max_seq_len=128, graph="optimum")
+    assert "position_ids" not in {i.name for i in quality.ort_session(engine / "model.onnx").get_inputs()}
+    ids = np.asarray(prompts(1), dtype=np.int64)
+    logits = quality.ort_logits_fn(engine / "model.onnx", threads=1)(ids)
+    assert np.abs(logits - quality.torch_logits_fn(model)(ids)).max() < 1e-4
+    batch = prompts()
+    assert runner_greedy(engine, batch) == [hf_greedy(model, prompt) for prompt in batch]
