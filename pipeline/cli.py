@@ -657,6 +657,7 @@ def bench_architectures(
     repeats: int = typer.Option(5, help="Rounds (every family once per round); medians are reported."),
     threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads (default: all usable cores)."),
     spinning: bool = typer.Option(True, help="Spinning ONNX Runtime threads (an offline run owns its cores)."),
+    weights: str = typer.Option("int8", help="Engine weights: none (fp32), int8 (the default build's) or int4."),
     work: Path = typer.Option(
         Path("bench_results/architectures-work"), help="Where the random checkpoints and engines are kept."
     ),
@@ -686,6 +687,7 @@ def bench_architectures(
         repeats,
         threads or default_threads(),
         spinning,
+        weights,
         log=lambda m: console.print(f"  {m}", highlight=False),
     )
     text = table(rows)

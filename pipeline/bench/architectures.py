@@ -55,16 +55,25 @@ def random_checkpoint(architecture: str, path: Path, seed: int = 0, **size) -> P
     return path
 
 
-def fp32_engine(hf_dir: Path, engine_dir: Path, max_batch_size: int, max_seq_len: int, graph: str = "fused") -> Path:
-    """An fp32 engine directory (the fused graph or optimum's), as the engine stage writes it (no perplexity gate)."""
+def make_engine(
+    hf_dir: Path,
+    engine_dir: Path,
+    *,
+    max_batch_size: int,
+    max_seq_len: int,
+    graph: str = "fused",
+    weights: str = "none",
+) -> Path:
+    """An engine directory as the export and engine stages write it (weights: none, int8, int4 with their
+    default blocks; no perplexity gate)."""
     from pipeline.config import BuildConfig
-    from pipeline.targets.onnxruntime import engine_config, export_decoder
+    from pipeline.targets.onnxruntime import build_engine, engine_config, export_decoder
 
     if not (engine_dir / "config.json").is_file():
-        export_decoder(hf_dir, engine_dir, graph)
         cfg = BuildConfig.model_validate(
             {
                 "model": {"source": "hf", "path": str(hf_dir)},
+                "quantization": {"weights": weights},
                 "build": {
                     "max_batch_size": max_batch_size,
                     "max_input_len": max_seq_len // 2,
@@ -73,6 +82,10 @@ def fp32_engine(hf_dir: Path, engine_dir: Path, max_batch_size: int, max_seq_len
                 },
             }
         )
+        export = engine_dir.with_name(engine_dir.name + "-export")
+        export_decoder(hf_dir, export, graph)
+        q = cfg.quantization
+        build_engine(export, engine_dir, weights=q.weights, method=q.method, group_size=q.group_size)
         hf_config = json.loads((hf_dir / "config.json").read_text())
         (engine_dir / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, {}), indent=1))
     return engine_dir
@@ -87,9 +100,10 @@ def run_architectures(
     repeats: int,
     threads: int,
     thread_spinning: bool,
+    weights: str = "none",
     log=print,
 ) -> list[dict]:
-    """Rows of {architecture, batch, decode_tok_s_per_seq (median), ratio_to_llama (median), raw}."""
+    """Rows of {architecture, batch, weights, decode_tok_s_per_seq (median), ratio_to_llama (median), raw}."""
     from pipeline.bench.offline import time_runner
     from pipeline.runtime.model_runner import ModelRunner
 
@@ -98,7 +112,13 @@ def run_architectures(
     for arch in archs:
         log(f"building {arch}")
         checkpoint = random_checkpoint(arch, work / arch / "hf")
-        engine = fp32_engine(checkpoint, work / arch / "engine", max(batches), input_len + output_len + 64)
+        engine = make_engine(
+            checkpoint,
+            work / arch / f"engine-{weights}",
+            max_batch_size=max(batches),
+            max_seq_len=input_len + output_len + 64,
+            weights=weights,
+        )
         runners[arch] = ModelRunner.from_dir(engine, num_threads=threads, thread_spinning=thread_spinning)
     rng = np.random.default_rng(0)
     prompts = {b: [rng.integers(3, SIZE["vocab_size"], input_len).tolist() for _ in range(b)] for b in batches}
@@ -120,6 +140,7 @@ def run_architectures(
                 {
                     "architecture": arch,
                     "batch": b,
+                    "weights": weights,
                     "input_len": input_len,
                     "output_len": output_len,
                     "decode_tok_s_per_seq": round(statistics.median(speeds[arch, b]), 1),
@@ -134,6 +155,6 @@ def table(rows: list[dict]) -> str:
     from pipeline.bench.report import markdown_table
 
     return markdown_table(
-        ["architecture", "batch", "decode tok/s per seq (median)", "ratio to Llama (median of rounds)"],
-        [[r["architecture"], r["batch"], r["decode_tok_s_per_seq"], r["ratio_to_llama"]] for r in rows],
+        ["architecture", "weights", "batch", "decode tok/s per seq (median)", "ratio to Llama (median of rounds)"],
+        [[r["architecture"], r["weights"], r["batch"], r["decode_tok_s_per_seq"], r["ratio_to_llama"]] for r in rows],
     )

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline import quality
-from pipeline.bench.architectures import fp32_engine
+from pipeline.bench.architectures import make_engine
 from pipeline.errors import BuildStepError
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.targets import fused_onnx
@@ -42,7 +42,7 @@ def family(request, tmp_path_factory):
     work = tmp_path_factory.mktemp(request.param)
     hf_dir = make_tiny(request.param, work / "hf", initializer_range=0.1)
     model = randomized(hf_dir)
-    engine = fp32_engine(hf_dir, work / "engine", max_batch_size=2, max_seq_len=128)
+    engine = make_engine(hf_dir, work / "engine", max_batch_size=2, max_seq_len=128)
     return request.param, hf_dir, engine, model
 
 
@@ -119,7 +119,7 @@ def test_optimum_gemma3_graph_without_position_ids_matches_transformers(tmp_path
     """optimum's Gemma 3 export has no position_ids input; the logits check and the runner feed only what it has."""
     hf_dir = make_tiny("Gemma3ForCausalLM", tmp_path / "hf", initializer_range=0.1)
     model = randomized(hf_dir)
-    engine = fp32_engine(hf_dir, tmp_path / "engine", max_batch_size=2, max_seq_len=128, graph="optimum")
+    engine = make_engine(hf_dir, tmp_path / "engine", max_batch_size=2, max_seq_len=128, graph="optimum")
     assert "position_ids" not in {i.name for i in quality.ort_session(engine / "model.onnx").get_inputs()}
     ids = np.asarray(prompts(1), dtype=np.int64)
     logits = quality.ort_logits_fn(engine / "model.onnx", threads=1)(ids)
