@@ -59,37 +59,40 @@ ACTIVATIONS = {"silu": None, "gelu_pytorch_tanh": "tanh"}
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
-def _activation(config: dict) -> str:
-    return config.get("hidden_activation") or config.get("hidden_act") or "silu"
-
-
 def supports(hf_dir: Path) -> str | None:
     """None when the checkpoint can be built as a fused graph, else why not."""
-    config = json.loads((hf_dir / "config.json").read_text())
-    architectures = config.get("architectures") or []
+    from transformers import AutoConfig
+
+    raw = json.loads((hf_dir / "config.json").read_text())
+    architectures = raw.get("architectures") or []
     if not set(architectures) & set(FAMILIES):
         return f"architecture {architectures} is not one of {list(FAMILIES)}"
-    head_dim = ModelFacts.from_hf_config(config).head_size
+    config = AutoConfig.from_pretrained(hf_dir)  # with the family's defaults for what config.json leaves out
+    head_dim = ModelFacts.from_hf_config(raw).head_size
     if head_dim % 16:
         return f"head_dim {head_dim} is not a multiple of 16 (GroupQueryAttention on CPU needs it)"
-    if _activation(config) not in ACTIVATIONS:
-        return f"activation {_activation(config)!r} is not one of {list(ACTIVATIONS)}"
-    rotary_half = int(head_dim * config.get("partial_rotary_factor", 1.0)) // 2
+    if activation(config) not in ACTIVATIONS:
+        return f"activation {activation(config)!r} is not one of {list(ACTIVATIONS)}"
+    rotary_half = int(head_dim * getattr(config, "partial_rotary_factor", 1.0)) // 2
     if rotary_half % 8:
         return (
             f"the rotary part of each head ({2 * rotary_half} of head_dim {head_dim}) is not a multiple of 16 "
             "(GroupQueryAttention's cos/sin cache on CPU needs it)"
         )
-    rope = config.get("rope_scaling") or {}
+    rope = getattr(config, "rope_scaling", None) or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type in LENGTH_DEPENDENT_ROPE:
         return (
             f"rope_scaling type {rope_type!r} switches its frequencies with the sequence length, "
             "which one fixed cos/sin cache cannot do"
         )
-    if config.get("use_bidirectional_attention"):
+    if getattr(config, "use_bidirectional_attention", False):
         return "use_bidirectional_attention is set (GroupQueryAttention is causal)"
     return None
+
+
+def activation(config) -> str:
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "silu"
 
 
 def rotary_cache(config, local_base: float | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -128,19 +131,18 @@ def build(hf_dir: Path, out_path: Path) -> dict:
     why_not = supports(hf_dir)
     if why_not:
         raise BuildStepError(f"{hf_dir}: cannot build the fused graph: {why_not}; set target.onnx_graph: optimum")
-    config = json.loads((hf_dir / "config.json").read_text())
-    hf_config = AutoConfig.from_pretrained(hf_dir)  # derived fields: layer_types, rope defaults
-    family = FAMILIES[next(a for a in config["architectures"] if a in FAMILIES)]
+    config = AutoConfig.from_pretrained(hf_dir)  # with derived fields (layer_types) and the family's defaults
+    family = FAMILIES[next(a for a in config.architectures if a in FAMILIES)]
     weights: dict[str, np.ndarray] = {}
     for file in sorted(hf_dir.glob("*.safetensors")):
         weights.update({name: tensor.float().numpy() for name, tensor in load_file(file).items()})  # the graph is fp32
-    facts = ModelFacts.from_hf_config(config)
+    facts = ModelFacts.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
     layers, hidden = facts.num_hidden_layers, facts.hidden_size
     heads, kv_heads, head_dim = facts.num_attention_heads, facts.num_key_value_heads, facts.head_size
-    eps = float(config.get("rms_norm_eps", 1e-6))
-    gelu = ACTIVATIONS[_activation(config)]
-    scale = float(config.get("query_pre_attn_scalar") or head_dim) ** -0.5
-    windows = sliding_windows(hf_config)
+    eps = float(config.rms_norm_eps)
+    gelu = ACTIVATIONS[activation(config)]
+    scale = float(getattr(config, "query_pre_attn_scalar", None) or head_dim) ** -0.5
+    windows = sliding_windows(config)
 
     nodes, initializers = [], []
 
@@ -194,16 +196,17 @@ def build(hf_dir: Path, out_path: Path) -> dict:
     embed = weights["model.embed_tokens.weight"]
     table = embed * np.float32(hidden**0.5) if family.embed_scale else embed  # scaled once here, not per token
     x = node("Gather", [weight("model.embed_tokens.weight", table), "input_ids"], "/model/embed_tokens/Gather")[0]
-    caches = {"": rotary_cache(hf_config)}
+    caches = {"": rotary_cache(config)}
     if family.local_rope_base:
-        caches["local_"] = rotary_cache(hf_config, float(getattr(hf_config, family.local_rope_base)))
+        caches["local_"] = rotary_cache(config, float(getattr(config, family.local_rope_base)))
     for prefix, (cos, sin) in caches.items():
         weight(f"{prefix}cos_cache", cos)
         weight(f"{prefix}sin_cache", sin)
     if any(name.endswith(".q_norm.weight") for name in weights):
         weight("head_shape", np.array([0, 0, -1, head_dim]), np.int64)
         weight("flat_shape", np.array([0, 0, -1]), np.int64)
-    gqa_attrs = {"softcap": float(config["attn_logit_softcapping"])} if config.get("attn_logit_softcapping") else {}
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    gqa_attrs = {"softcap": float(softcap)} if softcap else {}
     residual = None
     for i in range(layers):
         prefix = f"model.layers.{i}"
@@ -269,7 +272,7 @@ def build(hf_dir: Path, out_path: Path) -> dict:
     picked = node("Gather", [flat, "logits_index"], "/model/logits_index/Gather", axis=0)[0]
     lm_head = weights.get("lm_head.weight", embed)  # tied embeddings: lm_head gets its own copy, quantizable apart
     logits = node("MatMul", [picked, weight("lm_head.weight_t", lm_head.T)], "/lm_head/MatMul")[0]
-    cap = config.get("final_logit_softcapping")
+    cap = getattr(config, "final_logit_softcapping", None)
     if cap:  # Gemma: tanh(logits / cap) * cap
         capped = node(
             "Tanh", [node("Div", [logits, weight("final_softcap", np.array(cap))], "/softcap/Div")[0]], "/softcap/Tanh"
@@ -284,7 +287,7 @@ def build(hf_dir: Path, out_path: Path) -> dict:
         helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
         helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["tokens"]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["tokens", config["vocab_size"]])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["tokens", config.vocab_size])]
     for i in range(layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache))
