@@ -113,6 +113,8 @@ def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_p
     config = json.loads((hf_dir / "config.json").read_text())
     (hf_dir / "config.json").write_text(json.dumps({**config, "rope_scaling": None, "hidden_size": 64}))
     assert "rotary part of each head (24 of head_dim 32)" in fused_onnx.supports(hf_dir)
+    gemma = make_tiny("Gemma3ForCausalLM", tmp_path / "gemma", attn_logit_softcapping=50.0)
+    assert "attn_logit_softcapping" in fused_onnx.supports(gemma)
 
 
 def test_optimum_gemma3_graph_without_position_ids_matches_transformers(tmp_path):
