@@ -57,7 +57,7 @@ bench: build-engine genai-peer
 
 # The fused graph's decode speed per registered family, as ratios to Llama of SmolLM2-135M's size (int8 engines).
 bench-architectures: $(STAMP)
-	$(VENV)/bin/trtllm-pipeline bench architectures --batch 1 --batch 4 --shape 128x32 --repeats 12 --no-spinning
+	$(VENV)/bin/trtllm-pipeline bench architectures --batch 1 --batch 4
 
 plan: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline plan $(CONFIG)

@@ -653,10 +653,12 @@ def bench_architectures(
         None, "--architecture", help="Families to compare with Llama (repeat); default every registered one."
     ),
     batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes (repeat); default 1 and 4."),
-    shape: str = typer.Option("128x64", help="INPUTxOUTPUT token lengths."),
-    repeats: int = typer.Option(5, help="Rounds (every family once per round); medians are reported."),
+    shape: str = typer.Option("128x32", help="INPUTxOUTPUT token lengths."),
+    repeats: int = typer.Option(12, help="Rounds (every family once per round); medians are reported."),
     threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads (default: all usable cores)."),
-    spinning: bool = typer.Option(True, help="Spinning ONNX Runtime threads (an offline run owns its cores)."),
+    spinning: bool = typer.Option(
+        False, help="Spinning ONNX Runtime threads: faster on idle cores, far slower when other work shares them."
+    ),
     weights: str = typer.Option("int8", help="Engine weights: none (fp32), int8 (the default build's) or int4."),
     work: Path = typer.Option(
         Path("bench_results/architectures-work"), help="Where the random checkpoints and engines are kept."
@@ -664,10 +666,10 @@ def bench_architectures(
     out: Path = BenchOut,
 ):
     """Decode speed of the fused graph of every registered family as ratios to Llama of the same size:
-    random SmolLM2-135M-sized checkpoints with each family's features, fp32 engines driven through the
-    ModelRunner, families interleaved in every round.
+    random SmolLM2-135M-sized checkpoints with each family's features, engines (int8 by default) driven
+    through the ModelRunner, families interleaved in every round.
 
-    Example: trtllm-pipeline bench architectures --batch 1 --batch 4 --repeats 5
+    Example: trtllm-pipeline bench architectures --batch 1 --batch 4 --repeats 12
     """
     from pipeline.architectures import ARCHITECTURES
     from pipeline.architectures import architecture as registered
