@@ -1,5 +1,6 @@
-"""The fused graph of every registered family against transformers: logits on a prompt longer than the sliding
-window, and greedy decoding through the real ModelRunner continuing past it, token for token."""
+"""The fused graph of every registered family, and optimum-onnx's fallback, against transformers: logits on a
+prompt longer than the sliding window, and greedy decoding through the real ModelRunner continuing past it,
+token for token."""
 
 from __future__ import annotations
 
@@ -36,14 +37,27 @@ def randomized(hf_dir, seed: int = 1):
     return model.eval()
 
 
-@pytest.fixture(scope="module", params=list(TINY_FAMILIES))
-def family(request, tmp_path_factory):
-    """(architecture, checkpoint, fp32 engine of the fused graph, transformers model) per family."""
-    work = tmp_path_factory.mktemp(request.param)
-    hf_dir = make_tiny(request.param, work / "hf", initializer_range=0.1)
-    model = randomized(hf_dir)
-    engine = make_engine(hf_dir, work / "engine", max_batch_size=2, max_seq_len=128)
-    return request.param, hf_dir, engine, model
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """architecture -> (checkpoint with random norms and biases, its transformers model), made once per session."""
+    made = {}
+
+    def checkpoint(arch: str):
+        if arch not in made:
+            hf_dir = make_tiny(arch, tmp_path_factory.mktemp(arch) / "hf", initializer_range=0.1)
+            made[arch] = hf_dir, randomized(hf_dir)
+        return made[arch]
+
+    return checkpoint
+
+
+@pytest.fixture(scope="module", params=[(arch, graph) for arch in TINY_FAMILIES for graph in ("fused", "optimum")])
+def family(request, checkpoints):
+    """(architecture, graph, fp32 engine, transformers model): the fused graph, and optimum-onnx's (the fallback)."""
+    arch, graph = request.param
+    hf_dir, model = checkpoints(arch)
+    engine = make_engine(hf_dir, hf_dir.parent / f"engine-{graph}", max_batch_size=2, max_seq_len=128, graph=graph)
+    return arch, graph, engine, model
 
 
 def prompts(count: int = 2) -> list[list[int]]:
@@ -75,24 +89,23 @@ def runner_greedy(engine, batch: list[list[int]]) -> list[list[int]]:
     ]
 
 
-def test_fused_graph_logits_match_transformers_past_the_sliding_window(family):
-    arch, hf_dir, engine, model = family
-    config = json.loads((hf_dir / "config.json").read_text())
+def test_logits_match_transformers_past_the_sliding_window(family):
+    arch, graph, engine, model = family
     ids = np.asarray(prompts(1), dtype=np.int64)
     reference = quality.torch_logits_fn(model)(ids)
     logits = quality.ort_logits_fn(engine / "model.onnx", threads=1)(ids)
     assert np.abs(reference).max() > 0.5  # logits big enough for the comparison to mean something
-    assert np.abs(logits - reference).max() < 1e-4, arch
-    if config.get("sliding_window"):
-        assert PROMPT_LEN > TINY_SLIDING_WINDOW == config["sliding_window"]
+    assert np.abs(logits - reference).max() < 1e-4, (arch, graph)
+    if getattr(model.config, "sliding_window", None):
+        assert PROMPT_LEN > TINY_SLIDING_WINDOW == model.config.sliding_window
 
 
 def test_greedy_decode_through_the_runner_matches_transformers_generate(family):
-    arch, _, engine, model = family
+    arch, graph, engine, model = family
     batch = prompts()  # two rows of different lengths, decoded together; the long one passes the window
     expected = [hf_greedy(model, prompt) for prompt in batch]
     assert [len(tokens) for tokens in expected] == [NEW_TOKENS] * 2
-    assert runner_greedy(engine, batch) == expected, arch
+    assert runner_greedy(engine, batch) == expected, (arch, graph)
 
 
 def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_path):
@@ -117,14 +130,9 @@ def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_p
     assert "attn_logit_softcapping" in fused_onnx.supports(gemma)
 
 
-def test_optimum_gemma3_graph_without_position_ids_matches_transformers(tmp_path):
-    """optimum's Gemma 3 export has no position_ids input; the logits check and the runner feed only what it has."""
-    hf_dir = make_tiny("Gemma3ForCausalLM", tmp_path / "hf", initializer_range=0.1)
-    model = randomized(hf_dir)
-    engine = make_engine(hf_dir, tmp_path / "engine", max_batch_size=2, max_seq_len=128, graph="optimum")
-    assert "position_ids" not in {i.name for i in quality.ort_session(engine / "model.onnx").get_inputs()}
-    ids = np.asarray(prompts(1), dtype=np.int64)
-    logits = quality.ort_logits_fn(engine / "model.onnx", threads=1)(ids)
-    assert np.abs(logits - quality.torch_logits_fn(model)(ids)).max() < 1e-4
-    batch = prompts()
-    assert runner_greedy(engine, batch) == [hf_greedy(model, prompt) for prompt in batch]
+def test_optimum_exports_gemma3_without_position_ids(checkpoints):
+    """The graph the logits check and the ConcatCache runner above feed only the inputs it has."""
+    hf_dir, _ = checkpoints("Gemma3ForCausalLM")
+    engine = make_engine(hf_dir, hf_dir.parent / "engine-optimum", max_batch_size=2, max_seq_len=128, graph="optimum")
+    inputs = {i.name for i in quality.ort_session(engine / "model.onnx").get_inputs()}
+    assert "attention_mask" in inputs and "position_ids" not in inputs
