@@ -108,6 +108,19 @@ def test_greedy_decode_through_the_runner_matches_transformers_generate(family):
     assert runner_greedy(engine, batch) == expected, (arch, graph)
 
 
+def test_chunked_prefill_across_the_window_matches_transformers_generate(family, tmp_path):
+    """Prompts prefilled in pieces smaller than the window (an engine built with max_num_tokens 12)."""
+    import shutil
+
+    arch, graph, engine, model = family
+    chunked = shutil.copytree(engine, tmp_path / "engine")
+    config = json.loads((chunked / "config.json").read_text())
+    config["build_config"]["max_num_tokens"] = 12
+    (chunked / "config.json").write_text(json.dumps(config))
+    batch = prompts()
+    assert runner_greedy(chunked, batch) == [hf_greedy(model, prompt) for prompt in batch], (arch, graph)
+
+
 def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_path):
     hf_dir = make_tiny(
         "Phi3ForCausalLM",
