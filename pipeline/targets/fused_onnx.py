@@ -55,7 +55,9 @@ FAMILIES = {
 }
 # config hidden_activation / hidden_act -> ONNX Gelu's `approximate`, or None for SiLU (Sigmoid * x)
 ACTIVATIONS = {"silu": None, "gelu_pytorch_tanh": "tanh"}
-# RoPE variants whose frequencies depend on the sequence length at run time: a fixed cos/sin cache cannot hold them
+# RoPE variants whose frequencies depend on the sequence length at run time: a fixed cos/sin cache cannot hold them.
+# longrope switches tables at original_max_position_embeddings, and transformers' Phi-3 `generate` then recomputes
+# the whole KV cache with the long factors (Phi3ForCausalLM.prepare_inputs_for_generation): an in-place cache cannot.
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
@@ -79,12 +81,13 @@ def supports(hf_dir: Path) -> str | None:
             f"the rotary part of each head ({2 * rotary_half} of head_dim {head_dim}) is not a multiple of 16 "
             "(GroupQueryAttention's cos/sin cache on CPU needs it)"
         )
-    rope = getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type in LENGTH_DEPENDENT_ROPE:
+    if rope_type(config) in LENGTH_DEPENDENT_ROPE:
+        original = getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
         return (
-            f"rope_scaling type {rope_type!r} switches its frequencies with the sequence length, "
-            "which one fixed cos/sin cache cannot do"
+            f"rope_scaling type {rope_type(config)!r} switches its frequencies with the sequence length "
+            "(transformers' Phi-3 generate then recomputes the KV cache), which one fixed cos/sin cache cannot do; "
+            f"optimum-onnx's export is exact up to {original} tokens (original_max_position_embeddings): "
+            "keep build.max_seq_len within it"
         )
     if getattr(config, "attn_logit_softcapping", None):  # Gemma 3 checkpoints leave it unset
         return (
@@ -94,6 +97,12 @@ def supports(hf_dir: Path) -> str | None:
     if getattr(config, "use_bidirectional_attention", False):
         return "use_bidirectional_attention is set (GroupQueryAttention is causal)"
     return None
+
+
+def rope_type(config) -> str:
+    """The RoPE variant, under either key transformers accepts (older configs, Phi-3's, say `type`)."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
 
 
 def activation(config) -> str:
@@ -111,8 +120,7 @@ def rotary_cache(config, local_base: float | None = None) -> tuple[np.ndarray, n
     if local_base is not None:
         config = copy.deepcopy(config)
         config.rope_theta, config.rope_scaling = local_base, {"rope_type": "default"}
-    rope_type = (getattr(config, "rope_scaling", None) or {}).get("rope_type", "default")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type(config)](config, torch.device("cpu"))
     angles = np.outer(np.arange(config.max_position_embeddings, dtype=np.float64), inv_freq.double().numpy())
     return (np.cos(angles) * scaling).astype(np.float32), (np.sin(angles) * scaling).astype(np.float32)
 

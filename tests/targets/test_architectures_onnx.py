@@ -132,7 +132,7 @@ def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_p
         },
         original_max_position_embeddings=1024,
     )
-    assert "longrope" in fused_onnx.supports(hf_dir)
+    assert "longrope" in fused_onnx.supports(hf_dir) and "exact up to 1024 tokens" in fused_onnx.supports(hf_dir)
     assert target.choose_graph(hf_dir, "auto") == "optimum"
     with pytest.raises(BuildStepError, match=r"longrope.*set target.onnx_graph: optimum"):
         target.choose_graph(hf_dir, "fused")
