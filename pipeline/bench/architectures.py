@@ -76,7 +76,7 @@ def make_engine(
                 "quantization": {"weights": weights},
                 "build": {
                     "max_batch_size": max_batch_size,
-                    "max_input_len": max_seq_len // 2,
+                    "max_input_len": max_seq_len - 1,
                     "max_seq_len": max_seq_len,
                     "max_num_tokens": max_batch_size * max_seq_len,
                 },
