@@ -121,6 +121,11 @@ def test_chunked_prefill_across_the_window_matches_transformers_generate(family,
     assert runner_greedy(chunked, batch) == [hf_greedy(model, prompt) for prompt in batch], (arch, graph)
 
 
+def test_auto_picks_the_fused_graph_for_every_family(checkpoints):
+    for arch in TINY_FAMILIES:
+        assert target.choose_graph(checkpoints(arch)[0], "auto") == "fused", fused_onnx.supports(checkpoints(arch)[0])
+
+
 def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_path):
     hf_dir = make_tiny(
         "Phi3ForCausalLM",
