@@ -51,7 +51,11 @@ def checkpoints(tmp_path_factory):
     return checkpoint
 
 
-@pytest.fixture(scope="module", params=[(arch, graph) for arch in TINY_FAMILIES for graph in ("fused", "optimum")])
+@pytest.fixture(
+    scope="module",
+    params=[(arch, graph) for arch in TINY_FAMILIES for graph in ("fused", "optimum")],
+    ids=lambda param: "-".join(param),
+)
 def family(request, checkpoints):
     """(architecture, graph, fp32 engine, transformers model): the fused graph, and optimum-onnx's (the fallback)."""
     arch, graph = request.param
