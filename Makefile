@@ -15,7 +15,7 @@ GENAI_SPEC ?= onnxruntime-genai==0.18.0
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
 GENAI_MODEL ?= $(OUTPUT)/genai-int4
 
-.PHONY: setup build-engine run-batch bench genai-peer serve plan validate test format clean
+.PHONY: setup build-engine run-batch bench bench-architectures genai-peer serve plan validate test format clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,10 @@ $(GENAI_MODEL)/genai_config.json: $(OUTPUT)/import/model.safetensors $(GENAI_VEN
 bench: build-engine genai-peer
 	$(VENV)/bin/trtllm-pipeline bench offline $(CONFIG) --batch 1 --batch 8 --shape 128x64 --repeats 3 --genai-model $(GENAI_MODEL) --both-spinning
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
+
+# The fused graph's decode speed per registered family, as ratios to Llama of SmolLM2-135M's size (int8 engines).
+bench-architectures: $(STAMP)
+	$(VENV)/bin/trtllm-pipeline bench architectures --batch 1 --batch 4
 
 plan: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline plan $(CONFIG)

@@ -594,7 +594,9 @@ def validate_repo(
 
 
 bench_app = typer.Typer(
-    help="Benchmarks: offline (ModelRunner vs transformers), serve (load on Triton), compare.", no_args_is_help=True
+    help="Benchmarks: offline (ModelRunner vs transformers), architectures (fused graph per family), serve (load on "
+    "Triton), compare.",
+    no_args_is_help=True,
 )
 app.add_typer(bench_app, name="bench")
 BenchOut = typer.Option(
@@ -684,6 +686,60 @@ def bench_offline(
         "tokens_per_s.png",
     )
     console.print(table, highlight=False, soft_wrap=True)
+    console.print(f"report: {folder}")
+
+
+@bench_app.command("architectures")
+@reports_errors
+def bench_architectures(
+    architecture: Optional[list[str]] = typer.Option(
+        None, "--architecture", help="Families to compare with Llama (repeat); default every registered one."
+    ),
+    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes (repeat); default 1 and 4."),
+    shape: str = typer.Option("128x32", help="INPUTxOUTPUT token lengths."),
+    repeats: int = typer.Option(12, help="Rounds (every family once per round); medians are reported."),
+    threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads (default: all usable cores)."),
+    spinning: bool = typer.Option(
+        False, help="Spinning ONNX Runtime threads: faster on idle cores, far slower when other work shares them."
+    ),
+    weights: str = typer.Option("int8", help="Engine weights: none (fp32), int8 (the default build's) or int4."),
+    work: Path = typer.Option(
+        Path("bench_results/architectures-work"), help="Where the random checkpoints and engines are kept."
+    ),
+    out: Path = BenchOut,
+):
+    """Decode speed of the fused graph of every registered family as ratios to Llama of the same size:
+    random SmolLM2-135M-sized checkpoints with each family's features, engines (int8 by default) driven
+    through the ModelRunner, families interleaved in every round.
+
+    Example: trtllm-pipeline bench architectures --batch 1 --batch 4 --repeats 12
+    """
+    from pipeline.architectures import ARCHITECTURES
+    from pipeline.architectures import architecture as registered
+    from pipeline.bench import report
+    from pipeline.bench.architectures import run_architectures, table
+    from pipeline.runtime.model_runner import default_threads
+
+    for name in architecture or []:
+        registered(name)  # names the registered ones when unknown
+    input_len, output_len = (int(x) for x in shape.lower().split("x"))
+    rows = run_architectures(
+        work,
+        architecture or list(ARCHITECTURES),
+        batch or [1, 4],
+        input_len,
+        output_len,
+        repeats,
+        threads or default_threads(),
+        spinning,
+        weights,
+        log=lambda m: console.print(f"  {m}", highlight=False),
+    )
+    text = table(rows)
+    folder = report.write_report(
+        out, "architectures", "fused graph decode speed per family", {"rows": rows}, text, lambda path: None, ""
+    )
+    console.print(text, highlight=False, soft_wrap=True)
     console.print(f"report: {folder}")
 
 

@@ -102,7 +102,8 @@ def empty_past(session, batch: int) -> dict[str, np.ndarray]:
 def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
     session = ort_session(onnx_path, threads)
 
-    fused = "seqlens_k" in {i.name for i in session.get_inputs()}  # the graph of pipeline/targets/llama_onnx.py
+    names = {i.name for i in session.get_inputs()}
+    fused = "seqlens_k" in names  # the graph of pipeline/targets/fused_onnx.py
 
     def logits(ids: np.ndarray) -> np.ndarray:
         batch, length = ids.shape
@@ -118,9 +119,10 @@ def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
         feeds = {
             "input_ids": ids,
             "attention_mask": np.ones((batch, length), dtype=np.int64),
-            "position_ids": np.broadcast_to(np.arange(length, dtype=np.int64), (batch, length)).copy(),
             **empty_past(session, batch),
         }
+        if "position_ids" in names:  # optimum's Gemma 2/3 graphs derive positions from the mask
+            feeds["position_ids"] = np.broadcast_to(np.arange(length, dtype=np.int64), (batch, length)).copy()
         return session.run(["logits"], feeds)[0]
 
     return logits

@@ -45,7 +45,17 @@ TINY_FAMILIES = {
             "final_logit_softcapping": 30.0,
         },
     ),
-    "Phi3ForCausalLM": ("Phi3Config", {"partial_rotary_factor": 0.75, "tie_word_embeddings": False}),
+    # partial rotary; head_dim 64 so that the rotary part (48) is a multiple of 16, as GroupQueryAttention needs
+    "Phi3ForCausalLM": (
+        "Phi3Config",
+        {
+            "partial_rotary_factor": 0.75,
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "tie_word_embeddings": False,
+        },
+    ),
 }
 # The sliding window of the tiny Mistral and Gemma 3: prompts longer than this exercise it.
 TINY_SLIDING_WINDOW = 16

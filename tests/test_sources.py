@@ -46,10 +46,10 @@ def plan_after_editing(built_tree, relative: str) -> dict[str, dict]:
 
 
 def test_editing_the_fused_graph_builder_reruns_export_and_says_why(built_tree):
-    rows = plan_after_editing(built_tree, "pipeline/targets/llama_onnx.py")
+    rows = plan_after_editing(built_tree, "pipeline/targets/fused_onnx.py")
     assert rows["import"]["status"] == "up to date"
     assert rows["export"]["status"] == "will run"
-    assert "code changed: pipeline/targets/llama_onnx.py" in rows["export"]["reasons"]
+    assert "code changed: pipeline/targets/fused_onnx.py" in rows["export"]["reasons"]
     assert rows["triton_repo"]["status"] == "will run"  # downstream of a re-run export
 
 

@@ -671,14 +671,17 @@ class ConcatCache:
         )
         self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
         self.output_names = [o.name for o in session.get_outputs()]
+        # optimum's Gemma 2/3 graphs have no position_ids: they derive positions from attention_mask
+        self.takes_positions = any(i.name == "position_ids" for i in session.get_inputs())
 
     def _forward(self, input_ids: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
         """Run the graph on new tokens given the cache; returns last-position logits and the new cache (OrtValues)."""
         binding = self.session.io_binding()
-        positions = mask.cumsum(axis=1)[:, -input_ids.shape[1] :] - 1
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
-        binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.maximum(positions, 0), dtype=np.int64))
+        if self.takes_positions:
+            positions = mask.cumsum(axis=1)[:, -input_ids.shape[1] :] - 1
+            binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.maximum(positions, 0), dtype=np.int64))
         for name in self.past_names:
             value = past[name]
             if isinstance(value, np.ndarray):
@@ -754,7 +757,7 @@ class ConcatCache:
 
 
 class SharedCache:
-    """The fused graph (`pipeline/targets/llama_onnx.py`): GroupQueryAttention writes each step's keys
+    """The fused graph (`pipeline/targets/fused_onnx.py`): GroupQueryAttention writes each step's keys
     and values in place into a buffer the batch owns, [rows, kv_heads, capacity, head_size].
 
     Rows need no padding: each has its own length (seqlens_k), so decoding copies nothing; only a

@@ -1,8 +1,9 @@
 """The `onnxruntime` target (CPU): an ONNX decoder quantized by ONNX Runtime, served by Triton's python backend.
 
-export: the fused Llama graph of `llama_onnx` or optimum-onnx's export (`target.onnx_graph`), checked
-against transformers' logits; engine: ORT weight-only quantization (MatMulNBits) and the perplexity
-gate; Triton: a decoupled python model running `pipeline.runtime.scheduler` over the ModelRunner.
+export: the fused graph of `fused_onnx` (every registered family) or optimum-onnx's export
+(`target.onnx_graph`), checked against transformers' logits; engine: ORT weight-only quantization
+(MatMulNBits) and the perplexity gate; Triton: a decoupled python model running
+`pipeline.runtime.scheduler` over the ModelRunner.
 
 Why these tools (measured, see docs/research/onnx-export-study.md): optimum-onnx 0.1.0 runs with the
 transformers 4.57 that the GGUF import and ModelOpt need, and its graph keeps the standard
@@ -35,9 +36,9 @@ CHECK_PROMPTS = (
 
 def choose_graph(hf_dir: Path, wanted: str) -> str:
     """'fused' or 'optimum' for target.onnx_graph ('auto': fused when the checkpoint allows it)."""
-    from pipeline.targets import llama_onnx
+    from pipeline.targets import fused_onnx
 
-    why_not = llama_onnx.supports(hf_dir)
+    why_not = fused_onnx.supports(hf_dir)
     if wanted == "fused" and why_not:
         raise BuildStepError(f"target.onnx_graph is 'fused' but {why_not}; set target.onnx_graph: optimum (or auto)")
     return "optimum" if wanted == "optimum" or why_not else "fused"
@@ -49,9 +50,9 @@ def export_decoder(hf_dir: Path, out_dir: Path, graph: str = "optimum") -> dict:
 
     started = time.perf_counter()
     if graph == "fused":
-        from pipeline.targets import llama_onnx
+        from pipeline.targets import fused_onnx
 
-        llama_onnx.build(hf_dir, out_dir / ONNX_NAME)
+        fused_onnx.build(hf_dir, out_dir / ONNX_NAME)
     else:
         _optimum_export(hf_dir, out_dir)
     onnx.checker.check_model(str(out_dir / ONNX_NAME))  # path form: works past protobuf's 2 GB limit
@@ -378,7 +379,7 @@ class OnnxRuntimeTarget:
         "verify.max_export_logits_diff",
     }
     sources = {
-        "export": ("pipeline.targets.onnxruntime", "pipeline.targets.llama_onnx", "pipeline.quality"),
+        "export": ("pipeline.targets.onnxruntime", "pipeline.targets.fused_onnx", "pipeline.quality"),
         "engine": ("pipeline.targets.onnxruntime", "pipeline.verify", "pipeline.quality"),
         "triton_repo": ("pipeline.targets.onnxruntime", LLM_MODEL_FILE),
     }
@@ -495,7 +496,7 @@ class OnnxRuntimeTarget:
         hf_dir = ctx.upstream("import")
         graph = choose_graph(hf_dir, cfg.target.onnx_graph)
         ctx.log(
-            "building the fused Llama graph (GroupQueryAttention, in-place KV cache)"
+            "building the fused graph (GroupQueryAttention, in-place KV cache)"
             if graph == "fused"
             else "exporting the decoder with optimum-onnx (text-generation-with-past)"
         )

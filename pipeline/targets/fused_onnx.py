@@ -1,0 +1,320 @@
+"""A fused ONNX Runtime graph for every registered decoder family, built from the safetensors directly.
+
+Written by hand because no exporter usable here emits it: optimum-onnx exports ~40 unfused ops per
+layer (the CPU decode is call-overhead bound), and onnxruntime-genai's builder, which emits this kind
+of graph, needs transformers 5 (this environment pins 4.57 for optimum, ModelOpt and the GGUF import).
+
+Per layer: SkipSimplifiedLayerNormalization, one fused QKV MatMul, GroupQueryAttention (rotary inside,
+KV cache updated in place in a caller-owned buffer), o_proj, a fused gate/up MatMul, the activation,
+down_proj. Every linear is a plain MatMul on a constant weight, so the engine stage quantizes it like any
+export. What sets a family apart is read from its config.json and weights, as transformers 4.57 reads them:
+q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3, Gemma 3: q, k and v then enter GQA apart), sliding
+windows per layer (`layer_types` / `sliding_window` -> GQA local_window_size), partial rotary (Phi-3: a
+narrower cos/sin cache), fused HF projections (Phi-3 qkv_proj, gate_up_proj), GELU-tanh, norms after
+attention and MLP, attention scale and final logit soft-capping (Gemma 3); `FAMILIES` holds the rest.
+
+Interface (see `pipeline.runtime.model_runner.SharedCache`, the runner side):
+  input_ids              int64 [batch, seq]          new tokens, right-padded
+  seqlens_k              int32 [batch]               per row: tokens in the cache after this step - 1
+  total_sequence_length  int32 []                    max over rows of seqlens_k + 1
+  logits_index           int64 [n]                   flat indices into batch*seq whose logits to return
+  past_key_values.{i}.key/value  float [batch, kv_heads, capacity, head_dim]
+  -> logits float [n, vocab], present.{i}.key/value (the same buffers when bound to them)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import BuildStepError
+from pipeline.models import ModelFacts
+
+OPSET = 23  # RMSNormalization
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a family does that its config.json and weight names do not say."""
+
+    norm_offset: float = 0.0  # RMSNorm scales by (offset + w): Gemma stores w - 1
+    embed_scale: bool = False  # token embeddings times sqrt(hidden_size)
+    local_rope_base: str | None = None  # config key of the sliding layers' own RoPE base (default rope, no scaling)
+
+
+FAMILIES = {
+    "LlamaForCausalLM": Family(),
+    "Qwen2ForCausalLM": Family(),
+    "Qwen3ForCausalLM": Family(),
+    "MistralForCausalLM": Family(),
+    "Phi3ForCausalLM": Family(),
+    "Gemma3ForCausalLM": Family(norm_offset=1.0, embed_scale=True, local_rope_base="rope_local_base_freq"),
+}
+# config hidden_activation / hidden_act -> ONNX Gelu's `approximate`, or None for SiLU (Sigmoid * x)
+ACTIVATIONS = {"silu": None, "gelu_pytorch_tanh": "tanh"}
+# RoPE variants whose frequencies depend on the sequence length at run time: a fixed cos/sin cache cannot hold them.
+# longrope switches tables at original_max_position_embeddings, and transformers' Phi-3 `generate` then recomputes
+# the whole KV cache with the long factors (Phi3ForCausalLM.prepare_inputs_for_generation): an in-place cache cannot.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def supports(hf_dir: Path) -> str | None:
+    """None when the checkpoint can be built as a fused graph, else why not."""
+    from transformers import AutoConfig
+
+    raw = json.loads((hf_dir / "config.json").read_text())
+    architectures = raw.get("architectures") or []
+    if not set(architectures) & set(FAMILIES):
+        return f"architecture {architectures} is not one of {list(FAMILIES)}"
+    config = AutoConfig.from_pretrained(hf_dir)  # with the family's defaults for what config.json leaves out
+    head_dim = ModelFacts.from_hf_config(raw).head_size
+    if head_dim % 16:
+        return f"head_dim {head_dim} is not a multiple of 16 (GroupQueryAttention on CPU needs it)"
+    if activation(config) not in ACTIVATIONS:
+        return f"activation {activation(config)!r} is not one of {list(ACTIVATIONS)}"
+    rotary_half = int(head_dim * getattr(config, "partial_rotary_factor", 1.0)) // 2
+    if rotary_half % 8:
+        return (
+            f"the rotary part of each head ({2 * rotary_half} of head_dim {head_dim}) is not a multiple of 16 "
+            "(GroupQueryAttention's cos/sin cache on CPU needs it)"
+        )
+    if rope_type(config) in LENGTH_DEPENDENT_ROPE:
+        original = getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
+        return (
+            f"rope_scaling type {rope_type(config)!r} switches its frequencies with the sequence length "
+            "(transformers' Phi-3 generate then recomputes the KV cache), which one fixed cos/sin cache cannot do; "
+            f"optimum-onnx's export is exact up to {original} tokens (original_max_position_embeddings): "
+            "keep build.max_seq_len within it"
+        )
+    if getattr(config, "attn_logit_softcapping", None):  # Gemma 3 checkpoints leave it unset
+        return (
+            "attn_logit_softcapping is set: GroupQueryAttention's softcap on CPU (ORT 1.32) does not reproduce "
+            "transformers' capped attention scores (measured: logits off by 1.5, 0.08 with the scale folded in)"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        return "use_bidirectional_attention is set (GroupQueryAttention is causal)"
+    return None
+
+
+def rope_type(config) -> str:
+    """The RoPE variant, under either key transformers accepts (older configs, Phi-3's, say `type`)."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def activation(config) -> str:
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "silu"
+
+
+def rotary_cache(config, local_base: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [max_position, rotary_dim/2], with transformers' own rope-scaling variants and partial
+    rotary; `local_base` gives Gemma 3's sliding layers their default-rope table."""
+    import copy
+
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if local_base is not None:
+        config = copy.deepcopy(config)
+        config.rope_theta, config.rope_scaling = local_base, {"rope_type": "default"}
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type(config)](config, torch.device("cpu"))
+    angles = np.outer(np.arange(config.max_position_embeddings, dtype=np.float64), inv_freq.double().numpy())
+    return (np.cos(angles) * scaling).astype(np.float32), (np.sin(angles) * scaling).astype(np.float32)
+
+
+def sliding_windows(config) -> list[int]:
+    """Per layer: the sliding window (0: full attention), from `layer_types` where the config has them."""
+    window = getattr(config, "sliding_window", None) or 0
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return [window] * config.num_hidden_layers
+    return [window if kind == "sliding_attention" else 0 for kind in types]
+
+
+def build(hf_dir: Path, out_path: Path) -> dict:
+    """Write the fused graph for the checkpoint in hf_dir to out_path (weights in out_path + '.data')."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from safetensors.torch import load_file  # torch: reads bf16/fp16 checkpoints too (numpy has no bfloat16)
+    from transformers import AutoConfig
+
+    why_not = supports(hf_dir)
+    if why_not:
+        raise BuildStepError(f"{hf_dir}: cannot build the fused graph: {why_not}; set target.onnx_graph: optimum")
+    config = AutoConfig.from_pretrained(hf_dir)  # with derived fields (layer_types) and the family's defaults
+    family = FAMILIES[next(a for a in config.architectures if a in FAMILIES)]
+    weights: dict[str, np.ndarray] = {}
+    for file in sorted(hf_dir.glob("*.safetensors")):
+        weights.update({name: tensor.float().numpy() for name, tensor in load_file(file).items()})  # the graph is fp32
+    facts = ModelFacts.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
+    layers, hidden = facts.num_hidden_layers, facts.hidden_size
+    heads, kv_heads, head_dim = facts.num_attention_heads, facts.num_key_value_heads, facts.head_size
+    eps = float(config.rms_norm_eps)
+    gelu = ACTIVATIONS[activation(config)]
+    scale = float(getattr(config, "query_pre_attn_scalar", None) or head_dim) ** -0.5
+    windows = sliding_windows(config)
+
+    nodes, initializers = [], []
+
+    def weight(name: str, array: np.ndarray, dtype=np.float32) -> str:
+        initializers.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name))
+        return name
+
+    def node(op: str, inputs: list[str], name: str, outputs: int = 1, domain: str = "", **attrs) -> list[str]:
+        names = [f"{name}/output_{i}" for i in range(outputs)]
+        nodes.append(helper.make_node(op, inputs, names, name=name, domain=domain, **attrs))
+        return names
+
+    def path(module: str) -> str:
+        return "/" + module.replace(".", "/")
+
+    def norm_weight(module: str) -> str:
+        return weight(f"{module}.weight", weights[f"{module}.weight"] + family.norm_offset)
+
+    def rms_norm(x: str, module: str) -> str:
+        return node("RMSNormalization", [x, norm_weight(module)], path(module), axis=-1, epsilon=eps)[0]
+
+    def skip_norm(x: str, skip: str, module: str) -> tuple[str, str]:
+        """RMSNorm(x + skip) and x + skip, the residual stream."""
+        normed, _, _, total = node(
+            "SkipSimplifiedLayerNormalization",
+            [x, skip, norm_weight(module)],
+            path(module),
+            outputs=4,
+            domain="com.microsoft",
+            epsilon=eps,
+        )
+        return normed, total
+
+    def linear(x: str, module: str, parts: list[str]) -> str:
+        """x @ W for the HF modules `parts` concatenated along the output axis (+ bias when they have one);
+        a module the checkpoint already stores fused (Phi-3's qkv_proj) is read as it is."""
+        if f"{module}.weight" in weights:
+            parts = [module]
+        matrix = np.concatenate([weights[f"{p}.weight"] for p in parts], axis=0).T  # HF stores [out, in]
+        out = node("MatMul", [x, weight(f"{module}.weight_t", matrix)], f"{path(module)}/MatMul")[0]
+        if all(f"{p}.bias" in weights for p in parts):
+            bias = np.concatenate([weights[f"{p}.bias"] for p in parts])
+            out = node("Add", [out, weight(f"{module}.bias", bias)], f"{path(module)}/Add")[0]
+        return out
+
+    def head_norm(x: str, module: str) -> str:
+        """RMSNorm over each head of x [batch, seq, n * head_dim] (Qwen3 and Gemma 3 q_norm / k_norm)."""
+        heads_view = node("Reshape", [x, "head_shape"], f"{path(module)}/Reshape")[0]
+        return node("Reshape", [rms_norm(heads_view, module), "flat_shape"], f"{path(module)}/Reshape_1")[0]
+
+    embed = weights["model.embed_tokens.weight"]
+    table = embed * np.float32(hidden**0.5) if family.embed_scale else embed  # scaled once here, not per token
+    x = node("Gather", [weight("model.embed_tokens.weight", table), "input_ids"], "/model/embed_tokens/Gather")[0]
+    caches = {"": rotary_cache(config)}
+    if family.local_rope_base:
+        caches["local_"] = rotary_cache(config, float(getattr(config, family.local_rope_base)))
+    for prefix, (cos, sin) in caches.items():
+        weight(f"{prefix}cos_cache", cos)
+        weight(f"{prefix}sin_cache", sin)
+    if any(name.endswith(".q_norm.weight") for name in weights):
+        weight("head_shape", np.array([0, 0, -1, head_dim]), np.int64)
+        weight("flat_shape", np.array([0, 0, -1]), np.int64)
+    residual = None
+    for i in range(layers):
+        prefix = f"model.layers.{i}"
+        if residual is None:
+            normed, residual = rms_norm(x, f"{prefix}.input_layernorm"), x
+        else:
+            normed, residual = skip_norm(x, residual, f"{prefix}.input_layernorm")
+        attn = f"{prefix}.self_attn"
+        qkv = linear(normed, f"{attn}.qkv_proj", [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"])
+        if f"{attn}.q_norm.weight" in weights:
+            q, k, v = node(
+                "Split",
+                [qkv, weight(f"{attn}.qkv_split", np.array([heads, kv_heads, kv_heads]) * head_dim, np.int64)],
+                f"{path(attn)}/Split",
+                outputs=3,
+                axis=-1,
+            )
+            qkv_inputs = [head_norm(q, f"{attn}.q_norm"), head_norm(k, f"{attn}.k_norm"), v]
+        else:
+            qkv_inputs = [qkv, "", ""]
+        rope = "local_" if windows[i] and family.local_rope_base else ""
+        context, _, _ = node(
+            "GroupQueryAttention",
+            [
+                *qkv_inputs,
+                f"past_key_values.{i}.key",
+                f"past_key_values.{i}.value",
+                "seqlens_k",
+                "total_sequence_length",
+                f"{rope}cos_cache",
+                f"{rope}sin_cache",
+            ],
+            f"{path(attn)}/GroupQueryAttention",
+            outputs=3,
+            domain="com.microsoft",
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+            do_rotary=1,
+            rotary_interleaved=0,
+            scale=scale,
+            local_window_size=windows[i] or -1,
+        )
+        nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
+        attn_out = linear(context, f"{attn}.o_proj", [f"{attn}.o_proj"])
+        if f"{prefix}.post_feedforward_layernorm.weight" in weights:  # Gemma: norms after attention and MLP too
+            attn_out = rms_norm(attn_out, f"{prefix}.post_attention_layernorm")
+            normed, residual = skip_norm(attn_out, residual, f"{prefix}.pre_feedforward_layernorm")
+        else:
+            normed, residual = skip_norm(attn_out, residual, f"{prefix}.post_attention_layernorm")
+        mlp = f"{prefix}.mlp"
+        gate_up = linear(normed, f"{mlp}.gate_up_proj", [f"{mlp}.gate_proj", f"{mlp}.up_proj"])
+        gate, up = node("Split", [gate_up], f"{path(mlp)}/Split", outputs=2, axis=-1, num_outputs=2)
+        if gelu:
+            act = node("Gelu", [gate], f"{path(mlp)}/Gelu", approximate=gelu)[0]
+        else:
+            act = node("Mul", [gate, node("Sigmoid", [gate], f"{path(mlp)}/Sigmoid")[0]], f"{path(mlp)}/SiLU")[0]
+        x = linear(node("Mul", [act, up], f"{path(mlp)}/Mul")[0], f"{mlp}.down_proj", [f"{mlp}.down_proj"])
+        if f"{prefix}.post_feedforward_layernorm.weight" in weights:
+            x = rms_norm(x, f"{prefix}.post_feedforward_layernorm")
+    final, _ = skip_norm(x, residual, "model.norm")
+    flat = node("Reshape", [final, weight("hidden_shape", np.array([-1, hidden]), np.int64)], "/model/norm/Reshape")[0]
+    picked = node("Gather", [flat, "logits_index"], "/model/logits_index/Gather", axis=0)[0]
+    lm_head = weights.get("lm_head.weight", embed)  # tied embeddings: lm_head gets its own copy, quantizable apart
+    logits = node("MatMul", [picked, weight("lm_head.weight_t", lm_head.T)], "/lm_head/MatMul")[0]
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:  # Gemma: tanh(logits / cap) * cap
+        capped = node(
+            "Tanh", [node("Div", [logits, weight("final_softcap", np.array(cap))], "/softcap/Div")[0]], "/softcap/Tanh"
+        )[0]
+        node("Mul", [capped, "final_softcap"], "/softcap/Mul")
+    nodes[-1].output[0] = "logits"
+
+    cache = ["batch", kv_heads, "cache_capacity", head_dim]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+        helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["tokens"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["tokens", config.vocab_size])]
+    for i in range(layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, cache))
+    graph = helper.make_graph(nodes, "fused_gqa", inputs, outputs, initializers)
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="trtllm-pipeline",
+    )
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(
+        model,
+        str(out_path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=out_path.name + ".data",
+        size_threshold=1024,
+    )
+    return {"graph": "fused_gqa", "layers": layers, "opset": OPSET, "nodes": len(nodes)}
