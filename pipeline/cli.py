@@ -602,7 +602,8 @@ app.add_typer(bench_app, name="bench")
 BenchOut = typer.Option(
     Path("bench_results"),
     "--out",
-    help="Reports go to OUT/<time>-<kind>/ (results.json, summary.md, PNGs); OUT/latest-<kind> links the newest.",
+    help="Reports go to OUT/TIME-KIND/ (results.json, summary.md, plots where the kind has them); "
+    "OUT/latest-KIND links the newest.",
 )
 
 
@@ -722,7 +723,10 @@ def bench_architectures(
 
     for name in architecture or []:
         registered(name)  # names the registered ones when unknown
-    input_len, output_len = (int(x) for x in shape.lower().split("x"))
+    try:
+        input_len, output_len = (int(x) for x in shape.lower().split("x"))
+    except ValueError:
+        raise typer.BadParameter(f"{shape!r} is not INPUTxOUTPUT, e.g. 128x32", param_hint="--shape") from None
     rows = run_architectures(
         work,
         architecture or list(ARCHITECTURES),
