@@ -41,18 +41,33 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def perplexity(logits_fn: LogitsFn, ids: np.ndarray, window: int, stride: int | None = None) -> float:
-    """exp(mean negative log-likelihood) of each token given the tokens before it in its window."""
+def perplexity(
+    logits_fn: LogitsFn, ids: np.ndarray, window: int, stride: int | None = None, prefix: list[int] | tuple = ()
+) -> float:
+    """exp(mean negative log-likelihood) of each token given the tokens before it in its window. `prefix` (the
+    tokenizer's <bos>, see `special_prefix`) starts every window unscored, as it starts every prompt."""
     stride = stride or window
     total, count = 0.0, 0
+    head = np.asarray(prefix, dtype=np.int64)
     for start in range(0, max(len(ids) - 1, 1), stride):
-        chunk = ids[start : start + window]
+        chunk = np.concatenate([head, ids[start : start + window]]).astype(np.int64)
         if len(chunk) < 2:
             break
-        logprobs = log_softmax(logits_fn(chunk[None, :].astype(np.int64))[0, :-1].astype(np.float64))
-        total -= logprobs[np.arange(len(chunk) - 1), chunk[1:]].sum()
-        count += len(chunk) - 1
+        logprobs = log_softmax(logits_fn(chunk[None, :])[0, :-1].astype(np.float64))
+        scored = np.arange(max(len(head), 1) - 1, len(chunk) - 1)
+        total -= logprobs[scored, chunk[scored + 1]].sum()
+        count += len(scored)
     return float(np.exp(total / count))
+
+
+def special_prefix(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts before any text (Gemma's, Llama 3's and Mistral's <bos>; none for
+    SmolLM2). Models trained with them degenerate without them (Gemma 3 270M: ' is is is ...'), so prompts and
+    scored windows start with them."""
+    probe = tokenizer("a")["input_ids"]
+    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
+    starts = [i for i in range(len(probe) - len(bare) + 1) if probe[i : i + len(bare)] == bare]
+    return probe[: starts[0]] if starts else []
 
 
 def top1_agreement(logits_a: np.ndarray, logits_b: np.ndarray) -> float:

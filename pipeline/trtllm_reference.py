@@ -350,7 +350,7 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
     from pipeline import quality
     from pipeline.verify import WINDOW, eval_token_ids, perplexity_summary
 
-    ids = eval_token_ids(cfg, hf_dir, cache, log)
+    ids, prefix = eval_token_ids(cfg, hf_dir, cache, log)
     log(
         f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the {kind} checkpoint's "
         "reference forward"
@@ -364,13 +364,13 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
     else:
         reference = load_reference(checkpoint, hf_dir)
     ckpt_fn = quality.torch_logits_fn(reference)
-    window = ids[None, :WINDOW]
+    window = np.concatenate([prefix, ids[:WINDOW]]).astype(np.int64)[None, :]
     hf_logits, ckpt_logits = hf_fn(window), ckpt_fn(window)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     prompt = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         sample = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-    ref_ppl, ckpt_ppl = (quality.perplexity(fn, ids, WINDOW, WINDOW) for fn in (hf_fn, ckpt_fn))
+    ref_ppl, ckpt_ppl = (quality.perplexity(fn, ids, WINDOW, WINDOW, prefix) for fn in (hf_fn, ckpt_fn))
     return {
         **perplexity_summary(cfg, ids, ref_ppl, ckpt_ppl),
         "top1_agreement": round(quality.top1_agreement(hf_logits, ckpt_logits), 4),

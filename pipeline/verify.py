@@ -16,24 +16,27 @@ from pipeline.fetch import load_text
 WINDOW = 512  # tokens per scored window; windows do not overlap, so each token is scored once
 
 
-def eval_token_ids(cfg: BuildConfig, hf_dir: Path, cache: Path, log=print):
+def eval_token_ids(cfg: BuildConfig, hf_dir: Path, cache: Path, log=print) -> tuple[np.ndarray, list[int]]:
+    """(the eval text's first eval_tokens tokens, the special prefix every scored window starts with)."""
     from transformers import AutoTokenizer
+
+    from pipeline.quality import special_prefix
 
     text = load_text(cfg.verify.eval_text, cfg._base_dir, cache, log)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][: cfg.verify.eval_tokens]
-    return np.asarray(ids, dtype=np.int64)
+    return np.asarray(ids, dtype=np.int64), special_prefix(tokenizer)
 
 
 def perplexity_report(cfg: BuildConfig, hf_dir: Path, engine_dir: Path, cache: Path, log=print) -> dict:
     """Perplexity of the fp32 reference and of the engine on the same tokens, and the relative increase."""
     from pipeline import quality
 
-    ids = eval_token_ids(cfg, hf_dir, cache, log)
+    ids, prefix = eval_token_ids(cfg, hf_dir, cache, log)
     log(f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the engine")
-    reference = quality.perplexity(quality.hf_logits_fn(hf_dir), ids, WINDOW, WINDOW)
+    reference = quality.perplexity(quality.hf_logits_fn(hf_dir), ids, WINDOW, WINDOW, prefix)
     engine = quality.perplexity(
-        quality.ort_logits_fn(engine_dir / "model.onnx", cfg.runtime.cpu_threads), ids, WINDOW, WINDOW
+        quality.ort_logits_fn(engine_dir / "model.onnx", cfg.runtime.cpu_threads), ids, WINDOW, WINDOW, prefix
     )
     return perplexity_summary(cfg, ids, reference, engine)
 

@@ -90,12 +90,16 @@ def run_batches(
     """Generate for every prompt, in batches of prompts sharing max_tokens; results keep input order."""
     import torch
 
+    from pipeline.quality import special_prefix
+
+    prefix = special_prefix(tokenizer)
+
     def encode(text: str) -> list[int]:
         if chat:
             return tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
             )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return prefix + tokenizer(text, add_special_tokens=False)["input_ids"]
 
     stop_ids = [tokenizer(word, add_special_tokens=False)["input_ids"] for word in stop_words]
     results: dict[int, Result] = {}

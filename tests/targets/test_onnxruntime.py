@@ -200,6 +200,34 @@ def test_perplexity_of_uniform_and_perfect_predictors():
     assert quality.perplexity(oracle, ids, window=32, stride=16) == pytest.approx(1.0)
 
 
+def test_a_bos_prefix_starts_every_scored_window_and_every_prompt(tiny_llama):
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    seen = []
+
+    def record(x):
+        seen.append(x[0].tolist())
+        return np.zeros((*x.shape, 10), np.float32)
+
+    quality.perplexity(record, np.arange(2, 9, dtype=np.int64), window=4, prefix=[1])
+    assert seen == [[1, 2, 3, 4, 5], [1, 6, 7, 8]]  # every window's first token is scored, given <bos>
+
+    def oracle(x):  # certain of the true next token, so only the scored positions' count matters
+        logits = np.full((*x.shape, 10), -1e4, np.float32)
+        logits[0, np.arange(x.shape[1] - 1), x[0, 1:]] = 0.0
+        return logits
+
+    assert quality.perplexity(oracle, np.arange(2, 9, dtype=np.int64), window=4, prefix=[1]) == pytest.approx(1.0)
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    assert quality.special_prefix(tokenizer) == []  # a tokenizer that adds nothing gets nothing
+    tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
+    assert quality.special_prefix(tokenizer) == [1]  # <bos> only: an appended </s> would end the prompt
+
+
 def test_perplexity_scores_every_window_and_top1_agreement():
     seen = []
 
