@@ -138,3 +138,30 @@ def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios
         "bench", "offline", str(config), "--output", str(tmp_path / "out"), "--genai-model", str(tmp_path)
     )
     assert missing.returncode != 0 and "no genai_config.json" in missing.stderr
+
+
+def test_architectures_bench_compares_families_with_llama_and_reuses_only_matching_builds(tmp_path):
+    from pipeline.bench.architectures import run_architectures
+
+    tiny = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 128,
+        "vocab_size": 300,
+        "head_dim": 32,
+        "max_position_embeddings": 256,
+    }
+
+    def run(size):
+        return run_architectures(
+            tmp_path, ["Qwen3ForCausalLM"], [1], 8, 4, 2, 1, False, "none", log=lambda m: None, size=size
+        )
+
+    rows = run(tiny)
+    assert [(r["architecture"], r["batch"]) for r in rows] == [("LlamaForCausalLM", 1), ("Qwen3ForCausalLM", 1)]
+    assert rows[0]["ratio_to_llama"] == 1.0 and all(len(r["raw_tok_s"]) == 2 for r in rows)
+    assert all(s > 0 for r in rows for s in r["raw_tok_s"])
+    run({**tiny, "num_hidden_layers": 3})  # another size: new checkpoints, not the 2-layer ones
+    assert len(list((tmp_path / "Qwen3ForCausalLM").glob("hf-" + "?" * 12))) == 2

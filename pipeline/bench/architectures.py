@@ -2,9 +2,10 @@
 
 Why ratios: a family's graph should cost what its features cost, not more (issue #13: within 10% of Llama).
 Each registered family gets a random checkpoint of one size (SmolLM2-135M's by default) with its own
-features switched on, and an fp32 engine; all engines decode the same random prompts through the
-ModelRunner, families interleaved and every round repeated, so machine drift hits them all alike. The
-report is each family's median decode tok/s per sequence and the median of its per-round ratios to Llama.
+features switched on, and an engine (int8 by default, the default build's); all engines decode the same
+random prompts through the ModelRunner, families interleaved and every round repeated, so machine drift hits
+them all alike. The report is each family's median decode tok/s per sequence and the median of its per-round
+ratios to Llama.
 """
 
 from __future__ import annotations
@@ -37,8 +38,14 @@ FEATURES = {
 REFERENCE = "LlamaForCausalLM"
 
 
+def settings(architecture: str, **size) -> dict:
+    """The config values a benchmark checkpoint of `architecture` is made with."""
+    return {**SIZE, **size, **FEATURES.get(architecture, {})}
+
+
 def random_checkpoint(architecture: str, path: Path, seed: int = 0, **size) -> Path:
-    """A randomly initialised checkpoint of a registered architecture (weights only, no tokenizer)."""
+    """A randomly initialised checkpoint of a registered architecture (weights only, no tokenizer); one already
+    at `path` is reused (callers key `path` on `settings`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -47,9 +54,7 @@ def random_checkpoint(architecture: str, path: Path, seed: int = 0, **size) -> P
     if (path / "config.json").is_file():
         return path
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(
-        registered(architecture).model_type, **{**SIZE, **size, **FEATURES.get(architecture, {})}
-    )
+    config = AutoConfig.for_model(registered(architecture).model_type, **settings(architecture, **size))
     config.architectures = [architecture]
     AutoModelForCausalLM.from_config(config).save_pretrained(path, safe_serialization=True)
     return path
@@ -102,8 +107,11 @@ def run_architectures(
     thread_spinning: bool,
     weights: str = "none",
     log=print,
+    size: dict | None = None,
 ) -> list[dict]:
     """Rows of {architecture, batch, weights, decode_tok_s_per_seq (median), ratio_to_llama (median), raw}."""
+    import hashlib
+
     from pipeline.bench.offline import time_runner
     from pipeline.runtime.model_runner import ModelRunner
 
@@ -111,17 +119,21 @@ def run_architectures(
     runners = {}
     for arch in archs:
         log(f"building {arch}")
-        checkpoint = random_checkpoint(arch, work / arch / "hf")
+        # kept between runs, keyed on what shapes them (a changed size, batch or length builds anew)
+        key = hashlib.sha256(json.dumps(settings(arch, **(size or {})), sort_keys=True).encode()).hexdigest()[:12]
+        checkpoint = random_checkpoint(arch, work / arch / f"hf-{key}", **(size or {}))
+        max_batch_size, max_seq_len = max(batches), input_len + output_len + 64
         engine = make_engine(
             checkpoint,
-            work / arch / f"engine-{weights}",
-            max_batch_size=max(batches),
-            max_seq_len=input_len + output_len + 64,
+            checkpoint.with_name(f"hf-{key}-engine-{weights}-b{max_batch_size}-s{max_seq_len}"),
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
             weights=weights,
         )
         runners[arch] = ModelRunner.from_dir(engine, num_threads=threads, thread_spinning=thread_spinning)
     rng = np.random.default_rng(0)
-    prompts = {b: [rng.integers(3, SIZE["vocab_size"], input_len).tolist() for _ in range(b)] for b in batches}
+    vocab = settings(REFERENCE, **(size or {}))["vocab_size"]
+    prompts = {b: [rng.integers(3, vocab, input_len).tolist() for _ in range(b)] for b in batches}
     speeds = {(a, b): [] for a in archs for b in batches}
     for arch in archs:
         for b in batches:

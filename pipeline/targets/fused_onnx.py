@@ -82,12 +82,10 @@ def supports(hf_dir: Path) -> str | None:
             "(GroupQueryAttention's cos/sin cache on CPU needs it)"
         )
     if rope_type(config) in LENGTH_DEPENDENT_ROPE:
-        original = getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
         return (
             f"rope_scaling type {rope_type(config)!r} switches its frequencies with the sequence length "
             "(transformers' Phi-3 generate then recomputes the KV cache), which one fixed cos/sin cache cannot do; "
-            f"optimum-onnx's export is exact up to {original} tokens (original_max_position_embeddings): "
-            "keep build.max_seq_len within it"
+            f"optimum-onnx's export is exact up to {exact_length(hf_dir)} tokens (original_max_position_embeddings)"
         )
     if getattr(config, "attn_logit_softcapping", None):  # Gemma 3 checkpoints leave it unset
         return (
@@ -97,6 +95,17 @@ def supports(hf_dir: Path) -> str | None:
     if getattr(config, "use_bidirectional_attention", False):
         return "use_bidirectional_attention is set (GroupQueryAttention is causal)"
     return None
+
+
+def exact_length(hf_dir: Path) -> int | None:
+    """The longest sequence an ONNX graph with one fixed cos/sin cache computes exactly for a checkpoint whose RoPE
+    depends on the sequence length (either graph: optimum's export holds one table too); None when unbounded."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    if rope_type(config) not in LENGTH_DEPENDENT_ROPE:
+        return None
+    return getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
 
 
 def rope_type(config) -> str:

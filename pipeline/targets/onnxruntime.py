@@ -34,14 +34,14 @@ CHECK_PROMPTS = (
 )
 
 
-def choose_graph(hf_dir: Path, wanted: str) -> str:
-    """'fused' or 'optimum' for target.onnx_graph ('auto': fused when the checkpoint allows it)."""
+def choose_graph(hf_dir: Path, wanted: str) -> tuple[str, str | None]:
+    """('fused' or 'optimum', why not fused) for target.onnx_graph ('auto': fused when the checkpoint allows it)."""
     from pipeline.targets import fused_onnx
 
     why_not = fused_onnx.supports(hf_dir)
     if wanted == "fused" and why_not:
         raise BuildStepError(f"target.onnx_graph is 'fused' but {why_not}; set target.onnx_graph: optimum (or auto)")
-    return "optimum" if wanted == "optimum" or why_not else "fused"
+    return ("optimum" if wanted == "optimum" or why_not else "fused"), why_not
 
 
 def export_decoder(hf_dir: Path, out_dir: Path, graph: str = "optimum") -> dict:
@@ -399,12 +399,36 @@ class OnnxRuntimeTarget:
 
     def architecture_support(self, cfg) -> dict[str, str | None]:
         from pipeline.architectures import ARCHITECTURES
+        from pipeline.targets.fused_onnx import FAMILIES
 
-        return dict.fromkeys(ARCHITECTURES)  # every family has a fused graph; optimum-onnx is the fallback
+        return {name: None if name in FAMILIES else "the fused graph has no Family for it" for name in ARCHITECTURES}
+
+    def _checkpoint_graph_problems(self, cfg) -> list:
+        """What an HF checkpoint's config.json rules out before any export: the fused graph asked for but not
+        buildable, or a max_seq_len past the length a fixed RoPE table is exact for (GGUF and built-in models are
+        checked at export, once imported)."""
+        from pipeline.targets import fused_onnx
+
+        if cfg.model.source != "hf" or cfg.model_facts() is None:
+            return []
+        hf_dir, out = cfg.resolve_path(cfg.model.path), []
+        why_not = fused_onnx.supports(hf_dir)
+        if why_not and cfg.target.onnx_graph == "fused":
+            out.append((("target", "onnx_graph"), f"'fused' but {why_not}; set target.onnx_graph: auto or optimum"))
+        limit = fused_onnx.exact_length(hf_dir)
+        if limit and cfg.build.max_seq_len > limit:
+            out.append(
+                (
+                    ("build", "max_seq_len"),
+                    f"{cfg.build.max_seq_len} exceeds {limit}, the longest sequence an ONNX graph computes exactly "
+                    f"for this checkpoint (its RoPE switches frequencies there); set build.max_seq_len: {limit}",
+                )
+            )
+        return out
 
     def config_problems(self, cfg) -> list:
         q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
-        out = []
+        out = self._checkpoint_graph_problems(cfg)
         if q.weights in ("fp8", "nvfp4"):
             out.append(
                 (
@@ -494,11 +518,12 @@ class OnnxRuntimeTarget:
 
     def export(self, cfg, ctx) -> dict:
         hf_dir = ctx.upstream("import")
-        graph = choose_graph(hf_dir, cfg.target.onnx_graph)
+        graph, why_not = choose_graph(hf_dir, cfg.target.onnx_graph)
         ctx.log(
             "building the fused graph (GroupQueryAttention, in-place KV cache)"
             if graph == "fused"
             else "exporting the decoder with optimum-onnx (text-generation-with-past)"
+            + (f", not the fused graph: {why_not}" if why_not and cfg.target.onnx_graph == "auto" else "")
         )
         metrics = export_decoder(hf_dir, ctx.out_dir, graph)
         ctx.log("comparing ONNX Runtime logits with transformers")

@@ -12,11 +12,12 @@ import torch
 
 from pipeline import quality
 from pipeline.bench.architectures import make_engine
-from pipeline.errors import BuildStepError
+from pipeline.config import load_config
+from pipeline.errors import BuildStepError, ConfigError
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.targets import fused_onnx
 from pipeline.targets import onnxruntime as target
-from tests.conftest import TINY_FAMILIES, TINY_SLIDING_WINDOW, make_tiny
+from tests.conftest import TINY_FAMILIES, TINY_SLIDING_WINDOW, make_tiny, write_config
 
 PROMPT_LEN = 40  # > TINY_SLIDING_WINDOW: the window masks part of the prompt
 NEW_TOKENS = 24
@@ -127,7 +128,7 @@ def test_chunked_prefill_across_the_window_matches_transformers_generate(family,
 
 def test_auto_picks_the_fused_graph_for_every_family(checkpoints):
     for arch in TINY_FAMILIES:
-        assert target.choose_graph(checkpoints(arch)[0], "auto") == "fused", fused_onnx.supports(checkpoints(arch)[0])
+        assert target.choose_graph(checkpoints(arch)[0], "auto") == ("fused", None)
 
 
 def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_path):
@@ -142,9 +143,18 @@ def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_p
         original_max_position_embeddings=1024,
     )
     assert "longrope" in fused_onnx.supports(hf_dir) and "exact up to 1024 tokens" in fused_onnx.supports(hf_dir)
-    assert target.choose_graph(hf_dir, "auto") == "optimum"
+    assert target.choose_graph(hf_dir, "auto") == ("optimum", fused_onnx.supports(hf_dir))
     with pytest.raises(BuildStepError, match=r"longrope.*set target.onnx_graph: optimum"):
         target.choose_graph(hf_dir, "fused")
+    config_file = write_config(
+        tmp_path / "c.yaml",
+        f"model:\n  source: hf\n  path: {hf_dir}\ntarget:\n  onnx_graph: fused\nbuild:\n  max_seq_len: 2048\n",
+    )
+    with pytest.raises(ConfigError) as refused:  # at validate, before any export
+        load_config(config_file)
+    problems = " ".join(refused.value.problems)
+    assert "target.onnx_graph: 'fused' but rope_scaling type 'longrope'" in problems
+    assert "build.max_seq_len: 2048 exceeds 1024" in problems and "set build.max_seq_len: 1024" in problems
     config = json.loads((hf_dir / "config.json").read_text())
     (hf_dir / "config.json").write_text(json.dumps({**config, "rope_scaling": None, "hidden_size": 64}))
     assert "rotary part of each head (24 of head_dim 32)" in fused_onnx.supports(hf_dir)

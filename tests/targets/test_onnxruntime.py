@@ -121,7 +121,7 @@ def test_fused_graph_is_refused_for_other_architectures_with_the_way_out(tmp_pat
     (tmp_path / "config.json").write_text(
         json.dumps({"architectures": ["GPT2LMHeadModel"], "hidden_size": 64, "num_attention_heads": 4})
     )
-    assert target.choose_graph(tmp_path, "auto") == "optimum"
+    assert target.choose_graph(tmp_path, "auto")[0] == "optimum"
     with pytest.raises(BuildStepError, match=r"GPT2LMHeadModel.*set target.onnx_graph: optimum"):
         target.choose_graph(tmp_path, "fused")
 
