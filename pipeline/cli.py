@@ -145,10 +145,9 @@ def architectures():
         for column, by_arch in columns.items():
             taken = [release for release, why_not in by_arch[arch.name] if why_not is None]
             refused = [(release, why_not) for release, why_not in by_arch[arch.name] if why_not is not None]
-            if refused:  # the newest refused release's reason; `validate` names each release's own
-                newest = refused[-1][0]
-                releases = f" (refused in {' '.join(release for release, _ in refused)}; in {newest})" if newest else ""
-                refusals[f"{arch.name} on {column}{releases}"] = refused[-1][1]
+            if refused:  # the newest refused release's reason (it names its release); `validate` names each one's
+                releases = " ".join(release for release, _ in refused)
+                refusals[f"{arch.name} on {column}{f' (refused in {releases})' if releases else ''}"] = refused[-1][1]
             cells.append(("[green]" + (" ".join(taken) or "yes") + "[/]") if taken else "[yellow]refused[/]")
         table.add_row(arch.name, arch.family, *cells)
     console.print(table)
