@@ -27,7 +27,9 @@ class ModelFacts:
     vocab_size: int
     max_position_embeddings: int
     head_dim: int | None = None  # set when the checkpoint says so (Gemma, Qwen3: head_dim != hidden / heads)
-    sliding_window: int | None = None  # every layer attends to this many tokens (Mistral); None: to all of them
+    # a uniform window every layer has (Mistral, Phi-3): each layer attends to the last this-many tokens; None when
+    # no layer or only some layers window (Gemma 3's pattern, Qwen2's layers from max_window_layers on)
+    sliding_window: int | None = None
 
     @property
     def head_size(self) -> int:
@@ -47,11 +49,40 @@ class ModelFacts:
             vocab_size=config["vocab_size"],
             max_position_embeddings=config.get("max_position_embeddings", 0),
             head_dim=config.get("head_dim"),
-            # Qwen2 saves a window it does not use (use_sliding_window false); Gemma 3 windows some layers only
-            sliding_window=config.get("sliding_window")
-            if config.get("use_sliding_window", True) and "layer_types" not in config
-            else None,
+            sliding_window=uniform_window(config),
         )
+
+
+# transformers 4.57 defaults of the families whose config has a switch and a layer count (Qwen2Config, Qwen3Config:
+# use_sliding_window False, max_window_layers 28) or a period (Gemma2Config 2, Gemma3TextConfig and Cohere2Config
+# sliding_window_pattern 6 and 4: every period-th layer attends to all); a config that omits them gets these.
+WINDOW_SWITCH = {"Qwen2ForCausalLM": 28, "Qwen3ForCausalLM": 28}
+WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Cohere2ForCausalLM": 4}
+
+
+def layer_windows(config: dict) -> list[bool]:
+    """Whether each layer windows, by transformers 4.57's layer_types rules (a saved layer_types is the truth)."""
+    layers = config["num_hidden_layers"]
+    architecture = (config.get("architectures") or [""])[0]
+    if not config.get("sliding_window"):
+        return [False] * layers
+    if config.get("layer_types") is not None:
+        return [kind == "sliding_attention" for kind in config["layer_types"]]
+    if "sliding_window_pattern" in config or architecture in WINDOW_PATTERN:
+        period = config.get("sliding_window_pattern") or WINDOW_PATTERN.get(architecture, 1)
+        return [bool((i + 1) % period) for i in range(layers)]
+    if "use_sliding_window" in config or architecture in WINDOW_SWITCH:
+        # Qwen2 saves a window it does not use; switched on, the first max_window_layers layers attend to all
+        first = config.get("max_window_layers", WINDOW_SWITCH.get(architecture, 0))
+        return [bool(config.get("use_sliding_window", False)) and i >= first for i in range(layers)]
+    return [True] * layers  # Mistral, Phi-3
+
+
+def uniform_window(config: dict) -> int | None:
+    """The sliding window every layer has; None unless each one does (Gemma 3's pattern, Qwen2's
+    max_window_layers: a runtime applying it to all layers would attend differently from the model)."""
+    windows = layer_windows(config)
+    return config["sliding_window"] if windows and all(windows) else None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The source files a stage executes or copies, so the build lock sees every line of code that shapes an output.
 
 Roots are a stage's module, its target's modules and the files it copies into its output; from each
-Python root every `pipeline` module it imports (at module level or inside a function) is followed.
+Python root every `pipeline` module it imports (at module level or inside a function) is followed, and
+every table it loads from its own location (`Path(__file__).parent / "x.json"`, `.with_name("x.json")`),
+so a module and the tables it executes are hashed together.
 The registries (`pipeline.targets`, `pipeline.stages`) are hashed but not followed: they import every
 adapter and stage, and a stage executes only its own target, which it names as a root.
 Written by hand: import-graph tools (modulefinder, pydeps) execute or over-approximate; this reads the AST.
@@ -50,6 +52,24 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
+def loaded_tables(path: Path) -> set[Path]:
+    """The existing `.json` files a Python file names relative to itself (`Path(__file__)...`)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.BinOp | ast.Call) or not ast.unparse(node).startswith("Path(__file__)"):
+            continue
+        try:
+            value = eval(
+                compile(ast.Expression(node), str(path), "eval"),
+                {"Path": Path, "__file__": str(path), "__builtins__": {}},
+            )
+        except Exception:  # an expression using other names: not a fixed table
+            continue
+        if isinstance(value, Path) and value.suffix == ".json" and value.is_file():
+            found.add(value.resolve())
+    return found
+
+
 def source_files(roots: tuple[str | Path, ...]) -> list[Path]:
     """Every file reached from `roots` (dotted module names or file paths), sorted."""
     seen: set[Path] = set()
@@ -63,6 +83,7 @@ def source_files(roots: tuple[str | Path, ...]) -> list[Path]:
             continue
         for module in imported_modules(path):
             pending.append((module_file(module), module))
+        pending += [(table, str(table)) for table in loaded_tables(path)]
     return sorted(seen)
 
 

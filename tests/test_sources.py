@@ -87,3 +87,42 @@ def test_target_sources_exist_and_registries_are_not_followed():
             files = source_files(roots)
             assert len(files) >= len(roots), (target.name, stage)
             assert not any(f.name == "trtllm.py" for f in files) or target.name == "trtllm", (target.name, stage, files)
+
+
+def _json_names(path) -> set[str]:
+    """The literal "xxx.json" names in a module that builds paths from its own location (`Path(__file__)`)."""
+    import ast
+
+    text = path.read_text()
+    if "Path(__file__)" not in text:
+        return set()
+    return {
+        node.value
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.endswith(".json")
+    }
+
+
+def test_every_table_a_hashed_module_loads_is_hashed():
+    """A stage's lock covers the JSON tables its modules load next to themselves (`Path(__file__)...`): a table
+    missing from the target's `sources` would let an edit to it leave that stage "up to date"."""
+    from pipeline.sources import PACKAGE_ROOT
+    from pipeline.stages import STAGES
+    from pipeline.targets import TARGETS
+
+    package_tables = {}
+    for table in (PACKAGE_ROOT / "pipeline").rglob("*.json"):
+        package_tables.setdefault(table.name, []).append(table.resolve())
+    missing = []
+    for target in TARGETS.values():
+        for stage in STAGES.values():
+            roots = (stage.__name__, *stage.SOURCES, *target.sources.get(stage.NAME, ()))
+            files = set(source_files(roots))
+            for module in (f for f in files if f.suffix == ".py"):
+                for name in _json_names(module):
+                    tables = package_tables.get(name, [])  # "config.json" and the like name no package file
+                    if tables and not files.intersection(tables):
+                        missing.append((target.name, stage.NAME, module.name, name))
+    assert not missing, missing
+    export = {f.name for f in source_files(("pipeline.stages.export", *TARGETS["trtllm"].sources["export"]))}
+    assert {"trtllm_engine_models.json", "trtllm_checkpoint_rules.json"} <= export

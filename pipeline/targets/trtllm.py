@@ -397,6 +397,7 @@ class TrtllmTarget:
             "pipeline.quality",
             *BACKEND_MODULES,  # export_problems and deployed_checkpoint
             Path(__file__).parent.parent / "trtllm_checkpoint_rules.json",
+            Path(__file__).parent.parent / "trtllm_engine_models.json",  # engine_family, decoder_type, repair
             Path(__file__).parent.parent / "trtllm_torch_loader.json",
             Path(__file__).parent.parent / "trtllm_torch_models.json",
         ),

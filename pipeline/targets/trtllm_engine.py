@@ -30,6 +30,9 @@ EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 # try block with a default (the table's optional_parameters), so leaving it out keeps the release's default.
 FEATURES_OFF = {"guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
 DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
+# What the engine stage records beside trtllm-build's config.json for the runtime: the sliding window is no field of
+# the checkpoint or the engine config (LLaMAConfig has none), so ModelRunnerCpp would attend to every cached token.
+RUNTIME_FILE = "pipeline_runtime.json"
 
 
 def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object]:
@@ -196,7 +199,46 @@ def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> 
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         raise BuildStepError(f"trtllm-build failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    record_runtime(cfg, out_dir)
     return {"trtllm_build": shlex.join(command)}
+
+
+def record_runtime(cfg, engine_dir: Path) -> dict:
+    """Write RUNTIME_FILE: the uniform sliding window (ModelFacts.sliding_window) the runner must apply, as the
+    Triton model's max_attention_window_size does."""
+    import json
+
+    facts = cfg.model_facts()
+    window = facts.sliding_window if facts is not None else None
+    recorded = {"max_attention_window_size": [window] if window else None}
+    (engine_dir / RUNTIME_FILE).write_text(json.dumps(recorded, indent=2) + "\n")
+    return recorded
+
+
+def runner_options(engine_dir: Path, runtime) -> dict:
+    """The keyword arguments load_runner passes to ModelRunnerCpp.from_dir.
+
+    max_attention_window_size is a list (one window per layer, repeated over the layers) in from_dir's signature
+    (tensorrt_llm/runtime/model_runner_cpp.py: `max_attention_window_size: Optional[list[int]]`, given to
+    KvCacheConfig(max_attention_window=...)); an engine directory without RUNTIME_FILE attends to everything.
+    """
+    import json
+
+    options = (
+        {}
+        if runtime is None
+        else {
+            "kv_cache_free_gpu_memory_fraction": runtime.kv_cache_free_gpu_mem_fraction,
+            "enable_chunked_context": runtime.enable_chunked_context,
+            "kv_cache_enable_block_reuse": runtime.enable_kv_cache_reuse,
+            "cuda_graph_mode": runtime.cuda_graph_mode,
+        }
+    )
+    recorded = engine_dir / RUNTIME_FILE
+    window = json.loads(recorded.read_text()).get("max_attention_window_size") if recorded.is_file() else None
+    if window:
+        options["max_attention_window_size"] = window
+    return options
 
 
 # ---------------------------------------------------------------- the backend
@@ -307,7 +349,7 @@ class EngineBackend:
         return {
             "export": f"TensorRT-LLM checkpoint (config.json, rank0..{ranks - 1}.safetensors; every tensor checked) "
             "and unified HF checkpoint",
-            "engine": "engine directory: config.json, rank*.engine, tokenizer",
+            "engine": f"engine directory: config.json, rank*.engine, tokenizer, {RUNTIME_FILE} (sliding window)",
             "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)",
         }.get(stage, "")
 
@@ -339,17 +381,7 @@ class EngineBackend:
                 f"{engine_dir} is a TensorRT-LLM engine; running it needs an NVIDIA GPU and the tensorrt_llm "
                 "package, which this machine lacks"
             ) from None
-        gpu_options = (
-            {}
-            if runtime is None
-            else {
-                "kv_cache_free_gpu_memory_fraction": runtime.kv_cache_free_gpu_mem_fraction,
-                "enable_chunked_context": runtime.enable_chunked_context,
-                "kv_cache_enable_block_reuse": runtime.enable_kv_cache_reuse,
-                "cuda_graph_mode": runtime.cuda_graph_mode,
-            }
-        )
-        return ModelRunnerCpp.from_dir(str(engine_dir), **gpu_options)
+        return ModelRunnerCpp.from_dir(str(engine_dir), **runner_options(engine_dir, runtime))
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         import shlex

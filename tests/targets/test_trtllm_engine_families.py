@@ -5,6 +5,7 @@ from this pipeline refused at validate with the reason."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ QUANTIZATIONS = {
 }
 FAMILIES = ("Qwen2ForCausalLM", "MistralForCausalLM")
 CASES = [(arch, case) for arch in FAMILIES for case in QUANTIZATIONS]
+CLI_CASE = ("MistralForCausalLM", "fp8")  # the end-to-end path: calibration, FP8 KV cache, the sliding window
 
 
 def engine_config(root: Path, model: Path, quantization: str, parallel: str = "{}") -> Path:
@@ -50,24 +52,45 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, models):
-    """Every (family, quantization) exported by the real CLI (two builds at a time, one per core)."""
+    """Every (family, quantization) built through export: CLI_CASE by the real CLI (in a subprocess, meanwhile),
+    the rest in-process by the same pipeline.build.build the CLI calls (stages, lock and metrics alike)."""
+    from rich.console import Console
 
-    def build(arch_case):
-        arch, case = arch_case
+    from pipeline.build import build
+
+    roots = {}
+    for arch, case in CASES:
         quantization, parallel, _ = QUANTIZATIONS[case]
-        root = tmp_path_factory.mktemp(f"{arch}-{case}")
-        config = engine_config(root, models[arch], quantization, parallel)
-        result = run_cli("build", str(config), "--output", str(root / "out"), "--until", "export")
-        return arch_case, (root, result)
+        roots[arch, case] = tmp_path_factory.mktemp(f"{arch}-{case}")
+        engine_config(roots[arch, case], models[arch], quantization, parallel)
+    cli_root = roots[CLI_CASE]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core each: two processes of two torch threads on two cores thrash
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            cli = pool.submit(
+                run_cli,
+                *("build", str(cli_root / "gpu.yaml"), "--output", str(cli_root / "out"), "--until", "export"),
+                env={"OMP_NUM_THREADS": "1"},
+            )
+            for key, root in roots.items():
+                if key != CLI_CASE:
+                    build(load_config(root / "gpu.yaml"), root / "out", Console(file=io.StringIO()), until="export")
+            result = cli.result()
+    finally:
+        torch.set_num_threads(threads)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return roots
 
-    with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(build, CASES))
+
+def test_the_cli_builds_through_export(built):
+    lock = json.loads((built[CLI_CASE] / "out" / "build.lock.json").read_text())
+    assert set(lock["stages"]) == {"import", "quantize", "export"}
 
 
 @pytest.mark.parametrize(("arch", "case"), CASES)
 def test_family_checkpoint_conforms_and_matches_fp32(built, arch, case):
-    root, result = built[(arch, case)]
-    assert result.returncode == 0, result.stdout + result.stderr
+    root = built[(arch, case)]
     checkpoint, hf_dir = root / "out" / "export" / "trtllm_checkpoint", root / "out" / "import"
     assert check_checkpoint(checkpoint, hf_dir, load_config(root / "gpu.yaml")) == []
     config = json.loads((checkpoint / "config.json").read_text())
@@ -83,7 +106,7 @@ def test_family_checkpoint_conforms_and_matches_fp32(built, arch, case):
 def test_qwen2_biases_are_split_per_rank(built):
     from safetensors import safe_open
 
-    root, _ = built[("Qwen2ForCausalLM", "none-tp2")]
+    root = built[("Qwen2ForCausalLM", "none-tp2")]
     for rank in (0, 1):
         path = root / "out" / "export" / "trtllm_checkpoint" / f"rank{rank}.safetensors"
         with safe_open(path, "pt") as f:
@@ -107,7 +130,7 @@ def without(checkpoint: Path, out: Path, *, tensors: str = "", keys: tuple[str, 
 
 
 def test_a_qwen2_checkpoint_without_what_qwen_reads_is_reported(built, tmp_path):
-    root, _ = built[("Qwen2ForCausalLM", "none-tp2")]
+    root = built[("Qwen2ForCausalLM", "none-tp2")]
     checkpoint, hf_dir = root / "out" / "export" / "trtllm_checkpoint", root / "out" / "import"
     cfg = load_config(root / "gpu.yaml")
     no_bias = check_checkpoint(without(checkpoint, tmp_path / "a", tensors="qkv.bias"), hf_dir, cfg)
@@ -128,7 +151,7 @@ def test_mistral_window_reaches_the_reference_and_the_triton_model(built):
     from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS, template
     from pipeline.trtllm_reference import load_reference
 
-    root, _ = built[("MistralForCausalLM", "none-tp2")]
+    root = built[("MistralForCausalLM", "none-tp2")]
     reference = load_reference(root / "out" / "export" / "trtllm_checkpoint", root / "out" / "import")
     assert reference.config.sliding_window == TINY_SLIDING_WINDOW
     ids = torch.randint(3, 250, (1, 4 * TINY_SLIDING_WINDOW))
@@ -141,9 +164,62 @@ def test_mistral_window_reaches_the_reference_and_the_triton_model(built):
     engine = {"build_config": {"max_beam_width": 1, "max_batch_size": 8}}
     mistral = template_parameters(load_config(root / "gpu.yaml"), root / "engine", engine)
     assert mistral["max_attention_window_size"] == TINY_SLIDING_WINDOW
-    qwen_root, _ = built[("Qwen2ForCausalLM", "none-tp2")]
+    qwen_root = built[("Qwen2ForCausalLM", "none-tp2")]
     assert "max_attention_window_size" not in template_parameters(load_config(qwen_root / "gpu.yaml"), root, engine)
     assert all("max_attention_window_size" in template(v)["parameters"] for v in SUPPORTED_VERSIONS)
+
+
+def test_the_engine_runner_gets_the_window_the_triton_model_gets(built, tmp_path):
+    """The engine stage records the window beside trtllm-build's config.json (whose LLaMAConfig has none), and
+    load_runner passes it to ModelRunnerCpp.from_dir as max_attention_window_size (a per-layer list)."""
+    from pipeline.targets.trtllm_engine import RUNTIME_FILE, record_runtime, runner_options
+
+    mistral, qwen = (load_config(built[arch, "none-tp2"] / "gpu.yaml") for arch in FAMILIES[::-1])
+    engine = {
+        "pretrained_config": json.loads(
+            (built[FAMILIES[1], "none-tp2"] / "out" / "export" / "trtllm_checkpoint" / "config.json").read_text()
+        )
+    }
+    assert "sliding_window" not in engine["pretrained_config"]  # what trtllm-build copies into the engine config
+    (tmp_path / "mistral").mkdir()
+    assert record_runtime(mistral, tmp_path / "mistral") == {"max_attention_window_size": [TINY_SLIDING_WINDOW]}
+    assert json.loads((tmp_path / "mistral" / RUNTIME_FILE).read_text())["max_attention_window_size"] == [
+        TINY_SLIDING_WINDOW
+    ]
+    r = mistral.runtime
+    assert runner_options(tmp_path / "mistral", r) == {
+        "kv_cache_free_gpu_memory_fraction": r.kv_cache_free_gpu_mem_fraction,
+        "enable_chunked_context": r.enable_chunked_context,
+        "kv_cache_enable_block_reuse": r.enable_kv_cache_reuse,
+        "cuda_graph_mode": r.cuda_graph_mode,
+        "max_attention_window_size": [TINY_SLIDING_WINDOW],
+    }
+    assert runner_options(tmp_path / "mistral", None) == {"max_attention_window_size": [TINY_SLIDING_WINDOW]}
+    (tmp_path / "qwen").mkdir()
+    assert record_runtime(qwen, tmp_path / "qwen") == {"max_attention_window_size": None}
+    assert "max_attention_window_size" not in runner_options(tmp_path / "qwen", qwen.runtime)
+    assert runner_options(tmp_path, None) == {}  # an engine directory built before the window was recorded
+
+
+def test_config_keys_transformers_defaults_are_checked_against_the_defaults(built, tmp_path):
+    """A config.json without rms_norm_eps / max_position_embeddings is checked against the values the loaded
+    model has (transformers' defaults), not a KeyError."""
+    from transformers import Qwen2Config
+
+    root = built[("Qwen2ForCausalLM", "none-tp2")]
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(root / "out" / "import", hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text())
+    keys = {"max_position_embeddings": "max_position_embeddings", "norm_epsilon": "rms_norm_eps"}
+    saved = {key: config.pop(key) for key in keys.values()}
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    checkpoint = root / "out" / "export" / "trtllm_checkpoint"
+    defaults = Qwen2Config()
+    assert check_checkpoint(checkpoint, hf_dir, load_config(root / "gpu.yaml")) == [
+        f"config.json: {ckpt_key} is {saved[key]!r}, the model's value is {getattr(defaults, key)!r}"
+        for ckpt_key, key in keys.items()
+        if saved[key] != getattr(defaults, key)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -151,7 +227,13 @@ def test_mistral_window_reaches_the_reference_and_the_triton_model(built):
     [
         ("Qwen3ForCausalLM", "0.19", "has no class for it (MODEL_MAP in tensorrt_llm/models/__init__.py @ index id"),
         ("Qwen3ForCausalLM", "0.19", "0.20 added one (QWenForCausalLM; docs/source/release-notes.md"),
-        ("Qwen3ForCausalLM", "1.2", "MODEL_MAP maps it to QWenForCausalLM, but this pipeline checks and references"),
+        (
+            "Qwen3ForCausalLM",
+            "1.2",
+            "MODEL_MAP maps it to QWenForCausalLM, but this pipeline checks and references only the LlamaForCausalLM, "
+            "MistralForCausalLM, Qwen2ForCausalLM checkpoint layouts of the engine workflow: it does not check or "
+            "reference Qwen3's per-head q/k RMSNorm tensors",
+        ),
         ("Gemma3ForCausalLM", "0.18", "0.19 added one (GemmaForCausalLM"),
         ("Gemma3ForCausalLM", "1.2", "maps it to GemmaForCausalLM, but ModelOpt 0.47.0 cannot export it"),
         ("Phi3ForCausalLM", "1.0", "maps it to Phi3ForCausalLM, but ModelOpt 0.47.0 cannot export it"),
