@@ -14,13 +14,13 @@ checkpoint itself: pipeline/trtllm_reference.py load_unified_reference (checkpoi
 from __future__ import annotations
 
 import ast
-import fnmatch
 import json
 import operator
+from dataclasses import asdict
 from pathlib import Path
 
 from pipeline.models import ModelFacts
-from pipeline.trtllm_checkpoint import EXPECTED_ALGO
+from pipeline.trtllm_checkpoint import EXPECTED_ALGO, excluded, release_key
 
 TABLE = json.loads((Path(__file__).parent / "trtllm_torch_loader.json").read_text())
 MODELS = json.loads((Path(__file__).parent / "trtllm_torch_models.json").read_text())
@@ -55,6 +55,18 @@ def family_linears(fused: dict) -> tuple[str, ...]:
         out += [whole] if whole else []
         out += [f"{group}.{p}" for p in parts if not (whole and p in FUSED_PARTS[whole])]
     return tuple(out)
+
+
+def loader_groups(fused: dict) -> list[tuple[str, ...]]:
+    """The decoder linears (relative to a layer) of a checkpoint whose family's load_weights takes the `fused`
+    modules already fused, grouped as the PyTorch backend loads them: the parts of one fused linear (q/k/v into
+    qkv_proj, gate/up into gate_up_proj: its fused loaders) together, a checkpoint-fused or vanilla linear alone."""
+    groups: dict[str, list[str]] = {}
+    for module in family_linears(fused):
+        group, short = module.split(".")
+        whole = next((w for w, parts in FUSED_PARTS.items() if w.startswith(f"{group}.") and short in parts), module)
+        groups.setdefault(whole, []).append(module)
+    return [tuple(g) for g in groups.values()]
 
 
 def linear_shapes(config: dict, fused: dict | None = None) -> dict[str, tuple[int, int]]:
@@ -233,10 +245,6 @@ def _headers(unified_dir: Path) -> dict[str, tuple[str, list[int]]]:
     return out
 
 
-def _excluded(module: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(module, p) or fnmatch.fnmatchcase(module, f"*{p}*") for p in patterns)
-
-
 def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | None = None) -> list[str]:
     """Everything in `unified_dir` TensorRT-LLM `release`'s PyTorch backend would fail on or misread.
     `max_seq_len`: the deployment's, which a sliding window the model ignores must not be below."""
@@ -315,7 +323,7 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
         if weight is None:
             problems.append(f"missing {module}.weight")
             continue
-        if algo is None or _excluded(module, patterns):
+        if algo is None or excluded(module, patterns):
             if weight[0] not in FLOAT:
                 problems.append(
                     f"{module}.weight is {weight[0]} but the module is "
@@ -361,29 +369,41 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
     return problems
 
 
-def fused_split_refusal(arch: str, release: str, weights: str, method: str, exclude: list[str]) -> str | None:
+def fused_split_refusal(
+    arch: str, release: str, weights: str, method: str, exclude: list[str], facts: ModelFacts | None = None
+) -> str | None:
     """Why TensorRT-LLM `release`'s model for `arch` cannot load this quantization of its checkpoint-fused linears
     (Phi-3's qkv_proj / gate_up_proj, which its load_weights splits), or None. `exclude`: quantization.exclude_modules
-    (an excluded linear stays float and splits fine)."""
+    (an excluded linear stays float and splits fine), matched as ModelOpt matches it, on every layer's full module
+    name. `facts`: the checkpoint's (its layer count, and the rows the split is at); None: layer 0 only."""
     model = MODELS.get(release, {}).get("architectures", {}).get(arch)
     algo = EXPECTED_ALGO.get((weights, method))
     row = TABLE.get(release, {}).get("quant_algos", {}).get(algo) or {}
     if model is None or not row.get("method"):
         return None
     where = f"{model['class']}.load_weights ({model['source']['path']}@{model['source']['index_id']})"
+    layers = range(facts.num_hidden_layers if facts else 1)
     for module, split in model["fused_checkpoint_linears"].items():
-        short = module.rsplit(".", 1)[1]
-        if any(fnmatch.fnmatchcase(short, p) or p in short for p in exclude):
+        if all(excluded(f"model.layers.{i}.{module}", exclude) for i in layers):
             continue
         dropped = sorted(n for n in row["tensors"]["required"] if n not in split["passes"])
         packed = algo in ("W4A16_AWQ", "W4A8_AWQ")
         if dropped or packed:
+            at = ""
+            if facts is not None:
+                bounds = [evaluate(b, asdict(facts), split["bindings"]) for b in split["split_rows_at"]]
+                at = f" at {bounds}"
             why = (
-                f"splits the packed int4 weight's rows at {split['split_rows_at']}, counted unpacked"
+                f"splits the packed int4 weight's rows{at}, counted unpacked (the weight holds two rows a byte)"
                 if packed
                 else f"hands the split parts only {split['passes']}, so {row['method']} finds no {dropped}"
             )
-            newer = [r for r in MODELS if r > release and not fused_split_refusal(arch, r, weights, method, exclude)]
+            newer = [
+                r
+                for r in sorted(MODELS, key=release_key)
+                if release_key(r) > release_key(release)
+                and not fused_split_refusal(arch, r, weights, method, exclude, facts)
+            ]
             fix = f"set target.trtllm_version: {newer[0]}, or " if newer else ""
             return (
                 f"TensorRT-LLM {release}'s {where} {why} ({module}, {algo}); {fix}add "

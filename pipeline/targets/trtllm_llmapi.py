@@ -416,6 +416,7 @@ class LlmApiBackend:
             if "/models/modeling_" in f["path"]
         )
         out = {}
+        facts = cfg.model_facts()
         for name in ARCHITECTURES:
             if name not in table["architectures"]:
                 having = [r for r in TORCH_MODELS if name in TORCH_MODELS[r]["architectures"]]
@@ -424,7 +425,8 @@ class LlmApiBackend:
                     f"TensorRT-LLM {release}'s tensorrt_llm/_torch/models registers no {name} (read: {files}){fix}"
                 )
             else:
-                out[name] = fused_split_refusal(name, release, q.weights, q.method, q.exclude_modules)
+                own = facts if facts is not None and facts.architecture == name else None
+                out[name] = fused_split_refusal(name, release, q.weights, q.method, q.exclude_modules, own)
         return out
 
     def config_problems(self, cfg) -> list[Problem]:
