@@ -109,6 +109,23 @@ def evaluate(expr: str, config: dict, bindings: dict) -> int:
     return value(ast.parse(expr, mode="eval").body)
 
 
+def ignored_window(model: dict, release: str, window: int | None, max_seq_len: int | None) -> str | None:
+    """Why a sliding window every layer of the checkpoint has (config.json's sliding_window) is lost on `release`'s
+    `model` (the family's trtllm_torch_models.json row) at this max_seq_len, or None: the model takes no attention
+    window from config.json (Mistral never names sliding_window; Phi-3, Qwen2 take none), so it attends to the
+    whole sequence, which differs from the trained model once a sequence is longer than the window."""
+    attention = model["attention"] or {}
+    if not window or attention.get("attention_window") is not None or (max_seq_len and max_seq_len <= window):
+        return None
+    where = f"TensorRT-LLM {release}'s {model['class']} ({model['source']['path']}@{model['source']['index_id']})"
+    read = "never names sliding_window" if "sliding_window" in model["never_names"] else "takes no window from it"
+    return (
+        f"config.json sets sliding_window {window} (below max_seq_len {max_seq_len}), but {where} {read}: its "
+        f"{attention.get('class')} attends to the whole sequence in every layer; set build.max_seq_len <= {window}, "
+        "the window"
+    )
+
+
 def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len: int | None) -> list[str]:
     """What `model` (the family's trtllm_torch_models.json row) reads from config.json that it lacks or ignores.
     `loaded` is the transformers config object (class defaults count as present)."""
@@ -134,13 +151,11 @@ def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len
             f"{where} gives sliding layers RoPE base {theta}, not config.json's rope_local_base_freq "
             f"{config['rope_local_base_freq']}"
         )
-    window = config.get("sliding_window")
-    if window and attention.get("attention_window") is None and (max_seq_len is None or window < max_seq_len):
-        read = "never names sliding_window" if "sliding_window" in model["never_names"] else "takes no window from it"
-        problems.append(
-            f"config.json sets sliding_window {window} (below max_seq_len {max_seq_len}), but {where} {read}: its "
-            f"{attention.get('class')} attends to the whole sequence in every layer"
-        )
+    # validate refuses this from the model's facts (LlmApiBackend.config_problems); this is the backstop for a
+    # checkpoint whose config.json validate could not read
+    window = ModelFacts.from_hf_config(config).sliding_window
+    if (problem := ignored_window(model, release, window, max_seq_len)) is not None:
+        problems.append(problem)
     for key in model["never_names"]:
         if key != "sliding_window" and config.get(key) is not None:
             problems.append(f"config.json sets {key} {config[key]}, which {where} never reads (its output differs)")

@@ -148,3 +148,26 @@ def test_phi3_int4_with_a_fused_linear_left_quantized_names_evaluated_rows(tmp_p
     says = [p for p in info.value.problems if "packed int4" in p]
     assert says and f"rows at {rows}, counted unpacked" in says[0] and f"({module}, W4A16_AWQ)" in says[0], says
     assert "self.config" not in says[0] and "hidden_size" not in says[0]
+
+
+@pytest.mark.parametrize(
+    ("arch", "change", "read"),
+    [
+        ("MistralForCausalLM", {"sliding_window": 16}, "never names sliding_window"),
+        ("Phi3ForCausalLM", {"sliding_window": 16}, "takes no window from it"),
+    ],
+)
+def test_a_window_the_model_never_applies_is_a_validate_error_on_max_seq_len(tmp_path, arch, change, read):
+    """Refused before calibration, naming build.max_seq_len and the largest that keeps the window unreached."""
+    model = make_tiny(arch, tmp_path / "hf", **change)
+    window = change["sliding_window"]
+    path = pytorch_config(tmp_path, model, "1.2", "{weights: none}")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    says = [p for p in info.value.problems if ": build.max_seq_len: " in p]
+    assert len(says) == 1 and f"sliding_window {window}" in says[0] and read in says[0], info.value.problems
+    assert f"set build.max_seq_len <= {window}, the window" in says[0]
+    path.write_text(
+        path.read_text().replace("max_input_len: 32, max_seq_len: 64", f"max_input_len: 8, max_seq_len: {window}")
+    )
+    load_config(path)
