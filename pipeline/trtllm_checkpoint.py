@@ -89,8 +89,17 @@ CHECKED_LAYOUTS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 UNCHECKED = {"Qwen3ForCausalLM": "Qwen3's per-head q/k RMSNorm tensors (q_norm, k_norm)"}
 
 
-def _release_key(release: str) -> tuple[int, ...]:
+def release_key(release: str) -> tuple[int, ...]:
+    """A TensorRT-LLM release ("1.2", "0.18") as numbers, to order releases ("1.10" after "1.9")."""
     return tuple(int(part) for part in release.split("."))
+
+
+def excluded(module: str, patterns) -> bool:
+    """Whether quantization.exclude_modules `patterns` leave `module` unquantized, as ModelOpt decides it:
+    modelopt_config (pipeline/targets/trtllm.py) disables the quantizers matching `*{pattern}*` (fnmatch) on their
+    full names, so `module` is a full name (model.layers.0.self_attn.qkv_proj) and `qkv_proj`, `*.qkv_proj` and
+    `self_attn.qkv_proj` all match it."""
+    return any(fnmatch.fnmatchcase(module, f"*{pattern}*") for pattern in patterns)
 
 
 def model_map_class(architecture: str, release: str) -> str:
@@ -108,7 +117,7 @@ def model_map_class(architecture: str, release: str) -> str:
             "release added one"
         )
     (trtllm_class,) = classes - {None}
-    if _release_key(release) < _release_key(added["release"]):
+    if release_key(release) < release_key(added["release"]):
         raise NotBuildable(
             f"the class registry has no class for it (MODEL_MAP in {lacking}); {added['release']} added one "
             f"({trtllm_class}; {added['source']['path']}: {added['line'].lstrip('- ')!r})"
@@ -277,7 +286,7 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int, family: EngineFamily) -> d
     pp_rank = rank // tp  # every tp rank of a pipeline stage holds the same names and shapes
     dtype = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}[ckpt["dtype"]]
     hidden, layers = hf["hidden_size"], hf["num_hidden_layers"]
-    excluded = quant.get("exclude_modules") or []
+    exclude = quant.get("exclude_modules") or []
     vocab = padded_vocab(hf["vocab_size"], tp, quant.get("quant_algo"))
     qkv_bias = ckpt.get("attn_bias", family.defaults["attn_bias"])  # what the class builds Attention(bias=) with
     out: dict[str, tuple[str, list[int]]] = {}
@@ -291,7 +300,7 @@ def expected_tensors(ckpt: dict, hf: dict, rank: int, family: EngineFamily) -> d
         out[f"{base}.post_layernorm.weight"] = (dtype, [hidden])
         for linear in llama_linears(ModelFacts.from_hf_config(hf), tp):
             names = (f"{base}.{linear.name}", f"model.layers.{global_index}.{linear.hf}")
-            skip = any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n, f"*{p}*") for n in names for p in excluded)
+            skip = any(excluded(n, exclude) for n in names)
             out |= linear_tensors(f"{base}.{linear.name}", linear, {} if skip else quant, dtype)
             if qkv_bias and linear.name == "attention.qkv":  # (a model with other biases is refused: family_problems)
                 out[f"{base}.{linear.name}.bias"] = (dtype, [linear.out_features])  # biases stay in the model dtype

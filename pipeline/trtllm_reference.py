@@ -197,11 +197,6 @@ def build_reference(hf_config, state: dict[str, torch.Tensor], hooks: dict):
 # ---------------------------------------------------------------- the unified HF checkpoint, as TensorRT-LLM's
 # PyTorch backend loads it
 
-# HF Llama linears the PyTorch backend fuses (qkv_proj, gate_up_proj: their fused loaders) and the ones it loads
-# alone (load_weights_vanilla). Every family trtllm_torch_models.json tabulates has them, but Phi-3, whose checkpoint
-# holds qkv_proj / gate_up_proj fused (load_unified_reference loads those whole).
-FUSED = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"))
-VANILLA = (("self_attn.o_proj",), ("mlp.down_proj",))
 # TRTLLM attention backend (tensorrt_llm/_torch/attention_backend/trtllm.py) quantizes an FP8 KV cache with its
 # kv_cache_scaling_factor, a constant 1.0; the checkpoint's k_scale / v_scale reach qkv_proj.kv_scales, which
 # modules/attention.py passes to the kernel only for an FP4 KV cache. So k_scale / v_scale do not change an FP8 KV
@@ -269,12 +264,15 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from pipeline.trtllm_torch_checkpoint import FUSED_PARTS, RELEASES, family
+    from pipeline.models import ModelFacts
+    from pipeline.trtllm_torch_checkpoint import RELEASES, family, loader_groups
 
     config = json.loads((unified_dir / "config.json").read_text())
     release = release or RELEASES[-1]
-    model_facts = family(config, release)
-    if model_facts is None:
+    if release not in RELEASES:
+        raise ValueError(f"TensorRT-LLM {release}: no PyTorch-backend facts tabulated (have {', '.join(RELEASES)})")
+    row = family(config, release)  # what the release's model reads (trtllm_torch_models.json)
+    if row is None:
         raise ValueError(f"TensorRT-LLM {release} registers no PyTorch model for {config.get('architectures')}")
     quant_file = unified_dir / "hf_quant_config.json"
     quant = json.loads(quant_file.read_text()).get("quantization", {}) if quant_file.is_file() else {}
@@ -287,8 +285,8 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
         tensors |= load_file(file)
     hf_config = AutoConfig.from_pretrained(hf_dir)
     hf_config.tie_word_embeddings = False
-    attention = model_facts["attention"] or {}
-    for key in model_facts["never_names"]:
+    attention = row["attention"] or {}
+    for key in row["never_names"]:
         setattr(hf_config, key, None)
     if attention.get("attention_window") is None and getattr(hf_config, "sliding_window", None):
         hf_config.sliding_window = None
@@ -300,22 +298,22 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
         "model.embed_tokens.weight": embed,
         "lm_head.weight": tensors["lm_head.weight"][:vocab].float() if "lm_head.weight" in tensors else embed,
     }
-    fused = model_facts["fused_checkpoint_linears"]
-    covered = {f"{whole.split('.')[0]}.{part}" for whole in fused for part in FUSED_PARTS[whole]}
-    groups = [(m,) for m in fused] + [g for g in FUSED + VANILLA if not covered.intersection(g)]
+    checkpoint_fused = row["fused_checkpoint_linears"]  # Phi-3's qkv_proj / gate_up_proj: loaded whole
+    groups = loader_groups(checkpoint_fused)
     hooks, kv_slices = {}, {}
     for index in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{index}"
         for group in groups:
             weights, hook = unified_linears(
-                tensors, prefix, group, algo, dtype, fused=len(group) > 1 or group[0] in fused
+                tensors, prefix, group, algo, dtype, fused=len(group) > 1 or group[0] in checkpoint_fused
             )
             for module, weight in zip(group, weights):
                 state[f"{prefix}.{module}.weight"] = weight
                 if hook is not None:
                     hooks[f"{prefix}.{module}"] = hook
-        if kv_algo == "FP8" and "self_attn.qkv_proj" in fused:
-            kv_slices[f"{prefix}.self_attn.qkv_proj"] = hf_config.num_attention_heads * _head_dim(hf_config)
+        if kv_algo == "FP8" and "self_attn.qkv_proj" in checkpoint_fused:
+            facts = ModelFacts.from_hf_config(config)
+            kv_slices[f"{prefix}.self_attn.qkv_proj"] = facts.num_attention_heads * facts.head_size
         elif kv_algo == "FP8":
             for module in ("self_attn.k_proj", "self_attn.v_proj"):
                 hooks[f"{prefix}.{module}:out"] = (torch.tensor(TORCH_FP8_KV_SCALE), "fp8")
@@ -336,10 +334,6 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
     return model
 
 
-def _head_dim(hf_config) -> int:
-    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-
-
 def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=print, kind: str = "trtllm") -> dict:
     """A checkpoint's reference forward vs the fp32 HF model: perplexity, top-1 agreement, logits difference, a
     greedy sample. `kind`: "trtllm" (a TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's
@@ -356,11 +350,8 @@ def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=prin
         "reference forward"
     )
     hf_fn = quality.hf_logits_fn(hf_dir)
-    if kind == "unified":  # as the targeted release's model reads it (the newest tabulated for an engine config)
-        from pipeline.trtllm_torch_checkpoint import RELEASES
-
-        release = cfg.target.trtllm_version
-        reference = load_unified_reference(checkpoint, hf_dir, release if release in RELEASES else None)
+    if kind == "unified":  # as the targeted release's model reads it
+        reference = load_unified_reference(checkpoint, hf_dir, cfg.target.trtllm_version)
     else:
         reference = load_reference(checkpoint, hf_dir)
     ckpt_fn = quality.torch_logits_fn(reference)

@@ -14,13 +14,13 @@ checkpoint itself: pipeline/trtllm_reference.py load_unified_reference (checkpoi
 from __future__ import annotations
 
 import ast
-import fnmatch
 import json
 import operator
+from dataclasses import asdict
 from pathlib import Path
 
 from pipeline.models import ModelFacts
-from pipeline.trtllm_checkpoint import EXPECTED_ALGO
+from pipeline.trtllm_checkpoint import EXPECTED_ALGO, excluded, release_key
 
 TABLE = json.loads((Path(__file__).parent / "trtllm_torch_loader.json").read_text())
 MODELS = json.loads((Path(__file__).parent / "trtllm_torch_models.json").read_text())
@@ -55,6 +55,18 @@ def family_linears(fused: dict) -> tuple[str, ...]:
         out += [whole] if whole else []
         out += [f"{group}.{p}" for p in parts if not (whole and p in FUSED_PARTS[whole])]
     return tuple(out)
+
+
+def loader_groups(fused: dict) -> list[tuple[str, ...]]:
+    """The decoder linears (relative to a layer) of a checkpoint whose family's load_weights takes the `fused`
+    modules already fused, grouped as the PyTorch backend loads them: the parts of one fused linear (q/k/v into
+    qkv_proj, gate/up into gate_up_proj: its fused loaders) together, a checkpoint-fused or vanilla linear alone."""
+    groups: dict[str, list[str]] = {}
+    for module in family_linears(fused):
+        group, short = module.split(".")
+        whole = next((w for w, parts in FUSED_PARTS.items() if w.startswith(f"{group}.") and short in parts), module)
+        groups.setdefault(whole, []).append(module)
+    return [tuple(g) for g in groups.values()]
 
 
 def linear_shapes(config: dict, fused: dict | None = None) -> dict[str, tuple[int, int]]:
@@ -97,6 +109,23 @@ def evaluate(expr: str, config: dict, bindings: dict) -> int:
     return value(ast.parse(expr, mode="eval").body)
 
 
+def ignored_window(model: dict, release: str, window: int | None, max_seq_len: int | None) -> str | None:
+    """Why a sliding window every layer of the checkpoint has (config.json's sliding_window) is lost on `release`'s
+    `model` (the family's trtllm_torch_models.json row) at this max_seq_len, or None: the model takes no attention
+    window from config.json (Mistral never names sliding_window; Phi-3, Qwen2 take none), so it attends to the
+    whole sequence, which differs from the trained model once a sequence is longer than the window."""
+    attention = model["attention"] or {}
+    if not window or attention.get("attention_window") is not None or (max_seq_len and max_seq_len <= window):
+        return None
+    where = f"TensorRT-LLM {release}'s {model['class']} ({model['source']['path']}@{model['source']['index_id']})"
+    read = "never names sliding_window" if "sliding_window" in model["never_names"] else "takes no window from it"
+    return (
+        f"config.json sets sliding_window {window} (below max_seq_len {max_seq_len}), but {where} {read}: its "
+        f"{attention.get('class')} attends to the whole sequence in every layer; set build.max_seq_len <= {window}, "
+        "the window"
+    )
+
+
 def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len: int | None) -> list[str]:
     """What `model` (the family's trtllm_torch_models.json row) reads from config.json that it lacks or ignores.
     `loaded` is the transformers config object (class defaults count as present)."""
@@ -122,13 +151,11 @@ def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len
             f"{where} gives sliding layers RoPE base {theta}, not config.json's rope_local_base_freq "
             f"{config['rope_local_base_freq']}"
         )
-    window = config.get("sliding_window")
-    if window and attention.get("attention_window") is None and (max_seq_len is None or window < max_seq_len):
-        read = "never names sliding_window" if "sliding_window" in model["never_names"] else "takes no window from it"
-        problems.append(
-            f"config.json sets sliding_window {window} (below max_seq_len {max_seq_len}), but {where} {read}: its "
-            f"{attention.get('class')} attends to the whole sequence in every layer"
-        )
+    # validate refuses a uniform window from the model's facts (LlmApiBackend.config_problems); this is the backstop
+    # for a checkpoint whose config.json validate could not read, and for a window only some layers have
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+    if (problem := ignored_window(model, release, window, max_seq_len)) is not None:
+        problems.append(problem)
     for key in model["never_names"]:
         if key != "sliding_window" and config.get(key) is not None:
             problems.append(f"config.json sets {key} {config[key]}, which {where} never reads (its output differs)")
@@ -233,10 +260,6 @@ def _headers(unified_dir: Path) -> dict[str, tuple[str, list[int]]]:
     return out
 
 
-def _excluded(module: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(module, p) or fnmatch.fnmatchcase(module, f"*{p}*") for p in patterns)
-
-
 def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | None = None) -> list[str]:
     """Everything in `unified_dir` TensorRT-LLM `release`'s PyTorch backend would fail on or misread.
     `max_seq_len`: the deployment's, which a sliding window the model ignores must not be below."""
@@ -315,7 +338,7 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
         if weight is None:
             problems.append(f"missing {module}.weight")
             continue
-        if algo is None or _excluded(module, patterns):
+        if algo is None or excluded(module, patterns):
             if weight[0] not in FLOAT:
                 problems.append(
                     f"{module}.weight is {weight[0]} but the module is "
@@ -361,29 +384,41 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
     return problems
 
 
-def fused_split_refusal(arch: str, release: str, weights: str, method: str, exclude: list[str]) -> str | None:
+def fused_split_refusal(
+    arch: str, release: str, weights: str, method: str, exclude: list[str], facts: ModelFacts | None = None
+) -> str | None:
     """Why TensorRT-LLM `release`'s model for `arch` cannot load this quantization of its checkpoint-fused linears
     (Phi-3's qkv_proj / gate_up_proj, which its load_weights splits), or None. `exclude`: quantization.exclude_modules
-    (an excluded linear stays float and splits fine)."""
+    (an excluded linear stays float and splits fine), matched as ModelOpt matches it, on every layer's full module
+    name. `facts`: the checkpoint's (its layer count, and the rows the split is at); None: layer 0 only."""
     model = MODELS.get(release, {}).get("architectures", {}).get(arch)
     algo = EXPECTED_ALGO.get((weights, method))
     row = TABLE.get(release, {}).get("quant_algos", {}).get(algo) or {}
     if model is None or not row.get("method"):
         return None
     where = f"{model['class']}.load_weights ({model['source']['path']}@{model['source']['index_id']})"
+    layers = range(facts.num_hidden_layers if facts else 1)
     for module, split in model["fused_checkpoint_linears"].items():
-        short = module.rsplit(".", 1)[1]
-        if any(fnmatch.fnmatchcase(short, p) or p in short for p in exclude):
+        if all(excluded(f"model.layers.{i}.{module}", exclude) for i in layers):
             continue
         dropped = sorted(n for n in row["tensors"]["required"] if n not in split["passes"])
         packed = algo in ("W4A16_AWQ", "W4A8_AWQ")
         if dropped or packed:
+            at = ""
+            if facts is not None:
+                bounds = [evaluate(b, asdict(facts), split["bindings"]) for b in split["split_rows_at"]]
+                at = f" at {bounds}"
             why = (
-                f"splits the packed int4 weight's rows at {split['split_rows_at']}, counted unpacked"
+                f"splits the packed int4 weight's rows{at}, counted unpacked (the weight holds two rows a byte)"
                 if packed
                 else f"hands the split parts only {split['passes']}, so {row['method']} finds no {dropped}"
             )
-            newer = [r for r in MODELS if r > release and not fused_split_refusal(arch, r, weights, method, exclude)]
+            newer = [
+                r
+                for r in sorted(MODELS, key=release_key)
+                if release_key(r) > release_key(release)
+                and not fused_split_refusal(arch, r, weights, method, exclude, facts)
+            ]
             fix = f"set target.trtllm_version: {newer[0]}, or " if newer else ""
             return (
                 f"TensorRT-LLM {release}'s {where} {why} ({module}, {algo}); {fix}add "

@@ -120,3 +120,54 @@ def test_phi3_int4_is_refused_unless_its_fused_linears_stay_float(tmp_path, tiny
         load_config(pytorch_config(tmp_path, tiny_phi3, "1.2", awq + "}"))
     assert any("packed int4" in p and "exclude_modules" in p for p in info.value.problems), info.value.problems
     load_config(pytorch_config(tmp_path, tiny_phi3, "1.2", awq + ", exclude_modules: [qkv_proj, gate_up_proj]}"))
+
+
+@pytest.mark.parametrize(
+    "exclude",
+    [["qkv_proj", "gate_up_proj"], ["*.qkv_proj", "*.gate_up_proj"], ["self_attn.qkv_proj", "mlp.gate_up_proj"]],
+)
+def test_phi3_exclude_patterns_match_full_module_names_as_modelopt_does(tmp_path, tiny_phi3, exclude):
+    """ModelOpt disables `*{pattern}*` on full quantizer names (model.layers.0.self_attn.qkv_proj.weight_quantizer),
+    so every one of these keeps the fused linears float."""
+    awq = "{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 4, seq_len: 32}"
+    load_config(pytorch_config(tmp_path, tiny_phi3, "1.2", f"{awq}, exclude_modules: {json.dumps(exclude)}}}"))
+
+
+@pytest.mark.parametrize("exclude", [["qkv_proj"], ["model.layers.0.*"]])
+def test_phi3_int4_with_a_fused_linear_left_quantized_names_evaluated_rows(tmp_path, tiny_phi3, exclude):
+    """gate_up_proj left quantized, or excluded in layer 0 only: refused, naming the rows its split is at."""
+    from pipeline.trtllm_torch_checkpoint import evaluate
+
+    awq = "{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 4, seq_len: 32}"
+    with pytest.raises(ConfigError) as info:
+        load_config(pytorch_config(tmp_path, tiny_phi3, "1.2", f"{awq}, exclude_modules: {json.dumps(exclude)}}}"))
+    config = json.loads((tiny_phi3 / "config.json").read_text())
+    split = TABLE["1.2"]["architectures"]["Phi3ForCausalLM"]["fused_checkpoint_linears"]
+    module = "mlp.gate_up_proj"  # quantized in every layer, or in layer 1
+    rows = [evaluate(b, config, split[module]["bindings"]) for b in split[module]["split_rows_at"]]
+    says = [p for p in info.value.problems if "packed int4" in p]
+    assert says and f"rows at {rows}, counted unpacked" in says[0] and f"({module}, W4A16_AWQ)" in says[0], says
+    assert "self.config" not in says[0] and "hidden_size" not in says[0]
+
+
+@pytest.mark.parametrize(
+    ("arch", "change", "read"),
+    [
+        ("MistralForCausalLM", {"sliding_window": 16}, "never names sliding_window"),
+        ("Phi3ForCausalLM", {"sliding_window": 16}, "takes no window from it"),
+    ],
+)
+def test_a_window_the_model_never_applies_is_a_validate_error_on_max_seq_len(tmp_path, arch, change, read):
+    """Refused before calibration, naming build.max_seq_len and the largest that keeps the window unreached."""
+    model = make_tiny(arch, tmp_path / "hf", **change)
+    window = change["sliding_window"]
+    path = pytorch_config(tmp_path, model, "1.2", "{weights: none}")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    says = [p for p in info.value.problems if ": build.max_seq_len: " in p]
+    assert len(says) == 1 and f"sliding_window {window}" in says[0] and read in says[0], info.value.problems
+    assert f"set build.max_seq_len <= {window}, the window" in says[0]
+    path.write_text(
+        path.read_text().replace("max_input_len: 32, max_seq_len: 64", f"max_input_len: 8, max_seq_len: {window}")
+    )
+    load_config(path)

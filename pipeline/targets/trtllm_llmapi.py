@@ -34,7 +34,12 @@ from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_ya
 from pipeline.triton.validate import recorded_release
 from pipeline.trtllm_torch_checkpoint import MODELS as TORCH_MODELS
 from pipeline.trtllm_torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
-from pipeline.trtllm_torch_checkpoint import fused_split_refusal, torch_loader_problems, unsupported_quantization
+from pipeline.trtllm_torch_checkpoint import (
+    fused_split_refusal,
+    ignored_window,
+    torch_loader_problems,
+    unsupported_quantization,
+)
 
 # The releases all three of the backend's tables cover: LLM-API options, the llmapi model, the PyTorch loader.
 RELEASES = tuple(r for r in LLM_API_RELEASES if r in LLMAPI_RELEASES and r in TORCH_LOADER_RELEASES)
@@ -416,6 +421,7 @@ class LlmApiBackend:
             if "/models/modeling_" in f["path"]
         )
         out = {}
+        facts = cfg.model_facts()
         for name in ARCHITECTURES:
             if name not in table["architectures"]:
                 having = [r for r in TORCH_MODELS if name in TORCH_MODELS[r]["architectures"]]
@@ -424,7 +430,8 @@ class LlmApiBackend:
                     f"TensorRT-LLM {release}'s tensorrt_llm/_torch/models registers no {name} (read: {files}){fix}"
                 )
             else:
-                out[name] = fused_split_refusal(name, release, q.weights, q.method, q.exclude_modules)
+                own = facts if facts is not None and facts.architecture == name else None
+                out[name] = fused_split_refusal(name, release, q.weights, q.method, q.exclude_modules, own)
         return out
 
     def config_problems(self, cfg) -> list[Problem]:
@@ -446,6 +453,13 @@ class LlmApiBackend:
         reason = unsupported_quantization(q.weights, q.method, q.kv_cache, release)
         if reason:
             out.append((("quantization", "weights"), reason))
+        # a uniform window the family's model takes no window for: refused here, not after calibration (the export
+        # stage's torch_loader_problems keeps the same check for a config.json validate cannot read)
+        facts = cfg.model_facts()
+        model = TORCH_MODELS[release]["architectures"].get(facts.architecture) if facts else None
+        window = ignored_window(model, release, facts.sliding_window, b.max_seq_len) if model else None
+        if window:
+            out.append((("build", "max_seq_len"), window))
         out += release_options(cfg)[1]
         return out
 
