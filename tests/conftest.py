@@ -114,6 +114,35 @@ def tiny_llama(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
+def dev_script(name: str):
+    """A maintainer tool of scripts/dev/ (the tabulators) imported as a module, as its tests need it."""
+    import importlib.util
+
+    scripts = REPO / "scripts" / "dev"
+    if str(scripts) not in sys.path:
+        sys.path.insert(0, str(scripts))  # the tabulators import their helper module upstream_source
+    spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def trtllm_config(path: Path, model: Path, quantization: str, parallel: str = "{}", release: str = "1.2") -> Path:
+    """A trtllm engine-backend build config for a tiny checkpoint, small enough for CPU calibration and checks."""
+    return write_config(
+        path,
+        f"""
+        model: {{source: hf, path: {model}}}
+        target: {{name: trtllm, trtllm_backend: tensorrt, trtllm_version: "{release}"}}
+        quantization: {quantization}
+        parallel: {parallel}
+        build: {{max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024}}
+        verify: {{eval_tokens: 256, max_perplexity_increase: 0.5}}
+    """,
+    )
+
+
 def write_config(path: Path, body: str) -> Path:
     path.write_text(textwrap.dedent(body).lstrip())
     return path

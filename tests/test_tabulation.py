@@ -2,22 +2,17 @@
 verbatim tensorrtllm_backend v0.19.0 files and excerpts, docs/model_config.md excerpts, an excerpt of the stored
 NVIDIA/TensorRT-LLM tensorrt_llm template), and the committed table it wrote."""
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
+
+from tests.conftest import dev_script
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
 TABLE = ROOT / "pipeline" / "triton" / "tensorrt_llm_templates.json"
 
-spec = importlib.util.spec_from_file_location(
-    "tabulate_trtllm_backend", ROOT / "scripts/dev/tabulate_trtllm_backend.py"
-)
-tab = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tab  # dataclasses look their module up
-spec.loader.exec_module(tab)
+tab = dev_script("tabulate_trtllm_backend")
 
 
 def reads(name: str):

@@ -4,7 +4,6 @@ tables for every fact the pipeline relies on; and the pipeline's checks take tho
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,26 +11,16 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config
-from tests.conftest import write_config
+from tests.conftest import dev_script, write_config
 
 ROOT = Path(__file__).parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "upstream"
-SCRIPTS = ROOT / "scripts" / "dev"
 FLAGS = json.loads((ROOT / "pipeline" / "targets" / "trtllm_build_flags.json").read_text())
 RULES = json.loads((ROOT / "pipeline" / "trtllm_checkpoint_rules.json").read_text())
 POSITION = {"line", "line_in_slice", "slice_offset"}  # excerpts keep the text, not the line numbers
 
 
-def script(name: str):
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))  # the scripts import their helper module upstream_source
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_tab, checkpoint_tab = script("tabulate_trtllm_build"), script("tabulate_trtllm_checkpoint")
+build_tab, checkpoint_tab = dev_script("tabulate_trtllm_build"), dev_script("tabulate_trtllm_checkpoint")
 upstream = sys.modules["upstream_source"]
 
 

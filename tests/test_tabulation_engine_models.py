@@ -2,23 +2,18 @@
 (tests/fixtures/upstream/models_init_*, qwen_*, llama_*, ...) and the installed ModelOpt: it reproduces the
 committed pipeline/trtllm_engine_models.json, and the facts the engine backend relies on are in it."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import modelopt
+
+from tests.conftest import dev_script
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
 TABLE = json.loads((ROOT / "pipeline" / "trtllm_engine_models.json").read_text())
 
-spec = importlib.util.spec_from_file_location(
-    "tabulate_trtllm_engine_models", ROOT / "scripts/dev/tabulate_trtllm_engine_models.py"
-)
-tab = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tab
-spec.loader.exec_module(tab)
+tab = dev_script("tabulate_trtllm_engine_models")
 
 
 def test_the_tabulator_reproduces_the_committed_table(tmp_path):

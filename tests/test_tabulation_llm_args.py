@@ -5,31 +5,20 @@ TorchLlmArgs would refuse."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from pipeline.targets.llm_api_args import LLM_API_RELEASES, options_problems, serve_options_flag
+from tests.conftest import dev_script
 
 ROOT = Path(__file__).parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "upstream"
-SCRIPTS = ROOT / "scripts" / "dev"
 TABLE = json.loads((ROOT / "pipeline" / "targets" / "trtllm_llm_args.json").read_text())
 
 
-def _tabulator():
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))  # the script imports its helper module upstream_source
-    spec = importlib.util.spec_from_file_location("tabulate_trtllm_llm_args", SCRIPTS / "tabulate_trtllm_llm_args.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tab = _tabulator()
+tab = dev_script("tabulate_trtllm_llm_args")
 LLM_ARGS_EXCERPTS = {
     "1.0": "llm_args_1520735490_excerpt.py.txt",
     "1.1": "llm_args_1090804222_excerpt.py.txt",

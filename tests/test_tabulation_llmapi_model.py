@@ -1,26 +1,20 @@
 """scripts/dev/tabulate_trtllm_llmapi_model.py on committed verbatim excerpts of the stored NVIDIA/TensorRT-LLM
 llmapi model files (tests/fixtures/upstream/llmapi_*), the committed table it wrote, and its reader."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from pipeline.errors import BuildStepError
 from pipeline.triton import llmapi_model as lm
+from tests.conftest import dev_script
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
 TABLE = json.loads((ROOT / "pipeline" / "triton" / "llmapi_model.json").read_text())
 
-spec = importlib.util.spec_from_file_location(
-    "tabulate_trtllm_llmapi_model", ROOT / "scripts/dev/tabulate_trtllm_llmapi_model.py"
-)
-tab = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tab
-spec.loader.exec_module(tab)
+tab = dev_script("tabulate_trtllm_llmapi_model")
 
 
 def excerpt(name: str) -> str:

@@ -5,9 +5,7 @@ architecture_support answers from it (a validate error naming release, file and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,17 +13,12 @@ import pytest
 from pipeline.architectures import ARCHITECTURES
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
-from tests.conftest import make_tiny, write_config
+from tests.conftest import dev_script, make_tiny, write_config
 
 ROOT = Path(__file__).parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "upstream"
 TABLE = json.loads((ROOT / "pipeline" / "trtllm_torch_models.json").read_text())
-spec = importlib.util.spec_from_file_location(
-    "tabulate_trtllm_torch_models", ROOT / "scripts/dev/tabulate_trtllm_torch_models.py"
-)
-tab = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tab
-spec.loader.exec_module(tab)
+tab = dev_script("tabulate_trtllm_torch_models")
 
 
 def test_the_committed_excerpts_tabulate_to_the_committed_table():

@@ -4,10 +4,8 @@ unified checkpoint's values are good is tests/test_trtllm_unified_reference.py's
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,19 +15,14 @@ from pipeline.trtllm_torch_checkpoint import (
     torch_loader_problems,
     unsupported_quantization,
 )
-from tests.conftest import run_cli
+from tests.conftest import dev_script, run_cli
 from tests.targets.test_trtllm import gpu_config
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
 TABLE = ROOT / "pipeline" / "trtllm_torch_loader.json"
 
-spec = importlib.util.spec_from_file_location(
-    "tabulate_trtllm_torch_loader", ROOT / "scripts/dev/tabulate_trtllm_torch_loader.py"
-)
-tab = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tab
-spec.loader.exec_module(tab)
+tab = dev_script("tabulate_trtllm_torch_loader")
 
 CASES = {
     "fp8-fp8kv": "{weights: fp8, kv_cache: fp8}",

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.trtllm_checkpoint import check_checkpoint
-from tests.conftest import make_tiny_llama, run_cli, write_config
+from tests.conftest import make_tiny_llama, run_cli, trtllm_config
 
 # (quantization YAML, parallel, quant_algo, kv_cache_quant_algo, max perplexity increase on the tiny model)
 CASES = {
@@ -55,17 +55,7 @@ CASES = {
 
 
 def gpu_config(tmp_path: Path, tiny_llama: Path, quantization: str, parallel: str = "{}") -> Path:
-    return write_config(
-        tmp_path / "gpu.yaml",
-        f"""
-        model: {{source: hf, path: {tiny_llama}}}
-        target: {{name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}}
-        quantization: {quantization}
-        parallel: {parallel}
-        build: {{max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024}}
-        verify: {{eval_tokens: 256, max_perplexity_increase: 0.5}}
-    """,
-    )
+    return trtllm_config(tmp_path / "gpu.yaml", tiny_llama, quantization, parallel, release="0.19")
 
 
 # W4A8 linears pad to a multiple of 128 (TensorRT-LLM quantization/layers.py): its case needs hidden size 128.

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.trtllm_checkpoint import check_checkpoint
-from tests.conftest import TINY_SLIDING_WINDOW, make_tiny, run_cli, write_config
+from tests.conftest import TINY_SLIDING_WINDOW, make_tiny, run_cli, trtllm_config
 
 CALIBRATION = "calibration: {num_samples: 8, seq_len: 64}"
 # case -> (quantization YAML, parallel YAML, quant_algo)
@@ -32,17 +32,7 @@ CLI_CASE = ("MistralForCausalLM", "fp8")  # the end-to-end path: calibration, FP
 
 
 def engine_config(root: Path, model: Path, quantization: str, parallel: str = "{}") -> Path:
-    return write_config(
-        root / "gpu.yaml",
-        f"""
-        model: {{source: hf, path: {model}}}
-        target: {{name: trtllm, trtllm_backend: tensorrt, trtllm_version: "1.2"}}
-        quantization: {quantization}
-        parallel: {parallel}
-        build: {{max_input_len: 256, max_seq_len: 512, max_num_tokens: 1024}}
-        verify: {{eval_tokens: 256, max_perplexity_increase: 0.5}}
-    """,
-    )
+    return trtllm_config(root / "gpu.yaml", model, quantization, parallel)
 
 
 @pytest.fixture(scope="module")
