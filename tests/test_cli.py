@@ -22,7 +22,7 @@ def test_targets_lists_each_target_its_availability_and_the_fields_it_refuses():
     result = run_cli("targets")
     assert result.returncode == 0, result.stderr
     onnxruntime, trtllm = result.stdout.split("\ntrtllm: ")
-    assert "on this machine: available" in onnxruntime and "runtime.enable_kv_cache_reuse" in onnxruntime
+    assert "on this machine: available" in onnxruntime and "runtime.cuda_graph_mode" in onnxruntime
     assert (
         "/dev/nvidia0" in trtllm and "runtime.cpu_threads" in trtllm and "runtime.enable_kv_cache_reuse" not in trtllm
     )

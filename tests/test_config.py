@@ -66,6 +66,16 @@ INVALID = {
         "quantization.group_size",
         5,
     ),
+    "kv_reuse_on_optimum_graph": (
+        "target:\n  onnx_graph: optimum\nruntime:\n  enable_kv_cache_reuse: true\n",
+        "runtime.enable_kv_cache_reuse",
+        4,
+    ),
+    "kv_pool_below_one_request": (
+        "runtime:\n  max_tokens_in_paged_kv_cache: 1000\n",
+        "runtime.max_tokens_in_paged_kv_cache",
+        2,
+    ),
     "max_utilization_on_cpu": (
         "runtime:\n  batch_scheduler_policy: max_utilization\n",
         "runtime.batch_scheduler_policy",
@@ -75,7 +85,6 @@ INVALID = {
 
 # Settings a target would silently ignore: each is a validate error naming the field and the target.
 UNHONOURED = {
-    "kv_reuse_on_cpu": ("runtime:\n  enable_kv_cache_reuse: true\n", "runtime.enable_kv_cache_reuse", 2, "onnxruntime"),
     "streaming_on_cpu": ("runtime:\n  streaming: false\n", "runtime.streaming", 2, "onnxruntime"),
     "cuda_graphs_on_cpu": ("runtime:\n  cuda_graph_mode: false\n", "runtime.cuda_graph_mode", 2, "onnxruntime"),
     "batching_strategy_on_cpu": ("runtime:\n  batching_strategy: V1\n", "runtime.batching_strategy", 2, "onnxruntime"),

@@ -435,6 +435,19 @@ class ModelRunner:
         once `partial.length == len(request.prompt)` it holds the next-token logits and can be merged."""
         return self.cache.extend(partial, request, budget)
 
+    @property
+    def reuses_kv(self) -> bool:
+        """Whether a row can start from stored prefix K/V (`seed`, `export`): the fused graph's layout only."""
+        return isinstance(self.cache, SharedCache)
+
+    def seed(self, request: Request, prefix: np.ndarray) -> Batch:
+        """A 1-row batch holding `prefix`'s K/V for `request`; continue it with `prefill_chunk`."""
+        return self.cache.seed(request, prefix)
+
+    def export(self, batch: Batch, row: int, start: int, stop: int) -> np.ndarray:
+        """Row `row`'s K/V at positions [start, stop), for the prefix store."""
+        return self.cache.export(batch, row, start, stop)
+
     def decode_step(self, batch: Batch) -> None:
         """Feed each row's last token; updates the batch's cache and logits."""
         self.cache.decode_step(batch)
@@ -846,6 +859,20 @@ class SharedCache:
         partial.lengths = np.array([start + len(chunk)])
         partial.logits = self._forward(partial.binding, np.array([chunk]), partial.lengths, np.array([len(chunk) - 1]))
         return partial
+
+    def seed(self, request: Request, prefix: np.ndarray) -> Batch:
+        """A 1-row batch whose cache starts with `prefix` ([past inputs, kv_heads, tokens, head_size], stored by
+        `pipeline.runtime.kv_cache`): `extend` prefills the rest of the prompt after it."""
+        partial = Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
+        for name, kv in zip(self.past_names, prefix):
+            partial.past[name][0, :, : kv.shape[1]] = kv
+        partial.lengths = np.array([prefix.shape[2]])
+        partial.binding = self.bind(partial.past)
+        return partial
+
+    def export(self, batch: Batch, row: int, start: int, stop: int) -> np.ndarray:
+        """A copy of row `row`'s K/V at positions [start, stop), [past inputs, kv_heads, positions, head_size]."""
+        return np.stack([batch.past[name][row, :, start:stop] for name in self.past_names])
 
     def decode_step(self, batch: Batch) -> None:
         batch.lengths = batch.lengths + 1

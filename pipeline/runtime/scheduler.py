@@ -6,12 +6,13 @@ a real engine and tested. The Triton model (`pipeline/triton/models/onnxruntime_
 numpy inputs, answers through a `Responder` made of pb_utils responses and forwards the metrics.
 
 Every step
-1. admits queued jobs (FIFO) while the batch stays within max_batch_size and the KV-cache token budget (worst case:
-   every row at its full length), prefills them and merges them into the running batch; with chunked context,
-   prompts are prefilled a piece per step instead (max_num_tokens minus the step's decode tokens) and join the batch
-   when complete,
+1. admits queued jobs (FIFO) while the batch stays within max_batch_size and the KV-cache block pool (each row
+   reserves the blocks its prompt and max_tokens can fill, less the prompt blocks it reuses: `kv_cache`), prefills
+   them (after their reused prefix) and merges them into the running batch; with chunked context, prompts are
+   prefilled a piece per step instead (max_num_tokens minus the step's decode tokens) and join the batch when
+   complete,
 2. samples one token per row and sends it (streaming) or keeps it (final response at the end),
-3. retires finished and cancelled rows, freeing their KV cache at once,
+3. retires finished and cancelled rows, freeing their KV cache and blocks at once,
 4. runs one decode step for the rest.
 A step that raises fails the jobs whose rows it held, one error response each; the scheduler goes on with the queue.
 Written by hand because no library schedules requests for an ONNX Runtime decoder this way.
@@ -19,6 +20,7 @@ Written by hand because no library schedules requests for an ONNX Runtime decode
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -28,6 +30,7 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from pipeline.runtime.kv_cache import BlockManager
 from pipeline.runtime.model_runner import Batch, ModelRunner, Request, SamplingParams, to_words_list
 
 # The scheduler's metrics, name -> description (the Triton model exports them as trtllm_pipeline_<name>).
@@ -36,10 +39,14 @@ COUNTERS = {
     "time_to_first_token_us_total": "Sum of arrival-to-first-token times, microseconds",
     "first_tokens_total": "Requests that produced their first token",
     "prefill_chunks_total": "Prompt pieces run between decode steps (chunked context)",
+    "prefix_cache_queried_blocks_total": "Full prompt blocks looked up in the prefix cache at admission",
+    "prefix_cache_hit_blocks_total": "Prompt blocks found in the prefix cache (hit rate: hit / queried)",
+    "prefix_cache_reused_tokens_total": "Prompt tokens whose KV was copied from the prefix cache, not prefilled",
 }
 GAUGES = {
     "active_rows": "Sequences in the running batch after the last step",
-    "kv_cache_tokens": "KV-cache positions held by the running batch (rows x padded length)",
+    "kv_cache_blocks_used": "KV-cache blocks reserved by admitted requests (their own and the prefix blocks they hold)",
+    "kv_cache_blocks_free": "KV-cache blocks free for admission (including stored prefix blocks nobody holds)",
     "queued_requests": "Requests waiting for a batch slot or KV-cache budget",
 }
 
@@ -93,15 +100,6 @@ class Job:
         return self.stopped
 
 
-def worst_case_kv_tokens(batch: Batch | None, extra: list[Request]) -> int:
-    """KV positions held if `extra` joins `batch` and every row runs to its end: rows x (padded length + longest
-    remaining output). It bounds what these rows can ever hold, so admission keeps it within the budget."""
-    running = list(batch.requests) if batch is not None else []
-    length = max([batch.length if batch is not None else 0] + [len(q.prompt) for q in extra])
-    remaining = max([q.params.max_new_tokens - len(q.output) for q in running + extra] or [0])
-    return (len(running) + len(extra)) * (length + remaining)
-
-
 def _per_row(value, rows: int, default, cast) -> list:
     """A [batch, 1] input as one Python value per row (a scalar default when absent, row 0's value when given once)."""
     if value is None:
@@ -115,7 +113,7 @@ def parse_job(
     runner: ModelRunner,
     responder: Responder,
     *,
-    kv_budget: int,
+    kv: BlockManager,
     exclude_input_default: bool = True,
     request_id: str = "",
     is_cancelled: Callable[[], bool] = never,
@@ -124,7 +122,7 @@ def parse_job(
     [batch, 1] or one value for every row).
 
     Raises ValueError, with a message for the client, for what the engine cannot run (`ModelRunner.check_inputs`) and
-    for a job whose rows alone need more KV cache than the budget: it could never be admitted.
+    for a job whose rows alone need more KV-cache blocks than the pool: it could never be admitted.
     """
     ids = inputs.get("input_ids")
     if ids is None:
@@ -158,11 +156,11 @@ def parse_job(
         for row, prompt in enumerate(prompts)
     ]
     runner.check_sampling([r.params for r in requests])
-    need = worst_case_kv_tokens(None, requests)
-    if need > kv_budget:
+    need = sum(kv.blocks_for(request) for request in requests)
+    if need > kv.num_blocks:
         raise ValueError(
-            f"needs {need} KV-cache tokens (rows x (longest prompt + max_tokens)), more than the budget "
-            f"max_tokens_in_paged_kv_cache {kv_budget}"
+            f"needs {need} KV-cache blocks of {kv.tokens_per_block} tokens (per row: prompt + max_tokens), more than "
+            f"the {kv.num_blocks} of max_tokens_in_paged_kv_cache {kv.num_blocks * kv.tokens_per_block}"
         )
     return Job(
         responder,
@@ -179,7 +177,10 @@ class Scheduler:
     `start()` runs steps on a thread of their own while jobs are waiting or running (the Triton model).
 
     Args:
-        kv_budget: KV-cache tokens the running batch may need at most (default: max_batch_size x max_seq_len).
+        kv_budget: tokens in the KV-cache block pool (default: max_batch_size x max_seq_len).
+        tokens_per_block: tokens per KV-cache block.
+        kv_cache_reuse: keep prompt blocks for later requests with the same prefix (fused graph only; see
+            `pipeline.runtime.kv_cache`).
         chunked_context: prefill prompts a piece per step, between decode steps, so a long prompt does not stall the
             running streams.
         exclude_input_default: non-streaming outputs leave out the prompt unless a job says otherwise.
@@ -194,6 +195,8 @@ class Scheduler:
         runner: ModelRunner,
         *,
         kv_budget: int | None = None,
+        tokens_per_block: int = 32,
+        kv_cache_reuse: bool = False,
         chunked_context: bool = False,
         exclude_input_default: bool = True,
         ends_mid_character: Callable[[list[int]], bool] = lambda tokens: False,
@@ -202,6 +205,9 @@ class Scheduler:
     ):
         self.runner = runner
         self.kv_budget = kv_budget or runner.max_batch_size * runner.max_seq_len
+        if kv_cache_reuse and not runner.reuses_kv:
+            log_error("KV-cache reuse needs the fused graph (target.onnx_graph: fused); this engine does not reuse")
+        self.kv = BlockManager(self.kv_budget, tokens_per_block, kv_cache_reuse and runner.reuses_kv)
         self.chunked_context = chunked_context
         self.exclude_input_default = exclude_input_default
         self.ends_mid_character = ends_mid_character
@@ -235,7 +241,7 @@ class Scheduler:
                 inputs,
                 self.runner,
                 responder,
-                kv_budget=self.kv_budget,
+                kv=self.kv,
                 exclude_input_default=self.exclude_input_default,
                 request_id=request_id,
                 is_cancelled=is_cancelled,
@@ -271,11 +277,11 @@ class Scheduler:
             self._advance()
         except Exception as exc:  # never let one bad step stop the scheduler
             self._fail_held_jobs(exc)
-        rows = self._running_rows()
         self._record(
             levels={
-                "active_rows": rows,
-                "kv_cache_tokens": rows * self.batch.length if rows else 0,
+                "active_rows": self._running_rows(),
+                "kv_cache_blocks_used": self.kv.used_blocks,
+                "kv_cache_blocks_free": self.kv.free_blocks,
                 "queued_requests": len(self.queue),
             }
         )
@@ -307,11 +313,10 @@ class Scheduler:
     def _advance(self) -> None:
         admitted = self._admit()
         if self.chunked_context:
-            self.prefilling.extend((request, None) for request in admitted)
+            self.prefilling.extend((request, self._seeded(request)) for request in admitted)
             self._prefill_chunks()
         elif admitted:
-            fresh = self.runner.prefill(admitted)
-            self.batch = fresh if self.batch is None else self.runner.merge(self.batch, fresh)
+            self._join(self._prefill(admitted))
         if self.batch is None:
             return
         self.runner.sample(self.batch)
@@ -322,9 +327,33 @@ class Scheduler:
         else:
             self.batch = None
 
+    def _seeded(self, request: Request) -> Batch | None:
+        """The request's 1-row batch seeded with its reused prefix (None: nothing reused)."""
+        prefix = self.kv.prefix(request)
+        return None if prefix is None else self.runner.seed(request, prefix)
+
+    def _prefill(self, requests: list[Request]) -> Batch:
+        """Whole prompts: those without a reused prefix together, the others each after its prefix."""
+        seeded = [(request, self._seeded(request)) for request in requests]
+        fresh = [request for request, partial in seeded if partial is None]
+        parts = [self.runner.prefill(fresh)] if fresh else []
+        for request, partial in seeded:
+            if partial is None:
+                continue
+            while partial.length < len(request.prompt):
+                partial = self.runner.prefill_chunk(partial, request, self.runner.max_num_tokens)
+            parts.append(partial)
+        return functools.reduce(self.runner.merge, parts)
+
+    def _join(self, prefilled: Batch) -> None:
+        """Prefilled rows join the running batch; their prompt blocks go to the prefix store."""
+        for row, request in enumerate(prefilled.requests):
+            self.kv.store_prompt(request, functools.partial(self.runner.export, prefilled, row))
+        self.batch = prefilled if self.batch is None else self.runner.merge(self.batch, prefilled)
+
     def _admit(self) -> list[Request]:
         """Rows of the jobs at the queue head that fit beside the running batch and the prompts still prefilling."""
-        admitted, prefilling = [], [request for request, _ in self.prefilling]
+        admitted, looked_up = [], []
         with self._wake:
             while self.queue:
                 job = self.queue[0]
@@ -332,16 +361,23 @@ class Scheduler:
                     self.queue.popleft()
                     job.responder.send_final()
                     continue
-                rows = self._running_rows() + len(prefilling) + len(admitted) + len(job.rows)
-                if (
-                    rows > self.runner.max_batch_size
-                    or worst_case_kv_tokens(self.batch, prefilling + admitted + job.rows) > self.kv_budget
-                ):
+                rows = self._running_rows() + len(self.prefilling) + len(admitted) + len(job.rows)
+                reservations = self.kv.reserve(job.rows) if rows <= self.runner.max_batch_size else None
+                if reservations is None:
                     break  # FIFO: later jobs wait too, so none starves (each fits an idle engine: parse_job checks)
+                looked_up.extend(reservations)
                 self.queue.popleft()
                 for request in job.rows:
                     self.jobs[id(request)] = job
                 admitted.extend(job.rows)
+        hits = sum(reservation.hits for reservation in looked_up)
+        self._record(
+            increments={
+                "prefix_cache_queried_blocks_total": sum(reservation.queried for reservation in looked_up),
+                "prefix_cache_hit_blocks_total": hits,
+                "prefix_cache_reused_tokens_total": hits * self.kv.tokens_per_block,
+            }
+        )
         return admitted
 
     def _prefill_chunks(self) -> None:
@@ -357,7 +393,7 @@ class Scheduler:
                 self.prefilling[0] = (request, partial)
                 break
             self.prefilling.popleft()
-            self.batch = partial if self.batch is None else self.runner.merge(self.batch, partial)
+            self._join(partial)
 
     def _respond(self) -> None:
         """Send what this step sampled; finished and cancelled rows leave the job map (retire() frees their cache)."""
@@ -376,6 +412,7 @@ class Scheduler:
                 continue
             with self._wake:
                 del self.jobs[id(request)]
+            self.kv.release(request)
             job.finished_rows += 1
             if request.finish_reason != "cancelled":
                 self._send(job, row, final=job.done)
@@ -411,6 +448,8 @@ class Scheduler:
         self.batch = None
         self.prefilling.clear()
         for job in held:
+            for request in job.rows:
+                self.kv.release(request)
             job.finished_rows = len(job.rows)
             job.responder.send_error(str(exc))
 

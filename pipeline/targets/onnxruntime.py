@@ -376,6 +376,8 @@ class OnnxRuntimeTarget:
         "quantization.quantize_embedding",
         "runtime.cpu_threads",
         "runtime.cpu_thread_spinning",
+        "runtime.enable_kv_cache_reuse",
+        "build.tokens_per_block",
         "verify.max_export_logits_diff",
     }
     sources = {
@@ -493,6 +495,25 @@ class OnnxRuntimeTarget:
             out.append(
                 (("model", "dtype"), f"{m.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto")
             )
+        pool = r.max_tokens_in_paged_kv_cache or b.max_batch_size * b.max_seq_len
+        longest = -(-b.max_seq_len // b.tokens_per_block) * b.tokens_per_block
+        if pool < longest:
+            out.append(
+                (
+                    ("runtime", "max_tokens_in_paged_kv_cache"),
+                    f"{pool} tokens cannot hold one request of build.max_seq_len {b.max_seq_len} "
+                    f"({longest} tokens in blocks of build.tokens_per_block {b.tokens_per_block}), so such a "
+                    f"request would wait forever; set it to at least {longest} or lower build.max_seq_len",
+                )
+            )
+        if r.enable_kv_cache_reuse and cfg.target.onnx_graph == "optimum":
+            out.append(
+                (
+                    ("runtime", "enable_kv_cache_reuse"),
+                    "the optimum graph's left-padded KV cache cannot start a row from stored prefix blocks; "
+                    "set target.onnx_graph: fused (or auto) or enable_kv_cache_reuse: false",
+                )
+            )
         if r.batch_scheduler_policy != "guaranteed_no_evict":
             out.append(
                 (
@@ -606,6 +627,8 @@ class OnnxRuntimeTarget:
                 "exclude_input_in_output": r.exclude_input_in_output,
                 "enable_chunked_context": r.enable_chunked_context,
                 "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
+                "tokens_per_block": cfg.build.tokens_per_block,
+                "enable_kv_cache_reuse": r.enable_kv_cache_reuse,
             },
         )
         return inflight_batcher_models(cfg, ModelSpec(config, {"model.py": LLM_MODEL_FILE}), engine_dir, engine)

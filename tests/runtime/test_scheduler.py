@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pipeline.runtime.kv_cache import BlockManager
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.scheduler import Scheduler, parse_job
 from tests.conftest import run_cli, write_config
@@ -89,9 +90,12 @@ def prompt(length: int, offset: int = 0) -> list[int]:
 
 
 def assert_within_kv_budget(scheduler: Scheduler) -> None:
-    """The KV positions held now, by the running batch and by the prompts half prefilled, fit the budget."""
-    prefilled = sum(partial.length for _, partial in scheduler.prefilling if partial is not None)
-    assert scheduler.gauges["kv_cache_tokens"] + prefilled <= scheduler.kv_budget
+    """The KV-cache blocks held now are exactly those of the running and prefilling rows, within the pool."""
+    rows = [*(scheduler.batch.requests if scheduler.batch else []), *(r for r, _ in scheduler.prefilling)]
+    assert scheduler.gauges["kv_cache_blocks_used"] == sum(scheduler.kv.blocks_for(r) for r in rows)
+    assert (
+        scheduler.gauges["kv_cache_blocks_used"] + scheduler.gauges["kv_cache_blocks_free"] == scheduler.kv.num_blocks
+    )
 
 
 def run_to_idle(scheduler: Scheduler) -> None:
@@ -106,9 +110,14 @@ def generate_alone(runner: ModelRunner, ids: list[int], max_tokens: int) -> list
     ].tolist()
 
 
+def idle_gauges(scheduler: Scheduler) -> dict[str, float]:
+    free = scheduler.kv.num_blocks
+    return {"active_rows": 0, "kv_cache_blocks_used": 0, "kv_cache_blocks_free": free, "queued_requests": 0}
+
+
 def assert_nothing_left(scheduler: Scheduler) -> None:
     assert scheduler.idle and not scheduler.jobs and scheduler.batch is None and not scheduler.prefilling
-    assert scheduler.gauges == {"active_rows": 0, "kv_cache_tokens": 0, "queued_requests": 0}
+    assert scheduler.gauges == idle_gauges(scheduler)
 
 
 class FlakyRunner:
@@ -153,7 +162,9 @@ def test_a_thousand_random_requests_are_each_answered_once_and_nothing_leaks(run
     def ends_mid_character(tokens):  # pretend some tokens end inside a UTF-8 character: streaming holds them back
         return tokens[-1] % 5 == 0
 
-    scheduler = Scheduler(flaky, kv_budget=300, chunked_context=chunked_context, ends_mid_character=ends_mid_character)
+    scheduler = Scheduler(
+        flaky, kv_budget=160, tokens_per_block=4, chunked_context=chunked_context, ends_mid_character=ends_mid_character
+    )
     flaky.held_jobs = lambda: {id(job) for job in scheduler.jobs.values()}
     clock = {"step": 0}
     submitted: list[tuple[str, Recorder, object]] = []  # (kind, recorder, job or None)
@@ -308,11 +319,11 @@ def test_chunked_context_prefills_in_pieces_between_decode_steps_and_gives_the_s
 
 
 def test_admission_is_fifo_a_large_job_at_the_head_blocks_later_ones_within_the_kv_budget(runner):
-    scheduler = Scheduler(runner, kv_budget=100)
+    scheduler = Scheduler(runner, kv_budget=100, tokens_per_block=4)
     running, large, small = Recorder(), Recorder(), Recorder()
-    scheduler.submit(inputs([prompt(10)], 30, end_id=NO_END, streaming=True), running)  # 40 KV tokens
+    scheduler.submit(inputs([prompt(10)], 30, end_id=NO_END, streaming=True), running)  # 10 blocks of 25
     scheduler.step()
-    large_job = scheduler.submit(inputs([prompt(30, 1)], 40, end_id=NO_END, streaming=True), large)  # 70: not beside it
+    large_job = scheduler.submit(inputs([prompt(30, 1)], 40, end_id=NO_END, streaming=True), large)  # 18: not beside it
     small_job = scheduler.submit(inputs([prompt(5, 2)], 5, end_id=NO_END, streaming=True), small)  # would fit beside it
     first_token_step = {}
     step = 0
@@ -325,7 +336,8 @@ def test_admission_is_fifo_a_large_job_at_the_head_blocks_later_ones_within_the_
                 first_token_step.setdefault(name, step)
         if "large" not in first_token_step:
             assert list(scheduler.queue) == [large_job, small_job]
-    assert first_token_step["small"] > first_token_step["large"] > 20  # the large one once the first finished
+    # the large one once the first finished (the small one beside it: blocks, not padded rows, are reserved)
+    assert first_token_step["small"] == first_token_step["large"] > 20
     assert running.tokens() == generate_alone(runner, prompt(10), 30)
     assert large.tokens() == generate_alone(runner, prompt(30, 1), 40)
     assert_nothing_left(scheduler)
@@ -333,7 +345,7 @@ def test_admission_is_fifo_a_large_job_at_the_head_blocks_later_ones_within_the_
 
 def test_a_failing_step_fails_exactly_the_jobs_it_held_and_the_queue_goes_on(runner):
     flaky = FlakyRunner(runner, failing_calls={3})  # prefill, decode_step, then the second decode_step raises
-    scheduler = Scheduler(flaky, kv_budget=40)
+    scheduler = Scheduler(flaky, kv_budget=40, tokens_per_block=4)
     held = [Recorder(), Recorder()]
     for offset, recorder in enumerate(held):
         scheduler.submit(inputs([prompt(10, offset)], 10, end_id=NO_END, streaming=bool(offset)), recorder)
@@ -347,7 +359,7 @@ def test_a_failing_step_fails_exactly_the_jobs_it_held_and_the_queue_goes_on(run
 
 
 def test_cancelled_and_stopped_jobs_end_with_one_empty_final_whether_queued_or_running(runner):
-    scheduler = Scheduler(runner, kv_budget=60)
+    scheduler = Scheduler(runner, kv_budget=60, tokens_per_block=4)
     cancelled = {"running": False, "queued": False}
     answers = {name: Recorder() for name in ("cancel running", "stop running", "cancel queued", "stop queued")}
     scheduler.submit(
@@ -389,7 +401,7 @@ def test_metrics_reach_the_callback_under_the_same_names(runner):
     assert scheduler.counters["generated_tokens_total"] == 10 and scheduler.counters["first_tokens_total"] == 2
     assert scheduler.counters["prefill_chunks_total"] == 4  # 16 + 16 + 8 of the long prompt, then the short one
     assert scheduler.counters["time_to_first_token_us_total"] > 0
-    assert seen_gauges == scheduler.gauges == {"active_rows": 0, "kv_cache_tokens": 0, "queued_requests": 0}
+    assert seen_gauges == scheduler.gauges == idle_gauges(scheduler)
 
 
 def test_on_its_thread_it_answers_concurrent_submissions_and_closes(runner):
@@ -450,7 +462,9 @@ def test_generate_and_the_scheduler_reject_the_same_inputs_with_the_same_message
     with pytest.raises(ValueError, match=message) as from_generate:
         runner.generate(prompts, max_new_tokens=max_tokens, num_beams=beam_width)
     with pytest.raises(ValueError) as from_parse:
-        parse_job(inputs(prompts, max_tokens, beam_width=beam_width), runner, Recorder(), kv_budget=10**6)
+        parse_job(
+            inputs(prompts, max_tokens, beam_width=beam_width), runner, Recorder(), kv=BlockManager(10**6, 4, False)
+        )
     assert str(from_parse.value) == str(from_generate.value)
     recorder = Recorder()
     assert Scheduler(runner).submit(inputs(prompts, max_tokens, beam_width=beam_width), recorder) is None
@@ -491,13 +505,13 @@ def test_sampling_bounds_are_the_tabulated_upstream_ones_and_top_p_zero_means_un
 
 
 def test_the_scheduler_alone_rejects_jobs_that_could_never_fit_the_kv_budget(runner):
-    scheduler = Scheduler(runner, kv_budget=50)
-    for prompts, max_tokens in (([prompt(30)], 30), ([prompt(20), prompt(20, 1)], 10)):  # 60 KV tokens each
+    scheduler = Scheduler(runner, kv_budget=50, tokens_per_block=4)  # 12 blocks
+    for prompts, max_tokens, blocks in (([prompt(30)], 30, 15), ([prompt(20), prompt(21, 1)], 10, 8 + 8)):
         runner.generate(prompts, max_new_tokens=max_tokens)  # the engine itself can run them
         recorder = Recorder()
         assert scheduler.submit(inputs(prompts, max_tokens), recorder) is None
         assert recorder.errors() == [
-            "needs 60 KV-cache tokens (rows x (longest prompt + max_tokens)), more than the "
-            "budget max_tokens_in_paged_kv_cache 50"
+            f"needs {blocks} KV-cache blocks of 4 tokens (per row: prompt + max_tokens), more than the 12 of "
+            "max_tokens_in_paged_kv_cache 48"
         ]
     assert scheduler.idle

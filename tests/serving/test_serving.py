@@ -191,7 +191,10 @@ def test_cancelling_a_bls_stream_stops_generation(server, url):
     time.sleep(1.0)
     assert metric(server, "trtllm_pipeline_generated_tokens_total") == settled  # nothing is generating any more
     assert settled - before < 100  # far from the 500 tokens asked for
-    assert metric(server, "trtllm_pipeline_active_rows") == 0 and metric(server, "trtllm_pipeline_kv_cache_tokens") == 0
+    assert (
+        metric(server, "trtllm_pipeline_active_rows") == 0
+        and metric(server, "trtllm_pipeline_kv_cache_blocks_used") == 0
+    )
 
 
 def processes_using(path) -> list[str]:

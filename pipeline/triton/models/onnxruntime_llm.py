@@ -3,9 +3,9 @@
 It stands where TensorRT-LLM's `tensorrt_llm` model stands in the repository, with the same inputs and outputs, so
 the ensemble and BLS are the same for both targets. The model is decoupled: `execute` only hands each request's
 input tensors, as numpy arrays, to the scheduler (`pipeline.runtime.scheduler`), whose thread owns the engine and
-does all the batching: admission within max_batch_size and the KV-cache budget, chunked context, streaming, retiring,
-cancellation, per-request errors. This file is the Triton side only: parameters, responses through pb_utils, the
-`stop` input, metrics and logs.
+does all the batching: admission within max_batch_size and the KV-cache block pool, prefix reuse, chunked context,
+streaming, retiring, cancellation, per-request errors. This file is the Triton side only: parameters, responses
+through pb_utils, the `stop` input, metrics and logs.
 
 The python backend runs in the project's virtualenv, where `pipeline` is installed, so the runtime is imported from
 the package rather than copied next to this file.
@@ -74,6 +74,8 @@ class TritonPythonModel:
         self.scheduler = Scheduler(
             runner,
             kv_budget=int(params.get("max_tokens_in_paged_kv_cache") or 0) or None,
+            tokens_per_block=int(params.get("tokens_per_block") or 32),
+            kv_cache_reuse=params.get("enable_kv_cache_reuse", "false").lower() == "true",
             chunked_context=params.get("enable_chunked_context", "false").lower() == "true",
             exclude_input_default=params.get("exclude_input_in_output", "true").lower() == "true",
             ends_mid_character=lambda tokens: tokenizer.decode(tokens).endswith("\ufffd"),
@@ -83,7 +85,8 @@ class TritonPythonModel:
         self.scheduler.start()
         pb_utils.Logger.log_info(
             f"{self.model_name}: engine {engine_dir}, max_batch_size {runner.max_batch_size}, "
-            f"KV budget {self.scheduler.kv_budget} tokens"
+            f"KV cache {self.scheduler.kv.num_blocks} blocks of {self.scheduler.kv.tokens_per_block} tokens"
+            + (", prefix reuse" if self.scheduler.kv.reuse else "")
         )
 
     def _forward_metrics(self, increments: dict[str, float], levels: dict[str, float]) -> None:
