@@ -13,36 +13,9 @@ import pytest
 from pipeline.runtime.kv_cache import BlockManager
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.scheduler import Scheduler, parse_job
-from tests.conftest import run_cli, write_config
+from tests.runtime.conftest import MAX_BATCH_SIZE, MAX_INPUT_LEN, MAX_NUM_TOKENS, MAX_SEQ_LEN
 
-MAX_BATCH_SIZE, MAX_INPUT_LEN, MAX_SEQ_LEN, MAX_NUM_TOKENS = 8, 64, 128, 16
 NO_END = -1  # an end_id no token equals: outputs run to max_tokens
-
-
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory, tiny_llama) -> ModelRunner:
-    """The fused graph (SharedCache) with a small max_num_tokens, so long prompts are prefilled in pieces."""
-    work = tmp_path_factory.mktemp("scheduler-engine")
-    config = write_config(
-        work / "tiny.yaml",
-        f"""
-        model:
-          source: hf
-          path: {tiny_llama}
-        target:
-          onnx_graph: fused
-        build:
-          max_batch_size: {MAX_BATCH_SIZE}
-          max_input_len: {MAX_INPUT_LEN}
-          max_seq_len: {MAX_SEQ_LEN}
-          max_num_tokens: {MAX_NUM_TOKENS}
-        runtime:
-          enable_chunked_context: true
-        """,
-    )
-    result = run_cli("build", str(config), "--output", str(work / "out"), "--until", "engine")
-    assert result.returncode == 0, result.stdout + result.stderr
-    return ModelRunner.from_dir(work / "out" / "engine", num_threads=1)
 
 
 class Recorder:
