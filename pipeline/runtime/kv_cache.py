@@ -15,10 +15,11 @@ used first (the deepest blocks of a prompt before their parents), when the pool 
 prompt starts with stored blocks holds them instead of reserving new ones, its row buffer is seeded with their K/V and
 only the rest of its prompt is prefilled (at least its last token: its logits are needed).
 
-Why copy the prefix into the row rather than recompute it: on the SmolLM2-135M int8 engine (2 shared cores), a
-1,000-token shared prompt plus 24 tokens of question took 0.99 s to prefill whole and 0.025 s with the 992 reused
-tokens copied in (seed 1.7 ms + 24-token extend), 40x less; copying the 992 tokens out after a prefill took 3.2 ms.
-The store costs num_layers x 2 x kv_heads x head_size x 4 bytes per token (46 KiB for SmolLM2-135M) and is bounded
+Why copy the prefix into the row rather than recompute it: on the SmolLM2-135M int8 engine (2 cores shared with
+other jobs, so times are noisy but measured side by side), a 1,000-token shared prompt plus 24 tokens took 5.1 s to
+prefill whole and 0.19 s with the 992 reused tokens copied in (27x less; 24 ms of it is allocating and seeding the
+row's buffer), and copying those 992 tokens out of a row after its prefill took 42 ms, once per stored block. The
+store costs num_layers x 2 x kv_heads x head_size x 4 bytes per token (46 KiB for SmolLM2-135M) and is bounded
 by the pool. Only the fused graph is seeded: the optimum graph (`ConcatCache`, left-padded rows) is still accounted
 in blocks but never reuses (`validate` refuses `enable_kv_cache_reuse` with `target.onnx_graph: optimum`).
 """

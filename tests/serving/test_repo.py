@@ -59,6 +59,7 @@ def test_generated_repo_is_valid_and_takes_its_limits_from_the_engine(smollm2_bu
     llm = models["tensorrt_llm"]
     assert llm.backend == "python" and llm.model_transaction_policy.decoupled
     assert Path(llm.parameters["engine_dir"].string_value) == (smollm2_build / "engine").resolve()
+    assert llm.parameters["tokens_per_block"].string_value == "32"  # the KV-cache block size, build.tokens_per_block
     # the python model imports the installed package (hashed into the lock), so it is the only code copied
     assert sorted(p.name for p in (repo / "tensorrt_llm" / "1").iterdir() if p.is_file()) == ["model.py"]
 
