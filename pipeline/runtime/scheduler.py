@@ -396,7 +396,8 @@ class Scheduler:
             self._join(partial)
 
     def _respond(self) -> None:
-        """Send what this step sampled; finished and cancelled rows leave the job map (retire() frees their cache)."""
+        """Send what this step sampled; finished and cancelled rows leave the job map and give back their KV-cache
+        blocks (retire() frees their rows)."""
         sampled, first_token_waits, now = 0, [], time.monotonic()
         for request in self.batch.requests:
             job = self.jobs[id(request)]
