@@ -146,7 +146,7 @@ class Batch:
     logits: np.ndarray  # float32 [rows, vocab]
     mask: np.ndarray | None = None  # ConcatCache: int64 [rows, length], 1 where a position holds a real token
     lengths: np.ndarray | None = None  # SharedCache: int [rows], tokens in each row's cache
-    binding: object = None  # SharedCache: the I/O binding of `past`, reused by every decode step
+    bindings: dict = field(default_factory=dict)  # SharedCache: rows bound -> I/O binding of `past`, reused
 
     @property
     def length(self) -> int:
@@ -266,6 +266,7 @@ class ModelRunner:
         max_input_len: int,
         max_seq_len: int,
         max_beam_width: int,
+        batch_invariant: bool = False,
     ):
         self.engine_dir = engine_dir
         self.config = config
@@ -290,6 +291,11 @@ class ModelRunner:
                 f"missing {missing or 'past_key_values.* inputs'}"
             )
         layout = SharedCache if "seqlens_k" in inputs else ConcatCache
+        if batch_invariant and layout is ConcatCache:
+            raise ValueError(
+                f"{engine_dir / ONNX_FILE}: batch-invariant decoding needs the fused graph (target.onnx_graph: fused); "
+                "this engine has the optimum graph, whose left-padded rows change with the batch"
+            )
         self.cache = layout(
             session,
             num_kv_heads=self.num_kv_heads,
@@ -297,6 +303,7 @@ class ModelRunner:
             vocab_size=self.vocab_size,
             max_num_tokens=self.max_num_tokens,
             max_seq_len=max_seq_len,
+            **({"batch_invariant": True} if batch_invariant else {}),
         )
 
     # ------------------------------------------------------------ construction
@@ -312,6 +319,7 @@ class ModelRunner:
         max_beam_width: int | None = None,
         num_threads: int | None = None,
         thread_spinning: bool = False,
+        batch_invariant: bool = False,
         **gpu_options,
     ) -> "ModelRunner":
         """Load an engine. Limits default to the engine's build_config and may only be lowered.
@@ -320,6 +328,8 @@ class ModelRunner:
             max_output_len: if given, max_seq_len becomes max_input_len + max_output_len (as in ModelRunnerCpp).
             num_threads: ONNX Runtime intra-op threads (default: the CPUs this process may use, at most 16).
             thread_spinning: idle threads spin (faster steps when the cores are ours alone) instead of sleeping.
+            batch_invariant: a request's greedy tokens do not depend on what else is in the batch or how its prompt
+                is chunked (every forward pass runs an even number of rows; see SharedCache._forward).
             gpu_options: other ModelRunnerCpp.from_dir arguments (lora_dir, rank, kv_cache_free_gpu_memory_fraction,
                 ...) are accepted when they hold their defaults, and rejected otherwise.
         """
@@ -366,7 +376,7 @@ class ModelRunner:
                     f"max_seq_len {built['max_seq_len']} ({config_file})"
                 )
         session = _ort_session(engine_dir / ONNX_FILE, num_threads or default_threads(), thread_spinning)
-        return cls(engine_dir, config, session, **limits)
+        return cls(engine_dir, config, session, **limits, batch_invariant=batch_invariant)
 
     # ------------------------------------------------------------ ModelRunnerCpp properties
 
@@ -783,7 +793,15 @@ class SharedCache:
     CAPACITY_STEP = 64  # capacities are rounded up to this: fewer distinct shapes, fewer re-pads on merge
 
     def __init__(
-        self, session, *, num_kv_heads: int, head_size: int, vocab_size: int, max_num_tokens: int, max_seq_len: int
+        self,
+        session,
+        *,
+        num_kv_heads: int,
+        head_size: int,
+        vocab_size: int,
+        max_num_tokens: int,
+        max_seq_len: int,
+        batch_invariant: bool = False,
     ):
         self.session = session
         self.num_kv_heads, self.head_size, self.max_num_tokens, self.max_seq_len = (
@@ -793,6 +811,7 @@ class SharedCache:
             max_seq_len,
         )
         self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        self.spare_rows = int(batch_invariant)  # the dummy row of batch-invariant passes (see _forward)
 
     def bind(self, past: dict):
         """An I/O binding with the cache buffers as both past and present (GQA writes in place); a batch keeps
@@ -807,39 +826,61 @@ class SharedCache:
             binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
         return binding
 
-    def _forward(self, binding, input_ids: np.ndarray, lengths: np.ndarray, logits_index: np.ndarray) -> np.ndarray:
-        """Run new tokens; `lengths` are the rows' cache lengths after them.
+    def _forward(
+        self, batch: Batch, input_ids: np.ndarray, lengths: np.ndarray, logits_index: np.ndarray, prompt: bool = True
+    ) -> np.ndarray:
+        """Run new tokens on the batch's first len(input_ids) buffer rows; `lengths` are those rows' cache lengths
+        after them. Returns logits [len(logits_index), vocab].
 
-        Returns logits [len(logits_index), vocab].
+        Batch-invariant: ONNX Runtime's MatMulNBits int8-compute kernel gives the token in a pass's single-row
+        remainder (odd row counts) other bits than the rows it takes in pairs, so every pass gets an even number of
+        rows. A decode step gets a dummy row (the spare buffer row, 1 token); a prompt pass of one row a dummy
+        token after its tokens, so a 1-token chunk takes GroupQueryAttention's prompt path as the whole prompt
+        does (the dummy's K/V lands past the row's length and is overwritten later); the logits rows, which the
+        graph gathers before lm_head, are doubled when odd.
         """
+        rows, width = input_ids.shape
+        wanted = len(logits_index)
+        if self.spare_rows and rows * width % 2:
+            if rows == 1 and prompt:
+                input_ids, lengths = np.pad(input_ids, ((0, 0), (0, 1))), lengths + 1
+            else:
+                input_ids, lengths = np.pad(input_ids, ((0, 1), (0, 0))), np.append(lengths, 1)
+        if self.spare_rows and wanted % 2:
+            logits_index = np.append(logits_index, logits_index[-1])
+        binding = batch.bindings.get(len(input_ids))
+        if binding is None:  # kept: the next decode steps bind only their four small inputs
+            binding = batch.bindings[len(input_ids)] = self.bind(
+                {name: buffer[: len(input_ids)] for name, buffer in batch.past.items()}
+            )
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(lengths.max(), dtype=np.int32))
         binding.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
         self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+        return binding.get_outputs()[0].numpy()[:wanted]
 
     def _buffers(self, rows: int, capacity: int) -> dict:
         return {
-            name: np.zeros((rows, self.num_kv_heads, capacity, self.head_size), dtype=np.float32)
+            name: np.zeros((rows + self.spare_rows, self.num_kv_heads, capacity, self.head_size), dtype=np.float32)
             for name in self.past_names
         }
 
     def _capacity(self, requests: list[Request]) -> int:
-        need = max(len(r.prompt) + r.params.max_new_tokens for r in requests)
+        # + spare_rows: a batch-invariant prefill chunk may write one dummy token past the prompt
+        need = max(len(r.prompt) + r.params.max_new_tokens for r in requests) + self.spare_rows
         return max(need, min(self.max_seq_len, -(-need // self.CAPACITY_STEP) * self.CAPACITY_STEP))
 
     def prefill(self, requests: list[Request]) -> Batch:
         lengths = np.array([len(r.prompt) for r in requests])
         width = int(lengths.max())
         if width * len(requests) <= self.max_num_tokens:
-            past = self._buffers(len(requests), self._capacity(requests))
+            batch = Batch(list(requests), self._buffers(len(requests), self._capacity(requests)), None, lengths=lengths)
             ids = np.zeros((len(requests), width), dtype=np.int64)
             for row, request in enumerate(requests):
                 ids[row, : lengths[row]] = request.prompt
-            binding = self.bind(past)  # kept: the decode steps reuse it
-            logits = self._forward(binding, ids, lengths, np.arange(len(requests)) * width + lengths - 1)
-            return Batch(list(requests), past, logits, lengths=lengths, binding=binding)
+            batch.logits = self._forward(batch, ids, lengths, np.arange(len(requests)) * width + lengths - 1)
+            return batch
         rows = []
         for request in requests:  # one at a time, each in pieces of max_num_tokens when longer
             row = None
@@ -853,11 +894,10 @@ class SharedCache:
         GroupQueryAttention takes several tokens after a cache only at batch size 1)."""
         if partial is None:
             partial = Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
-            partial.binding = self.bind(partial.past)
         start = int(partial.lengths[0])
         chunk = request.prompt[start : start + budget]
         partial.lengths = np.array([start + len(chunk)])
-        partial.logits = self._forward(partial.binding, np.array([chunk]), partial.lengths, np.array([len(chunk) - 1]))
+        partial.logits = self._forward(partial, np.array([chunk]), partial.lengths, np.array([len(chunk) - 1]))
         return partial
 
     def seed(self, request: Request, prefix: np.ndarray) -> Batch:
@@ -867,7 +907,6 @@ class SharedCache:
         for name, kv in zip(self.past_names, prefix):
             partial.past[name][0, :, : kv.shape[1]] = kv
         partial.lengths = np.array([prefix.shape[2]])
-        partial.binding = self.bind(partial.past)
         return partial
 
     def export(self, batch: Batch, row: int, start: int, stop: int) -> np.ndarray:
@@ -877,30 +916,29 @@ class SharedCache:
     def decode_step(self, batch: Batch) -> None:
         batch.lengths = batch.lengths + 1
         last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
-        if batch.binding is None:
-            batch.binding = self.bind(batch.past)
-        batch.logits = self._forward(batch.binding, last, batch.lengths, np.arange(len(batch)))
+        batch.logits = self._forward(batch, last, batch.lengths, np.arange(len(batch)), prompt=False)
 
-    @staticmethod
-    def select(batch: Batch, rows: list[int]) -> Batch:
-        past = {name: buffer[rows] for name, buffer in batch.past.items()}
+    def select(self, batch: Batch, rows: list[int]) -> Batch:
+        spare = [len(batch)] * self.spare_rows  # the spare row's content is never read: any row will do
+        past = {name: buffer[rows + spare] for name, buffer in batch.past.items()}
         return Batch([batch.requests[i] for i in rows], past, batch.logits[rows], lengths=batch.lengths[rows])
 
-    @staticmethod
-    def merge(*batches: Batch) -> Batch:
+    def merge(self, *batches: Batch) -> Batch:
         """Rows of all, in buffers of the largest capacity: one copy of each row, however many batches."""
         capacity = max(buffer.shape[2] for batch in batches for buffer in batch.past.values())
-
-        def grow(buffer: np.ndarray) -> np.ndarray:
-            return np.pad(buffer, ((0, 0), (0, 0), (0, capacity - buffer.shape[2]), (0, 0)))
-
-        past = {name: np.concatenate([grow(batch.past[name]) for batch in batches]) for name in batches[0].past}
-        return Batch(
+        merged = Batch(
             [r for batch in batches for r in batch.requests],
-            past,
+            self._buffers(sum(len(batch) for batch in batches), capacity),
             np.concatenate([batch.logits for batch in batches]),
             lengths=np.concatenate([batch.lengths for batch in batches]),
         )
+        for name, buffer in merged.past.items():
+            start = 0
+            for batch in batches:
+                source = batch.past[name]
+                buffer[start : start + len(batch), :, : source.shape[2]] = source[: len(batch)]
+                start += len(batch)
+        return merged
 
 
 # ---------------------------------------------------------------- helpers
