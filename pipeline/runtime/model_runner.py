@@ -147,6 +147,7 @@ class Batch:
     mask: np.ndarray | None = None  # ConcatCache: int64 [rows, length], 1 where a position holds a real token
     lengths: np.ndarray | None = None  # SharedCache: int [rows], tokens in each row's cache
     binding: object = None  # SharedCache: the I/O binding of `past`, reused by every decode step
+    row_bindings: dict = field(default_factory=dict)  # SharedCache: row -> binding of its 1-row view (speculation)
 
     @property
     def length(self) -> int:
@@ -223,31 +224,40 @@ def _logsumexp(x: np.ndarray) -> float:
     return float(top + np.log(np.exp(x - top).sum()))
 
 
+def finish_reason(request: Request, token: int) -> str | None:
+    """Why taking `token` would finish the request, or None: end_id, a stop word it completes, max_new_tokens."""
+    p = request.params
+    if token == p.end_id:
+        return "end_id"
+    if p.stop_words:
+        keep = max(len(w) for w in p.stop_words) - 1  # tokens before `token` a stop word can reach back to
+        source = request.output if len(request.output) >= keep else request.prompt + request.output
+        tail = [*source[max(0, len(source) - keep) :], token]
+        if any(tail[len(tail) - len(w) :] == w for w in p.stop_words):
+            return "stop_words"
+    if len(request.output) + 1 >= p.max_new_tokens:
+        return "length"
+    return None
+
+
 def append(request: Request, token: int, log_prob: float) -> None:
     """Record a sampled token and decide whether the request is done.
 
     As in TensorRT-LLM: end_id finishes the sequence without becoming part of it (its log-prob still
     counts in cum_log_prob); a stop word stays in the output.
     """
-    p = request.params
     request.cum_log_prob += log_prob
-    if token == p.end_id:
-        request.finish_reason = "end_id"
-        return
-    request.output.append(token)
-    request.log_probs.append(log_prob)
-    if p.stop_words:
-        longest = max(len(w) for w in p.stop_words)
-        tail = (
-            request.output[-longest:]
-            if len(request.output) >= longest
-            else (request.prompt + request.output)[-longest:]
-        )
-        if any(tail[len(tail) - len(w) :] == w for w in p.stop_words):
-            request.finish_reason = "stop_words"
-            return
-    if len(request.output) >= p.max_new_tokens:
-        request.finish_reason = "length"
+    request.finish_reason = finish_reason(request, token)
+    if request.finish_reason != "end_id":
+        request.output.append(token)
+        request.log_probs.append(log_prob)
+
+
+def greedy_log_probs(logits: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Log-softmax of each row's argmax `chosen` ([rows, vocab] logits); one formula for sampling and
+    speculative acceptance, so both report the same log-probs."""
+    top = logits[np.arange(len(logits)), chosen]
+    return top - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))
 
 
 # ---------------------------------------------------------------- the runner
@@ -266,6 +276,7 @@ class ModelRunner:
         max_input_len: int,
         max_seq_len: int,
         max_beam_width: int,
+        speculative=None,
     ):
         self.engine_dir = engine_dir
         self.config = config
@@ -298,6 +309,12 @@ class ModelRunner:
             max_num_tokens=self.max_num_tokens,
             max_seq_len=max_seq_len,
         )
+        if speculative is not None and layout is not SharedCache:
+            raise ValueError(
+                f"{engine_dir / ONNX_FILE}: speculative decoding needs the fused graph (its KV cache is rolled back "
+                "in place); rebuild with target.onnx_graph: fused, or remove runtime.speculative"
+            )
+        self.speculative = speculative  # speculative.NGram or None
 
     # ------------------------------------------------------------ construction
 
@@ -312,6 +329,7 @@ class ModelRunner:
         max_beam_width: int | None = None,
         num_threads: int | None = None,
         thread_spinning: bool = False,
+        speculative=None,
         **gpu_options,
     ) -> "ModelRunner":
         """Load an engine. Limits default to the engine's build_config and may only be lowered.
@@ -320,6 +338,7 @@ class ModelRunner:
             max_output_len: if given, max_seq_len becomes max_input_len + max_output_len (as in ModelRunnerCpp).
             num_threads: ONNX Runtime intra-op threads (default: the CPUs this process may use, at most 16).
             thread_spinning: idle threads spin (faster steps when the cores are ours alone) instead of sleeping.
+            speculative: a `pipeline.runtime.speculative.NGram`: greedy requests decode with n-gram drafts.
             gpu_options: other ModelRunnerCpp.from_dir arguments (lora_dir, rank, kv_cache_free_gpu_memory_fraction,
                 ...) are accepted when they hold their defaults, and rejected otherwise.
         """
@@ -366,7 +385,7 @@ class ModelRunner:
                     f"max_seq_len {built['max_seq_len']} ({config_file})"
                 )
         session = _ort_session(engine_dir / ONNX_FILE, num_threads or default_threads(), thread_spinning)
-        return cls(engine_dir, config, session, **limits)
+        return cls(engine_dir, config, session, speculative=speculative, **limits)
 
     # ------------------------------------------------------------ ModelRunnerCpp properties
 
@@ -439,17 +458,25 @@ class ModelRunner:
         """Feed each row's last token; updates the batch's cache and logits."""
         self.cache.decode_step(batch)
 
+    def advance(self, batch: Batch) -> tuple[int, int]:
+        """The decode step, speculative when configured; returns (draft tokens verified, drafts accepted)."""
+        if self.speculative is None:
+            self.decode_step(batch)
+            return 0, 0
+        from pipeline.runtime.speculative import speculate_step
+
+        return speculate_step(self, batch, self.speculative)
+
     @staticmethod
     def sample(batch: Batch) -> list[Request]:
         """Choose one token per row from the batch's logits; returns the requests that just finished."""
         logits = batch.logits
         argmax = logits.argmax(axis=1)
-        top = logits[np.arange(len(logits)), argmax]
-        greedy_log_probs = top - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))
+        log_probs = greedy_log_probs(logits, argmax)
         done = []
         for row, request in enumerate(batch.requests):
             if request.params.plain_greedy:
-                append(request, int(argmax[row]), float(greedy_log_probs[row]))
+                append(request, int(argmax[row]), float(log_probs[row]))
             else:
                 append(request, *choose(request, logits[row]))
             if request.finished:
@@ -470,7 +497,8 @@ class ModelRunner:
         return self.cache.merge(a, b)
 
     def run(self, requests: list[Request]) -> Iterator[list[Request]]:
-        """Drive requests to completion; yields after every step (each live row got one token)."""
+        """Drive requests to completion; yields after every step (each live row got one token, or more when
+        speculating)."""
         batch = self.prefill(requests)
         while True:
             self.sample(batch)
@@ -478,7 +506,7 @@ class ModelRunner:
             batch = self.retire(batch)
             if not len(batch):
                 return
-            self.decode_step(batch)
+            self.advance(batch)
 
     # ------------------------------------------------------------ ModelRunnerCpp.generate
 
@@ -853,6 +881,29 @@ class SharedCache:
         if batch.binding is None:
             batch.binding = self.bind(batch.past)
         batch.logits = self._forward(batch.binding, last, batch.lengths, np.arange(len(batch)))
+
+    def room(self, batch: Batch, row: int) -> int:
+        """Positions left in the row's cache buffer."""
+        return next(iter(batch.past.values())).shape[2] - int(batch.lengths[row])
+
+    def verify(self, batch: Batch, row: int, tokens: list[int]) -> np.ndarray:
+        """Run several tokens of one row after its cache (speculative drafts), on a 1-row view of the batch's
+        buffers (row i of a C-contiguous [rows, ...] buffer is contiguous: wrapped, not copied); returns the
+        logits after each token, [len(tokens), vocab]. The row's length grows by len(tokens)."""
+        if len(batch) == 1:
+            if batch.binding is None:
+                batch.binding = self.bind(batch.past)
+            binding = batch.binding
+        else:
+            if row not in batch.row_bindings:
+                batch.row_bindings[row] = self.bind(
+                    {name: buffer[row : row + 1] for name, buffer in batch.past.items()}
+                )
+            binding = batch.row_bindings[row]
+        lengths = batch.lengths[row : row + 1] + len(tokens)
+        logits = self._forward(binding, np.array([tokens]), lengths, np.arange(len(tokens)))
+        batch.lengths[row] = lengths[0]
+        return logits
 
     @staticmethod
     def select(batch: Batch, rows: list[int]) -> Batch:

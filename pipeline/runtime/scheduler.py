@@ -12,7 +12,8 @@ Every step
    when complete,
 2. samples one token per row and sends it (streaming) or keeps it (final response at the end),
 3. retires finished and cancelled rows, freeing their KV cache at once,
-4. runs one decode step for the rest.
+4. runs one decode step for the rest (with runtime.speculative: verifies n-gram drafts, possibly several tokens per
+   row; `pipeline.runtime.speculative`).
 A step that raises fails the jobs whose rows it held, one error response each; the scheduler goes on with the queue.
 Written by hand because no library schedules requests for an ONNX Runtime decoder this way.
 """
@@ -36,6 +37,8 @@ COUNTERS = {
     "time_to_first_token_us_total": "Sum of arrival-to-first-token times, microseconds",
     "first_tokens_total": "Requests that produced their first token",
     "prefill_chunks_total": "Prompt pieces run between decode steps (chunked context)",
+    "draft_tokens_total": "Speculative draft tokens verified (runtime.speculative)",
+    "accepted_draft_tokens_total": "Speculative drafts accepted: output tokens that took no decode step of their own",
 }
 GAUGES = {
     "active_rows": "Sequences in the running batch after the last step",
@@ -318,7 +321,14 @@ class Scheduler:
         self._respond()
         self.batch = self.runner.retire(self.batch)
         if len(self.batch):
-            self.runner.decode_step(self.batch)
+            drafted, accepted = self.runner.advance(self.batch)
+            self._record(
+                increments={
+                    "draft_tokens_total": drafted,
+                    "accepted_draft_tokens_total": accepted,
+                    "generated_tokens_total": accepted,
+                }
+            )
         else:
             self.batch = None
 

@@ -376,6 +376,7 @@ class OnnxRuntimeTarget:
         "quantization.quantize_embedding",
         "runtime.cpu_threads",
         "runtime.cpu_thread_spinning",
+        "runtime.speculative",
         "verify.max_export_logits_diff",
     }
     sources = {
@@ -429,6 +430,14 @@ class OnnxRuntimeTarget:
     def config_problems(self, cfg) -> list:
         q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
         out = self._checkpoint_graph_problems(cfg)
+        if r.speculative is not None and cfg.target.onnx_graph == "optimum":
+            out.append(
+                (
+                    ("runtime", "speculative"),
+                    "needs the fused graph (its KV cache is rolled back in place); set target.onnx_graph: auto or "
+                    "fused, or remove runtime.speculative",
+                )
+            )
         if q.weights in ("fp8", "nvfp4"):
             out.append(
                 (
@@ -606,16 +615,25 @@ class OnnxRuntimeTarget:
                 "exclude_input_in_output": r.exclude_input_in_output,
                 "enable_chunked_context": r.enable_chunked_context,
                 "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
+                "speculative_max_draft_len": r.speculative.max_draft_len if r.speculative else 0,
+                "speculative_max_matching_ngram_size": r.speculative.max_matching_ngram_size if r.speculative else 0,
             },
         )
         return inflight_batcher_models(cfg, ModelSpec(config, {"model.py": LLM_MODEL_FILE}), engine_dir, engine)
 
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
         from pipeline.runtime.model_runner import ModelRunner
+        from pipeline.runtime.speculative import NGram
 
         if thread_spinning is None:  # an offline run has the cores to itself: "auto" spins
             thread_spinning = runtime is None or runtime.cpu_thread_spinning != "off"
-        return ModelRunner.from_dir(engine_dir, num_threads=num_threads, thread_spinning=thread_spinning)
+        spec = runtime.speculative if runtime is not None else None
+        return ModelRunner.from_dir(
+            engine_dir,
+            num_threads=num_threads,
+            thread_spinning=thread_spinning,
+            speculative=NGram(spec.max_draft_len, spec.max_matching_ngram_size) if spec else None,
+        )
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
         from pipeline.errors import PipelineError

@@ -1,0 +1,88 @@
+"""Speculative decoding by n-gram (prompt-lookup) drafting, for the fused-graph CPU runtime.
+
+Why: a decode step of a small model on CPU costs about as much for a few tokens as for one, and the text a
+request continues (a summary, a rewrite, code under edit) often repeats its own prompt. So each step drafts up
+to `max_draft_len` tokens from the request itself, runs them with its last token in one forward pass and keeps
+the longest prefix greedy decoding agrees with: the output is plain greedy decoding's, in fewer passes. No
+draft model: as TensorRT-LLM's NGram mode (NGramDecodingConfig), whose setting names runtime.speculative uses.
+
+How: `ngram_drafts` finds the latest earlier occurrence of the request's last n tokens (n from
+max_matching_ngram_size down to 1) and proposes what followed it. `speculate_step` replaces the batch's decode
+step: each row is run on its own (GroupQueryAttention takes several new tokens after a cache only at batch
+size 1) with its drafts, accepted drafts are appended as if sampled, and the row's logits become those after
+its last accepted draft, so `sample` picks the bonus token next, exactly as it would have. The rejected
+drafts' KV positions are rolled back by the row's length alone; later writes overwrite them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.runtime.model_runner import append, finish_reason, greedy_log_probs
+
+
+@dataclass(frozen=True)
+class NGram:
+    """runtime.speculative with type ngram (pipeline/config.py SpeculativeSection)."""
+
+    max_draft_len: int
+    max_matching_ngram_size: int
+
+
+def ngram_drafts(tokens: list[int], max_draft_len: int, max_matching_ngram_size: int) -> list[int]:
+    """Up to `max_draft_len` tokens that followed the latest earlier occurrence of the last n tokens, trying
+    n = max_matching_ngram_size first (a longer match predicts better) down to 1; [] when nothing matches."""
+    sequence = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(max_matching_ngram_size, len(sequence) - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(sequence[:-1], n)  # every n-gram but the suffix itself
+        starts = np.flatnonzero((windows == sequence[-n:]).all(axis=1))
+        if len(starts):
+            start = int(starts[-1]) + n
+            return sequence[start : start + max_draft_len].tolist()
+    return []
+
+
+def speculate_step(runner, batch, config: NGram) -> tuple[int, int]:
+    """The decode step of `batch` with n-gram drafts; returns (draft tokens verified, drafts accepted).
+
+    Only plain-greedy rows draft (their choice is the argmax, which the verification pass computes for every
+    draft at once). Drafts are cut so that no accepted draft can finish its request (see `accept`) and so that
+    they fit the row's cache: the last token a request may take always comes from `sample`.
+    """
+    drafts = []
+    for row, request in enumerate(batch.requests):
+        room = min(
+            request.params.max_new_tokens - len(request.output) - 1,
+            runner.cache.room(batch, row) - 1,  # the last token takes a position too
+            config.max_draft_len,
+        )
+        ok = request.params.plain_greedy and room > 0
+        drafts.append(ngram_drafts(request.tokens, room, config.max_matching_ngram_size) if ok else [])
+    if not any(drafts):
+        runner.decode_step(batch)
+        return 0, 0
+    accepted = 0
+    for row, request in enumerate(batch.requests):  # rows without drafts run a one-token pass of their own
+        logits = runner.cache.verify(batch, row, [request.last_token, *drafts[row]])
+        taken = accept(request, drafts[row], logits)
+        batch.lengths[row] -= len(drafts[row]) - taken  # roll back the rejected drafts
+        batch.logits[row] = logits[taken]
+        accepted += taken
+    return sum(map(len, drafts)), accepted
+
+
+def accept(request, drafts: list[int], logits: np.ndarray) -> int:
+    """Append the drafts greedy decoding agrees with (logits[i] predicts drafts[i]); returns how many.
+
+    A draft that would finish the request (end_id, a stop word, max_new_tokens) is left to `sample`, which
+    takes it from logits[taken] with the same stop logic, so finished rows never linger in the batch.
+    """
+    chosen = logits.argmax(axis=1)
+    log_probs = greedy_log_probs(logits, chosen)
+    taken = 0
+    while taken < len(drafts) and chosen[taken] == drafts[taken] and finish_reason(request, drafts[taken]) is None:
+        append(request, drafts[taken], float(log_probs[taken]))
+        taken += 1
+    return taken
