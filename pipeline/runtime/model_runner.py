@@ -890,16 +890,11 @@ class SharedCache:
         """Run several tokens of one row after its cache (speculative drafts), on a 1-row view of the batch's
         buffers (row i of a C-contiguous [rows, ...] buffer is contiguous: wrapped, not copied); returns the
         logits after each token, [len(tokens), vocab]. The row's length grows by len(tokens)."""
-        if len(batch) == 1:
-            if batch.binding is None:
-                batch.binding = self.bind(batch.past)
-            binding = batch.binding
-        else:
-            if row not in batch.row_bindings:
-                batch.row_bindings[row] = self.bind(
-                    {name: buffer[row : row + 1] for name, buffer in batch.past.items()}
-                )
-            binding = batch.row_bindings[row]
+        if row not in batch.row_bindings:  # not batch.binding: its logits output keeps the decode step's shape
+            view = {name: buffer[row : row + 1] for name, buffer in batch.past.items()}
+            batch.row_bindings[row] = self.bind(view)
+        binding = batch.row_bindings[row]
+        binding.bind_output("logits", "cpu")  # unallocated: ORT reuses an allocated output only at its own shape
         lengths = batch.lengths[row : row + 1] + len(tokens)
         logits = self._forward(binding, np.array([tokens]), lengths, np.arange(len(tokens)))
         batch.lengths[row] = lengths[0]

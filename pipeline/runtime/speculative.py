@@ -32,14 +32,16 @@ class NGram:
 
 
 def ngram_drafts(tokens: list[int], max_draft_len: int, max_matching_ngram_size: int) -> list[int]:
-    """Up to `max_draft_len` tokens that followed the latest earlier occurrence of the last n tokens, trying
-    n = max_matching_ngram_size first (a longer match predicts better) down to 1; [] when nothing matches."""
+    """Up to `max_draft_len` tokens that followed the latest earlier occurrence of the last n tokens (the latest
+    followed by `max_draft_len` tokens when there is one), trying n = max_matching_ngram_size first (a longer match
+    predicts better) down to 1; [] when nothing matches."""
     sequence = np.asarray(tokens, dtype=np.int64)
     for n in range(min(max_matching_ngram_size, len(sequence) - 1), 0, -1):
         windows = np.lib.stride_tricks.sliding_window_view(sequence[:-1], n)  # every n-gram but the suffix itself
-        starts = np.flatnonzero((windows == sequence[-n:]).all(axis=1))
-        if len(starts):
-            start = int(starts[-1]) + n
+        starts = np.flatnonzero((windows == sequence[-n:]).all(axis=1)) + n
+        if len(starts):  # the latest with a full draft after it: in a loop the latest of all is the suffix's neighbour
+            full = starts[starts + max_draft_len <= len(sequence)]
+            start = int(full[-1] if len(full) else starts[-1])
             return sequence[start : start + max_draft_len].tolist()
     return []
 
