@@ -17,6 +17,7 @@ drafts' KV positions are rolled back by the row's length alone; later writes ove
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -29,6 +30,25 @@ class NGram:
 
     max_draft_len: int
     max_matching_ngram_size: int
+
+
+# The Triton model's parameters carrying runtime.speculative (max_draft_len 0: no speculation).
+PARAMETERS = ("speculative_max_draft_len", "speculative_max_matching_ngram_size")
+
+
+def from_config(section) -> NGram | None:
+    """runtime.speculative (pipeline.config.SpeculativeSection or None) for the runtime."""
+    return NGram(section.max_draft_len, section.max_matching_ngram_size) if section is not None else None
+
+
+def to_parameters(config: NGram | None) -> dict[str, int]:
+    """The Triton model's parameters for `config`; `from_parameters` reads them back."""
+    return dict(zip(PARAMETERS, (config.max_draft_len, config.max_matching_ngram_size) if config else (0, 0)))
+
+
+def from_parameters(parameters: Mapping[str, str]) -> NGram | None:
+    drafts, ngram = (int(parameters.get(name) or 0) for name in PARAMETERS)
+    return NGram(drafts, ngram) if drafts else None
 
 
 def ngram_drafts(tokens: list[int], max_draft_len: int, max_matching_ngram_size: int) -> list[int]:

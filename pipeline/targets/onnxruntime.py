@@ -594,6 +594,7 @@ class OnnxRuntimeTarget:
     def triton_models(self, cfg, engine_dir: Path, engine: dict):
         """tensorrtllm_backend's layout around a decoupled python LLM model with in-flight batching; it imports
         the installed package (it runs in the project's environment), so model.py is the only file copied."""
+        from pipeline.runtime import speculative
         from pipeline.triton import interface
         from pipeline.triton.model_config import ModelSpec, model_config
         from pipeline.triton.repo import inflight_batcher_models
@@ -615,24 +616,22 @@ class OnnxRuntimeTarget:
                 "exclude_input_in_output": r.exclude_input_in_output,
                 "enable_chunked_context": r.enable_chunked_context,
                 "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
-                "speculative_max_draft_len": r.speculative.max_draft_len if r.speculative else 0,
-                "speculative_max_matching_ngram_size": r.speculative.max_matching_ngram_size if r.speculative else 0,
+                **speculative.to_parameters(speculative.from_config(r.speculative)),
             },
         )
         return inflight_batcher_models(cfg, ModelSpec(config, {"model.py": LLM_MODEL_FILE}), engine_dir, engine)
 
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
+        from pipeline.runtime import speculative
         from pipeline.runtime.model_runner import ModelRunner
-        from pipeline.runtime.speculative import NGram
 
         if thread_spinning is None:  # an offline run has the cores to itself: "auto" spins
             thread_spinning = runtime is None or runtime.cpu_thread_spinning != "off"
-        spec = runtime.speculative if runtime is not None else None
         return ModelRunner.from_dir(
             engine_dir,
             num_threads=num_threads,
             thread_spinning=thread_spinning,
-            speculative=NGram(spec.max_draft_len, spec.max_matching_ngram_size) if spec else None,
+            speculative=speculative.from_config(runtime.speculative) if runtime is not None else None,
         )
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:

@@ -228,3 +228,16 @@ def test_onnxruntime_with_the_optimum_graph_refuses_it(tmp_path, tiny_llama):
         load_config(path)
     (problem,) = info.value.problems
     assert "runtime.speculative" in problem and "target.onnx_graph: auto or fused" in problem
+
+
+def test_the_onnxruntime_target_passes_the_setting_to_run_and_to_the_triton_model(tmp_path, tiny_llama, engine):
+    from pipeline.runtime import speculative
+    from pipeline.targets.onnxruntime import OnnxRuntimeTarget
+
+    cfg = load_config(write_config(tmp_path / "ort.yaml", f"model: {{source: hf, path: {tiny_llama}}}\n" + SPECULATIVE))
+    want = NGram(max_draft_len=5, max_matching_ngram_size=3)
+    runner = OnnxRuntimeTarget().load_runner(engine, num_threads=1, runtime=cfg.runtime, thread_spinning=False)
+    assert runner.speculative == want
+    parameters = speculative.to_parameters(speculative.from_config(cfg.runtime.speculative))
+    assert speculative.from_parameters({name: str(value) for name, value in parameters.items()}) == want
+    assert speculative.from_parameters({}) is None  # a repository written without the setting

@@ -20,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.scheduler import COUNTERS, GAUGES, Scheduler
-from pipeline.runtime.speculative import NGram
+from pipeline.runtime.speculative import from_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -61,10 +61,8 @@ class TritonPythonModel:
         engine_dir = params["engine_dir"]
         threads = int(params.get("cpu_threads") or 0) or None
         spinning = str(params.get("cpu_thread_spinning", "false")).lower() == "true"
-        drafts = int(params.get("speculative_max_draft_len") or 0)  # 0: runtime.speculative unset
-        speculative = NGram(drafts, int(params["speculative_max_matching_ngram_size"])) if drafts else None
         runner = ModelRunner.from_dir(
-            engine_dir, num_threads=threads, thread_spinning=spinning, speculative=speculative
+            engine_dir, num_threads=threads, thread_spinning=spinning, speculative=from_parameters(params)
         )
         from transformers import AutoTokenizer
 
