@@ -117,6 +117,7 @@ class Request:
     log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
     finish_reason: str | None = None  # "end_id", "stop_words" or "length" once finished
+    draft_misses: int = 0  # speculative decoding: verifications in a row that accepted no draft (drafting backs off)
     rng: np.random.Generator | None = None
 
     def __post_init__(self):

@@ -23,6 +23,10 @@ import numpy as np
 
 from pipeline.runtime.model_runner import append, finish_reason, greedy_log_probs
 
+# After m verifications in a row that accepted nothing, a request drafts only every 2**min(m, MAX_BACKOFF)-th token:
+# text that does not repeat itself then costs (nearly) plain decoding's passes. Output does not depend on it.
+MAX_BACKOFF = 4
+
 
 @dataclass(frozen=True)
 class NGram:
@@ -71,7 +75,9 @@ def speculate_step(runner, batch, config: NGram) -> tuple[int, int]:
 
     Only plain-greedy rows draft (their choice is the argmax, which the verification pass computes for every
     draft at once). Drafts are cut so that no accepted draft can finish its request (see `accept`) and so that
-    they fit the row's cache: the last token a request may take always comes from `sample`.
+    they fit the row's cache: the last token a request may take always comes from `sample`. When every row
+    drafts, each runs its last token and drafts in one pass; otherwise all last tokens run in one batched decode
+    step and only the drafting rows run their drafts after it, so rows without drafts cost no pass of their own.
     """
     drafts = []
     for row, request in enumerate(batch.requests):
@@ -80,17 +86,24 @@ def speculate_step(runner, batch, config: NGram) -> tuple[int, int]:
             runner.cache.room(batch, row) - 1,  # the last token takes a position too
             config.max_draft_len,
         )
-        ok = request.params.plain_greedy and room > 0
+        due = len(request.output) % (1 << min(request.draft_misses, MAX_BACKOFF)) == 0
+        ok = request.params.plain_greedy and room > 0 and due
         drafts.append(ngram_drafts(request.tokens, room, config.max_matching_ngram_size) if ok else [])
-    if not any(drafts):
+    split = not all(drafts)
+    if split:
         runner.decode_step(batch)
-        return 0, 0
     accepted = 0
-    for row, request in enumerate(batch.requests):  # rows without drafts run a one-token pass of their own
-        logits = runner.cache.verify(batch, row, [request.last_token, *drafts[row]])
+    for row, request in enumerate(batch.requests):
+        if not drafts[row]:
+            continue
+        if split:  # the logits after the last token came from the batched step
+            logits = np.concatenate([batch.logits[row : row + 1], runner.cache.verify(batch, row, drafts[row])])
+        else:
+            logits = runner.cache.verify(batch, row, [request.last_token, *drafts[row]])
         taken = accept(request, drafts[row], logits)
         batch.lengths[row] -= len(drafts[row]) - taken  # roll back the rejected drafts
         batch.logits[row] = logits[taken]
+        request.draft_misses = 0 if taken else request.draft_misses + 1
         accepted += taken
     return sum(map(len, drafts)), accepted
 
