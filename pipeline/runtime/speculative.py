@@ -8,10 +8,13 @@ draft model: as TensorRT-LLM's NGram mode (NGramDecodingConfig), whose setting n
 
 How: `ngram_drafts` finds the latest earlier occurrence of the request's last n tokens (n from
 max_matching_ngram_size down to 1) and proposes what followed it. `speculate_step` replaces the batch's decode
-step: each row is run on its own (GroupQueryAttention takes several new tokens after a cache only at batch
-size 1) with its drafts, accepted drafts are appended as if sampled, and the row's logits become those after
-its last accepted draft, so `sample` picks the bonus token next, exactly as it would have. The rejected
-drafts' KV positions are rolled back by the row's length alone; later writes overwrite them.
+step: each drafting row runs its drafts on its own, on a 1-row view of the batch's KV buffers
+(GroupQueryAttention takes several new tokens after a cache only at batch size 1), accepted drafts are
+appended as if sampled, and the row's logits become those after its last accepted draft, so `sample` picks
+the bonus token next, exactly as it would have. The rejected drafts' KV positions are rolled back by the
+row's length alone; later writes overwrite them. Requests whose drafts keep failing draft less often
+(`MAX_BACKOFF`). Written by hand: onnxruntime-genai and optimum have no prompt-lookup decoding over this
+runtime's in-place KV buffers.
 """
 
 from __future__ import annotations
