@@ -13,8 +13,8 @@ step: each drafting row runs its drafts on its own, on a 1-row view of the batch
 appended as if sampled, and the row's logits become those after its last accepted draft, so `sample` picks
 the bonus token next, exactly as it would have. The rejected drafts' KV positions are rolled back by the
 row's length alone; later writes overwrite them. Requests whose drafts keep failing draft less often
-(`MAX_BACKOFF`). Written by hand: onnxruntime-genai and optimum have no prompt-lookup decoding over this
-runtime's in-place KV buffers.
+(`MAX_BACKOFF`). Written by hand: transformers' prompt lookup (`prompt_lookup_num_tokens`) drives its own
+models' caches, not this runtime's in-place KV buffers.
 """
 
 from __future__ import annotations
