@@ -667,6 +667,7 @@ def bench_offline(
         genai_dir=genai_model,
         thread_spinning=(False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",),
         log=lambda m: console.print(f"  measuring {m}", highlight=False),
+        runtime=cfg.runtime,  # runtime.speculative applies to our engine
     )
     table = report.offline_table(rows)
     results = {

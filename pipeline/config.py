@@ -177,6 +177,21 @@ class BuildSection(Section):
     )
 
 
+class SpeculativeSection(Section):
+    """Speculative decoding, with the names of TensorRT-LLM's NGramDecodingConfig (the LLM-API's speculative_config)."""
+
+    type: Literal["ngram"] = Field(
+        description="ngram: drafts are what followed the latest earlier occurrence of the sequence's last tokens in "
+        "its own prompt and output (prompt lookup; no draft model)."
+    )
+    max_draft_len: int = Field(
+        ge=1, description="Draft tokens verified per step at most (required: TensorRT-LLM has no default for it)."
+    )
+    max_matching_ngram_size: int = Field(
+        2, ge=1, description="Longest suffix looked up for a match; shorter ones are tried down to 1 token."
+    )
+
+
 class RuntimeSection(Section):
     batching_strategy: Literal["inflight_fused_batching", "V1"] = Field(
         "inflight_fused_batching", description="In-flight batching, or static V1 batching."
@@ -202,6 +217,11 @@ class RuntimeSection(Section):
         ge=1,
         description="KV-cache token budget of the running batch (null: max_batch_size x max_seq_len); requests "
         "that do not fit wait in the queue.",
+    )
+    speculative: SpeculativeSection | None = Field(
+        None,
+        description="Speculative decoding (greedy requests only; output unchanged): onnxruntime verifies the drafts "
+        "in one forward pass per row; trtllm's pytorch backend gets speculative_config.",
     )
     cpu_threads: int | None = Field(
         None, ge=1, description="ONNX Runtime intra-op threads (onnxruntime target); default: all cores."

@@ -122,6 +122,7 @@ def run_offline(
     genai_dir: Path | None = None,
     thread_spinning: tuple[bool, ...] = (False,),
     log=print,
+    runtime=None,
 ) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -155,8 +156,9 @@ def run_offline(
         gc.collect()
     ours = []
     for spinning in thread_spinning:
-        runner = load_runner(engine_dir, threads, thread_spinning=spinning)
-        name = f"ours ({engine_dir.parent.name}{', spinning threads' if spinning else ''})"
+        runner = load_runner(engine_dir, threads, runtime=runtime, thread_spinning=spinning)
+        notes = (", spinning threads" if spinning else "") + (", ngram speculation" if runner.speculative else "")
+        name = f"ours ({engine_dir.parent.name}{notes})"
         log(name)
         ours += measure(name, lambda p, n: time_runner(runner, p, n), tokenizer, text, batches, shapes, repeats)
         runner = None  # free it before the next load

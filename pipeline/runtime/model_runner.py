@@ -117,6 +117,7 @@ class Request:
     log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
     finish_reason: str | None = None  # "end_id", "stop_words" or "length" once finished
+    draft_misses: int = 0  # speculative decoding: verifications in a row that accepted no draft (drafting backs off)
     rng: np.random.Generator | None = None
 
     def __post_init__(self):
@@ -147,6 +148,7 @@ class Batch:
     mask: np.ndarray | None = None  # ConcatCache: int64 [rows, length], 1 where a position holds a real token
     lengths: np.ndarray | None = None  # SharedCache: int [rows], tokens in each row's cache
     bindings: dict = field(default_factory=dict)  # SharedCache: rows bound -> I/O binding of `past`, reused
+    row_bindings: dict = field(default_factory=dict)  # SharedCache: row -> binding of its 1-row view (speculation)
 
     @property
     def length(self) -> int:
@@ -223,31 +225,40 @@ def _logsumexp(x: np.ndarray) -> float:
     return float(top + np.log(np.exp(x - top).sum()))
 
 
+def finish_reason(request: Request, token: int) -> str | None:
+    """Why taking `token` would finish the request, or None: end_id, a stop word it completes, max_new_tokens."""
+    p = request.params
+    if token == p.end_id:
+        return "end_id"
+    if p.stop_words:
+        keep = max(len(w) for w in p.stop_words) - 1  # tokens before `token` a stop word can reach back to
+        source = request.output if len(request.output) >= keep else request.prompt + request.output
+        tail = [*source[max(0, len(source) - keep) :], token]
+        if any(tail[len(tail) - len(w) :] == w for w in p.stop_words):
+            return "stop_words"
+    if len(request.output) + 1 >= p.max_new_tokens:
+        return "length"
+    return None
+
+
 def append(request: Request, token: int, log_prob: float) -> None:
     """Record a sampled token and decide whether the request is done.
 
     As in TensorRT-LLM: end_id finishes the sequence without becoming part of it (its log-prob still
     counts in cum_log_prob); a stop word stays in the output.
     """
-    p = request.params
     request.cum_log_prob += log_prob
-    if token == p.end_id:
-        request.finish_reason = "end_id"
-        return
-    request.output.append(token)
-    request.log_probs.append(log_prob)
-    if p.stop_words:
-        longest = max(len(w) for w in p.stop_words)
-        tail = (
-            request.output[-longest:]
-            if len(request.output) >= longest
-            else (request.prompt + request.output)[-longest:]
-        )
-        if any(tail[len(tail) - len(w) :] == w for w in p.stop_words):
-            request.finish_reason = "stop_words"
-            return
-    if len(request.output) >= p.max_new_tokens:
-        request.finish_reason = "length"
+    request.finish_reason = finish_reason(request, token)
+    if request.finish_reason != "end_id":
+        request.output.append(token)
+        request.log_probs.append(log_prob)
+
+
+def greedy_log_probs(logits: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Log-softmax of each row's argmax `chosen` ([rows, vocab] logits); one formula for sampling and
+    speculative acceptance, so both report the same log-probs."""
+    top = logits[np.arange(len(logits)), chosen]
+    return top - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))
 
 
 # ---------------------------------------------------------------- the runner
@@ -267,6 +278,7 @@ class ModelRunner:
         max_seq_len: int,
         max_beam_width: int,
         batch_invariant: bool = False,
+        speculative=None,
     ):
         self.engine_dir = engine_dir
         self.config = config
@@ -305,6 +317,12 @@ class ModelRunner:
             max_seq_len=max_seq_len,
             **({"batch_invariant": True} if batch_invariant else {}),
         )
+        if speculative is not None and layout is not SharedCache:
+            raise ValueError(
+                f"{engine_dir / ONNX_FILE}: speculative decoding needs the fused graph (its KV cache is rolled back "
+                "in place); rebuild with target.onnx_graph: fused, or remove runtime.speculative"
+            )
+        self.speculative = speculative  # speculative.NGram or None
 
     # ------------------------------------------------------------ construction
 
@@ -320,6 +338,7 @@ class ModelRunner:
         num_threads: int | None = None,
         thread_spinning: bool = False,
         batch_invariant: bool = False,
+        speculative=None,
         **gpu_options,
     ) -> "ModelRunner":
         """Load an engine. Limits default to the engine's build_config and may only be lowered.
@@ -330,6 +349,7 @@ class ModelRunner:
             thread_spinning: idle threads spin (faster steps when the cores are ours alone) instead of sleeping.
             batch_invariant: a request's greedy tokens do not depend on what else is in the batch or how its prompt
                 is chunked (every forward pass runs an even number of rows; see SharedCache._forward).
+            speculative: a `pipeline.runtime.speculative.NGram`: greedy requests decode with n-gram drafts.
             gpu_options: other ModelRunnerCpp.from_dir arguments (lora_dir, rank, kv_cache_free_gpu_memory_fraction,
                 ...) are accepted when they hold their defaults, and rejected otherwise.
         """
@@ -376,7 +396,7 @@ class ModelRunner:
                     f"max_seq_len {built['max_seq_len']} ({config_file})"
                 )
         session = _ort_session(engine_dir / ONNX_FILE, num_threads or default_threads(), thread_spinning)
-        return cls(engine_dir, config, session, **limits, batch_invariant=batch_invariant)
+        return cls(engine_dir, config, session, **limits, batch_invariant=batch_invariant, speculative=speculative)
 
     # ------------------------------------------------------------ ModelRunnerCpp properties
 
@@ -462,17 +482,25 @@ class ModelRunner:
         """Feed each row's last token; updates the batch's cache and logits."""
         self.cache.decode_step(batch)
 
+    def advance(self, batch: Batch) -> tuple[int, int]:
+        """The decode step, speculative when configured; returns (draft tokens verified, drafts accepted)."""
+        if self.speculative is None:
+            self.decode_step(batch)
+            return 0, 0
+        from pipeline.runtime.speculative import speculate_step
+
+        return speculate_step(self, batch, self.speculative)
+
     @staticmethod
     def sample(batch: Batch) -> list[Request]:
         """Choose one token per row from the batch's logits; returns the requests that just finished."""
         logits = batch.logits
         argmax = logits.argmax(axis=1)
-        top = logits[np.arange(len(logits)), argmax]
-        greedy_log_probs = top - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))
+        log_probs = greedy_log_probs(logits, argmax)
         done = []
         for row, request in enumerate(batch.requests):
             if request.params.plain_greedy:
-                append(request, int(argmax[row]), float(greedy_log_probs[row]))
+                append(request, int(argmax[row]), float(log_probs[row]))
             else:
                 append(request, *choose(request, logits[row]))
             if request.finished:
@@ -493,7 +521,8 @@ class ModelRunner:
         return self.cache.merge(a, b)
 
     def run(self, requests: list[Request]) -> Iterator[list[Request]]:
-        """Drive requests to completion; yields after every step (each live row got one token)."""
+        """Drive requests to completion; yields after every step (each live row got one token, or more when
+        speculating)."""
         batch = self.prefill(requests)
         while True:
             self.sample(batch)
@@ -501,7 +530,7 @@ class ModelRunner:
             batch = self.retire(batch)
             if not len(batch):
                 return
-            self.decode_step(batch)
+            self.advance(batch)
 
     # ------------------------------------------------------------ ModelRunnerCpp.generate
 
@@ -814,8 +843,7 @@ class SharedCache:
         self.spare_rows = int(batch_invariant)  # the dummy row of batch-invariant passes (see _forward)
 
     def bind(self, past: dict):
-        """An I/O binding with the cache buffers as both past and present (GQA writes in place); a batch keeps
-        it across steps, so a decode step binds only its four small inputs."""
+        """An I/O binding with the cache buffers as both past and present (GQA writes in place)."""
         import onnxruntime as ort
 
         binding = self.session.io_binding()
@@ -827,10 +855,16 @@ class SharedCache:
         return binding
 
     def _forward(
-        self, batch: Batch, input_ids: np.ndarray, lengths: np.ndarray, logits_index: np.ndarray, prompt: bool = True
+        self,
+        batch: Batch,
+        input_ids: np.ndarray,
+        lengths: np.ndarray,
+        logits_index: np.ndarray,
+        prompt: bool = True,
+        row: int | None = None,
     ) -> np.ndarray:
-        """Run new tokens on the batch's first len(input_ids) buffer rows; `lengths` are those rows' cache lengths
-        after them. Returns logits [len(logits_index), vocab].
+        """Run new tokens on the batch's first len(input_ids) buffer rows (or on row `row` alone); `lengths` are
+        those rows' cache lengths after them. Returns logits [len(logits_index), vocab].
 
         Batch-invariant: ONNX Runtime's MatMulNBits int8-compute kernel gives the token in a pass's single-row
         remainder (odd row counts) other bits than the rows it takes in pairs, so every pass gets an even number of
@@ -848,17 +882,23 @@ class SharedCache:
                 input_ids, lengths = np.pad(input_ids, ((0, 1), (0, 0))), np.append(lengths, 1)
         if self.spare_rows and wanted % 2:
             logits_index = np.append(logits_index, logits_index[-1])
-        binding = batch.bindings.get(len(input_ids))
-        if binding is None:  # kept: the next decode steps bind only their four small inputs
-            binding = batch.bindings[len(input_ids)] = self.bind(
-                {name: buffer[: len(input_ids)] for name, buffer in batch.past.items()}
-            )
+        binding = self._binding(batch, len(input_ids), row)
+        binding.bind_output("logits", "cpu")  # a fresh output: ORT reuses an allocated one only at its own shape
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(lengths.max(), dtype=np.int32))
         binding.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()[:wanted]
+
+    def _binding(self, batch: Batch, rows: int, row: int | None):
+        """The I/O binding of the batch's first `rows` buffer rows, or of row `row` alone; kept, so the next steps
+        bind only their four small inputs."""
+        bindings, key = (batch.bindings, rows) if row is None else (batch.row_bindings, row)
+        if key not in bindings:
+            window = slice(0, rows) if row is None else slice(row, row + 1)  # contiguous: wrapped, not copied
+            bindings[key] = self.bind({name: buffer[window] for name, buffer in batch.past.items()})
+        return bindings[key]
 
     def _buffers(self, rows: int, capacity: int) -> dict:
         return {
@@ -917,6 +957,19 @@ class SharedCache:
         batch.lengths = batch.lengths + 1
         last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
         batch.logits = self._forward(batch, last, batch.lengths, np.arange(len(batch)), prompt=False)
+
+    def room(self, batch: Batch, row: int) -> int:
+        """Positions left in the row's cache buffer (less the batch-invariant dummy token's)."""
+        return next(iter(batch.past.values())).shape[2] - int(batch.lengths[row]) - self.spare_rows
+
+    def verify(self, batch: Batch, row: int, tokens: list[int]) -> np.ndarray:
+        """Run several tokens of one row after its cache (speculative drafts), on a 1-row view of the batch's
+        buffers (row i of a C-contiguous [rows, ...] buffer is contiguous: wrapped, not copied); returns the
+        logits after each token, [len(tokens), vocab]. The row's length grows by len(tokens)."""
+        lengths = batch.lengths[row : row + 1] + len(tokens)
+        logits = self._forward(batch, np.array([tokens]), lengths, np.arange(len(tokens)), row=row)
+        batch.lengths[row] = lengths[0]
+        return logits
 
     def select(self, batch: Batch, rows: list[int]) -> Batch:
         spare = [len(batch)] * self.spare_rows  # the spare row's content is never read: any row will do

@@ -13,7 +13,8 @@ Every step
    complete,
 2. samples one token per row and sends it (streaming) or keeps it (final response at the end),
 3. retires finished and cancelled rows, freeing their KV cache and blocks at once,
-4. runs one decode step for the rest.
+4. runs one decode step for the rest (with runtime.speculative: verifies n-gram drafts, possibly several tokens per
+   row; `pipeline.runtime.speculative`).
 A step that raises fails the jobs whose rows it held, one error response each; the scheduler goes on with the queue.
 Written by hand because no library schedules requests for an ONNX Runtime decoder this way.
 """
@@ -42,6 +43,8 @@ COUNTERS = {
     "prefix_cache_queried_blocks_total": "Full prompt blocks looked up in the prefix cache at admission",
     "prefix_cache_hit_blocks_total": "Prompt blocks found in the prefix cache (hit rate: hit / queried)",
     "prefix_cache_reused_tokens_total": "Prompt tokens whose KV was copied from the prefix cache, not prefilled",
+    "draft_tokens_total": "Speculative draft tokens verified (runtime.speculative)",
+    "accepted_draft_tokens_total": "Speculative drafts accepted: output tokens that took no decode step of their own",
 }
 GAUGES = {
     "active_rows": "Sequences in the running batch after the last step",
@@ -323,7 +326,14 @@ class Scheduler:
         self._respond()
         self.batch = self.runner.retire(self.batch)
         if len(self.batch):
-            self.runner.decode_step(self.batch)
+            drafted, accepted = self.runner.advance(self.batch)
+            self._record(
+                increments={
+                    "draft_tokens_total": drafted,
+                    "accepted_draft_tokens_total": accepted,
+                    "generated_tokens_total": accepted,
+                }
+            )
         else:
             self.batch = None
 

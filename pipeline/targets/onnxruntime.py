@@ -378,6 +378,7 @@ class OnnxRuntimeTarget:
         "runtime.cpu_thread_spinning",
         "runtime.enable_kv_cache_reuse",
         "build.tokens_per_block",
+        "runtime.speculative",
         "verify.max_export_logits_diff",
     }
     sources = {
@@ -431,6 +432,14 @@ class OnnxRuntimeTarget:
     def config_problems(self, cfg) -> list:
         q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
         out = self._checkpoint_graph_problems(cfg)
+        if r.speculative is not None and cfg.target.onnx_graph == "optimum":
+            out.append(
+                (
+                    ("runtime", "speculative"),
+                    "needs the fused graph (its KV cache is rolled back in place); set target.onnx_graph: auto or "
+                    "fused, or remove runtime.speculative",
+                )
+            )
         if q.weights in ("fp8", "nvfp4"):
             out.append(
                 (
@@ -606,6 +615,7 @@ class OnnxRuntimeTarget:
     def triton_models(self, cfg, engine_dir: Path, engine: dict):
         """tensorrtllm_backend's layout around a decoupled python LLM model with in-flight batching; it imports
         the installed package (it runs in the project's environment), so model.py is the only file copied."""
+        from pipeline.runtime import speculative
         from pipeline.triton import interface
         from pipeline.triton.model_config import ModelSpec, model_config
         from pipeline.triton.repo import inflight_batcher_models
@@ -629,16 +639,23 @@ class OnnxRuntimeTarget:
                 "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
                 "tokens_per_block": cfg.build.tokens_per_block,
                 "enable_kv_cache_reuse": r.enable_kv_cache_reuse,
+                **speculative.to_parameters(speculative.from_config(r.speculative)),
             },
         )
         return inflight_batcher_models(cfg, ModelSpec(config, {"model.py": LLM_MODEL_FILE}), engine_dir, engine)
 
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
+        from pipeline.runtime import speculative
         from pipeline.runtime.model_runner import ModelRunner
 
         if thread_spinning is None:  # an offline run has the cores to itself: "auto" spins
             thread_spinning = runtime is None or runtime.cpu_thread_spinning != "off"
-        return ModelRunner.from_dir(engine_dir, num_threads=num_threads, thread_spinning=thread_spinning)
+        return ModelRunner.from_dir(
+            engine_dir,
+            num_threads=num_threads,
+            thread_spinning=thread_spinning,
+            speculative=speculative.from_config(runtime.speculative) if runtime is not None else None,
+        )
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
         from pipeline.errors import PipelineError

@@ -64,6 +64,8 @@ CLIENT_TO_LLMAPI = {
     "exclude_input_in_output": "sampling_param_exclude_input_from_output",
 }
 LLMAPI_TO_CLIENT_OUTPUTS = {"text_output": "text_output"}
+# runtime.speculative.type -> the LLM API's speculative_config.decoding_type
+SPECULATIVE_DECODING_TYPES = {"ngram": "NGram"}
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,13 @@ def all_options(cfg) -> list[Option]:
                 "runtime.max_tokens_in_paged_kv_cache",
             )
         )
+    if r.speculative is not None:  # NGramDecodingConfig, chosen by decoding_type in every tabulated release
+        speculative = {
+            "decoding_type": SPECULATIVE_DECODING_TYPES[r.speculative.type],
+            "max_draft_len": r.speculative.max_draft_len,
+            "max_matching_ngram_size": r.speculative.max_matching_ngram_size,
+        }
+        options.append(Option(("speculative_config",), speculative, "runtime.speculative"))
     graphs = {"batch_sizes": cuda_graph_batch_sizes(b.max_batch_size), "enable_padding": True}
     options.append(Option(("cuda_graph_config",), graphs if r.cuda_graph_mode else None, "runtime.cuda_graph_mode"))
     return options
@@ -396,6 +405,7 @@ class LlmApiBackend:
         "runtime.cuda_graph_mode",
         "runtime.streaming",
         "runtime.max_tokens_in_paged_kv_cache",
+        "runtime.speculative",
         "triton.ensemble_name",
         "triton.llm_model_name",
     }

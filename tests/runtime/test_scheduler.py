@@ -94,7 +94,7 @@ def assert_nothing_left(scheduler: Scheduler) -> None:
 
 
 class FlakyRunner:
-    """A real runner whose engine calls (prefill, prefill_chunk, decode_step, counted together from 1) raise on
+    """A real runner whose engine calls (prefill, prefill_chunk, advance, counted together from 1) raise on
     chosen calls; it notes which jobs the scheduler held at each failure."""
 
     def __init__(self, runner: ModelRunner, failing_calls: set[int]):
@@ -119,9 +119,9 @@ class FlakyRunner:
         self._engine_call("prefill_chunk")
         return self.runner.prefill_chunk(partial, request, budget)
 
-    def decode_step(self, batch):
+    def advance(self, batch):  # the scheduler's decode step (speculative when configured)
         self._engine_call("decode_step")
-        self.runner.decode_step(batch)
+        return self.runner.advance(batch)
 
 
 # ---------------------------------------------------------------- many random requests

@@ -20,6 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.scheduler import COUNTERS, GAUGES, Scheduler
+from pipeline.runtime.speculative import from_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -60,7 +61,9 @@ class TritonPythonModel:
         engine_dir = params["engine_dir"]
         threads = int(params.get("cpu_threads") or 0) or None
         spinning = str(params.get("cpu_thread_spinning", "false")).lower() == "true"
-        runner = ModelRunner.from_dir(engine_dir, num_threads=threads, thread_spinning=spinning)
+        runner = ModelRunner.from_dir(
+            engine_dir, num_threads=threads, thread_spinning=spinning, speculative=from_parameters(params)
+        )
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(engine_dir)  # only to hold back incomplete UTF-8 when streaming
