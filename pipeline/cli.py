@@ -785,7 +785,9 @@ def bench_serve(
     input_len: int = typer.Option(128, help="synthetic: mean prompt length in tokens (cut from the eval text)."),
     input_spread: float = typer.Option(0.25, help="synthetic: prompt lengths vary uniformly by +-this fraction."),
     prefix_len: int = typer.Option(
-        1000, help="shared-prefix: tokens of the eval text in the shared system prompt (after a short policy)."
+        900,
+        help="shared-prefix: tokens of the shared system prompt (a short policy, then the eval text); with the "
+        "question, prompts stay under the default build's max_input_len 1024.",
     ),
     system_prompt_file: Optional[Path] = typer.Option(
         None, help="shared-prefix: a text file to use as the shared system prompt instead."

@@ -129,7 +129,7 @@ def test_shared_prefix_prompts_share_the_system_prompt_in_token_ids(chat_tokeniz
     tokenizer = chat_tokenizer[0]
     ids = [tokenizer.encode(p, add_special_tokens=True) for p in prompts_of("shared-prefix", chat_tokenizer)]
     shared = next(i for i in range(min(map(len, ids))) if len({row[i] for row in ids}) > 1)
-    assert shared > 200  # the policy and 200 tokens of the text, identical ids in every request
+    assert shared >= 200  # the policy and the text, 200 tokens, identical ids in every request
     assert all(len(row) - shared < shared / 3 for row in ids)  # then a short question of its own
     assert all(
         p.startswith("<|im_start|>system\n") and p.endswith("<|im_start|>assistant\n")

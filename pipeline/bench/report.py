@@ -167,14 +167,15 @@ def plot_serve(levels: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for workload in dict.fromkeys(lv.get("workload", "synthetic") for lv in levels):
-        mine = [lv for lv in levels if lv.get("workload", "synthetic") == workload]
-        tput = [lv["summary"]["output_token_throughput"] for lv in mine]
         for ax, key in ((axes[0], "ttft_ms"), (axes[1], "itl_ms")):
-            ax.plot(tput, [lv["summary"][key]["p50"] for lv in mine], marker="o", label=workload)
-            for lv, x in zip(mine, tput):
-                ax.annotate(
-                    lv["label"], (x, lv["summary"][key]["p50"]), textcoords="offset points", xytext=(4, 4), fontsize=8
-                )
+            points = [
+                (lv["label"], lv["summary"]["output_token_throughput"], lv["summary"][key]["p50"])
+                for lv in levels
+                if lv.get("workload", "synthetic") == workload and lv["summary"][key]["p50"] is not None
+            ]  # a level whose requests all failed has no latency
+            ax.plot([x for _, x, _ in points], [y for _, _, y in points], marker="o", label=workload)
+            for label, x, y in points:
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     for ax, name in ((axes[0], "TTFT p50 (ms)"), (axes[1], "ITL p50 (ms)")):
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(name)

@@ -77,12 +77,13 @@ def synthetic_prompts(tokenizer, text: str, count: int, input_len: int, spread: 
 def shared_prefix_prompts(
     tokenizer, text: str, count: int, prefix_len: int, seed: int = 0, system: str | None = None
 ) -> list[str]:
-    """Chat requests under one long system prompt (POLICY and `prefix_len` tokens of the text, or `system`), each
+    """Chat requests under one long system prompt of `prefix_len` tokens (POLICY and the text, or `system`), each
     with its own short question: the load a prefix cache serves."""
     rng = random.Random(seed)
     if system is None:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        system = POLICY + _window(tokenizer, ids, prefix_len, rng)
+        policy = len(tokenizer(POLICY, add_special_tokens=False)["input_ids"])
+        system = POLICY + _window(tokenizer, ids, max(1, prefix_len - policy), rng)
     words = _words(system)
     return [_chat(tokenizer, system, rng.choice(QUESTIONS).format(word=rng.choice(words))) for _ in range(count)]
 
