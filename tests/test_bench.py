@@ -123,6 +123,8 @@ def test_workload_prompts_are_deterministic_and_differ(workload, chat_tokenizer)
     assert prompts == prompts_of(workload, chat_tokenizer)  # the same seed gives the same load
     assert prompts != prompts_of(workload, chat_tokenizer, seed=1)
     assert len(set(prompts)) == len(prompts) == 6
+    with pytest.raises(ValueError, match="choose from synthetic, shared-prefix, grounded"):
+        prompts_of(workload + "-typo", chat_tokenizer)
 
 
 def test_shared_prefix_prompts_share_the_system_prompt_in_token_ids(chat_tokenizer):
