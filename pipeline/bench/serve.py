@@ -5,7 +5,8 @@ genai-perf needs the perf_analyzer binary, absent on these machines, and guidell
 speak only OpenAI-style HTTP, not Triton's streaming gRPC. Every request streams; per request it
 records time to first token, the gaps between streamed chunks (divided over the chunk's tokens),
 end-to-end latency and output tokens (one engine log-probability per generated token). Bounded by
-request count and a wall-clock limit; loopback only.
+request count and a wall-clock limit; loopback only. Prompts come from seeded workloads (WORKLOADS); the server's
+own counters (prefix cache, speculation) are read from its Prometheus endpoint around each load level.
 """
 
 from __future__ import annotations
