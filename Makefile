@@ -50,10 +50,12 @@ $(GENAI_MODEL)/genai_config.json: $(OUTPUT)/import/model.safetensors $(GENAI_VEN
 	$(GENAI_VENV)/bin/python -m onnxruntime_genai.models.builder -i $(OUTPUT)/import -o $(GENAI_MODEL).tmp -p int4 -e cpu -c $(GENAI_MODEL).cache > $(OUTPUT)/genai-builder.log 2>&1
 	rm -rf $(GENAI_MODEL) $(GENAI_MODEL).cache && mv $(GENAI_MODEL).tmp $(GENAI_MODEL)
 
-# ~6 minutes on 2 cores: the engine vs transformers and onnxruntime-genai offline, then the in-flight batching gain on Triton.
+# ~6 minutes on 2 cores: the engine vs transformers and onnxruntime-genai offline, then the in-flight batching gain on
+# Triton; then ~3 more (4m42 on busy cores): the shared-prefix and grounded workloads, whose long prefills dominate.
 bench: build-engine genai-peer
 	$(VENV)/bin/trtllm-pipeline bench offline $(CONFIG) --batch 1 --batch 8 --shape 128x64 --repeats 3 --genai-model $(GENAI_MODEL) --both-spinning
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
+	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --workload shared-prefix --workload grounded --concurrency 1 --concurrency 8 --requests 8 --output-len 64
 
 # The fused graph's decode speed per registered family, as ratios to Llama of SmolLM2-135M's size (int8 engines).
 bench-architectures: $(STAMP)

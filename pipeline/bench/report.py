@@ -68,38 +68,55 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 
 def serve_table(levels: list[dict]) -> str:
-    base = levels[0]["summary"]["output_token_throughput"] or 1.0
-    rows = [
-        [
-            lv["label"],
-            lv["summary"]["requests"],
-            lv["summary"]["errors"],
-            lv["summary"]["request_throughput"],
-            lv["summary"]["output_token_throughput"],
-            f"{lv['summary']['output_token_throughput'] / base:.2f}x",
-            lv["summary"]["ttft_ms"]["p50"],
-            lv["summary"]["ttft_ms"]["p99"],
-            lv["summary"]["itl_ms"]["p50"],
-            lv["summary"]["itl_ms"]["p99"],
-            lv["summary"]["e2e_ms"]["p90"],
-            lv["summary"]["goodput"],
-        ]
-        for lv in levels
-    ]
+    """One row per workload and load level; throughput ratios are to the workload's first level, and the server-side
+    columns read n/a where the server does not export the counters."""
+    firsts: dict[str, float] = {}
+    rows = []
+    for lv in levels:
+        s, workload = lv["summary"], lv.get("workload", "synthetic")
+        base = firsts.setdefault(workload, s["output_token_throughput"] or 1.0)
+        server = lv.get("server", {})
+        na = lambda key: "n/a" if server.get(key) is None else server[key]  # noqa: E731
+        rows.append(
+            [
+                workload,
+                lv["label"],
+                s["requests"],
+                s["errors"],
+                s["request_throughput"],
+                s["output_token_throughput"],
+                f"{s['output_token_throughput'] / base:.2f}x",
+                s["ttft_ms"]["p50"],
+                s["ttft_ms"]["p99"],
+                s["itl_ms"]["p50"],
+                s["itl_ms"]["p99"],
+                s["e2e_ms"]["p50"],
+                s["e2e_ms"]["p90"],
+                s["goodput"],
+                na("prefix_cache_hit_rate"),
+                na("prefix_reused_tokens"),
+                na("draft_acceptance"),
+            ]
+        )
     return markdown_table(
         [
+            "workload",
             "load",
             "requests",
             "errors",
             "req/s",
             "output tok/s",
-            f"vs {levels[0]['label']}",
+            "vs first load",
             "TTFT p50 ms",
             "TTFT p99 ms",
             "ITL p50 ms",
             "ITL p99 ms",
+            "E2E p50 ms",
             "E2E p90 ms",
             "goodput req/s",
+            "prefix-cache hit rate",
+            "reused tokens",
+            "draft acceptance",
         ],
         rows,
     )
@@ -149,17 +166,22 @@ def plot_serve(levels: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    tput = [lv["summary"]["output_token_throughput"] for lv in levels]
-    for ax, key, name in ((axes[0], "ttft_ms", "TTFT p50 (ms)"), (axes[1], "itl_ms", "ITL p50 (ms)")):
-        ax.plot(tput, [lv["summary"][key]["p50"] for lv in levels], marker="o")
-        for lv, x in zip(levels, tput):
-            ax.annotate(
-                lv["label"], (x, lv["summary"][key]["p50"]), textcoords="offset points", xytext=(4, 4), fontsize=8
-            )
+    for workload in dict.fromkeys(lv.get("workload", "synthetic") for lv in levels):
+        for ax, key in ((axes[0], "ttft_ms"), (axes[1], "itl_ms")):
+            points = [
+                (lv["label"], lv["summary"]["output_token_throughput"], lv["summary"][key]["p50"])
+                for lv in levels
+                if lv.get("workload", "synthetic") == workload and lv["summary"][key]["p50"] is not None
+            ]  # a level whose requests all failed has no latency
+            ax.plot([x for _, x, _ in points], [y for _, _, y in points], marker="o", label=workload)
+            for label, x, y in points:
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for ax, name in ((axes[0], "TTFT p50 (ms)"), (axes[1], "ITL p50 (ms)")):
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    fig.suptitle("serving: throughput vs latency per load level")
+        ax.legend(fontsize=8)
+    fig.suptitle("serving: throughput vs latency per workload and load level")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -193,13 +215,16 @@ def compare(a: dict, b: dict) -> str:
         if results["kind"] == "serve":
             for lv in results["levels"]:
                 s = lv["summary"]
+                workload = lv.get("workload", "synthetic")
+                key = lv["label"] if workload == "synthetic" else f"{workload} {lv['label']}"
                 out |= {
-                    f"{lv['label']} output tok/s": s["output_token_throughput"],
-                    f"{lv['label']} req/s": s["request_throughput"],
-                    f"{lv['label']} TTFT p50 ms": s["ttft_ms"]["p50"],
-                    f"{lv['label']} ITL p50 ms": s["itl_ms"]["p50"],
-                    f"{lv['label']} goodput": s["goodput"],
-                }
+                    f"{key} output tok/s": s["output_token_throughput"],
+                    f"{key} req/s": s["request_throughput"],
+                    f"{key} TTFT p50 ms": s["ttft_ms"]["p50"],
+                    f"{key} ITL p50 ms": s["itl_ms"]["p50"],
+                    f"{key} ITL p99 ms": s["itl_ms"]["p99"],
+                    f"{key} goodput": s["goodput"],
+                } | {f"{key} {name}": value for name, value in lv.get("server", {}).items() if value is not None}
         else:
             for r in results["rows"]:
                 role = (

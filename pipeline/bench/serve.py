@@ -5,7 +5,8 @@ genai-perf needs the perf_analyzer binary, absent on these machines, and guidell
 speak only OpenAI-style HTTP, not Triton's streaming gRPC. Every request streams; per request it
 records time to first token, the gaps between streamed chunks (divided over the chunk's tokens),
 end-to-end latency and output tokens (one engine log-probability per generated token). Bounded by
-request count and a wall-clock limit; loopback only.
+request count and a wall-clock limit; loopback only. Prompts come from seeded workloads (WORKLOADS); the server's
+own counters (prefix cache, speculation) are read from its Prometheus endpoint around each load level.
 """
 
 from __future__ import annotations
@@ -20,6 +21,48 @@ import numpy as np
 
 from pipeline.triton.client import client_inputs
 
+WORKLOADS = ("synthetic", "shared-prefix", "grounded")
+
+# shared-prefix: the system prompt's instructions before the reference text, and the users' question frames
+POLICY = (
+    "You are the reading assistant of a theatre company. Answer questions about the reference text below in at "
+    "most three sentences, quote it where you can, and say so when the text does not answer the question.\n\n"
+    "Reference text:\n"
+)
+QUESTIONS = (
+    "Who speaks about {word} in the reference text?",
+    "What does the text say about {word}?",
+    "Quote the line that mentions {word}.",
+    "Why is {word} important in this scene?",
+    "Explain the word {word} as it is used here.",
+    "Which character would you ask about {word}, and why?",
+)
+# grounded: tasks answered from the passage itself, so the output repeats its words (prompt-lookup drafts hit)
+TASKS = (
+    "Summarise the passage in three sentences.",
+    "Quote, word for word, the first four lines of the passage.",
+    "List every character who speaks in the passage, one per line, with their first line.",
+    "Quote exactly the line of the passage that mentions {word}.",
+    "Extract every place and person named in the passage.",
+)
+
+
+def _window(tokenizer, ids: list[int], length: int, rng: random.Random) -> str:
+    """`length` tokens of the text from a random place, as text."""
+    start = rng.randrange(0, max(1, len(ids) - length))
+    return tokenizer.decode(ids[start : start + length])
+
+
+def _words(text: str) -> list[str]:
+    """The text's words of five letters or more (any words when it has none), sorted: fillers for question frames."""
+    words = sorted({w.strip(".,;:!?'\"[]()-_").lower() for w in text.split()} - {""})
+    return [w for w in words if w.isalpha() and len(w) >= 5] or words
+
+
+def _chat(tokenizer, system: str | None, user: str) -> str:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
 
 def synthetic_prompts(tokenizer, text: str, count: int, input_len: int, spread: float, seed: int = 0) -> list[str]:
     """`count` prompts cut from a real text, lengths uniform in input_len x [1 - spread, 1 + spread] tokens."""
@@ -28,9 +71,113 @@ def synthetic_prompts(tokenizer, text: str, count: int, input_len: int, spread: 
     prompts = []
     for _ in range(count):
         length = max(1, int(input_len * rng.uniform(1 - spread, 1 + spread)))
-        start = rng.randrange(0, max(1, len(ids) - length))
-        prompts.append(tokenizer.decode(ids[start : start + length]))
+        prompts.append(_window(tokenizer, ids, length, rng))
     return prompts
+
+
+def shared_prefix_prompts(
+    tokenizer, text: str, count: int, prefix_len: int, seed: int = 0, system: str | None = None
+) -> list[str]:
+    """Chat requests under one long system prompt of `prefix_len` tokens (POLICY and the text, or `system`), each
+    with its own short question: the load a prefix cache serves."""
+    rng = random.Random(seed)
+    if system is None:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        policy = len(tokenizer(POLICY, add_special_tokens=False)["input_ids"])
+        system = POLICY + _window(tokenizer, ids, max(1, prefix_len - policy), rng)
+    words = _words(system)
+    return [_chat(tokenizer, system, rng.choice(QUESTIONS).format(word=rng.choice(words))) for _ in range(count)]
+
+
+def grounded_prompts(tokenizer, text: str, count: int, passage_len: int, seed: int = 0) -> list[str]:
+    """Chat requests that each give a passage of `passage_len` tokens and ask to summarise, extract or quote from
+    it: outputs that copy their input, where prompt-lookup speculation pays."""
+    rng = random.Random(seed)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    prompts = []
+    for _ in range(count):
+        passage = _window(tokenizer, ids, passage_len, rng)
+        task = rng.choice(TASKS).format(word=rng.choice(_words(passage)))
+        prompts.append(_chat(tokenizer, None, f"Passage:\n{passage}\n\n{task}"))
+    return prompts
+
+
+def workload_prompts(
+    workload: str,
+    tokenizer,
+    text: str,
+    count: int,
+    *,
+    input_len: int,
+    input_spread: float,
+    prefix_len: int,
+    passage_len: int,
+    system: str | None = None,
+    seed: int = 0,
+) -> list[str]:
+    """`count` prompts of one of WORKLOADS, the same for the same arguments."""
+    if workload == "synthetic":
+        return synthetic_prompts(tokenizer, text, count, input_len, input_spread, seed)
+    if workload == "shared-prefix":
+        return shared_prefix_prompts(tokenizer, text, count, prefix_len, seed, system)
+    if workload == "grounded":
+        return grounded_prompts(tokenizer, text, count, passage_len, seed)
+    raise ValueError(f"unknown workload {workload!r}: choose from {', '.join(WORKLOADS)}")
+
+
+# Server-side figures of a load level, from the deltas of the engine model's counters (scheduler metrics exported
+# by the Triton model); name -> (numerator, denominator or None for a plain count).
+SERVER_METRICS = {
+    "prefix_cache_hit_rate": (
+        "trtllm_pipeline_prefix_cache_hit_blocks_total",
+        "trtllm_pipeline_prefix_cache_queried_blocks_total",
+    ),
+    "prefix_reused_tokens": ("trtllm_pipeline_prefix_cache_reused_tokens_total", None),
+    "draft_acceptance": ("trtllm_pipeline_accepted_draft_tokens_total", "trtllm_pipeline_draft_tokens_total"),
+    "generated_tokens": ("trtllm_pipeline_generated_tokens_total", None),  # cross-checks the client's count
+}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> sample name -> value summed over its label sets (models, versions).
+
+    Counters are named with `_total`, as prometheus_client's parser names them (Triton's nv_* counters too)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def scrape_metrics(url: str | None) -> dict[str, float] | None:
+    """The server's counters now, or None when there is no metrics endpoint to read."""
+    import urllib.request
+
+    if not url:
+        return None
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return parse_metrics(reply.read().decode())
+    except OSError:
+        return None
+
+
+def server_deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float | None]:
+    """SERVER_METRICS over the interval between two scrapes; None where a counter is absent or nothing was counted."""
+    out: dict[str, float | None] = {}
+    for name, (numerator, denominator) in SERVER_METRICS.items():
+        if before is None or after is None or numerator not in after or (denominator and denominator not in after):
+            out[name] = None
+            continue
+        count = after[numerator] - before.get(numerator, 0.0)
+        if denominator is None:
+            out[name] = count
+        else:
+            total = after[denominator] - before.get(denominator, 0.0)
+            out[name] = round(count / total, 4) if total else None
+    return out
 
 
 class Timeline:
