@@ -379,6 +379,7 @@ class OnnxRuntimeTarget:
         "runtime.enable_kv_cache_reuse",
         "build.tokens_per_block",
         "runtime.speculative",
+        "runtime.batch_invariant",
         "verify.max_export_logits_diff",
     }
     sources = {
@@ -432,6 +433,14 @@ class OnnxRuntimeTarget:
     def config_problems(self, cfg) -> list:
         q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
         out = self._checkpoint_graph_problems(cfg)
+        if r.batch_invariant and cfg.target.onnx_graph == "optimum":
+            out.append(
+                (
+                    ("runtime", "batch_invariant"),
+                    "needs the fused graph (the optimum graph's left-padded rows change with the batch); set "
+                    "target.onnx_graph: auto or fused, or remove runtime.batch_invariant",
+                )
+            )
         if r.speculative is not None and cfg.target.onnx_graph == "optimum":
             out.append(
                 (
@@ -639,6 +648,7 @@ class OnnxRuntimeTarget:
                 "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,
                 "tokens_per_block": cfg.build.tokens_per_block,
                 "enable_kv_cache_reuse": r.enable_kv_cache_reuse,
+                "batch_invariant": r.batch_invariant,
                 **speculative.to_parameters(speculative.from_config(r.speculative)),
             },
         )
@@ -655,6 +665,7 @@ class OnnxRuntimeTarget:
             num_threads=num_threads,
             thread_spinning=thread_spinning,
             speculative=speculative.from_config(runtime.speculative) if runtime is not None else None,
+            batch_invariant=runtime is not None and runtime.batch_invariant,
         )
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:

@@ -62,7 +62,11 @@ class TritonPythonModel:
         threads = int(params.get("cpu_threads") or 0) or None
         spinning = str(params.get("cpu_thread_spinning", "false")).lower() == "true"
         runner = ModelRunner.from_dir(
-            engine_dir, num_threads=threads, thread_spinning=spinning, speculative=from_parameters(params)
+            engine_dir,
+            num_threads=threads,
+            thread_spinning=spinning,
+            speculative=from_parameters(params),
+            batch_invariant=params.get("batch_invariant", "false").lower() == "true",
         )
         from transformers import AutoTokenizer
 
