@@ -73,14 +73,19 @@ def compare_with_fp32(
     return {**report, **quality.chat_quality(reference_fn, engine_fn, chat, engine_greedy)}, chat
 
 
-def engine_quality(cfg: BuildConfig, hf_dir: Path, engine_dir: Path, cache: Path, log=print, chat=None):
-    """(quality report, fp32 chat reference) of an onnxruntime engine directory; pass the returned reference
-    back as `chat` to score several engines of one model without regenerating the fp32 answers."""
+def engine_quality(
+    hf_dir: Path, engine_dir: Path, cache: Path, cfg: BuildConfig | None = None, log=print, chat=None
+) -> tuple[dict, object]:
+    """(quality report, fp32 chat reference) of an onnxruntime engine directory against the fp32 checkpoint in
+    `hf_dir`, by `cfg.verify` (default: the defaults); `cache` holds the evaluation text (`pipeline.build.cache_dir()`).
+    To score several engines of one model, pass the returned reference back as `chat`: the fp32 answers are
+    generated once."""
     from functools import partial
 
     from pipeline import quality
     from pipeline.runtime.model_runner import ModelRunner
 
+    cfg = cfg or BuildConfig()
     runner = ModelRunner.from_dir(engine_dir, num_threads=cfg.runtime.cpu_threads)
     engine_fn = quality.session_logits_fn(runner.session)
     greedy = partial(quality.runner_greedy, runner)
@@ -89,7 +94,7 @@ def engine_quality(cfg: BuildConfig, hf_dir: Path, engine_dir: Path, cache: Path
 
 def quality_report(cfg: BuildConfig, hf_dir: Path, engine_dir: Path, cache: Path, log=print) -> dict:
     """An onnxruntime engine's report (what its build records and `verify` prints)."""
-    return engine_quality(cfg, hf_dir, engine_dir, cache, log)[0]
+    return engine_quality(hf_dir, engine_dir, cache, cfg, log)[0]
 
 
 def perplexity_summary(cfg: BuildConfig, ids, reference: float, engine: float) -> dict:
