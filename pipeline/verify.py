@@ -59,7 +59,7 @@ def compare_with_fp32(
     report = {
         **perplexity_summary(cfg, ids, np.exp(scores["reference_nll"].mean()), np.exp(scores["engine_nll"].mean())),
         **quality.drift(scores),
-        "max_abs_logits_diff": round(float(scores["abs_diff"].max()), 5),
+        "max_abs_logits_diff": float(f"{scores['abs_diff'].max():.4g}"),
     }
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     if not tokenizer.chat_template:
