@@ -314,19 +314,25 @@ def _publish_repo(repo: Path, name: str) -> Path:
 @app.command()
 @reports_errors
 def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt):
-    """Score quality against the fp32 model on the evaluation text and apply the gate
-    `verify.max_perplexity_increase` (exit 3 when crossed). The build runs the same check.
+    """Score quality against the fp32 model and apply the gates `verify.max_perplexity_increase`,
+    `max_kl_divergence`, `min_top1_agreement`, `min_chat_answer_match` (exit 3 when one is crossed).
+    The build runs the same check.
+
+    Scored: perplexity, KL divergence of the next-token distribution from fp32's (mean, p99) and top-1
+    agreement on the evaluation text (one forward pass per model), then with a chat template the same
+    drift over fp32's greedy answers to the built-in chat questions, and how often the engine's own
+    greedy answer is fp32's.
 
     onnxruntime: the built engine. trtllm: the TensorRT-LLM checkpoint itself, read back from every
-    rank, dequantized and run by a CPU reference forward (perplexity, top-1 agreement, logits
-    difference, a greedy sample) -- before any GPU time is spent.
+    rank, dequantized and run by a CPU reference forward (plus a greedy sample) -- before any GPU time
+    is spent.
 
     Example: trtllm-pipeline verify build_configs/smollm2-135m-cpu-int4.yaml verify.eval_tokens=4096
     """
     from pipeline.build import cache_dir, default_output
     from pipeline.errors import StageError
     from pipeline.targets import target_of
-    from pipeline.verify import gate_problem
+    from pipeline.verify import THRESHOLDS, gate_problem
 
     cfg = _load(config, overrides)
     output = output or default_output(config)
@@ -342,10 +348,10 @@ def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
     problem = gate_problem(cfg, report)
     if problem:
         raise StageError("verify", problem)
-    limit = cfg.verify.max_perplexity_increase
-    console.print(
-        f"[green]passed[/]: within verify.max_perplexity_increase {limit:.0%}" if limit is not None else "gate disabled"
-    )
+    limits = [
+        f"verify.{name} {getattr(cfg.verify, name)}" for name in THRESHOLDS if getattr(cfg.verify, name) is not None
+    ]
+    console.print(f"[green]passed[/]: within {', '.join(limits)}" if limits else "gates disabled")
 
 
 @app.command()

@@ -281,6 +281,34 @@ class VerifySection(Section):
         description="Fail the build when engine perplexity exceeds the fp32 model's by more than this fraction "
         "(0.10 = +10%); null disables the gate.",
     )
+    max_kl_divergence: float | None = Field(
+        None,
+        ge=0,
+        description="Fail the build when the mean KL divergence (nats) of the engine's next-token distribution from "
+        "the fp32 model's exceeds this, on the evaluation text or on the built-in chat set (the fp32 model's own "
+        "greedy answers, teacher-forced). Catches drift perplexity averages away; null disables the gate.",
+    )
+    min_top1_agreement: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Fail the build when the engine's most likely next token is the fp32 model's at fewer than this "
+        "fraction of positions, on the evaluation text or on the chat set; null disables the gate.",
+    )
+    min_chat_answer_match: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Fail the build when the engine's greedy answer is token for token the fp32 model's on fewer "
+        "than this fraction of the built-in chat questions (pipeline/chat_eval.json, through the tokenizer's chat "
+        "template: what a chat user sees); null disables the gate.",
+    )
+    chat_max_new_tokens: int = Field(
+        48,
+        ge=1,
+        description="Length limit of the greedy answers to the chat set, fp32's and the engine's: long enough to "
+        "state an answer; each token costs a decode step of both models.",
+    )
     max_export_logits_diff: float = Field(
         1e-3,
         gt=0,

@@ -335,36 +335,27 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
 
 
 def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=print, kind: str = "trtllm") -> dict:
-    """A checkpoint's reference forward vs the fp32 HF model: perplexity, top-1 agreement, logits difference, a
-    greedy sample. `kind`: "trtllm" (a TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's
-    unified HF checkpoint, as TensorRT-LLM's PyTorch backend runs it)."""
-    import numpy as np
+    """A checkpoint's reference forward vs the fp32 HF model: `pipeline.verify`'s report (perplexity, KL
+    divergence, top-1 agreement, logits difference, the chat set) and a greedy sample. `kind`: "trtllm" (a
+    TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's unified HF checkpoint, as
+    TensorRT-LLM's PyTorch backend runs it)."""
+    from functools import partial
+
     from transformers import AutoTokenizer
 
     from pipeline import quality
-    from pipeline.verify import WINDOW, eval_token_ids, perplexity_summary
+    from pipeline.verify import compare_with_fp32
 
-    ids, prefix = eval_token_ids(cfg, hf_dir, cache, log)
-    log(
-        f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the fp32 model and the {kind} checkpoint's "
-        "reference forward"
-    )
-    hf_fn = quality.hf_logits_fn(hf_dir)
+    log(f"loading the {kind} checkpoint's reference forward")
     if kind == "unified":  # as the targeted release's model reads it
         reference = load_unified_reference(checkpoint, hf_dir, cfg.target.trtllm_version)
     else:
         reference = load_reference(checkpoint, hf_dir)
-    ckpt_fn = quality.torch_logits_fn(reference)
-    window = np.concatenate([prefix, ids[:WINDOW]]).astype(np.int64)[None, :]
-    hf_logits, ckpt_logits = hf_fn(window), ckpt_fn(window)
+    report, _ = compare_with_fp32(
+        cfg, hf_dir, cache, log, quality.torch_logits_fn(reference), partial(quality.torch_greedy, reference)
+    )
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     prompt = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         sample = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-    ref_ppl, ckpt_ppl = (quality.perplexity(fn, ids, WINDOW, WINDOW, prefix) for fn in (hf_fn, ckpt_fn))
-    return {
-        **perplexity_summary(cfg, ids, ref_ppl, ckpt_ppl),
-        "top1_agreement": round(quality.top1_agreement(hf_logits, ckpt_logits), 4),
-        "max_abs_logits_diff": round(float(np.abs(hf_logits - ckpt_logits).max()), 5),
-        "greedy_sample": tokenizer.decode(sample[0, prompt.shape[1] :], skip_special_tokens=True),
-    }
+    return {**report, "greedy_sample": tokenizer.decode(sample[0, prompt.shape[1] :], skip_special_tokens=True)}

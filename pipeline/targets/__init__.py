@@ -113,6 +113,10 @@ COMMON_FIELDS = frozenset(
         "verify.eval_text",
         "verify.eval_tokens",
         "verify.max_perplexity_increase",
+        "verify.max_kl_divergence",
+        "verify.min_top1_agreement",
+        "verify.min_chat_answer_match",
+        "verify.chat_max_new_tokens",
     }
 )
 

@@ -579,7 +579,7 @@ class OnnxRuntimeTarget:
     def build_engine(self, cfg, ctx) -> dict:
         import json
 
-        from pipeline.verify import gate_problem, perplexity_report
+        from pipeline.verify import gate_problem, quality_report, report_line
 
         hf_dir, export_dir = ctx.upstream("import"), ctx.upstream("export")
         q = cfg.quantization
@@ -602,11 +602,8 @@ class OnnxRuntimeTarget:
         generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
         (ctx.out_dir / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, generation), indent=2) + "\n")
 
-        report = perplexity_report(cfg, hf_dir, ctx.out_dir, ctx.cache, ctx.log)
-        ctx.log(
-            f"perplexity: fp32 {report['reference_perplexity']:.2f}, engine {report['engine_perplexity']:.2f} "
-            f"({report['perplexity_increase']:+.1%})"
-        )
+        report = quality_report(cfg, hf_dir, ctx.out_dir, ctx.cache, ctx.log)
+        ctx.log(report_line(report))
         problem = gate_problem(cfg, report)
         if problem:
             raise BuildStepError(problem)
@@ -670,12 +667,12 @@ class OnnxRuntimeTarget:
 
     def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
         from pipeline.errors import PipelineError
-        from pipeline.verify import perplexity_report
+        from pipeline.verify import quality_report
 
         engine = output / "engine"
         if not (engine / "config.json").is_file():
             raise PipelineError(f"no engine in {engine}; build it first: trtllm-pipeline build CONFIG")
-        return engine, perplexity_report(cfg, output / "import", engine, cache, log)
+        return engine, quality_report(cfg, output / "import", engine, cache, log)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         return []

@@ -375,6 +375,10 @@ CHECKPOINT_FIELDS = frozenset(
         "verify.eval_text",
         "verify.eval_tokens",
         "verify.max_perplexity_increase",
+        "verify.max_kl_divergence",
+        "verify.min_top1_agreement",
+        "verify.min_chat_answer_match",
+        "verify.chat_max_new_tokens",
     }
 )
 
@@ -575,7 +579,7 @@ class TrtllmTarget:
     def export(self, cfg, ctx) -> dict:
         """The checkpoint the backend deploys (and the unified one), its conformance, then the quality gate."""
         from pipeline.trtllm_reference import checkpoint_report
-        from pipeline.verify import gate_problem
+        from pipeline.verify import gate_problem, report_line
 
         quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / "modelopt_state.pth").is_file() else None
         hf_dir = ctx.upstream("import")
@@ -608,9 +612,8 @@ class TrtllmTarget:
         ctx.log(f"{deployed.name} conforms to what TensorRT-LLM {release}'s {backend.name} backend loads")
         report = checkpoint_report(cfg, hf_dir, deployed, ctx.cache, ctx.log, kind=kind)
         ctx.log(
-            f"checkpoint perplexity {report['engine_perplexity']:.2f} vs fp32 {report['reference_perplexity']:.2f} "
-            f"({report['perplexity_increase']:+.1%}), top-1 agreement {report['top1_agreement']:.1%}, "
-            f"max |logits diff| {report['max_abs_logits_diff']:.3g}; greedy: {report['greedy_sample']!r}"
+            f"checkpoint {report_line(report)}; max |logits diff| {report['max_abs_logits_diff']:.3g}; "
+            f"greedy: {report['greedy_sample']!r}"
         )
         problem = gate_problem(cfg, report)
         if problem:
