@@ -83,10 +83,16 @@ def engine_quality(
     from functools import partial
 
     from pipeline import quality
+    from pipeline.runtime import speculative
     from pipeline.runtime.model_runner import ModelRunner
 
     cfg = cfg or BuildConfig()
-    runner = ModelRunner.from_dir(engine_dir, num_threads=cfg.runtime.cpu_threads)
+    runner = ModelRunner.from_dir(  # with the runtime settings that shape greedy tokens: users get those
+        engine_dir,
+        num_threads=cfg.runtime.cpu_threads,
+        batch_invariant=cfg.runtime.batch_invariant,
+        speculative=speculative.from_config(cfg.runtime.speculative),
+    )
     engine_fn = quality.session_logits_fn(runner.session)
     greedy = partial(quality.runner_greedy, runner)
     return compare_with_fp32(cfg, hf_dir, cache, log, engine_fn, greedy, runner.end_id, chat)
