@@ -802,7 +802,7 @@ def bench_serve(
     passage_len: int = typer.Option(300, help="grounded: tokens of the eval text in each request's passage."),
     output_len: int = typer.Option(64, help="max_tokens per request."),
     ignore_eos: bool = typer.Option(
-        True, help="Generate exactly output_len tokens (min_length), so levels compare equal work."
+        True, help="Generate exactly output_len tokens (end_id -1: never end), so levels compare equal work."
     ),
     prompts_file: Optional[Path] = typer.Option(
         None, help="Prompts instead of a workload's (.txt lines or .jsonl {prompt}); reported as workload 'file'."

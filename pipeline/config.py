@@ -220,7 +220,8 @@ class RuntimeSection(Section):
     )
     speculative: SpeculativeSection | None = Field(
         None,
-        description="Speculative decoding (greedy requests only; output unchanged): onnxruntime verifies the drafts "
+        description="Speculative decoding (greedy requests only; fp32 output unchanged, int8 may part after a near "
+        "tie): onnxruntime verifies the drafts "
         "in one forward pass per row; trtllm's pytorch backend gets speculative_config.",
     )
     batch_invariant: bool = Field(

@@ -216,7 +216,9 @@ async def grpc_request(url: str, model: str, prompt: str, max_tokens: int, ignor
         "text_input": prompt,
         "max_tokens": max_tokens,
         "stream": True,
-        "min_length": max_tokens if ignore_eos else None,
+        "end_id": -1
+        if ignore_eos
+        else None,  # never end, as ignore_eos in TensorRT-LLM; min_length would stop drafting
     }
 
     async def requests():
@@ -252,7 +254,7 @@ async def http_request(base: str, model: str, prompt: str, max_tokens: int, igno
         "text_input": prompt,
         "max_tokens": max_tokens,
         "stream": True,
-        **({"min_length": max_tokens} if ignore_eos else {}),
+        **({"end_id": -1} if ignore_eos else {}),
     }
     timeline = Timeline()
     try:

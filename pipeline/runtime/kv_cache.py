@@ -19,8 +19,10 @@ Why copy the prefix into the row rather than recompute it: on the SmolLM2-135M i
 other jobs, so times are noisy but measured side by side), a 1,000-token shared prompt plus 24 tokens took 5.1 s to
 prefill whole and 0.19 s with the 992 reused tokens copied in (27x less; 24 ms of it is allocating and seeding the
 row's buffer), and copying those 992 tokens out of a row after its prefill took 42 ms, once per stored block. The
-store costs num_layers x 2 x kv_heads x head_size x 4 bytes per token (46 KiB for SmolLM2-135M) and is bounded
-by the pool. Only the fused graph is seeded: the optimum graph (`ConcatCache`, left-padded rows) is still accounted
+store costs num_layers x 2 x kv_heads x head_size x 4 bytes per token (46 KiB for SmolLM2-135M) on top of the
+running rows' buffers, and a server with varied prompts fills it up to the whole pool (blocks nobody holds are evicted
+only when an admission needs their room): 8,192 tokens, the default config's pool, are 360 MiB.
+Only the fused graph is seeded: the optimum graph (`ConcatCache`, left-padded rows) is still accounted
 in blocks but never reuses (`validate` refuses `enable_kv_cache_reuse` with `target.onnx_graph: optimum`).
 """
 

@@ -470,6 +470,10 @@ class ModelRunner:
         """Whether a row can start from stored prefix K/V (`seed`, `export`): the fused graph's layout only."""
         return isinstance(self.cache, SharedCache)
 
+    def _empty_row(self, request: Request) -> Batch:
+        """A 1-row batch for `request` with an empty cache of the capacity it needs."""
+        return Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
+
     def seed(self, request: Request, prefix: np.ndarray) -> Batch:
         """A 1-row batch holding `prefix`'s K/V for `request`; continue it with `prefill_chunk`."""
         return self.cache.seed(request, prefix)
@@ -932,18 +936,21 @@ class SharedCache:
     def extend(self, partial: Batch | None, request: Request, budget: int) -> Batch:
         """Up to `budget` more prompt tokens of one request into its own 1-row batch (chunked context;
         GroupQueryAttention takes several tokens after a cache only at batch size 1)."""
-        if partial is None:
-            partial = Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
+        partial = self._empty_row(request) if partial is None else partial
         start = int(partial.lengths[0])
         chunk = request.prompt[start : start + budget]
         partial.lengths = np.array([start + len(chunk)])
         partial.logits = self._forward(partial, np.array([chunk]), partial.lengths, np.array([len(chunk) - 1]))
         return partial
 
+    def _empty_row(self, request: Request) -> Batch:
+        """A 1-row batch for `request` with an empty cache of the capacity it needs."""
+        return Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
+
     def seed(self, request: Request, prefix: np.ndarray) -> Batch:
         """A 1-row batch whose cache starts with `prefix` ([past inputs, kv_heads, tokens, head_size], stored by
         `pipeline.runtime.kv_cache`): `extend` prefills the rest of the prompt after it."""
-        partial = Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
+        partial = self._empty_row(request)
         for name, kv in zip(self.past_names, prefix):
             partial.past[name][0, :, : kv.shape[1]] = kv
         partial.lengths = np.array([prefix.shape[2]])

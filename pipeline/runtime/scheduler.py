@@ -40,7 +40,7 @@ COUNTERS = {
     "time_to_first_token_us_total": "Sum of arrival-to-first-token times, microseconds",
     "first_tokens_total": "Requests that produced their first token",
     "prefill_chunks_total": "Prompt pieces run between decode steps (chunked context)",
-    "prefix_cache_queried_blocks_total": "Full prompt blocks looked up in the prefix cache at admission",
+    "prefix_cache_queried_blocks_total": "Reusable prompt blocks at admission (full blocks before the last token)",
     "prefix_cache_hit_blocks_total": "Prompt blocks found in the prefix cache (hit rate: hit / queried)",
     "prefix_cache_reused_tokens_total": "Prompt tokens whose KV was copied from the prefix cache, not prefilled",
     "draft_tokens_total": "Speculative draft tokens verified (runtime.speculative)",

@@ -419,6 +419,8 @@ class OnnxRuntimeTarget:
         why_not = fused_onnx.supports(hf_dir)
         if why_not and cfg.target.onnx_graph == "fused":
             out.append((("target", "onnx_graph"), f"'fused' but {why_not}; set target.onnx_graph: auto or optimum"))
+        if why_not and cfg.target.onnx_graph == "auto":
+            out += self._fused_only_problems(cfg, f"this checkpoint gets the optimum graph ({why_not})")
         limit = fused_onnx.exact_length(hf_dir)
         if limit and cfg.build.max_seq_len > limit:
             out.append(
@@ -430,25 +432,26 @@ class OnnxRuntimeTarget:
             )
         return out
 
+    @staticmethod
+    def _fused_only_problems(cfg, why: str) -> list:
+        """Runtime settings only the fused graph's in-place KV cache serves, refused when the graph is optimum."""
+        r = cfg.runtime
+        needs = {
+            "batch_invariant": r.batch_invariant,  # the optimum graph's left-padded rows change with the batch
+            "speculative": r.speculative is not None,  # drafts are rolled back in place
+            "enable_kv_cache_reuse": r.enable_kv_cache_reuse,  # a left-padded row cannot start from stored blocks
+        }
+        return [
+            (("runtime", field), f"needs the fused graph, but {why}; remove runtime.{field}")
+            for field, set_ in needs.items()
+            if set_
+        ]
+
     def config_problems(self, cfg) -> list:
         q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
         out = self._checkpoint_graph_problems(cfg)
-        if r.batch_invariant and cfg.target.onnx_graph == "optimum":
-            out.append(
-                (
-                    ("runtime", "batch_invariant"),
-                    "needs the fused graph (the optimum graph's left-padded rows change with the batch); set "
-                    "target.onnx_graph: auto or fused, or remove runtime.batch_invariant",
-                )
-            )
-        if r.speculative is not None and cfg.target.onnx_graph == "optimum":
-            out.append(
-                (
-                    ("runtime", "speculative"),
-                    "needs the fused graph (its KV cache is rolled back in place); set target.onnx_graph: auto or "
-                    "fused, or remove runtime.speculative",
-                )
-            )
+        if cfg.target.onnx_graph == "optimum":
+            out += self._fused_only_problems(cfg, "target.onnx_graph is optimum (set it to auto or fused)")
         if q.weights in ("fp8", "nvfp4"):
             out.append(
                 (
@@ -522,14 +525,6 @@ class OnnxRuntimeTarget:
                     f"{pool} tokens cannot hold one request of build.max_seq_len {b.max_seq_len} "
                     f"({longest} tokens in blocks of build.tokens_per_block {b.tokens_per_block}), so such a "
                     f"request would wait forever; set it to at least {longest} or lower build.max_seq_len",
-                )
-            )
-        if r.enable_kv_cache_reuse and cfg.target.onnx_graph == "optimum":
-            out.append(
-                (
-                    ("runtime", "enable_kv_cache_reuse"),
-                    "the optimum graph's left-padded KV cache cannot start a row from stored prefix blocks; "
-                    "set target.onnx_graph: fused (or auto) or enable_kv_cache_reuse: false",
                 )
             )
         if r.batch_scheduler_policy != "guaranteed_no_evict":

@@ -242,7 +242,9 @@ def test_onnxruntime_with_the_optimum_graph_refuses_it(tmp_path, tiny_llama):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     (problem,) = info.value.problems
-    assert "runtime.speculative" in problem and "target.onnx_graph: auto or fused" in problem
+    assert (
+        "runtime.speculative: needs the fused graph" in problem and "onnx_graph is optimum (set it to auto" in problem
+    )
 
 
 def test_the_onnxruntime_target_passes_the_setting_to_run_and_to_the_triton_model(tmp_path, tiny_llama, engine):

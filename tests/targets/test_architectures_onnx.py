@@ -160,6 +160,18 @@ def test_supports_refuses_what_the_fused_graph_cannot_build_naming_the_fix(tmp_p
     assert "rotary part of each head (24 of head_dim 32)" in fused_onnx.supports(hf_dir)
     gemma = make_tiny("Gemma3ForCausalLM", tmp_path / "gemma", attn_logit_softcapping=50.0)
     assert "attn_logit_softcapping" in fused_onnx.supports(gemma)
+    fused_only = (
+        "runtime: {batch_invariant: true, enable_kv_cache_reuse: true, speculative: {type: ngram, max_draft_len: 4}}"
+    )
+    with pytest.raises(ConfigError) as refused:  # auto falls back to optimum: the fused-only settings cannot hold
+        load_config(write_config(tmp_path / "auto.yaml", f"model: {{source: hf, path: {gemma}}}\n{fused_only}\n"))
+    assert len(refused.value.problems) == 3
+    for field in ("batch_invariant", "enable_kv_cache_reuse", "speculative"):
+        assert any(
+            f"runtime.{field}: needs the fused graph, but this checkpoint gets the optimum graph (" in problem
+            and f"remove runtime.{field}" in problem
+            for problem in refused.value.problems
+        ), refused.value.problems
 
 
 def test_optimum_exports_gemma3_without_position_ids(checkpoints):
