@@ -59,17 +59,6 @@ def text_windows(ids: np.ndarray, window: int, stride: int | None = None, prefix
         yield chunk, np.arange(max(len(head), 1) - 1, len(chunk) - 1)
 
 
-def perplexity(
-    logits_fn: LogitsFn, ids: np.ndarray, window: int, stride: int | None = None, prefix: list[int] | tuple = ()
-) -> float:
-    """exp(mean negative log-likelihood) of each token given the tokens before it in its window."""
-    nll = [
-        -log_softmax(logits_fn(chunk[None, :])[0, scored].astype(np.float64))[np.arange(len(scored)), chunk[scored + 1]]
-        for chunk, scored in text_windows(ids, window, stride, prefix)
-    ]
-    return float(np.exp(np.concatenate(nll).mean()))
-
-
 def kl_divergence(reference_logits: np.ndarray, engine_logits: np.ndarray) -> np.ndarray:
     """KL(reference || engine) in nats for each row of [n, vocab] logits; in float64 blocks of rows, so that
     small divergences are not rounding noise and memory stays bounded at any vocabulary."""

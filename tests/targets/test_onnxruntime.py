@@ -187,17 +187,31 @@ def test_build_engine_rejects_unsupported_weights(exported, tmp_path):
         target.build_engine(exported[0], tmp_path, weights="fp8", method="rtn", group_size=128, exclude_modules=[])
 
 
+def perplexity(logits_fn, ids, window, stride=None, prefix=()) -> float:
+    """Perplexity as the quality gate computes it: the scored positions of `quality.text_windows`, the negative
+    log-likelihoods of `quality.compare` (`logits_fn` as the reference; the engine repeats its last logits, so
+    `logits_fn` runs once per window)."""
+    last = {}
+
+    def reference(x):
+        last["logits"] = logits_fn(x)
+        return last["logits"]
+
+    windows = quality.text_windows(ids, window, stride, prefix)
+    return float(np.exp(quality.compare(reference, lambda x: last["logits"], windows)["reference_nll"].mean()))
+
+
 def test_perplexity_of_uniform_and_perfect_predictors():
     vocab, ids = 300, np.arange(100, dtype=np.int64) % 300
     uniform = lambda x: np.zeros((*x.shape, vocab), np.float32)  # noqa: E731
-    assert quality.perplexity(uniform, ids, window=32) == pytest.approx(vocab, rel=1e-9)
+    assert perplexity(uniform, ids, window=32) == pytest.approx(vocab, rel=1e-9)
 
     def oracle(x):  # puts all mass on the true next token (known here because ids are consecutive)
         logits = np.full((*x.shape, vocab), -1e4, np.float32)
         logits[0, np.arange(x.shape[1]), (x[0] + 1) % vocab] = 0.0
         return logits
 
-    assert quality.perplexity(oracle, ids, window=32, stride=16) == pytest.approx(1.0)
+    assert perplexity(oracle, ids, window=32, stride=16) == pytest.approx(1.0)
 
 
 def test_a_bos_prefix_starts_every_scored_window_and_every_prompt(tiny_llama):
@@ -210,7 +224,7 @@ def test_a_bos_prefix_starts_every_scored_window_and_every_prompt(tiny_llama):
         seen.append(x[0].tolist())
         return np.zeros((*x.shape, 10), np.float32)
 
-    quality.perplexity(record, np.arange(2, 9, dtype=np.int64), window=4, prefix=[1])
+    perplexity(record, np.arange(2, 9, dtype=np.int64), window=4, prefix=[1])
     assert seen == [[1, 2, 3, 4, 5], [1, 6, 7, 8]]  # every window's first token is scored, given <bos>
 
     def oracle(x):  # certain of the true next token, so only the scored positions' count matters
@@ -218,7 +232,7 @@ def test_a_bos_prefix_starts_every_scored_window_and_every_prompt(tiny_llama):
         logits[0, np.arange(x.shape[1] - 1), x[0, 1:]] = 0.0
         return logits
 
-    assert quality.perplexity(oracle, np.arange(2, 9, dtype=np.int64), window=4, prefix=[1]) == pytest.approx(1.0)
+    assert perplexity(oracle, np.arange(2, 9, dtype=np.int64), window=4, prefix=[1]) == pytest.approx(1.0)
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     assert quality.special_prefix(tokenizer) == []  # a tokenizer that adds nothing gets nothing
@@ -235,7 +249,7 @@ def test_perplexity_scores_every_window():
         seen.append(x.shape[1])
         return np.zeros((*x.shape, 10), np.float32)
 
-    quality.perplexity(record, np.zeros(100, np.int64), window=40)
+    perplexity(record, np.zeros(100, np.int64), window=40)
     assert seen == [40, 40, 20]
 
 
@@ -262,5 +276,5 @@ def test_ort_logits_fn_feeds_zero_length_float_past(exported):
     assert len(past) == 2 * LAYERS
     assert all(v.shape == (3, KV_HEADS, 0, HEAD_DIM) and v.dtype == np.float32 for v in past.values())
     assert not math.isnan(
-        quality.perplexity(quality.ort_logits_fn(out / "model.onnx", 1), np.arange(3, 50, dtype=np.int64), 16)
+        perplexity(quality.ort_logits_fn(out / "model.onnx", 1), np.arange(3, 50, dtype=np.int64), 16)
     )
