@@ -408,13 +408,20 @@ class Scheduler:
     def _respond(self) -> None:
         """Send what this step sampled; finished and cancelled rows leave the job map and give back their KV-cache
         blocks (retire() frees their rows)."""
-        sampled, first_token_waits, now = 0, [], time.monotonic()
-        for request in self.batch.requests:
+        now, requests = time.monotonic(), self.batch.requests
+        first_token_waits = [
+            now - self.jobs[id(r)].arrival for r in requests if len(r.output) + (r.finish_reason == "end_id") == 1
+        ]
+        self._record(  # before answering: a client that reads the metrics after its last token sees it counted
+            increments={
+                "generated_tokens_total": sum(r.finish_reason != "end_id" for r in requests),  # end_id: not output
+                "time_to_first_token_us_total": sum(first_token_waits) * 1e6,
+                "first_tokens_total": len(first_token_waits),
+            }
+        )
+        for request in requests:
             job = self.jobs[id(request)]
             row = job.rows.index(request)
-            sampled += request.finish_reason != "end_id"  # end_id is sampled but not part of the output
-            if len(request.output) + (request.finish_reason == "end_id") == 1:
-                first_token_waits.append(now - job.arrival)
             if not request.finished and job.cancelled():
                 request.finish_reason = "cancelled"
             if not request.finished:
@@ -429,13 +436,6 @@ class Scheduler:
                 self._send(job, row, final=job.done)
             elif job.done:
                 job.responder.send_final()
-        self._record(
-            increments={
-                "generated_tokens_total": sampled,
-                "time_to_first_token_us_total": sum(first_token_waits) * 1e6,
-                "first_tokens_total": len(first_token_waits),
-            }
-        )
 
     def _send(self, job: Job, row: int, final: bool) -> None:
         request = job.rows[row]
