@@ -45,7 +45,7 @@ def compare_with_fp32(
     """(the report, the fp32 chat reference) of a model given as a logits_fn and a greedy generator
     (`quality.chat_quality`'s) that ends answers with `end_id` (default: `quality.end_of_turn`); `chat`, a
     `quality.ChatReference` from an earlier call, saves regenerating the fp32 answers. Without a chat template,
-    the report has no chat fields."""
+    or without `verify.min_chat_answer_match` (and no `chat`), the report has no chat fields."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -64,6 +64,9 @@ def compare_with_fp32(
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     if not tokenizer.chat_template:
         log("the tokenizer has no chat template: the chat set is not scored")
+        return report, chat
+    if chat is None and cfg.verify.min_chat_answer_match is None:  # 60 greedy answers: minutes on CPU for big models
+        log("verify.min_chat_answer_match is not set: the chat set is not scored")
         return report, chat
     if chat is None:
         log(f"generating the fp32 model's greedy answers to {quality.CHAT_EVAL.name}")
