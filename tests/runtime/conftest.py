@@ -3,10 +3,35 @@ slowest part."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
 from pipeline.runtime.model_runner import ModelRunner
 from tests.conftest import run_cli, write_config
+
+
+def finish_engine_dir(hf_dir: Path, engine: Path, max_batch_size: int) -> Path:
+    """Make a directory holding a graph (model.onnx) an engine: the onnxruntime target's config.json for a small
+    build and the checkpoint's tokenizer files, without the CLI build the tests that need one graph can skip."""
+    from pipeline.config import load_config
+    from pipeline.targets.onnxruntime import engine_config
+
+    cfg = load_config(
+        write_config(
+            engine.parent / f"{engine.name}.yaml",
+            f"model: {{source: hf, path: {hf_dir}}}\n"
+            f"build: {{max_batch_size: {max_batch_size}, max_input_len: 64, max_seq_len: 160, max_num_tokens: 256}}\n",
+        )
+    )
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    (engine / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, {"eos_token_id": 2})))
+    for tokenizer_file in hf_dir.glob("*token*"):
+        shutil.copy(tokenizer_file, engine)
+    return engine
+
 
 MAX_BATCH_SIZE, MAX_INPUT_LEN, MAX_SEQ_LEN, MAX_NUM_TOKENS = 8, 64, 128, 16
 

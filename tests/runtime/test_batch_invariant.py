@@ -3,41 +3,26 @@ of a tiny random Llama: a request's logits, bit for bit, do not depend on its ba
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
 from pipeline.runtime.model_runner import ModelRunner, Request, SamplingParams
 from pipeline.runtime.speculative import NGram
-from tests.conftest import write_config
+from tests.runtime.conftest import finish_engine_dir
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, tiny_llama):
     """The fused graph quantized as the default config quantizes it (int8 weights, int8 compute)."""
     from pipeline.targets import fused_onnx
-    from pipeline.targets.onnxruntime import build_engine, engine_config
+    from pipeline.targets.onnxruntime import build_engine
 
     work = tmp_path_factory.mktemp("batch-invariant-engine")
     export, engine = work / "export", work / "engine"
     export.mkdir()
     fused_onnx.build(tiny_llama, export / "model.onnx")
     assert build_engine(export, engine, weights="int8", group_size=32)["accuracy_level"] == 4
-    cfg = load_config(
-        write_config(
-            work / "tiny.yaml",
-            f"model: {{source: hf, path: {tiny_llama}}}\n"
-            "build: {max_batch_size: 8, max_input_len: 64, max_seq_len: 160, max_num_tokens: 256}\n",
-        )
-    )
-    hf_config = json.loads((tiny_llama / "config.json").read_text())
-    (engine / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, {"eos_token_id": 2})))
-    for tokenizer_file in tiny_llama.glob("*token*"):
-        shutil.copy(tokenizer_file, engine)
-    return engine
+    return finish_engine_dir(tiny_llama, engine, max_batch_size=8)
 
 
 def prompts() -> list[list[int]]:

@@ -4,7 +4,6 @@ output must be plain greedy decoding's, stop conditions included; plus the trtll
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from pipeline.runtime.model_runner import Batch, ModelRunner, Request, SamplingP
 from pipeline.runtime.scheduler import Scheduler
 from pipeline.runtime.speculative import NGram, accept, ngram_drafts
 from tests.conftest import REPO, write_config
+from tests.runtime.conftest import finish_engine_dir
 
 NGRAM = NGram(max_draft_len=4, max_matching_ngram_size=2)
 NO_END = -1
@@ -24,24 +24,11 @@ NO_END = -1
 def engine(tmp_path_factory, tiny_llama):
     """The fused graph and the engine's config.json written directly (no CLI build: a second is enough)."""
     from pipeline.targets import fused_onnx
-    from pipeline.targets.onnxruntime import engine_config
 
-    work = tmp_path_factory.mktemp("speculative-engine")
-    engine = work / "engine"
+    engine = tmp_path_factory.mktemp("speculative-engine") / "engine"
     engine.mkdir()
     fused_onnx.build(tiny_llama, engine / "model.onnx")
-    cfg = load_config(
-        write_config(
-            work / "tiny.yaml",
-            f"model: {{source: hf, path: {tiny_llama}}}\n"
-            "build: {max_batch_size: 4, max_input_len: 64, max_seq_len: 160, max_num_tokens: 256}\n",
-        )
-    )
-    hf_config = json.loads((tiny_llama / "config.json").read_text())
-    (engine / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, {"eos_token_id": 2})))
-    for tokenizer_file in tiny_llama.glob("*token*"):
-        shutil.copy(tokenizer_file, engine)
-    return engine
+    return finish_engine_dir(tiny_llama, engine, max_batch_size=4)
 
 
 @pytest.fixture(scope="module")
