@@ -24,7 +24,7 @@ from pipeline.config import BuildConfig
 from pipeline.errors import BuildStepError, PipelineError, StageError
 from pipeline.lock import hash_paths, read_lock, remove_lock_temps, write_lock
 from pipeline.plan import SKIPPED, UP_TO_DATE, Decision, decide
-from pipeline.stages import STAGES
+from pipeline.stages import STAGES, selected
 
 
 def default_output(config_path: Path) -> Path:
@@ -58,9 +58,9 @@ class StageContext:
 
 
 @contextmanager
-def exclusive(output: Path):
+def exclusive(output: Path, wait: bool = False, console: Console | None = None):
     """One build per output directory at a time, in a directory it can write (checked first, so a read-only
-    one fails here with its name rather than mid-stage)."""
+    one fails here with its name rather than mid-stage); with `wait`, queue behind the running one."""
     try:
         output.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=output).close()  # open(.lock, "w") alone passes when .lock is writable
@@ -74,7 +74,13 @@ def exclusive(output: Path):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise PipelineError(f"another build is running in {output}; wait for it or use --output") from None
+            if not wait:
+                raise PipelineError(
+                    f"another build is running in {output}; wait for it (--wait) or use --output"
+                ) from None
+            if console:
+                console.print(f"waiting for the build running in {output} ...")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 
@@ -131,14 +137,21 @@ def run_stage(decision: Decision, cfg: BuildConfig, output: Path, lock: dict, co
 
 
 def build(
-    cfg: BuildConfig, output: Path, console: Console, until: str | None = None, force: bool = False
+    cfg: BuildConfig,
+    output: Path,
+    console: Console,
+    until: str | None = None,
+    force: bool = False,
+    only: str | None = None,
+    wait: bool = False,
 ) -> list[Decision]:
-    """Run every stage that is not up to date, in order; returns what happened to each."""
+    """Run every stage (of `selected(until, only)`) that is not up to date, in order; returns what happened to each.
+    `wait`: wait for another build of `output` to finish instead of failing (replicas building onto one claim)."""
     done: list[Decision] = []
-    with exclusive(output):
+    with exclusive(output, wait, console):
         _remove_leftovers(output)
         lock = read_lock(output)
-        for name in STAGES:
+        for name in selected(until, only):
             # decided just before running: an upstream re-run that reproduced identical bytes keeps this stage valid
             decision = decide(name, cfg, output, lock, force)
             if decision.status == SKIPPED:
@@ -150,6 +163,4 @@ def build(
                 entry = run_stage(decision, cfg, output, lock, console)
                 console.print(f"[green]✓ {name}[/]: done in {entry['duration_s']:.1f}s → {output / name}")
             done.append(decision)
-            if name == until:
-                break
     return done

@@ -223,9 +223,15 @@ def build(
     overrides: Optional[list[str]] = OverridesArg,
     output: Optional[Path] = OutputOpt,
     until: Optional[str] = typer.Option(
-        None, "--until", help="Stop after this stage: import, quantize, export, engine or triton_repo."
+        None,
+        "--until",
+        help="Stop after this stage: import, quantize, export, engine or triton_repo; deploy adds the Kubernetes "
+        "manifests (run on request only).",
     ),
     force: bool = typer.Option(False, "--force", help="Re-run stages even when the lock says they are up to date."),
+    wait: bool = typer.Option(
+        False, "--wait", help="Wait for another build of the same output directory instead of failing (pods)."
+    ),
 ):
     """Run the pipeline. Up-to-date stages are skipped (checked against build.lock.json); each stage's
     output appears only when complete.
@@ -241,7 +247,7 @@ def build(
     cfg = _load(config, overrides)
     published = output is None
     output = output or default_output(config)
-    decisions = run_build(cfg, output, console, until=until, force=force)
+    decisions = run_build(cfg, output, console, until=until, force=force, wait=wait)
     if published and (output / "triton_repo").is_dir():
         link = _publish_repo(output / "triton_repo", config.stem)
         console.print(f"Triton repository: {link} -> {output / 'triton_repo'}")
@@ -481,6 +487,12 @@ def serve(
         "before they are read. Example: --openai-max-body-mb 16.",
     ),
     log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository)."),
+    build_first: bool = typer.Option(
+        False,
+        "--build",
+        help="Build the config first (through triton_repo, waiting for a running build); instant when the lock says "
+        "the output is current, e.g. in a container whose image holds the build.",
+    ),
 ):
     """Serve a built Triton repository with a real tritonserver.
 
@@ -504,6 +516,12 @@ def serve(
             f"--host {host} would let anyone who reaches port {openai_port} use the OpenAI gateway: set "
             "TRTLLM_PIPELINE_API_KEY (or --api-key), or pass --allow-unauthenticated to serve it without a key"
         )
+    if build_first:
+        if source.is_dir():
+            raise PipelineError(f"--build needs a build config, not the repository {source}")
+        from pipeline.build import build as run_build
+
+        run_build(_load(source, None), output or default_output(source), console, until="triton_repo", wait=True)
     repo = source if source.is_dir() else (output or default_output(source)) / "triton_repo"
     if not repo.is_dir():
         raise PipelineError(f"{repo} does not exist: build it first (trtllm-pipeline build {source})")
@@ -563,6 +581,56 @@ def serve(
         server.stop()
         if gateway_thread:
             gateway_thread.join(timeout=10)
+
+
+@app.command()
+@reports_errors
+def deploy(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt):
+    """Write Kubernetes manifests for a config into OUTPUT/deploy/k8s/, each validated offline first.
+
+    Single node: a Deployment (or, tp x pp above deploy.gpus_per_node, a LeaderWorkerSet of leader and workers
+    launched over MPI), a Service on the server's ports, probes on its health routes, resources from the memory
+    plan, a ConfigMap with the build config (and the LLM-API options), a claim or the image holding the output,
+    and an HPA on the target's queue metric with the prometheus-adapter rule feeding it. Every object is checked
+    against the Kubernetes OpenAPI schemas of deploy.kubernetes_version (LeaderWorkerSet: its CRD schema from
+    kubernetes-sigs/lws), then cross-checked: ports, probes, GPUs = tp x pp per replica, memory >= the plan.
+    Needs no built engine: the pods build the config (the lock makes restarts instant).
+
+    Example: trtllm-pipeline deploy build_configs/smollm2-135m-cpu.yaml deploy.replicas=2, then
+    kubectl apply -k artifacts/smollm2-135m-cpu/deploy/k8s
+    """
+    from pipeline.build import build as run_build
+    from pipeline.build import default_output
+    from pipeline.k8s.manifests import plan_deployment
+    from pipeline.stages import deploy as stage
+    from pipeline.targets import target_of
+
+    cfg = _load(config, overrides)
+    output = output or default_output(config)
+    run_build(cfg, output, console, only=stage.NAME)
+    serving = target_of(cfg).serving(cfg)
+    dep = plan_deployment(cfg, serving, stage.stem(cfg))
+    out = output / stage.NAME
+    for path in sorted((out / stage.MANIFESTS).iterdir()):
+        console.print(f"  {path}")
+    if (out / stage.ADAPTER_CONFIG).exists():
+        console.print(f"  {out / stage.ADAPTER_CONFIG}  (merge into prometheus-adapter's config: the HPA's metric)")
+    shape = f"{dep.nodes} pods of {dep.gpus_per_node} GPUs" if dep.nodes > 1 else "1 pod"
+    console.print(
+        f"[green]valid[/] for Kubernetes {cfg.deploy.kubernetes_version}: {dep.name} in namespace "
+        f"{cfg.deploy.namespace}, {shape} per replica; {'; '.join(serving.memory_lines)}",
+        highlight=False,
+    )
+    if dep.placement == "image":
+        console.print(f"image: {cfg.deploy.image or serving.image} holds the build: {serving.image_build}")
+    else:
+        console.print(
+            f"image: {cfg.deploy.image or serving.image} ({serving.image_build}); the init container builds into "
+            f"the claim on first start"
+        )
+    if cfg.deploy.openai_gateway and "openai" in serving.port_flags and not cfg.deploy.api_key_secret:
+        console.print("[yellow]note:[/] the OpenAI gateway takes no API key (set deploy.api_key_secret)")
+    console.print(f"apply: kubectl apply -k {out / stage.MANIFESTS}", highlight=False)
 
 
 @app.command("validate-repo")

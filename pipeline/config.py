@@ -7,6 +7,7 @@ cross-field rule -- and each names the YAML file, the line, the field and the fi
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from pipeline.architectures import support_problem
 from pipeline.errors import CheckpointError, ConfigError
+from pipeline.k8s.manifests import config_problems as deploy_problems
 from pipeline.memory import GPUS
 from pipeline.models import (
     BUILTIN_MODELS,
@@ -318,6 +320,147 @@ class VerifySection(Section):
     )
 
 
+# DNS-1035 label: what a Service name must be (and so every object named after the deployment).
+DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# DNS-1123 subdomain: namespaces, Secrets, PersistentVolumeClaims.
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+
+
+class AutoscalingSection(Section):
+    """A HorizontalPodAutoscaler on the requests waiting per replica (the target names the Prometheus series)."""
+
+    min_replicas: int = Field(1, ge=1, description="Fewest replicas the autoscaler keeps.")
+    max_replicas: int = Field(ge=1, description="Most replicas the autoscaler starts (required).")
+    queued_requests_per_replica: float = Field(
+        2.0,
+        gt=0,
+        description="Average number of requests waiting for a batch slot per replica above which the autoscaler adds "
+        "replicas (the series `trtllm-pipeline deploy` names, through the Prometheus adapter's custom metrics API).",
+    )
+
+
+class StorageSection(Section):
+    """Where the pods find the built output when it is not in the image: a PersistentVolumeClaim."""
+
+    claim: str | None = Field(
+        None, description="PersistentVolumeClaim holding the output directory (default: DEPLOY-NAME-artifacts)."
+    )
+    create: bool = Field(True, description="Write the claim into the manifests (false: it exists already).")
+    size: str = Field("50Gi", description="Requested size of a created claim (a Kubernetes quantity).")
+    storage_class: str | None = Field(
+        None, description="StorageClass of a created claim (null: the cluster's default)."
+    )
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
+        "ReadWriteMany",
+        description="ReadWriteMany lets every replica and node mount the one build; ReadWriteOnce suits one pod.",
+    )
+    models_claim: str | None = Field(
+        None,
+        description="PersistentVolumeClaim holding the checkpoint at model.path (mounted read-only there); needed "
+        "when model.source is hf or gguf and the output is built in the pod.",
+    )
+
+    @field_validator("claim", "models_claim", "storage_class")
+    @classmethod
+    def _a_resource_name(cls, name: str | None) -> str | None:
+        if name is not None and not (len(name) <= 253 and DNS_SUBDOMAIN.fullmatch(name)):
+            raise ValueError(f"{name!r} is not a Kubernetes resource name: lowercase letters, digits, '-' and '.'")
+        return name
+
+    @field_validator("size")
+    @classmethod
+    def _a_quantity(cls, size: str) -> str:
+        if not QUANTITY.fullmatch(size):
+            raise ValueError(f"{size!r} is not a Kubernetes quantity, e.g. 50Gi or 500G")
+        return size
+
+
+class PortsSection(Section):
+    """Container ports of `trtllm-pipeline serve` (each is the matching `serve --*-port` option)."""
+
+    http: int = Field(8000, ge=1, le=65535, description="HTTP: KServe v2, /generate (trtllm-serve: the OpenAI API).")
+    grpc: int = Field(8001, ge=1, le=65535, description="gRPC (Triton-served targets).")
+    metrics: int = Field(8002, ge=1, le=65535, description="Prometheus metrics (Triton-served targets).")
+    openai: int = Field(9000, ge=1, le=65535, description="The OpenAI gateway (when deploy.openai_gateway is on).")
+
+
+class Toleration(Section):
+    key: str | None = Field(None, description="Taint key (null with operator Exists: every taint).")
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class DeploySection(Section):
+    """Kubernetes manifests for the built output (`trtllm-pipeline deploy`), validated offline before written."""
+
+    name: str | None = Field(
+        None, description="Name of every object (a DNS-1035 label, at most 40 characters); default: the config's."
+    )
+    namespace: str = Field("default", description="Namespace of every object.")
+    kubernetes_version: str = Field(
+        "1.33",
+        description="Kubernetes release whose OpenAPI schemas validate the manifests (kubernetes-validate ships "
+        "1.25 to 1.37).",
+    )
+    image: str | None = Field(
+        None, description="Container image (default: the target's image of our Dockerfile, as `deploy` prints)."
+    )
+    artifacts: Literal["image", "volume"] | None = Field(
+        None,
+        description="image: the output was built into the image (docker build --build-arg CONFIG=...); volume: an "
+        "init container builds it into deploy.storage's claim on first start (the lock makes later starts instant). "
+        "Default: the target's (image for CPU engines; volume for GPU engines, which are built on their GPU).",
+    )
+    replicas: int = Field(1, ge=0, description="Replicas (groups of pods, multi-node) when autoscaling is off.")
+    autoscaling: AutoscalingSection | None = Field(None, description="Scale replicas on queued requests.")
+    gpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="trtllm: GPUs of one node (pod); tp x pp above it spreads each replica over several nodes as a "
+        "LeaderWorkerSet. Default: tp x pp (one node).",
+    )
+    cpus: int | None = Field(
+        None, ge=1, description="CPU cores requested per pod (default: 2 for onnxruntime, 4 per GPU for trtllm)."
+    )
+    node_selector: dict[str, str] = Field({}, description="Node labels the pods require.")
+    tolerations: list[Toleration] = Field([], description="Taints the pods tolerate (e.g. nvidia.com/gpu).")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        "ClusterIP", description="How the Service is exposed."
+    )
+    ports: PortsSection = Field(default_factory=PortsSection)
+    openai_gateway: bool = Field(
+        True, description="Triton-served targets: also serve the OpenAI gateway (trtllm-serve serves /v1 itself)."
+    )
+    api_key_secret: str | None = Field(
+        None,
+        description="Secret whose key `api-key` the OpenAI gateway requires as a bearer token; null serves it "
+        "without one (inside the cluster only, unless exposed: `deploy` warns).",
+    )
+    storage: StorageSection = Field(default_factory=StorageSection)
+
+    @field_validator("name")
+    @classmethod
+    def _a_label(cls, name: str | None) -> str | None:
+        if name is not None and not (len(name) <= 40 and DNS_LABEL.fullmatch(name)):
+            raise ValueError(
+                f"{name!r} cannot name the objects: use at most 40 lowercase letters, digits or '-', starting with "
+                "a letter (room is left for the suffixes of pods and claims)"
+            )
+        return name
+
+    @field_validator("namespace", "api_key_secret")
+    @classmethod
+    def _a_resource_name(cls, name: str | None) -> str | None:
+        return StorageSection._a_resource_name(name)
+
+    @field_validator("kubernetes_version", mode="before")
+    @classmethod
+    def _version_as_written(cls, value):
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
 class BuildConfig(Section):
     """Everything a build needs, from checkpoint to Triton repository."""
 
@@ -329,6 +472,7 @@ class BuildConfig(Section):
     runtime: RuntimeSection = Field(default_factory=RuntimeSection)
     triton: TritonSection = Field(default_factory=TritonSection)
     verify: VerifySection = Field(default_factory=VerifySection)
+    deploy: DeploySection = Field(default_factory=DeploySection)
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _source: Path | None = PrivateAttr(None)  # the YAML file it was loaded from
@@ -584,6 +728,7 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
         names.setdefault(value, name)
 
     out += unhonoured_problems(cfg)
+    out += deploy_problems(cfg)
     out += target_of(cfg).config_problems(cfg)
     facts = cfg.model_facts()
     if facts is not None:

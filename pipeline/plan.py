@@ -16,7 +16,7 @@ import pipeline
 from pipeline.config import BuildConfig, dump_value
 from pipeline.lock import hash_paths, sha256_json
 from pipeline.sources import source_hashes
-from pipeline.stages import STAGES
+from pipeline.stages import STAGES, inputs_from, selected
 from pipeline.targets import target_of
 
 UP_TO_DATE, WILL_RUN, SKIPPED = "up to date", "will run", "skipped"
@@ -101,9 +101,7 @@ def decide(name: str, cfg: BuildConfig, output: Path, lock: dict, force: bool = 
         return Decision(name, SKIPPED, [skip])
 
     upstream = {}
-    for prior in STAGES:
-        if prior == name:
-            break
+    for prior in inputs_from(name):
         if STAGES[prior].applies(cfg) is None:
             entry = lock["stages"].get(prior)
             upstream[prior] = entry["output_hash"] if entry else "missing"
@@ -125,14 +123,13 @@ def decide(name: str, cfg: BuildConfig, output: Path, lock: dict, force: bool = 
 
 
 def plan(cfg: BuildConfig, output: Path, lock: dict, until: str | None = None, force: bool = False) -> list[Decision]:
-    """Decisions for every stage as if the build ran now; stages after a pending one will run too."""
-    decisions, pending = [], False
-    for name in STAGES:
+    """Decisions for every stage as if the build ran now; stages after a pending one they read will run too."""
+    decisions, pending = [], set()
+    for name in selected(until):
         d = decide(name, cfg, output, lock, force)
-        if d.status == UP_TO_DATE and pending:
+        if d.status == UP_TO_DATE and pending & set(inputs_from(name)):
             d = Decision(name, WILL_RUN, ["an earlier stage will re-run"], d.writes, d.inputs)
-        pending = pending or d.status == WILL_RUN
+        if d.status == WILL_RUN:
+            pending.add(name)
         decisions.append(d)
-        if name == until:
-            break
     return decisions

@@ -9,12 +9,29 @@
     deps(cfg) -> list[Path]      files outside the output directory whose contents are inputs
     writes(cfg) -> str           what it writes, for `plan`
     run(cfg, ctx) -> dict        fills ctx.out_dir; returns metrics recorded in the lock
+    AFTER: tuple[str, ...]       (optional) the earlier stages whose outputs are inputs; default: all of them
+    ON_REQUEST: bool             (optional) run only when asked for (`--until NAME`, or its own command)
 
 A stage does not branch on the target: the target's part is a call on `pipeline.targets.target_of(cfg)`.
 A stage reads the outputs of earlier stages through `ctx.upstream(name)`; their output hashes are
 inputs too, so a re-run upstream that changes bytes re-runs everything after it.
 """
 
-from pipeline.stages import engine, export, import_model, quantize, triton_repo
+from pipeline.stages import deploy, engine, export, import_model, quantize, triton_repo
 
-STAGES = {module.NAME: module for module in (import_model, quantize, export, engine, triton_repo)}
+STAGES = {module.NAME: module for module in (import_model, quantize, export, engine, triton_repo, deploy)}
+
+
+def selected(until: str | None = None, only: str | None = None) -> list[str]:
+    """The stages a build runs, in order: `only`, or every one up to `until` (default: all but those on request)."""
+    if only is not None:
+        return [only]
+    names = list(STAGES)[: list(STAGES).index(until) + 1] if until else list(STAGES)
+    return [name for name in names if name == until or not getattr(STAGES[name], "ON_REQUEST", False)]
+
+
+def inputs_from(name: str) -> list[str]:
+    """The earlier stages whose outputs are inputs of `name`."""
+    earlier = list(STAGES)[: list(STAGES).index(name)]
+    after = getattr(STAGES[name], "AFTER", None)
+    return earlier if after is None else [prior for prior in earlier if prior in after]

@@ -16,6 +16,7 @@ from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
+    from pipeline.k8s import Serving
     from pipeline.triton.model_config import ModelSpec
 
 Problem = tuple[tuple[str, ...], str]  # (config field path, message with the fix)
@@ -87,6 +88,9 @@ class Target(Protocol):
     def plan_notes(self, cfg: BuildConfig, output: Path) -> list[str]:
         """Extra lines for `plan` (e.g. the exact engine command, a memory plan)."""
 
+    def serving(self, cfg: BuildConfig) -> Serving:
+        """How the output runs in a container: image, command, ports, probes, metrics, resources (`deploy`)."""
+
 
 TARGETS: dict[str, Target] = {}
 
@@ -117,6 +121,35 @@ COMMON_FIELDS = frozenset(
         "verify.min_top1_agreement",
         "verify.min_chat_answer_match",
         "verify.chat_max_new_tokens",
+    }
+)
+# Deploy fields every target honours (`trtllm-pipeline deploy`).
+DEPLOY_FIELDS = frozenset(
+    {
+        "deploy.name",
+        "deploy.namespace",
+        "deploy.kubernetes_version",
+        "deploy.image",
+        "deploy.artifacts",
+        "deploy.replicas",
+        "deploy.cpus",
+        "deploy.autoscaling",
+        "deploy.node_selector",
+        "deploy.tolerations",
+        "deploy.service_type",
+        "deploy.ports.http",
+        "deploy.storage",
+    }
+)
+COMMON_FIELDS |= DEPLOY_FIELDS
+# Deploy fields of outputs `trtllm-pipeline serve` runs under tritonserver (with the OpenAI gateway).
+TRITON_DEPLOY_FIELDS = frozenset(
+    {
+        "deploy.ports.grpc",
+        "deploy.ports.metrics",
+        "deploy.ports.openai",
+        "deploy.openai_gateway",
+        "deploy.api_key_secret",
     }
 )
 

@@ -101,6 +101,26 @@ def tensorrtllm_world_size(report) -> tuple[str | None, int]:
     return names[0], int(mapping.get("world_size", mapping.get("tp_size", 1) * mapping.get("pp_size", 1)))
 
 
+def tritonserver_ranks(
+    repo: str, address_args: list[str], world_size: int, llm_model_name: str, followers: list[str] = ()
+) -> list[list[str]]:
+    """One tritonserver command per rank, as tensorrtllm_backend's launch_triton_server.py starts them: rank 0 serves
+    the repository, the others only their shard of the engine (plus `followers`, e.g. no ports of their own)."""
+    ranks = []
+    for rank in range(world_size):
+        args = [
+            str(CONTAINER_TRITON / "bin" / "tritonserver"),
+            f"--model-repository={repo}",
+            *address_args,
+            "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+        ]
+        if rank:
+            args += ["--model-control-mode=explicit", f"--load-model={llm_model_name}", *followers]
+        ranks.append(args)
+    return ranks
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -193,18 +213,7 @@ class TritonServer:
                 + " -- run this inside NVIDIA's tritonserver:<tag>-trtllm-python-py3 "
                 "container on a GPU machine (the Dockerfile's gpu target builds one)"
             )
-        ranks = []
-        for rank in range(self.gpu_world_size):
-            args = [
-                str(CONTAINER_TRITON / "bin" / "tritonserver"),
-                f"--model-repository={self.repo}",
-                *self.address_args(),
-                "--disable-auto-complete-config",
-                f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
-            ]
-            if rank:  # other ranks only run their shard of the engine
-                args += ["--model-control-mode=explicit", f"--load-model={self.llm_model_name}"]
-            ranks.append(args)
+        ranks = tritonserver_ranks(str(self.repo), self.address_args(), self.gpu_world_size, self.llm_model_name)
         if self.gpu_world_size == 1:
             return ranks[0]
         command = ["mpirun", "--allow-run-as-root"]

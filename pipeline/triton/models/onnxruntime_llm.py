@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.scheduler import COUNTERS, GAUGES, Scheduler
+from pipeline.runtime.scheduler import COUNTERS, GAUGES, METRIC_PREFIX, Scheduler
 from pipeline.runtime.speculative import from_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -75,7 +75,7 @@ class TritonPythonModel:
         self.metric_families, self.metrics = [], {}
         for names, kind in ((COUNTERS, pb_utils.MetricFamily.COUNTER), (GAUGES, pb_utils.MetricFamily.GAUGE)):
             for name, description in names.items():
-                family = pb_utils.MetricFamily(name=f"trtllm_pipeline_{name}", description=description, kind=kind)
+                family = pb_utils.MetricFamily(name=METRIC_PREFIX + name, description=description, kind=kind)
                 self.metric_families.append(family)
                 self.metrics[name] = family.Metric(labels={"model": self.model_name})
         self.scheduler = Scheduler(

@@ -1,0 +1,136 @@
+"""Kubernetes manifests for a build config, validated offline before they are written (`trtllm-pipeline deploy`).
+
+A target describes how its output is served in a container (`Serving`, from `Target.serving`); `manifests` turns
+that and the config's `deploy` section into objects, and `checks` validates every object against the Kubernetes
+OpenAPI schemas of `deploy.kubernetes_version` (kubernetes-validate) or, for LeaderWorkerSet, the CRD schema
+tabulated from kubernetes-sigs/lws (`leaderworkerset.json`), then cross-checks them against each other and the
+config: ports, probes, GPUs per group, memory against the plan, and the build config the pods will build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+# Inside the containers. Both images of our Dockerfile install the pipeline in APP_DIR's virtualenv.
+APP_DIR = "/opt/trtllm-pipeline"
+CLI = f"{APP_DIR}/.venv/bin/trtllm-pipeline"
+CONFIG_DIR = "/etc/trtllm-pipeline"  # the ConfigMap: the build config and the runtime options
+VOLUME_DIR = "/artifacts"  # the claim (artifacts: volume): the output directory and the download cache
+SHM_DIR = "/dev/shm"
+
+
+@dataclass(frozen=True)
+class PodPaths:
+    """Where a pod finds what it serves."""
+
+    config: str  # the build config (from the ConfigMap)
+    output: str  # the output directory (in the image or on the claim)
+    cache: str  # TRTLLM_PIPELINE_CACHE
+    build_in_server: bool  # the server command builds first (the output is in the image: no init container)
+    config_dir: str = CONFIG_DIR
+
+
+@dataclass(frozen=True)
+class QueueMetric:
+    """The Prometheus series counting one server's requests that wait for a batch slot (what the HPA scales on)."""
+
+    series: str
+    labels: dict[str, str] = field(default_factory=dict)  # fixed label values selecting the waiting requests
+    source: str = ""  # where the series is defined
+
+    @property
+    def name(self) -> str:
+        """The custom metric's name in the Prometheus adapter's API."""
+        return self.series + "".join(f"_{value}" for value in self.labels.values())
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How a target's built output runs in a container (`Target.serving`)."""
+
+    image: str  # default image: our Dockerfile's, for this target and release
+    image_build: str  # the command that builds it
+    artifacts: str  # default placement of the output: "image" or "volume"
+    image_problem: str | None  # why the output cannot be built into the image (None: it can)
+    port_flags: dict[str, str]  # deploy.ports name -> the server command's option binding it
+    health: tuple[str, str, str]  # (port name, readiness path, liveness path); the startup probe is readiness's
+    metrics: tuple[str, str] | None  # (port name, path) of its Prometheus metrics
+    queue_metric: QueueMetric | None
+    queue_problem: str | None  # why there is no queue metric to autoscale on
+    gpus: int  # GPUs of one replica: tp x pp (0 on CPU)
+    memory_bytes: int  # host memory of one serving pod (the memory plan)
+    memory_lines: list[str]  # how the plan adds up, for `deploy`
+    build_memory_bytes: int  # host memory of the build in the pod (artifacts: volume)
+    shm_bytes: int  # /dev/shm the server needs (memory-backed, counted in the pod's memory)
+    cpus: int  # CPU cores requested
+    command: Callable[[PodPaths], list[str]]  # the single-node server command
+    config_files: dict[str, str] = field(default_factory=dict)  # ConfigMap files the command reads, by name
+    # the leader's command of a replica spread over `nodes` pods of `gpus_per_node` GPUs (None: single node only)
+    group_command: Callable[[PodPaths, int, int], list[str]] | None = None
+    group_problem: str | None = None  # why it has no multi-node launch
+
+
+# ---------------------------------------------------------------- served by `trtllm-pipeline serve` (tritonserver)
+
+TRITON_PORT_FLAGS = {"http": "--http-port", "grpc": "--grpc-port", "metrics": "--metrics-port"}
+
+
+def triton_health() -> tuple[str, str, str]:
+    """tritonserver's KServe v2 health routes, as tritonclient (the client `serve` waits with) requests them."""
+    import inspect
+    import re
+
+    from tritonclient.http import _client
+
+    routes = dict(
+        re.findall(r'def (is_server_ready|is_server_live).*?request_uri = "([^"]+)"', inspect.getsource(_client), re.S)
+    )
+    return "http", "/" + routes["is_server_ready"], "/" + routes["is_server_live"]
+
+
+def triton_port_flags(cfg) -> dict[str, str]:
+    return {**TRITON_PORT_FLAGS, **({"openai": "--openai-port"} if cfg.deploy.openai_gateway else {})}
+
+
+def triton_serve_command(cfg, paths: PodPaths) -> list[str]:
+    """`trtllm-pipeline serve` on every address of the pod, with the ports of deploy.ports."""
+    d = cfg.deploy
+    command = [CLI, "serve", paths.config, "--output", paths.output, "--host", "0.0.0.0"]
+    command += [arg for name, flag in TRITON_PORT_FLAGS.items() for arg in (flag, str(getattr(d.ports, name)))]
+    if paths.build_in_server:
+        command.append("--build")
+    if d.openai_gateway:
+        command += ["--openai", "--openai-port", str(d.ports.openai)]
+        if d.api_key_secret is None:  # a ClusterIP service: `deploy` says so; exposing it without a key is refused
+            command.append("--allow-unauthenticated")
+    return command
+
+
+# ---------------------------------------------------------------- multi-node groups (LeaderWorkerSet)
+
+# mpirun's remote shell in a group: `kubectl exec` into the worker pod (the LeaderWorkerSet TensorRT-LLM example's
+# `-mca plm_rsh_agent kubessh` launch; our script ships in both images' scripts/).
+KUBESSH = f"{APP_DIR}/scripts/kubessh"
+
+
+def mpi_group_command(mpirun: str, ranks: list[list[str]], gpus_per_node: int) -> list[str]:
+    """The leader's command: wait until its workers run, then start one rank per GPU of the group with mpirun.
+
+    The leader's pod name is the first label of LWS_LEADER_ADDRESS; its workers are that name -1 .. -(size - 1),
+    the names the LeaderWorkerSet controller gives them. `ranks` are the ranks' commands in rank order."""
+    import shlex
+
+    launch = " : ".join(shlex.join(["-n", "1", *rank]) for rank in ranks)
+    script = f"""set -e
+leader="${{LWS_LEADER_ADDRESS%%.*}}"
+hosts="$leader:{gpus_per_node}"
+i=1
+while [ "$i" -lt "$LWS_GROUP_SIZE" ]; do
+  until kubectl wait --for=condition=Ready --timeout=60s "pod/$leader-$i" >/dev/null 2>&1; do sleep 5; done
+  hosts="$hosts,$leader-$i:{gpus_per_node}"
+  i=$((i + 1))
+done
+exec {mpirun} --allow-run-as-root -mca plm_rsh_agent {KUBESSH} -np {len(ranks)} --host "$hosts" {launch}
+"""
+    return ["/bin/sh", "-c", script]
