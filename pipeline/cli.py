@@ -289,6 +289,11 @@ def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int, api
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="openai-gateway", daemon=True)
     thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise PipelineError(f"the OpenAI gateway did not start on {host}:{port} (is the port free?)")
+        time.sleep(0.05)
     return server, thread
 
 
@@ -548,12 +553,12 @@ def serve(
     signal.signal(signal.SIGTERM, _interrupt)  # before start: a stop during start-up must clean up too
     gateway = gateway_thread = None
     try:
-        with console.status(f"starting tritonserver on {repo} ..."):
-            server.start()
-        if openai:
+        if openai:  # listening before tritonserver is ready, so a readiness probe on tritonserver covers it too
             gateway, gateway_thread = _start_gateway(
                 report, repo, host, grpc_port, openai_port, api_key, openai_max_body_mb
             )
+        with console.status(f"starting tritonserver on {repo} ..."):
+            server.start()
         console.print(
             f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
             f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"

@@ -103,7 +103,7 @@ def schema_problems(objects: list[dict], version: str) -> list[str]:
     problems = []
     for obj in objects:
         problems += _lws_problems(obj, version) if obj.get("apiVersion") == LWS_API else _core_problems(obj, version)
-    return problems
+    return list(dict.fromkeys(problems))  # the CRD and the core schema may both refuse a pod template's field
 
 
 @functools.cache

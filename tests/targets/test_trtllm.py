@@ -12,7 +12,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.trtllm_checkpoint import check_checkpoint
-from tests.conftest import make_tiny_llama, run_cli, trtllm_config
+from tests.conftest import llama_shape, make_tiny_llama, run_cli, trtllm_config
 
 # (quantization YAML, parallel, quant_algo, kv_cache_quant_algo, max perplexity increase on the tiny model)
 CASES = {
@@ -300,30 +300,6 @@ def test_validate_rejects_what_modelopt_cannot_do_here(tmp_path, tiny_llama):
         "validate", str(gpu_config(tmp_path, tiny_llama, "{weights: fp8, modelopt_recipe: general/ptq/no_such_recipe}"))
     )
     assert bad.returncode == 2 and "no such recipe file or built-in recipe" in " ".join(bad.stderr.split())
-
-
-LLAMA_31 = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_theta": 500000.0,
-    "rms_norm_eps": 1e-05,
-    "num_key_value_heads": 8,
-    "tie_word_embeddings": False,
-}
-SHAPES = {
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64),
-}
-
-
-def llama_shape(tmp_path: Path, size: str) -> Path:
-    """A directory holding only the published config.json shape of Llama 3.1 (no weights are needed to plan)."""
-    path = tmp_path / size
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps({**LLAMA_31, **SHAPES[size]}))
-    return path
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,368 @@
+"""`trtllm-pipeline deploy`: Kubernetes manifests validated offline, refused with the field named when wrong, and the
+CPU manifest's server run for real (its command, probes, Service ports, secret and stop), as far as a machine without
+a cluster allows."""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import load_config
+from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, checks
+from pipeline.k8s.manifests import plan_deployment, render
+from pipeline.targets import target_of
+from tests.conftest import REPO, llama_shape, run_cli
+
+CPU_CONFIG = "build_configs/smollm2-135m-cpu.yaml"
+
+
+def rendered(config: str, *overrides: str):
+    cfg = load_config(REPO / config, list(overrides))
+    dep = plan_deployment(cfg, target_of(cfg).serving(cfg), Path(config).stem)
+    return cfg, dep, render(cfg, dep)
+
+
+def written(output: Path) -> dict[str, dict]:
+    """The objects `deploy` wrote, by kind (kustomization.yaml lists every file)."""
+    k8s = output / "deploy" / "k8s"
+    files = yaml.safe_load((k8s / "kustomization.yaml").read_text())["resources"]
+    objects = [yaml.safe_load((k8s / name).read_text()) for name in files]
+    return {obj["kind"]: obj for obj in objects}
+
+
+def server_of(pod_spec: dict) -> dict:
+    return next(c for c in pod_spec["containers"] if c["name"] == "server")
+
+
+def test_default_cpu_config_deploys_and_the_stage_is_locked(tmp_path):
+    result = run_cli("deploy", CPU_CONFIG, "--output", str(tmp_path))
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"kubectl apply -k {tmp_path}/deploy/k8s" in out and "valid for Kubernetes 1.33" in out
+    objects = written(tmp_path)
+    assert sorted(objects) == ["ConfigMap", "Deployment", "Service"]
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    server = server_of(pod)
+    assert server["image"] == "trtllm-pipeline:smollm2-135m-cpu" and "--build" in server["command"]
+    assert "initContainers" not in pod  # the image holds the build
+    assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert [p["targetPort"] for p in objects["Service"]["spec"]["ports"]] == ["http", "grpc", "metrics", "openai"]
+    shipped = load_config_text(objects["ConfigMap"]["data"]["smollm2-135m-cpu.yaml"], tmp_path)
+    assert shipped.quantization == load_config(REPO / CPU_CONFIG).quantization
+    again = run_cli("deploy", CPU_CONFIG, "--output", str(tmp_path))
+    assert again.returncode == 0 and "deploy: up to date" in again.stdout
+
+
+def load_config_text(text: str, tmp_path: Path):
+    path = tmp_path / "shipped.yaml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
+    model = llama_shape(tmp_path, "8b")
+    result = run_cli(
+        "deploy",
+        "build_configs/llama-3.1-8b-fp8-h100.yaml",
+        f"model.path={model}",
+        "deploy.storage.models_claim=llama-checkpoints",
+        "--output",
+        str(tmp_path / "out"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    objects = written(tmp_path / "out")
+    assert sorted(objects) == ["ConfigMap", "Deployment", "PersistentVolumeClaim", "Service"]
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    server, build = server_of(pod), pod["initContainers"][0]
+    assert server["image"] == "trtllm-pipeline:gpu-1.2" and server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert server["command"][:2] == ["trtllm-serve", "/artifacts/llama-3.1-8b-fp8-h100/engine/model"]
+    assert f"--config={CONFIG_DIR}/llm_api_options.yaml" in server["command"]
+    assert server["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert (
+        build["command"][1:3] == ["build", f"{CONFIG_DIR}/llama-3.1-8b-fp8-h100.yaml"] and "--wait" in build["command"]
+    )
+    options = yaml.safe_load(objects["ConfigMap"]["data"]["llm_api_options.yaml"])
+    assert options["kv_cache_config"]["dtype"] == "fp8" and options["max_batch_size"] == 256
+    mounts = {m["name"]: m["mountPath"] for m in server["volumeMounts"]}
+    assert mounts["models"] == str(model) and mounts["artifacts"] == "/artifacts"
+    assert objects["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
+    model = llama_shape(tmp_path, "70b")
+    result = run_cli(
+        "deploy",
+        "build_configs/llama-3.1-70b-fp8-tp4.yaml",
+        f"model.path={model}",
+        "deploy.storage.models_claim=llama-checkpoints",
+        "deploy.gpus_per_node=2",
+        "--output",
+        str(tmp_path / "out"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 pods of 2 GPUs per replica" in " ".join(result.stdout.split())
+    objects = written(tmp_path / "out")
+    assert {"LeaderWorkerSet", "ServiceAccount", "Role", "RoleBinding", "Service"} <= set(objects)
+    group = objects["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    leader, worker = group["leaderTemplate"]["spec"], group["workerTemplate"]["spec"]
+    assert group["size"] == 2
+    assert [c["resources"]["limits"]["nvidia.com/gpu"] for c in (server_of(leader), worker["containers"][0])] == [
+        "2",
+        "2",
+    ]
+    script = server_of(leader)["command"][2]
+    assert "-np 4" in script and "plm_rsh_agent /opt/trtllm-pipeline/scripts/kubessh" in script
+    assert script.count("trtllm-llmapi-launch trtllm-serve") == 4
+    assert objects["Service"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    rules = objects["Role"]["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]} in rules
+
+
+def test_engine_group_autoscales_on_the_backends_waiting_requests(tmp_path):
+    cfg, dep, objects = rendered(
+        "build_configs/smollm2-135m-int4-awq.yaml",
+        "parallel.tp_size=3",
+        "deploy.gpus_per_node=1",
+        "deploy.storage.claim=shared-engines",
+        "deploy.autoscaling={min_replicas: 1, max_replicas: 3, queued_requests_per_replica: 0.5}",
+    )
+    from pipeline.k8s.manifests import adapter_config
+
+    assert checks.manifest_problems(objects, dep, cfg, adapter_config(cfg, dep)) == []
+    by_kind = {o["kind"]: o for o in objects}
+    hpa = by_kind["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"]["kind"] == "LeaderWorkerSet" and "replicas" not in by_kind["LeaderWorkerSet"]["spec"]
+    metric = hpa["metrics"][0]["pods"]
+    assert metric == {
+        "metric": {"name": "nv_trt_llm_request_metrics_waiting"},
+        "target": {"type": "AverageValue", "averageValue": "500m"},
+    }
+    rule = adapter_config(cfg, dep)["rules"][0]
+    assert rule["seriesQuery"] == 'nv_trt_llm_request_metrics{request_type="waiting",namespace!="",pod!=""}'
+    script = by_kind["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    ranks = script["command"][2].split(" : ")
+    assert len(ranks) == 3 and "--http-port=8000" in ranks[0] and "--allow-http=false" in ranks[1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        (["deploy.replicas=-1"], "deploy.replicas", "greater than or equal to 0"),
+        (["deploy.gpus_per_node=3"], "deploy.gpus_per_node", "3 does not divide tp x pp = 4"),
+        (["deploy.ports.metrics=8000"], "deploy.ports.metrics", "8000 is also deploy.ports.http"),
+        (["deploy.autoscaling={max_replicas: 2}", "deploy.replicas=2"], "deploy.replicas", "the autoscaler sets"),
+    ],
+)
+def test_broken_deploy_values_are_refused_naming_the_field(tmp_path, overrides, field, message):
+    result = run_cli(
+        "validate", "build_configs/llama-3.1-70b-fp8-tp4.yaml", f"model.path={llama_shape(tmp_path, '70b')}", *overrides
+    )
+    error = " ".join(result.stderr.split())
+    assert result.returncode == 2 and f"{field}: " in error and message in error, error
+
+
+def test_deploy_needs_what_the_pods_need(tmp_path):
+    model = llama_shape(tmp_path, "8b")
+    no_claim = run_cli("deploy", "build_configs/llama-3.1-8b-fp8-h100.yaml", f"model.path={model}", "-o", str(tmp_path))
+    assert no_claim.returncode != 0 and "deploy.storage.models_claim: the pods build from" in no_claim.stderr
+    queue = run_cli(
+        "deploy",
+        "build_configs/llama-3.1-8b-fp8-h100.yaml",
+        f"model.path={model}",
+        "deploy.storage.models_claim=m",
+        "deploy.autoscaling={max_replicas: 4}",
+        "-o",
+        str(tmp_path),
+    )
+    assert queue.returncode != 0 and "exports no Prometheus gauge of waiting requests" in queue.stderr
+    cpu_gpus = run_cli("validate", CPU_CONFIG, "deploy.gpus_per_node=2")
+    assert cpu_gpus.returncode == 2 and "deploy.gpus_per_node: is not honoured by target onnxruntime" in " ".join(
+        cpu_gpus.stderr.split()
+    )
+
+
+def test_cross_checks_name_the_broken_field_of_an_edited_manifest():
+    cfg, dep, objects = rendered(CPU_CONFIG)
+    assert checks.manifest_problems(objects, dep, cfg, None) == []
+    broken = copy.deepcopy(objects)
+    workload = next(o for o in broken if o["kind"] == "Deployment")
+    server = server_of(workload["spec"]["template"]["spec"])
+    server["readinessProbe"]["httpGet"]["port"] = 8080
+    server["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    server["resources"]["requests"]["memory"] = "1Gi"
+    server["command"][server["command"].index("--grpc-port") + 1] = "9001"
+    next(o for o in broken if o["kind"] == "Service")["spec"]["ports"][0]["targetPort"] = "web"
+    problems = "\n".join(checks.manifest_problems(broken, dep, cfg, None))
+    containers = "Deployment/smollm2-135m-cpu: spec.template.spec.containers[0]"
+    assert f"{containers}.readinessProbe.httpGet.port: 8080 is not the port serving /v2/health/ready" in problems
+    assert f"{containers}.ports: port 'grpc' is 8001 but the command binds --grpc-port 9001" in problems
+    assert f"{containers}.resources.limits.nvidia.com/gpu: one replica gets 1 GPUs but tp x pp is 0" in problems
+    assert f"{containers}.resources.requests.memory: 1Gi is below the memory plan" in problems
+    assert "Service/smollm2-135m-cpu: spec.ports[0].targetPort: web is no port of the server container" in problems
+    workload["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
+    assert checks.manifest_problems(broken, dep, cfg, None) == [
+        f"{containers}.ports[0].containerPort: 'http' is not of type 'integer'"
+    ]
+
+
+def test_the_tabulated_crd_schema_refuses_what_the_api_server_would():
+    cfg, dep, objects = rendered(
+        "build_configs/smollm2-135m-int4-awq.yaml", "parallel.tp_size=3", "deploy.gpus_per_node=1"
+    )
+    group = next(o for o in objects if o["kind"] == "LeaderWorkerSet")
+    assert checks.schema_problems([group], "1.33") == []
+    wrong = copy.deepcopy(group)
+    wrong["spec"]["leaderWorkerTemplate"]["size"] = "two"
+    wrong["spec"]["startupPolicy"] = "WhenReady"
+    wrong["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["terminationGracePeriodSeconds"] = "soon"
+    problems = checks.schema_problems([wrong], "1.33")
+    name = "LeaderWorkerSet/smollm2-135m-int4-awq"
+    assert f"{name}: spec.leaderWorkerTemplate.size: 'two' is not of type 'integer'" in problems
+    assert any(p.startswith(f"{name}: spec.startupPolicy: 'WhenReady' is not one of") for p in problems)
+    worker = f"{name}: spec.leaderWorkerTemplate.workerTemplate.spec"
+    assert f"{worker}.terminationGracePeriodSeconds: 'soon' is not of type 'integer'" in problems
+    typo = copy.deepcopy(group)
+    typo["spec"]["leaderWorkerTemplate"]["sise"] = 3
+    assert "Additional properties are not allowed ('sise' was unexpected)" in checks.schema_problems([typo], "1.33")[0]
+
+
+def test_build_wait_queues_behind_a_running_build(smollm2_build):
+    with open(smollm2_build / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "build", CPU_CONFIG, "--output", str(smollm2_build), "--wait"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(8)
+        assert waiting.poll() is None  # still queued behind the held lock
+    out, _ = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0 and "waiting for the build running in" in out and "nothing to do" in out
+
+
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size of a process tree (a shared page counted once, as the pod's memory cgroup does)."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            total += sum(
+                int(line.split()[1]) * 1024
+                for line in Path(f"/proc/{current}/smaps_rollup").read_text().splitlines()
+                if line.startswith("Pss:")
+            )
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += map(int, (task / "children").read_text().split())
+        except OSError:
+            continue
+    return total
+
+
+def _probe(port: int, path: str) -> int:
+    """An HTTP probe as the kubelet runs it: success is a status from 200 to 399."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status
+    except OSError as exc:
+        return getattr(exc, "code", 0)
+
+
+def test_the_cpu_manifest_serves_as_written(smollm2_build, tmp_path):
+    """The Deployment's container run here as the kubelet would run it: its command (paths of the image and the
+    ConfigMap mapped onto this machine), its env (the Secret's key), its probes, the Service's ports, its memory
+    request, and SIGTERM within the grace period. What needs a cluster (scheduling, the image itself, DNS, the
+    HPA's metrics pipeline) is not run here."""
+    from openai import AuthenticationError, OpenAI
+    from prometheus_client.parser import text_string_to_metric_families
+    from tritonclient.grpc import InferenceServerClient
+
+    from pipeline.build import cache_dir
+    from pipeline.memory import MiB
+    from pipeline.triton.server import free_port
+
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
+    cfg, dep, objects = rendered(
+        CPU_CONFIG, *(f"deploy.ports.{name}={port}" for name, port in ports.items()), "deploy.api_key_secret=llm-key"
+    )
+    by_kind = {o["kind"]: o for o in objects}
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    server = server_of(pod)
+    etc = tmp_path / "etc"  # the ConfigMap volume
+    etc.mkdir()
+    for name, text in by_kind["ConfigMap"]["data"].items():
+        (etc / name).write_text(text)
+    image_paths = {
+        CLI: f"{sys.executable} -m pipeline.cli",
+        CONFIG_DIR: str(etc),
+        dep.paths.output: str(smollm2_build),
+        f"{APP_DIR}/.cache": str(cache_dir()),
+    }
+
+    def local(arg: str) -> list[str]:
+        for inside, here in image_paths.items():
+            if arg.startswith(inside):
+                return (here + arg[len(inside) :]).split(" ")
+        return [arg]
+
+    command = [part for arg in server["command"] for part in local(arg)]
+    env = {**os.environ}
+    for var in server["env"]:
+        if "valueFrom" in var:
+            assert var["valueFrom"]["secretKeyRef"] == {"name": "llm-key", "key": "api-key"}
+            env[var["name"]] = "test-key"
+        else:
+            env[var["name"]] = local(var["value"])[0]
+    log = (tmp_path / "server.log").open("w")
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        startup = server["startupProbe"]
+        container_ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+        deadline = time.monotonic() + startup["periodSeconds"] * startup["failureThreshold"]
+        while _probe(container_ports[startup["httpGet"]["port"]], startup["httpGet"]["path"]) != 200:
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(1)
+        for probe in ("readinessProbe", "livenessProbe"):
+            get = server[probe]["httpGet"]
+            assert _probe(container_ports[get["port"]], get["path"]) == 200, probe
+        started = (tmp_path / "server.log").read_text()
+        assert "▶" not in started and "triton_repo: up to date" in started  # the image's build was current
+
+        service = {p["name"]: container_ports[p["targetPort"]] for p in by_kind["Service"]["spec"]["ports"]}
+        assert InferenceServerClient(f"127.0.0.1:{service['grpc']}").is_server_ready()
+        scrape = by_kind["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{scrape['prometheus.io/port']}{scrape['prometheus.io/path']}"
+        ) as metrics:
+            samples = {s.name for f in text_string_to_metric_families(metrics.read().decode()) for s in f.samples}
+        assert dep.serving.queue_metric.series in samples  # what the HPA scales on
+        gateway = f"http://127.0.0.1:{service['openai']}/v1"
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=gateway, api_key="wrong").models.list()
+        client = OpenAI(base_url=gateway, api_key="test-key")
+        answer = client.chat.completions.create(
+            model=client.models.list().data[0].id, messages=[{"role": "user", "content": "Hi"}], max_tokens=8
+        )
+        assert answer.choices[0].message.content
+        request = server["resources"]["requests"]["memory"]
+        assert _pss_bytes(process.pid) <= int(request.removesuffix("Mi")) * MiB
+    finally:
+        process.send_signal(signal.SIGTERM)  # the kubelet's stop: SIGTERM to the container's first process
+        grace = pod["terminationGracePeriodSeconds"]
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail(f"the server outlived terminationGracePeriodSeconds ({grace} s)")
+        finally:
+            log.close()
