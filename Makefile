@@ -15,7 +15,7 @@ GENAI_SPEC ?= onnxruntime-genai==0.18.0
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
 GENAI_MODEL ?= $(OUTPUT)/genai-int4
 
-.PHONY: setup build-engine run-batch bench bench-architectures genai-peer serve plan validate test format clean
+.PHONY: setup build-engine run-batch bench bench-architectures genai-peer serve plan validate deploy test format clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,10 @@ plan: $(STAMP)
 
 validate: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline validate $(CONFIG)
+
+# Kubernetes manifests for CONFIG in $(OUTPUT)/deploy/k8s/, validated offline (README "Kubernetes").
+deploy: $(STAMP)
+	$(VENV)/bin/trtllm-pipeline deploy $(CONFIG)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .

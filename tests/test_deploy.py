@@ -75,13 +75,13 @@ def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
         "deploy",
         "build_configs/llama-3.1-8b-fp8-h100.yaml",
         f"model.path={model}",
-        "deploy.storage.models_claim=llama-checkpoints",
         "--output",
         str(tmp_path / "out"),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     objects = written(tmp_path / "out")
     assert sorted(objects) == ["ConfigMap", "Deployment", "PersistentVolumeClaim", "Service"]
+    assert objects["Deployment"]["spec"]["replicas"] == 2
     pod = objects["Deployment"]["spec"]["template"]["spec"]
     server, build = server_of(pod), pod["initContainers"][0]
     assert server["image"] == "trtllm-pipeline:gpu-1.2" and server["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -104,8 +104,6 @@ def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
         "deploy",
         "build_configs/llama-3.1-70b-fp8-tp4.yaml",
         f"model.path={model}",
-        "deploy.storage.models_claim=llama-checkpoints",
-        "deploy.gpus_per_node=2",
         "--output",
         str(tmp_path / "out"),
     )
@@ -173,13 +171,19 @@ def test_broken_deploy_values_are_refused_naming_the_field(tmp_path, overrides, 
 
 def test_deploy_needs_what_the_pods_need(tmp_path):
     model = llama_shape(tmp_path, "8b")
-    no_claim = run_cli("deploy", "build_configs/llama-3.1-8b-fp8-h100.yaml", f"model.path={model}", "-o", str(tmp_path))
-    assert no_claim.returncode != 0 and "deploy.storage.models_claim: the pods build from" in no_claim.stderr
-    queue = run_cli(
+    no_claim = run_cli(
         "deploy",
         "build_configs/llama-3.1-8b-fp8-h100.yaml",
         f"model.path={model}",
-        "deploy.storage.models_claim=m",
+        "deploy.storage.models_claim=null",
+        "-o",
+        str(tmp_path),
+    )
+    assert no_claim.returncode != 0 and "deploy.storage.models_claim: the pods build from" in no_claim.stderr
+    queue = run_cli(
+        "deploy",
+        "build_configs/llama-3.1-70b-fp8-tp4.yaml",
+        f"model.path={llama_shape(tmp_path, '70b')}",
         "deploy.autoscaling={max_replicas: 4}",
         "-o",
         str(tmp_path),
