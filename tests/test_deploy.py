@@ -370,3 +370,12 @@ def test_the_cpu_manifest_serves_as_written(smollm2_build, tmp_path):
             pytest.fail(f"the server outlived terminationGracePeriodSeconds ({grace} s)")
         finally:
             log.close()
+
+
+def test_a_release_whose_serving_is_not_tabulated_is_refused_by_name(tmp_path):
+    result = run_cli(
+        "deploy", "build_configs/smollm2-135m-int4-awq.yaml", 'target.trtllm_version="0.20"', "-o", str(tmp_path)
+    )
+    assert result.returncode == 1 and "how TensorRT-LLM 0.20 is served is not tabulated (1.0, 1.1, 1.2" in " ".join(
+        result.stderr.split()
+    )

@@ -284,7 +284,13 @@ CONTAINER_MPIRUN = "/opt/hpcx/ompi/bin/mpirun"
 
 def serving_facts(release: str) -> dict:
     """How TensorRT-LLM `release` is served (routes, launcher, metrics), as tabulated from its sources."""
-    return json.loads(SERVING_TABLE.read_text())[release]
+    table = json.loads(SERVING_TABLE.read_text())
+    if release not in table:
+        raise PipelineError(
+            f"target.trtllm_version: how TensorRT-LLM {release} is served is not tabulated ({', '.join(table)} are: "
+            "scripts/dev/tabulate_trtllm_serving.py), so its manifests cannot be checked; deploy one of those"
+        )
+    return table[release]
 
 
 def gpu_serving(cfg, **backend_parts):
