@@ -177,6 +177,13 @@ def plan(
     as_json: bool = typer.Option(
         False, "--json", help="Print the decisions as JSON (stage, status, reasons, writes) for scripts."
     ),
+    until: Optional[str] = typer.Option(None, "--until", help="Plan the stages up to this one (as build --until)."),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Print nothing; exit 0 when every planned stage is up to date (or skipped), 1 when one would run "
+        "(e.g. a pod waiting for its build Job).",
+    ),
 ):
     """Show which stages are up to date, which would run and why (the config value, input file, tool
     version or source file that changed), and what each writes. Runs nothing.
@@ -185,12 +192,17 @@ def plan(
     """
     from pipeline.build import default_output
     from pipeline.lock import read_lock
+    from pipeline.plan import WILL_RUN
     from pipeline.plan import plan as make_plan
     from pipeline.targets import target_of
 
+    if until is not None and until not in _stage_names():
+        raise PipelineError(f"--until {until}: unknown stage; choose one of {', '.join(_stage_names())}")
     cfg = _load(config, overrides)
     output = output or default_output(config)
-    decisions = make_plan(cfg, output, read_lock(output), force=force)
+    decisions = make_plan(cfg, output, read_lock(output), until=until, force=force)
+    if check:
+        raise typer.Exit(int(any(d.status == WILL_RUN for d in decisions)))
     if as_json:
         print(
             json.dumps(
@@ -492,6 +504,9 @@ def serve(
         "before they are read. Example: --openai-max-body-mb 16.",
     ),
     log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository)."),
+    ready_timeout: float = typer.Option(
+        120.0, min=1, help="Seconds tritonserver may take to load the models before serve gives up."
+    ),
     build_first: bool = typer.Option(
         False,
         "--build",
@@ -558,7 +573,7 @@ def serve(
                 report, repo, host, grpc_port, openai_port, api_key, openai_max_body_mb
             )
         with console.status(f"starting tritonserver on {repo} ..."):
-            server.start()
+            server.start(timeout=ready_timeout)
         console.print(
             f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
             f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"
@@ -593,34 +608,34 @@ def serve(
 def deploy(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesArg, output: Optional[Path] = OutputOpt):
     """Write Kubernetes manifests for a config into OUTPUT/deploy/k8s/, each validated offline first.
 
-    Single node: a Deployment (or, tp x pp above deploy.gpus_per_node, a LeaderWorkerSet of leader and workers
-    launched over MPI), a Service on the server's ports, probes on its health routes, resources from the memory
-    plan, a ConfigMap with the build config (and the LLM-API options), a claim or the image holding the output,
-    and an HPA on the target's queue metric with the prometheus-adapter rule feeding it. Every object is checked
+    A Deployment (or, tp x pp above deploy.gpus_per_node, a LeaderWorkerSet of leader and workers launched over
+    MPI), a Service on the server's ports, probes on its health routes, resources from the memory plan, the output
+    in the image or on a claim (built once there by a Job, with a ConfigMap holding the config), and an HPA on the
+    target's queue metric with the prometheus-adapter rule feeding it. Every object is checked
     against the Kubernetes OpenAPI schemas of deploy.kubernetes_version (LeaderWorkerSet: its CRD schema from
     kubernetes-sigs/lws), then cross-checked: ports, probes, GPUs = tp x pp per replica, memory >= the plan.
-    Needs no built engine: the pods build the config (the lock makes restarts instant).
+    Needs no built engine here: the image or the build Job builds the config.
 
     Example: trtllm-pipeline deploy build_configs/smollm2-135m-cpu.yaml deploy.replicas=2, then
     kubectl apply -k artifacts/smollm2-135m-cpu/deploy/k8s
     """
     from pipeline.build import build as run_build
     from pipeline.build import default_output
+    from pipeline.k8s import serving_of
     from pipeline.k8s.manifests import plan_deployment
     from pipeline.stages import deploy as stage
-    from pipeline.targets import target_of
 
     cfg = _load(config, overrides)
     output = output or default_output(config)
     run_build(cfg, output, console, only=stage.NAME)
-    serving = target_of(cfg).serving(cfg)
+    serving = serving_of(cfg)
     dep = plan_deployment(cfg, serving, stage.stem(cfg))
     out = output / stage.NAME
     for path in sorted((out / stage.MANIFESTS).iterdir()):
         console.print(f"  {path}")
     if (out / stage.ADAPTER_CONFIG).exists():
         console.print(f"  {out / stage.ADAPTER_CONFIG}  (merge into prometheus-adapter's config: the HPA's metric)")
-    shape = f"{dep.nodes} pods of {dep.gpus_per_node} GPUs" if dep.nodes > 1 else "1 pod"
+    shape = f"{dep.pods} pods of {dep.gpus_per_pod} GPUs" if dep.pods > 1 else "1 pod"
     console.print(
         f"[green]valid[/] for Kubernetes {cfg.deploy.kubernetes_version}: {dep.name} in namespace "
         f"{cfg.deploy.namespace}, {shape} per replica; {'; '.join(serving.memory_lines)}",
@@ -630,8 +645,8 @@ def deploy(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
         console.print(f"image: {cfg.deploy.image or serving.image} holds the build: {serving.image_build}")
     else:
         console.print(
-            f"image: {cfg.deploy.image or serving.image} ({serving.image_build}); the init container builds into "
-            f"the claim on first start"
+            f"image: {cfg.deploy.image or serving.image} ({serving.image_build}); job/{dep.name}-build builds the "
+            "config onto the claim once, the pods wait for it"
         )
     if cfg.deploy.openai_gateway and "openai" in serving.port_flags and not cfg.deploy.api_key_secret:
         console.print("[yellow]note:[/] the OpenAI gateway takes no API key (set deploy.api_key_secret)")

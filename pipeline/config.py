@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from pipeline.architectures import support_problem
 from pipeline.errors import CheckpointError, ConfigError
-from pipeline.k8s.manifests import config_problems as deploy_problems
 from pipeline.memory import GPUS
 from pipeline.models import (
     BUILTIN_MODELS,
@@ -26,7 +25,7 @@ from pipeline.models import (
     facts_from_hf_dir,
 )
 from pipeline.paths import model_name_problem
-from pipeline.targets import TARGETS, target_of, unhonoured_problems
+from pipeline.targets import TARGETS, honoured, target_of, unhonoured_problems
 
 
 class Section(BaseModel):
@@ -409,9 +408,9 @@ class DeploySection(Section):
     )
     artifacts: Literal["image", "volume"] | None = Field(
         None,
-        description="image: the output was built into the image (docker build --build-arg CONFIG=...); volume: an "
-        "init container builds it into deploy.storage's claim on first start (the lock makes later starts instant). "
-        "Default: the target's (image for CPU engines; volume for GPU engines, which are built on their GPU).",
+        description="image: the output was built into the image (docker build --build-arg CONFIG=build_configs/...); "
+        "volume: a Job builds it once onto deploy.storage's claim, and the pods wait for it. Default: the target's "
+        "(image for CPU engines; volume for GPU outputs, which are built on the GPU they serve from).",
     )
     replicas: int = Field(1, ge=0, description="Replicas (groups of pods, multi-node) when autoscaling is off.")
     autoscaling: AutoscalingSection | None = Field(None, description="Scale replicas on queued requests.")
@@ -728,11 +727,71 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
         names.setdefault(value, name)
 
     out += unhonoured_problems(cfg)
-    out += deploy_problems(cfg)
+    out += _deploy_problems(cfg)
     out += target_of(cfg).config_problems(cfg)
     facts = cfg.model_facts()
     if facts is not None:
         out.extend(_model_shape_problems(cfg, facts))
+    return out
+
+
+def _deploy_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
+    """What `validate` refuses in the deploy section: values that contradict each other or the parallelism. Only
+    fields the target reads count (a port or gateway its server does not open is not checked)."""
+    from kubernetes_validate.utils import all_versions
+
+    d, out = cfg.deploy, []
+    versions = sorted({".".join(v.split(".")[:2]) for v in all_versions()}, key=lambda v: tuple(map(int, v.split("."))))
+    if ".".join(d.kubernetes_version.split(".")[:2]) not in versions:
+        out.append(
+            (
+                ("deploy", "kubernetes_version"),
+                f"{d.kubernetes_version!r}: kubernetes-validate has the schemas of {versions[0]} to {versions[-1]} "
+                "(quote the version: YAML reads an unquoted 1.30 as 1.3)",
+            )
+        )
+    if d.autoscaling is not None:
+        if "replicas" in d.model_fields_set:
+            out.append((("deploy", "replicas"), "the autoscaler sets the replicas: remove it or deploy.autoscaling"))
+        if d.autoscaling.max_replicas < d.autoscaling.min_replicas:
+            out.append(
+                (
+                    ("deploy", "autoscaling", "max_replicas"),
+                    f"{d.autoscaling.max_replicas} is below min_replicas ({d.autoscaling.min_replicas})",
+                )
+            )
+    gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
+    if d.gpus_per_node is not None and d.gpus_per_node < gpus and gpus % d.gpus_per_node:
+        out.append(
+            (
+                ("deploy", "gpus_per_node"),
+                f"{d.gpus_per_node} does not divide tp x pp = {gpus}: every pod of a group runs as many ranks as it "
+                "has GPUs; use a divisor of tp x pp",
+            )
+        )
+    fields = target_of(cfg).fields_read(cfg)
+    one_node = d.gpus_per_node is None or d.gpus_per_node >= gpus
+    gateway = d.openai_gateway and honoured("deploy.openai_gateway", fields) and one_node
+    used = {
+        name: getattr(d.ports, name) for name in ("http", "grpc", "metrics") if honoured(f"deploy.ports.{name}", fields)
+    }
+    if gateway:
+        used["openai"] = d.ports.openai
+    seen: dict[int, str] = {}
+    for name, port in used.items():
+        if port in seen:
+            out.append((("deploy", "ports", name), f"{port} is also deploy.ports.{seen[port]}; give each its own"))
+        seen.setdefault(port, name)
+    if d.api_key_secret and not d.openai_gateway:
+        out.append((("deploy", "api_key_secret"), "there is no gateway to protect: deploy.openai_gateway is false"))
+    if d.service_type != "ClusterIP" and gateway and not d.api_key_secret:
+        out.append(
+            (
+                ("deploy", "api_key_secret"),
+                f"service_type {d.service_type} exposes the OpenAI gateway outside the cluster without a key: name "
+                "a Secret holding `api-key`, or set openai_gateway: false",
+            )
+        )
     return out
 
 
@@ -801,7 +860,12 @@ def resolved_yaml(cfg: BuildConfig) -> str:
                 lines.append(f"{pad}{name}:{mark}")
                 emit(value, indent + 1)
             else:
-                dumped = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+                plain = (
+                    [v.model_dump(mode="json", exclude_none=True) if isinstance(v, BaseModel) else v for v in value]
+                    if isinstance(value, list)
+                    else value
+                )
+                dumped = yaml.safe_dump(plain, default_flow_style=True).strip().removesuffix("...").strip()
                 lines.append(f"{pad}{name}: {dumped}{mark}")
 
     emit(cfg, 0)

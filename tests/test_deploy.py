@@ -18,9 +18,8 @@ import pytest
 import yaml
 
 from pipeline.config import load_config
-from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, checks
+from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, checks, serving_of
 from pipeline.k8s.manifests import plan_deployment, render
-from pipeline.targets import target_of
 from tests.conftest import REPO, llama_shape, run_cli
 
 CPU_CONFIG = "build_configs/smollm2-135m-cpu.yaml"
@@ -28,7 +27,7 @@ CPU_CONFIG = "build_configs/smollm2-135m-cpu.yaml"
 
 def rendered(config: str, *overrides: str):
     cfg = load_config(REPO / config, list(overrides))
-    dep = plan_deployment(cfg, target_of(cfg).serving(cfg), Path(config).stem)
+    dep = plan_deployment(cfg, serving_of(cfg), Path(config).stem)
     return cfg, dep, render(cfg, dep)
 
 
@@ -50,23 +49,17 @@ def test_default_cpu_config_deploys_and_the_stage_is_locked(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"kubectl apply -k {tmp_path}/deploy/k8s" in out and "valid for Kubernetes 1.33" in out
     objects = written(tmp_path)
-    assert sorted(objects) == ["ConfigMap", "Deployment", "Service"]
+    assert sorted(objects) == ["Deployment", "Service"]  # the image holds the build and its config
     pod = objects["Deployment"]["spec"]["template"]["spec"]
     server = server_of(pod)
     assert server["image"] == "trtllm-pipeline:smollm2-135m-cpu" and "--build" in server["command"]
-    assert "initContainers" not in pod  # the image holds the build
+    assert server["command"][2] == f"{APP_DIR}/{CPU_CONFIG}" and "initContainers" not in pod
     assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert [p["targetPort"] for p in objects["Service"]["spec"]["ports"]] == ["http", "grpc", "metrics", "openai"]
-    shipped = load_config_text(objects["ConfigMap"]["data"]["smollm2-135m-cpu.yaml"], tmp_path)
-    assert shipped.quantization == load_config(REPO / CPU_CONFIG).quantization
+    overridden = run_cli("deploy", CPU_CONFIG, "quantization.weights=int4", "--output", str(tmp_path / "int4"))
+    assert overridden.returncode != 0 and "the pods would build other quantization values" in overridden.stderr
     again = run_cli("deploy", CPU_CONFIG, "--output", str(tmp_path))
     assert again.returncode == 0 and "deploy: up to date" in again.stdout
-
-
-def load_config_text(text: str, tmp_path: Path):
-    path = tmp_path / "shipped.yaml"
-    path.write_text(text)
-    return load_config(path)
 
 
 def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
@@ -80,10 +73,13 @@ def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     objects = written(tmp_path / "out")
-    assert sorted(objects) == ["ConfigMap", "Deployment", "PersistentVolumeClaim", "Service"]
+    assert sorted(objects) == ["ConfigMap", "Deployment", "Job", "PersistentVolumeClaim", "Service"]
     assert objects["Deployment"]["spec"]["replicas"] == 2
     pod = objects["Deployment"]["spec"]["template"]["spec"]
-    server, build = server_of(pod), pod["initContainers"][0]
+    server, build = server_of(pod), objects["Job"]["spec"]["template"]["spec"]["containers"][0]
+    wait = pod["initContainers"][0]  # the pods wait for the build Job with a small request
+    assert "plan" in wait["command"][2] and "--check" in wait["command"][2] and wait["resources"]["limits"]
+    assert build["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert server["image"] == "trtllm-pipeline:gpu-1.2" and server["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert server["command"][:2] == ["trtllm-serve", "/artifacts/llama-3.1-8b-fp8-h100/engine/model"]
     assert f"--config={CONFIG_DIR}/llm_api_options.yaml" in server["command"]
@@ -119,11 +115,15 @@ def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
         "2",
     ]
     script = server_of(leader)["command"][2]
-    assert "-np 4" in script and "plm_rsh_agent /opt/trtllm-pipeline/scripts/kubessh" in script
+    assert script.count("-n 1 ") == 4 and "plm_rsh_agent /opt/trtllm-pipeline/scripts/kubessh" in script
     assert script.count("trtllm-llmapi-launch trtllm-serve") == 4
-    assert objects["Service"]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    assert objects["Service"]["spec"]["selector"] == {  # the leaders; the group's own headless Service is the LWS's
+        "leaderworkerset.sigs.k8s.io/name": "llama-3-1-70b-fp8-tp4-group",
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
+    assert objects["Service"]["metadata"]["name"] == "llama-3-1-70b-fp8-tp4"
     rules = objects["Role"]["rules"]
-    assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]} in rules
+    assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]} in rules
 
 
 def test_engine_group_autoscales_on_the_backends_waiting_requests(tmp_path):
@@ -157,7 +157,6 @@ def test_engine_group_autoscales_on_the_backends_waiting_requests(tmp_path):
     [
         (["deploy.replicas=-1"], "deploy.replicas", "greater than or equal to 0"),
         (["deploy.gpus_per_node=3"], "deploy.gpus_per_node", "3 does not divide tp x pp = 4"),
-        (["deploy.ports.metrics=8000"], "deploy.ports.metrics", "8000 is also deploy.ports.http"),
         (["deploy.autoscaling={max_replicas: 2}", "deploy.replicas=2"], "deploy.replicas", "the autoscaler sets"),
     ],
 )
@@ -167,6 +166,20 @@ def test_broken_deploy_values_are_refused_naming_the_field(tmp_path, overrides, 
     )
     error = " ".join(result.stderr.split())
     assert result.returncode == 2 and f"{field}: " in error and message in error, error
+
+
+def test_ports_of_one_server_must_differ_but_unused_ones_are_not_checked(tmp_path):
+    clash = run_cli("validate", CPU_CONFIG, "deploy.ports.metrics=8000")
+    assert clash.returncode == 2 and "deploy.ports.metrics: 8000 is also deploy.ports.http" in clash.stderr
+    # trtllm-serve opens one port and serves no gateway of ours: grpc's number is free, no gateway key is asked for
+    exposed = run_cli(
+        "validate",
+        "build_configs/llama-3.1-8b-fp8-h100.yaml",
+        f"model.path={llama_shape(tmp_path, '8b')}",
+        "deploy.service_type=LoadBalancer",
+        "deploy.ports.http=8001",
+    )
+    assert exposed.returncode == 0, exposed.stderr
 
 
 def test_deploy_needs_what_the_pods_need(tmp_path):
@@ -230,7 +243,7 @@ def test_the_tabulated_crd_schema_refuses_what_the_api_server_would():
     wrong["spec"]["startupPolicy"] = "WhenReady"
     wrong["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["terminationGracePeriodSeconds"] = "soon"
     problems = checks.schema_problems([wrong], "1.33")
-    name = "LeaderWorkerSet/smollm2-135m-int4-awq"
+    name = "LeaderWorkerSet/smollm2-135m-int4-awq-group"
     assert f"{name}: spec.leaderWorkerTemplate.size: 'two' is not of type 'integer'" in problems
     assert any(p.startswith(f"{name}: spec.startupPolicy: 'WhenReady' is not one of") for p in problems)
     worker = f"{name}: spec.leaderWorkerTemplate.workerTemplate.spec"
@@ -283,8 +296,8 @@ def _probe(port: int, path: str) -> int:
 
 
 def test_the_cpu_manifest_serves_as_written(smollm2_build, tmp_path):
-    """The Deployment's container run here as the kubelet would run it: its command (paths of the image and the
-    ConfigMap mapped onto this machine), its env (the Secret's key), its probes, the Service's ports, its memory
+    """The Deployment's container run here as the kubelet would run it: its command (the image's paths mapped onto
+    this machine), its env (the Secret's key), its probes, the Service's ports, its memory
     request, and SIGTERM within the grace period. What needs a cluster (scheduling, the image itself, DNS, the
     HPA's metrics pipeline) is not run here."""
     from openai import AuthenticationError, OpenAI
@@ -302,13 +315,9 @@ def test_the_cpu_manifest_serves_as_written(smollm2_build, tmp_path):
     by_kind = {o["kind"]: o for o in objects}
     pod = by_kind["Deployment"]["spec"]["template"]["spec"]
     server = server_of(pod)
-    etc = tmp_path / "etc"  # the ConfigMap volume
-    etc.mkdir()
-    for name, text in by_kind["ConfigMap"]["data"].items():
-        (etc / name).write_text(text)
-    image_paths = {
+    image_paths = {  # the image's files, here
         CLI: f"{sys.executable} -m pipeline.cli",
-        CONFIG_DIR: str(etc),
+        f"{APP_DIR}/build_configs": str(REPO / "build_configs"),
         dep.paths.output: str(smollm2_build),
         f"{APP_DIR}/.cache": str(cache_dir()),
     }
@@ -379,3 +388,18 @@ def test_a_release_whose_serving_is_not_tabulated_is_refused_by_name(tmp_path):
     assert result.returncode == 1 and "how TensorRT-LLM 0.20 is served is not tabulated (1.0, 1.1, 1.2" in " ".join(
         result.stderr.split()
     )
+
+
+@pytest.mark.parametrize("config", [CPU_CONFIG, "build_configs/smollm2-135m-int4-awq.yaml"])
+def test_only_the_deploy_stage_hashes_the_deployment_code(config):
+    """Editing how an output is deployed must not re-run the stages that built it."""
+    from pipeline.plan import stage_inputs
+    from pipeline.stages import STAGES
+
+    cfg = load_config(REPO / config)
+    for name, stage in STAGES.items():
+        code = stage_inputs(stage, cfg, None, {})["code"]
+        deployment = sorted(path for path in code if "/k8s/" in path or path.endswith("_serving.py"))
+        assert bool(deployment) == (name == "deploy"), (name, deployment)
+        if name == "deploy":
+            assert "pipeline/targets/trtllm_serving.py" in code and "pipeline/k8s/leaderworkerset.json" in code

@@ -1,6 +1,8 @@
 """Kubernetes manifests for a build config, validated offline before they are written (`trtllm-pipeline deploy`).
 
-A target describes how its output is served in a container (`Serving`, from `Target.serving`); `manifests` turns
+A target describes how its output is served in a container (`Serving`, registered per target with `serves` by
+`pipeline/targets/*_serving.py`: modules of their own, so that the build stages' lock entries, which hash the
+adapters and what they import, do not change with the deployment); `manifests` turns
 that and the config's `deploy` section into objects, and `checks` validates every object against the Kubernetes
 OpenAPI schemas of `deploy.kubernetes_version` (kubernetes-validate) or, for LeaderWorkerSet, the CRD schema
 tabulated from kubernetes-sigs/lws (`leaderworkerset.json`), then cross-checks them against each other and the
@@ -20,15 +22,27 @@ VOLUME_DIR = "/artifacts"  # the claim (artifacts: volume): the output directory
 SHM_DIR = "/dev/shm"
 
 
+STARTUP_SECONDS = 1800  # loading a 70B engine from network storage takes minutes: the server gets half an hour
+
+
 @dataclass(frozen=True)
 class PodPaths:
     """Where a pod finds what it serves."""
 
-    config: str  # the build config (from the ConfigMap)
+    config: str  # the build config (the image's file, or the ConfigMap's copy)
     output: str  # the output directory (in the image or on the claim)
     cache: str  # TRTLLM_PIPELINE_CACHE
-    build_in_server: bool  # the server command builds first (the output is in the image: no init container)
+    build_in_server: bool  # the server command builds first (the output is in the image: no build Job)
     config_dir: str = CONFIG_DIR
+
+
+def group_shape(gpus: int, gpus_per_node: int | None) -> tuple[int, int]:
+    """(GPUs per pod, pods per replica) of a replica needing `gpus` GPUs on nodes of `gpus_per_node` (None: one
+    node holds them all)."""
+    if gpus == 0:
+        return 0, 1
+    per_pod = min(gpus_per_node or gpus, gpus)
+    return per_pod, -(-gpus // per_pod)
 
 
 @dataclass(frozen=True)
@@ -36,8 +50,8 @@ class QueueMetric:
     """The Prometheus series counting one server's requests that wait for a batch slot (what the HPA scales on)."""
 
     series: str
+    source: str  # where the series is defined
     labels: dict[str, str] = field(default_factory=dict)  # fixed label values selecting the waiting requests
-    source: str = ""  # where the series is defined
 
     @property
     def name(self) -> str:
@@ -47,7 +61,7 @@ class QueueMetric:
 
 @dataclass(frozen=True)
 class Serving:
-    """How a target's built output runs in a container (`Target.serving`)."""
+    """How a target's built output runs in a container."""
 
     image: str  # default image: our Dockerfile's, for this target and release
     image_build: str  # the command that builds it
@@ -66,8 +80,8 @@ class Serving:
     cpus: int  # CPU cores requested
     command: Callable[[PodPaths], list[str]]  # the single-node server command
     config_files: dict[str, str] = field(default_factory=dict)  # ConfigMap files the command reads, by name
-    # the leader's command of a replica spread over `nodes` pods of `gpus_per_node` GPUs (None: single node only)
-    group_command: Callable[[PodPaths, int, int], list[str]] | None = None
+    # the leader's command of a replica spread over pods of `gpus_per_node` GPUs (None: single node only)
+    group_command: Callable[[PodPaths, int], list[str]] | None = None
     group_problem: str | None = None  # why it has no multi-node launch
 
 
@@ -98,6 +112,7 @@ def triton_serve_command(cfg, paths: PodPaths) -> list[str]:
     d = cfg.deploy
     command = [CLI, "serve", paths.config, "--output", paths.output, "--host", "0.0.0.0"]
     command += [arg for name, flag in TRITON_PORT_FLAGS.items() for arg in (flag, str(getattr(d.ports, name)))]
+    command += ["--ready-timeout", str(STARTUP_SECONDS)]
     if paths.build_in_server:
         command.append("--build")
     if d.openai_gateway:
@@ -115,10 +130,11 @@ KUBESSH = f"{APP_DIR}/scripts/kubessh"
 
 
 def mpi_group_command(mpirun: str, ranks: list[list[str]], gpus_per_node: int) -> list[str]:
-    """The leader's command: wait until its workers run, then start one rank per GPU of the group with mpirun.
+    """The leader's command: wait until its workers run, then start one rank per GPU of the group with mpirun, one
+    `-n 1` application context per rank (MPMD), in rank order.
 
     The leader's pod name is the first label of LWS_LEADER_ADDRESS; its workers are that name -1 .. -(size - 1),
-    the names the LeaderWorkerSet controller gives them. `ranks` are the ranks' commands in rank order."""
+    the names the LeaderWorkerSet controller gives them."""
     import shlex
 
     launch = " : ".join(shlex.join(["-n", "1", *rank]) for rank in ranks)
@@ -131,6 +147,33 @@ while [ "$i" -lt "$LWS_GROUP_SIZE" ]; do
   hosts="$hosts,$leader-$i:{gpus_per_node}"
   i=$((i + 1))
 done
-exec {mpirun} --allow-run-as-root -mca plm_rsh_agent {KUBESSH} -np {len(ranks)} --host "$hosts" {launch}
+exec {mpirun} --allow-run-as-root -mca plm_rsh_agent {KUBESSH} --host "$hosts" {launch}
 """
     return ["/bin/sh", "-c", script]
+
+
+# ---------------------------------------------------------------- the registry
+
+SERVINGS: dict[str, Callable] = {}
+
+
+def serves(target: str):
+    """Decorator: register the function giving a target's Serving for a config."""
+
+    def register(fn: Callable) -> Callable:
+        SERVINGS[target] = fn
+        return fn
+
+    return register
+
+
+def serving_of(cfg) -> Serving:
+    from pipeline.errors import PipelineError
+
+    try:
+        return SERVINGS[cfg.target.name](cfg)
+    except KeyError:
+        raise PipelineError(f"target {cfg.target.name} has no deployment (registered: {', '.join(SERVINGS)})") from None
+
+
+from pipeline.targets import onnxruntime_serving, trtllm_serving  # noqa: E402,F401  (they register themselves)

@@ -3,10 +3,11 @@
 Schemas: core objects against the OpenAPI schemas of `deploy.kubernetes_version` that kubernetes-validate ships (its
 strict variant refuses unknown fields, as `kubectl apply --validate=strict` does); a LeaderWorkerSet against the CRD
 schema tabulated from kubernetes-sigs/lws (`leaderworkerset.json`, unknown fields refused the same way), and its pod
-templates against the core PodTemplate schema. Cross-checks read the objects back (not the values that made them),
-so an edited or mis-generated manifest is caught: the ports the server command binds against the container ports,
-probes, Service and scrape annotation; GPUs per replica against tp x pp; memory requests against the plan;
-references between objects; and the build config the pods will build against this build's.
+templates against the core PodTemplate schema. Cross-checks read the objects back as YAML parses them (not the
+values that made them), so a mis-generated or edited manifest is caught: the ports the server command binds against
+the container ports, probes, Service and scrape annotation; GPUs per replica against tp x pp and the leader's ranks;
+memory requests against the plans; references between objects; and the build config the pods will build (or the
+image holds) against this build's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 import shlex
 from pathlib import Path
 
-from pipeline.k8s.manifests import LWS_API, Deployment
+from pipeline.k8s.manifests import LWS_API, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, Deployment
 
 HERE = Path(__file__).parent
 
@@ -31,12 +32,6 @@ def where(obj: dict, path) -> str:
 
 
 # ---------------------------------------------------------------- schemas
-
-
-def supported_versions() -> list[str]:
-    from kubernetes_validate.utils import all_versions
-
-    return sorted({".".join(v.split(".")[:2]) for v in all_versions()}, key=lambda v: tuple(map(int, v.split("."))))
 
 
 def _core_problems(obj: dict, version: str, prefix: tuple = ()) -> list[str]:
@@ -134,8 +129,8 @@ def adapter_problems(config: dict, struct: str = "MetricsDiscoveryConfig", path:
 
 
 def _templates(workload: dict) -> list[tuple[tuple, dict]]:
-    """(path, pod template) of a workload; a LeaderWorkerSet's leader first."""
-    if workload["kind"] == "Deployment":
+    """(path, pod template) of a workload: a Deployment's or Job's, a LeaderWorkerSet's leader then worker."""
+    if workload["kind"] in ("Deployment", "Job"):
         return [(("spec", "template"), workload["spec"]["template"])]
     group = workload["spec"]["leaderWorkerTemplate"]
     return [
@@ -161,12 +156,31 @@ def _option(tokens: list[str], flag: str) -> str | None:
 
 
 def _bytes(quantity: str) -> float:
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity).groups()
-    return float(number) * units.get(unit, 1)
+    """A Kubernetes memory quantity in bytes (ValueError for one this reader does not know)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "": 1}
+    match = re.fullmatch(r"([0-9.]+(?:e[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T|)", str(quantity))
+    if match is None:
+        raise ValueError(f"{quantity!r} is not a memory quantity")
+    return float(match.group(1)) * units[match.group(2)]
 
 
-def _server_problems(obj: dict, path: tuple, template: dict, dep: Deployment, cfg) -> list[str]:
+def _guarded(obj: dict, check) -> list[str]:
+    """A check of an edited object that lacks what it reads reports that instead of failing."""
+    try:
+        return check()
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        return [f"{where(obj, ())}: cannot be checked, missing or malformed: {type(exc).__name__} {exc}"]
+
+
+def _memory_problem(obj: dict, path: tuple, container: dict, needed: int, what: str) -> list[str]:
+    requested = container["resources"]["requests"]["memory"]
+    if _bytes(requested) >= needed:
+        return []
+    field = where(obj, (*path, "resources", "requests", "memory"))
+    return [f"{field}: {requested} is below {what} ({needed / 2**20:,.0f} MiB)"]
+
+
+def _server_problems(obj: dict, path: tuple, template: dict, dep: Deployment) -> list[str]:
     """The server container: its command's ports against its declared ports, probes and the scrape annotation."""
     s = dep.serving
     containers = template["spec"]["containers"]
@@ -187,53 +201,36 @@ def _server_problems(obj: dict, path: tuple, template: dict, dep: Deployment, cf
                 f"{flag} {bound}; make them equal (deploy.ports.{name})"
             )
     health_port, ready, live = s.health
-    for probe, path_expected in (("startupProbe", ready), ("readinessProbe", ready), ("livenessProbe", live)):
+    for probe, expected in (("startupProbe", ready), ("readinessProbe", ready), ("livenessProbe", live)):
         get = server.get(probe, {}).get("httpGet")
         if get is None:
-            problems.append(f"{where(obj, (*cpath, probe))}: missing; probe {path_expected} on port '{health_port}'")
+            problems.append(f"{where(obj, (*cpath, probe))}: missing; probe {expected} on port '{health_port}'")
             continue
-        port = declared.get(get["port"], get["port"])
-        if port != declared.get(health_port):
+        if declared.get(get["port"], get["port"]) != declared.get(health_port):
             problems.append(
                 f"{where(obj, (*cpath, probe, 'httpGet', 'port'))}: {get['port']} is not the port serving "
-                f"{path_expected} ('{health_port}', {declared.get(health_port)})"
+                f"{expected} ('{health_port}', {declared.get(health_port)})"
             )
-        if get.get("path") != path_expected:
+        if get.get("path") != expected:
             problems.append(
                 f"{where(obj, (*cpath, probe, 'httpGet', 'path'))}: {get.get('path')} is not the server's health "
-                f"route {path_expected}"
+                f"route {expected}"
             )
     if s.metrics is not None:
-        scraped = template["metadata"].get("annotations", {}).get("prometheus.io/port")
+        scraped = template.get("metadata", {}).get("annotations", {}).get("prometheus.io/port")
         if scraped is None or int(scraped) != declared.get(s.metrics[0]):
             problems.append(
                 f"{where(obj, (*path, 'metadata', 'annotations', 'prometheus.io/port'))}: {scraped} is not the "
                 f"metrics port ({declared.get(s.metrics[0])})"
             )
-    memory = _bytes(server["resources"]["requests"]["memory"])
-    if memory < s.memory_bytes + s.shm_bytes:
-        problems.append(
-            f"{where(obj, (*cpath, 'resources', 'requests', 'memory'))}: {server['resources']['requests']['memory']} "
-            f"is below the memory plan ({(s.memory_bytes + s.shm_bytes) / 2**20:,.0f} MiB with /dev/shm)"
-        )
-    for i, init in enumerate(template["spec"].get("initContainers", [])):
-        requested = _bytes(init["resources"]["requests"]["memory"])
-        if requested < s.build_memory_bytes:
-            problems.append(
-                f"{where(obj, (*path, 'spec', 'initContainers', i, 'resources', 'requests', 'memory'))}: "
-                f"{init['resources']['requests']['memory']} is below the build's plan "
-                f"({s.build_memory_bytes / 2**20:,.0f} MiB)"
-            )
-    return problems
+    return problems + _memory_problem(obj, cpath, server, s.memory_bytes + s.shm_bytes, "the memory plan with /dev/shm")
 
 
 def _gpu_problems(obj: dict, dep: Deployment) -> list[str]:
     """GPUs of one replica (a pod, or a leader and size - 1 workers) must be the ranks tp x pp."""
     pods = []
     for path, template in _templates(obj):
-        count = 1
-        if path[-1] == "workerTemplate":
-            count = obj["spec"]["leaderWorkerTemplate"].get("size", 1) - 1
+        count = obj["spec"]["leaderWorkerTemplate"].get("size", 1) - 1 if path[-1] == "workerTemplate" else 1
         for i, container in enumerate(template["spec"]["containers"]):
             gpus = int(container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
             pods.append((count * gpus, (*path, "spec", "containers", i, "resources", "limits", "nvidia.com/gpu")))
@@ -248,15 +245,27 @@ def _gpu_problems(obj: dict, dep: Deployment) -> list[str]:
 
 
 def _rank_problems(obj: dict, dep: Deployment) -> list[str]:
-    """The leader's mpirun starts one rank per GPU of the group."""
+    """The leader's mpirun starts one rank per GPU of the group: its `-n K` application contexts add up to tp x pp."""
     path, leader = _templates(obj)[0]
-    np = _option(_tokens(leader["spec"]["containers"][0]["command"]), "-np")
-    if np is not None and int(np) == dep.serving.gpus:
+    tokens = _tokens(leader["spec"]["containers"][0]["command"])
+    ranks = sum(int(tokens[i + 1]) for i, token in enumerate(tokens[:-1]) if token in ("-n", "-np"))
+    if ranks == dep.serving.gpus:
         return []
     return [
-        f"{where(obj, (*path, 'spec', 'containers', 0, 'command'))}: mpirun -np {np} does not start one rank per "
-        f"GPU of the group ({dep.serving.gpus} = tp x pp)"
+        f"{where(obj, (*path, 'spec', 'containers', 0, 'command'))}: mpirun starts {ranks} ranks, not one per GPU of "
+        f"the group ({dep.serving.gpus} = tp x pp)"
     ]
+
+
+def _selects(service: dict, workload: dict) -> bool:
+    """Whether the Service's selector picks the workload's serving pods (a LeaderWorkerSet's: its leaders, by the
+    labels its controller gives them)."""
+    selector = service["spec"]["selector"]
+    if workload["kind"] == "LeaderWorkerSet":
+        expected = {LWS_NAME_LABEL: workload["metadata"]["name"], LWS_WORKER_INDEX_LABEL: "0"}
+        return all(selector.get(k) == v for k, v in expected.items())
+    labels = workload["spec"]["template"]["metadata"].get("labels", {})
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
 def _reference_problems(objects: list[dict], cfg) -> list[str]:
@@ -265,36 +274,33 @@ def _reference_problems(objects: list[dict], cfg) -> list[str]:
     for obj in objects:
         by_kind.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
     problems = []
-    workloads = [o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet")]
-    for workload in workloads:
+    external = {cfg.deploy.storage.models_claim} | (set() if cfg.deploy.storage.create else {cfg.deploy.storage.claim})
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet", "Job")):
         for path, template in _templates(workload):
             for i, volume in enumerate(template["spec"].get("volumes", [])):
                 if "configMap" in volume and volume["configMap"]["name"] not in by_kind.get("ConfigMap", {}):
                     problems.append(f"{where(workload, (*path, 'spec', 'volumes', i))}: no such ConfigMap")
                 claim = volume.get("persistentVolumeClaim", {}).get("claimName")
-                external = {cfg.deploy.storage.models_claim} | (set() if cfg.deploy.storage.create else {claim})
                 if claim and claim not in by_kind.get("PersistentVolumeClaim", {}) and claim not in external:
                     problems.append(f"{where(workload, (*path, 'spec', 'volumes', i))}: no such claim {claim}")
+    servers = [o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet")]
     for service in by_kind.get("Service", {}).values():
-        selector = service["spec"]["selector"]
-        targets = [
-            (w, t)
-            for w in workloads
-            for _, t in _templates(w)[:1]
-            if all(
-                t["metadata"].get("labels", {}).get(k) == v for k, v in selector.items() if "leaderworkerset" not in k
+        if service["metadata"]["name"] in by_kind.get("LeaderWorkerSet", {}):
+            problems.append(
+                f"{where(service, ('metadata', 'name'))}: the LeaderWorkerSet controller names its group's headless "
+                "Service so; it would not create it (the pods' DNS breaks)"
             )
-        ]
+        targets = [w for w in servers if _selects(service, w)]
         if not targets:
-            problems.append(f"{where(service, ('spec', 'selector'))}: selects no serving pod template")
+            problems.append(f"{where(service, ('spec', 'selector'))}: selects no serving pods")
             continue
-        server = targets[0][1]["spec"]["containers"][0]
+        server = _templates(targets[0])[0][1]["spec"]["containers"][0]
         names = {p.get("name") for p in server.get("ports", [])} | {p["containerPort"] for p in server.get("ports", [])}
         for i, port in enumerate(service["spec"]["ports"]):
-            if port["targetPort"] not in names:
+            if port.get("targetPort") not in names:
                 problems.append(
-                    f"{where(service, ('spec', 'ports', i, 'targetPort'))}: {port['targetPort']} is no port of the "
-                    "server container"
+                    f"{where(service, ('spec', 'ports', i, 'targetPort'))}: {port.get('targetPort')} is no port of "
+                    "the server container"
                 )
     for hpa in by_kind.get("HorizontalPodAutoscaler", {}).values():
         ref = hpa["spec"]["scaleTargetRef"]
@@ -304,34 +310,39 @@ def _reference_problems(objects: list[dict], cfg) -> list[str]:
 
 
 def _config_problems(objects: list[dict], dep: Deployment, cfg) -> list[str]:
-    """The pods build the ConfigMap's config: it must load and give the same stage inputs as this build's."""
+    """The pods build (or find built) exactly this config: the ConfigMap's copy, or the file the image was built
+    from, must give this build's stage inputs."""
     import tempfile
 
     from pipeline.config import load_config
     from pipeline.errors import ConfigError
 
-    config_maps = [o for o in objects if o["kind"] == "ConfigMap"]
     name = Path(dep.paths.config).name
-    found = next((o for o in config_maps if name in o.get("data", {})), None)
-    if found is None:
-        return [f"ConfigMap: none holds {name}, the config the pods build"]
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / name).write_text(found["data"][name])
-        try:
-            shipped = load_config(Path(tmp) / name)
-        except ConfigError as exc:
-            return [f"{where(found, ('data', name))}: the pods could not load it: {exc}"]
-    if _stage_inputs(shipped) != _stage_inputs(cfg):
-        return [f"{where(found, ('data', name))}: builds something else than this config (its stage inputs differ)"]
-    return []
+    if dep.placement == "image":
+        shipped, where_ = load_config(cfg.source), f"{cfg.source}"
+    else:
+        found = next((o for o in objects if o["kind"] == "ConfigMap" and name in o.get("data", {})), None)
+        if found is None:
+            return [f"ConfigMap: none holds {name}, the config the pods build"]
+        where_ = where(found, ("data", name))
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / name).write_text(found["data"][name])
+            try:
+                shipped = load_config(Path(tmp) / name)
+            except ConfigError as exc:
+                return [f"{where_}: the pods could not load it: {exc}"]
+    differ = [key for key, value in _stage_inputs(cfg).items() if _stage_inputs(shipped).get(key) != value]
+    if not differ:
+        return []
+    fix = "put the overrides in the file (the image is built from it), or use deploy.artifacts: volume"
+    return [f"{where_}: the pods would build other {', '.join(differ)} values than this config; {fix}"]
 
 
 def _stage_inputs(cfg) -> dict:
-    """The config values every stage reads, paths resolved (the lock's params, where the config file is moot)."""
-    data = cfg.model_dump(mode="json", exclude={"deploy"})
-    if cfg.model.path:
-        data["model"]["path"] = str(cfg.resolve_path(cfg.model.path))
-    return data
+    """The config values the stages read, by section, with file paths absolute (where the pod resolves them)."""
+    from pipeline.k8s.manifests import with_absolute_paths
+
+    return with_absolute_paths(cfg.model_dump(mode="json", exclude={"deploy"}), cfg)
 
 
 def manifest_problems(objects: list[dict], dep: Deployment, cfg, adapter: dict | None) -> list[str]:
@@ -339,14 +350,21 @@ def manifest_problems(objects: list[dict], dep: Deployment, cfg, adapter: dict |
     problems = schema_problems(objects, cfg.deploy.kubernetes_version)
     if problems:  # cross-checks read fields the schema vouches for
         return problems
+    s = dep.serving
     for obj in objects:
         if obj["kind"] in ("Deployment", "LeaderWorkerSet"):
             path, template = _templates(obj)[0]
-            problems += _server_problems(obj, path, template, dep, cfg)
-            problems += _gpu_problems(obj, dep)
+            problems += _guarded(obj, lambda: _server_problems(obj, path, template, dep))
+            problems += _guarded(obj, lambda: _gpu_problems(obj, dep))
             if obj["kind"] == "LeaderWorkerSet":
-                problems += _rank_problems(obj, dep)
-    problems += _reference_problems(objects, cfg)
+                problems += _guarded(obj, lambda: _rank_problems(obj, dep))
+        if obj["kind"] == "Job":
+            path = ("spec", "template", "spec", "containers", 0)
+            container = obj["spec"]["template"]["spec"]["containers"][0]
+            problems += _guarded(
+                obj, lambda: _memory_problem(obj, path, container, s.build_memory_bytes, "the build's memory plan")
+            )
+    problems += _guarded({"kind": "objects", "metadata": {}}, lambda: _reference_problems(objects, cfg))
     problems += _config_problems(objects, dep, cfg)
     if adapter is not None:
         problems += adapter_problems(adapter)

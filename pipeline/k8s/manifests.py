@@ -1,10 +1,11 @@
 """The Kubernetes objects of one deployment, as plain dicts (the shape `kubectl apply` reads).
 
 One replica is a Deployment's pod (single node) or a LeaderWorkerSet's group (multi-node: tp x pp above
-`deploy.gpus_per_node`); the rest is shared: a ConfigMap holding the build config (and the runtime options file the
-server reads), a claim for the output (artifacts: volume), a Service on the ports the server opens, an HPA on the
-target's queue metric, and for groups the ServiceAccount whose pods/exec right lets the leader's mpirun start ranks
-in the workers (the LeaderWorkerSet TensorRT-LLM example's kubessh launch).
+`deploy.gpus_per_node`); the rest is shared: a Service on the ports the server opens, an HPA on the target's queue
+metric, and, when the output lives on a claim (artifacts: volume), the claim, a ConfigMap with the build config and a
+Job building it once (with the build's GPUs and memory) while the pods wait for it with a small init container. A
+ConfigMap also carries the runtime options file a server reads. Groups get the ServiceAccount whose pods/exec right
+lets the leader's mpirun start ranks in its workers (the LeaderWorkerSet TensorRT-LLM example's kubessh launch).
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.k8s import APP_DIR, CONFIG_DIR, SHM_DIR, VOLUME_DIR, PodPaths, Serving
+from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, SHM_DIR, STARTUP_SECONDS, VOLUME_DIR, PodPaths, Serving, group_shape
 from pipeline.memory import MiB
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 NAME_LABEL = "app.kubernetes.io/name"
-STARTUP_SECONDS = 1800  # loading a 70B engine from network storage takes minutes; the probe gives it half an hour
 GRACE_SECONDS = 60  # `serve` stops tritonserver with --exit-timeout-secs=30, then the gateway
+IMAGE_CONFIGS = "build_configs"  # the configs our Dockerfile copies into the image (next to the pipeline)
+# The pods' wait for the build Job: `plan --check` in a loop (measured: 82 MB peak RSS, 1.7 s per check).
+WAIT_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,17 @@ class Deployment:
     """What the manifests are made of: the config's deploy section resolved against the target's Serving."""
 
     name: str
-    stem: str  # the config file's stem: the output directory's name
     serving: Serving
     placement: str  # "image" or "volume"
-    nodes: int  # pods per replica
-    gpus_per_node: int
+    pods: int  # pods per replica
+    gpus_per_pod: int
     paths: PodPaths
+
+    @property
+    def workload(self) -> str:
+        """The Deployment's name, or the LeaderWorkerSet's: not the Service's, whose name the LWS controller takes
+        for the group's headless Service."""
+        return self.name if self.pods == 1 else f"{self.name}-group"
 
 
 def deployment_name(stem: str) -> str:
@@ -49,17 +57,13 @@ def deployment_name(stem: str) -> str:
 def plan_deployment(cfg, serving: Serving, stem: str) -> Deployment:
     d = cfg.deploy
     placement = d.artifacts or serving.artifacts
-    gpus = serving.gpus
-    per_node = min(d.gpus_per_node or gpus, gpus) if gpus else 0
-    nodes = math.ceil(gpus / per_node) if gpus else 1
-    root = f"{APP_DIR}/artifacts" if placement == "image" else VOLUME_DIR
-    paths = PodPaths(
-        config=f"{CONFIG_DIR}/{stem}.yaml",
-        output=f"{root}/{stem}",
-        cache=f"{APP_DIR}/.cache" if placement == "image" else f"{VOLUME_DIR}/.cache",
-        build_in_server=placement == "image",
-    )
-    return Deployment(d.name or deployment_name(stem), stem, serving, placement, nodes, per_node, paths)
+    per_pod, pods = group_shape(serving.gpus, d.gpus_per_node)
+    file = cfg.source.name if cfg.source else f"{stem}.yaml"
+    if placement == "image":  # the image built the file as it is in build_configs/ (its lock holds those values)
+        paths = PodPaths(f"{APP_DIR}/{IMAGE_CONFIGS}/{file}", f"{APP_DIR}/artifacts/{stem}", f"{APP_DIR}/.cache", True)
+    else:
+        paths = PodPaths(f"{CONFIG_DIR}/{file}", f"{VOLUME_DIR}/{stem}", f"{VOLUME_DIR}/.cache", False)
+    return Deployment(d.name or deployment_name(stem), serving, placement, pods, per_pod, paths)
 
 
 def quantity(nbytes: int) -> str:
@@ -72,9 +76,9 @@ def decimal(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
 
 
-def build_config_yaml(cfg) -> str:
-    """The config as the pods build it: what the file set (the same lock inputs), with paths made absolute."""
-    data = cfg.model_dump(mode="json", exclude_unset=True)
+def with_absolute_paths(data: dict, cfg) -> dict:
+    """A config dump whose file paths (checkpoint, evaluation and calibration texts) are absolute: what a pod, which
+    reads the config from elsewhere, resolves them to."""
     for section, key in (("model", "path"), ("verify", "eval_text")):
         value = data.get(section, {}).get(key)
         if value and not value.startswith("builtin:"):
@@ -82,9 +86,14 @@ def build_config_yaml(cfg) -> str:
     calibration = data.get("quantization", {}).get("calibration") or {}
     if calibration.get("text") and not calibration["text"].startswith("builtin:"):
         calibration["text"] = str(cfg.resolve_path(calibration["text"]))
-    return f"# {cfg.source or 'build config'}, as `trtllm-pipeline deploy` wrote it for the pods\n" + yaml.safe_dump(
-        data, sort_keys=False
-    )
+    return data
+
+
+def build_config_yaml(cfg) -> str:
+    """The config as the pods build it: what the file set (so the same lock inputs), with absolute paths."""
+    data = with_absolute_paths(cfg.model_dump(mode="json", exclude_unset=True), cfg)
+    header = f"# {cfg.source or 'build config'}, as `trtllm-pipeline deploy` wrote it for the pods\n"
+    return header + yaml.safe_dump(data, sort_keys=False)
 
 
 def model_mount(cfg) -> str | None:
@@ -95,44 +104,45 @@ def model_mount(cfg) -> str | None:
     return str(path if cfg.model.source == "hf" else path.parent)
 
 
+def claim_name(cfg, dep: Deployment) -> str:
+    return cfg.deploy.storage.claim or f"{dep.name}-artifacts"
+
+
 def _meta(name: str, cfg, app: str) -> dict:
     """Every object carries the deployment's name label, so `kubectl get all -l` finds them all."""
     labels = {NAME_LABEL: app, "app.kubernetes.io/managed-by": "trtllm-pipeline"}
     return {"name": name, "namespace": cfg.deploy.namespace, "labels": labels}
 
 
+def config_map_data(cfg, dep: Deployment) -> dict[str, str]:
+    """The ConfigMap's files: the build config when the pods build (volume), and what the server reads."""
+    data = dict(dep.serving.config_files)
+    if dep.placement == "volume":
+        data[Path(dep.paths.config).name] = build_config_yaml(cfg)
+    return data
+
+
 def _volumes(cfg, dep: Deployment) -> tuple[list[dict], list[dict]]:
     """(pod volumes, container mounts): the ConfigMap, /dev/shm, the output claim and the models claim."""
-    volumes = [
-        {"name": "config", "configMap": {"name": f"{dep.name}-config"}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(dep.serving.shm_bytes)}},
-    ]
-    mounts = [
-        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-        {"name": "dshm", "mountPath": SHM_DIR},
-    ]
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": quantity(dep.serving.shm_bytes)}}]
+    mounts = [{"name": "dshm", "mountPath": SHM_DIR}]
+    if config_map_data(cfg, dep):
+        volumes.append({"name": "config", "configMap": {"name": f"{dep.name}-config"}})
+        mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
     if dep.placement == "volume":
         volumes.append({"name": "artifacts", "persistentVolumeClaim": {"claimName": claim_name(cfg, dep)}})
         mounts.append({"name": "artifacts", "mountPath": VOLUME_DIR})
     mount = model_mount(cfg)
     if mount and cfg.deploy.storage.models_claim:
-        volumes.append(
-            {
-                "name": "models",
-                "persistentVolumeClaim": {"claimName": cfg.deploy.storage.models_claim, "readOnly": True},
-            }
-        )
+        claim = {"claimName": cfg.deploy.storage.models_claim, "readOnly": True}
+        volumes.append({"name": "models", "persistentVolumeClaim": claim})
         mounts.append({"name": "models", "mountPath": mount, "readOnly": True})
     return volumes, mounts
 
 
-def claim_name(cfg, dep: Deployment) -> str:
-    return cfg.deploy.storage.claim or f"{dep.name}-artifacts"
-
-
-def _env(cfg, dep: Deployment) -> list[dict]:
+def _env(cfg, dep: Deployment, server: bool = False) -> list[dict]:
     env = [{"name": "TRTLLM_PIPELINE_CACHE", "value": dep.paths.cache}]
-    if cfg.deploy.api_key_secret and "openai" in dep.serving.port_flags:
+    if server and cfg.deploy.api_key_secret and "openai" in dep.serving.port_flags:
         secret = {"secretKeyRef": {"name": cfg.deploy.api_key_secret, "key": "api-key"}}
         env.append({"name": "TRTLLM_PIPELINE_API_KEY", "valueFrom": secret})
     return env
@@ -141,7 +151,7 @@ def _env(cfg, dep: Deployment) -> list[dict]:
 def _resources(memory: int, cpus: int, gpus: int) -> dict:
     resources = {"requests": {"cpu": str(cpus), "memory": quantity(memory)}, "limits": {"memory": quantity(memory)}}
     if gpus:
-        resources["limits"]["nvidia.com/gpu"] = str(gpus)
+        resources["limits"]["nvidia.com/gpu"] = str(gpus)  # extended resources: the request defaults to the limit
     return resources
 
 
@@ -156,11 +166,11 @@ def _server_container(cfg, dep: Deployment, command: list[str], mounts: list[dic
         "name": "server",
         "image": cfg.deploy.image or s.image,
         "command": command,
-        "env": _env(cfg, dep),
+        "env": _env(cfg, dep, server=True),
         "ports": [
             {"name": name, "containerPort": getattr(cfg.deploy.ports, name), "protocol": "TCP"} for name in s.port_flags
         ],
-        "resources": _resources(s.memory_bytes + s.shm_bytes, s.cpus, dep.gpus_per_node),
+        "resources": _resources(s.memory_bytes + s.shm_bytes, s.cpus, dep.gpus_per_pod),
         "startupProbe": _probe(port, ready, 10, STARTUP_SECONDS // 10),
         "readinessProbe": _probe(port, ready, 5, 3),
         "livenessProbe": _probe(port, live, 10, 6),
@@ -168,36 +178,27 @@ def _server_container(cfg, dep: Deployment, command: list[str], mounts: list[dic
     }
 
 
-def _build_container(cfg, dep: Deployment, mounts: list[dict]) -> dict:
-    """Builds the output onto the claim (the lock makes it a no-op once built); replicas sharing the claim wait."""
+def _build_command(dep: Deployment) -> list[str]:
     p = dep.paths
+    return [CLI, "build", p.config, "--output", p.output, "--until", "triton_repo", "--wait"]
+
+
+def _wait_for_build(cfg, dep: Deployment, mounts: list[dict]) -> dict:
+    """The pods' init container: wait until the build Job left the output current on the claim (`plan --check`)."""
+    p = dep.paths
+    check = f"{CLI} plan {p.config} --output {p.output} --until triton_repo --check"
     return {
-        "name": "build",
+        "name": "wait-for-build",
         "image": cfg.deploy.image or dep.serving.image,
-        "command": [
-            f"{APP_DIR}/.venv/bin/trtllm-pipeline",
-            "build",
-            p.config,
-            "--output",
-            p.output,
-            "--until",
-            "triton_repo",
-            "--wait",
-        ],
-        "env": _env(cfg, dep)[:1],
-        "resources": _resources(
-            max(dep.serving.build_memory_bytes, dep.serving.memory_bytes), dep.serving.cpus, dep.gpus_per_node
-        ),
+        "command": ["/bin/sh", "-c", f'until {check}; do echo "waiting for job/{dep.name}-build"; sleep 15; done'],
+        "env": _env(cfg, dep),
+        "resources": WAIT_RESOURCES,
         "volumeMounts": mounts,
     }
 
 
-def _pod_spec(cfg, dep: Deployment, containers: list[dict], volumes: list[dict], init: list[dict]) -> dict:
-    spec = {
-        "terminationGracePeriodSeconds": GRACE_SECONDS,
-        "containers": containers,
-        "volumes": volumes,
-    }
+def _pod_spec(cfg, containers: list[dict], volumes: list[dict], init: list[dict]) -> dict:
+    spec = {"terminationGracePeriodSeconds": GRACE_SECONDS, "containers": containers, "volumes": volumes}
     if init:
         spec["initContainers"] = init
     if cfg.deploy.node_selector:
@@ -207,166 +208,146 @@ def _pod_spec(cfg, dep: Deployment, containers: list[dict], volumes: list[dict],
     return spec
 
 
-def _scrape_annotations(cfg, serving: Serving) -> dict:
-    """The annotations the Prometheus chart's `kubernetes-pods` job scrapes by."""
-    if serving.metrics is None:
-        return {}
-    port, path = serving.metrics
-    return {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(getattr(cfg.deploy.ports, port)),
-        "prometheus.io/path": path,
-    }
+def _pod_metadata(cfg, dep: Deployment) -> dict:
+    """The pod labels, and the annotations the Prometheus chart's `kubernetes-pods` job scrapes by."""
+    metadata = {"labels": {NAME_LABEL: dep.name}}
+    if dep.serving.metrics is not None:
+        port, path = dep.serving.metrics
+        metadata["annotations"] = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(getattr(cfg.deploy.ports, port)),
+            "prometheus.io/path": path,
+        }
+    return metadata
 
 
 def render(cfg, dep: Deployment) -> list[dict]:
     """Every object of the deployment, in the order `kubectl apply` should create them."""
     s, d = dep.serving, cfg.deploy
-    labels = {NAME_LABEL: dep.name}
+    objects = []
+    data = config_map_data(cfg, dep)
+    if data:
+        meta = _meta(f"{dep.name}-config", cfg, dep.name)
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
     volumes, mounts = _volumes(cfg, dep)
-    init = [_build_container(cfg, dep, mounts)] if dep.placement == "volume" else []
-    objects = [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": _meta(f"{dep.name}-config", cfg, dep.name),
-            "data": {Path(dep.paths.config).name: build_config_yaml(cfg), **s.config_files},
-        }
-    ]
-    if dep.placement == "volume" and d.storage.create:
-        spec = {"accessModes": [d.storage.access_mode], "resources": {"requests": {"storage": d.storage.size}}}
-        if d.storage.storage_class:
-            spec["storageClassName"] = d.storage.storage_class
-        objects.append(
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": _meta(claim_name(cfg, dep), cfg, dep.name),
-                "spec": spec,
-            }
-        )
-    if dep.nodes == 1:
-        pod = {
-            "metadata": {"labels": labels, "annotations": _scrape_annotations(cfg, s)},
-            "spec": _pod_spec(cfg, dep, [_server_container(cfg, dep, s.command(dep.paths), mounts)], volumes, init),
-        }
-        workload = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": _meta(dep.name, cfg, dep.name),
-            "spec": {"selector": {"matchLabels": labels}, "template": pod},
-        }
+    init = []
+    if dep.placement == "volume":
+        if d.storage.create:
+            spec = {"accessModes": [d.storage.access_mode], "resources": {"requests": {"storage": d.storage.size}}}
+            if d.storage.storage_class:
+                spec["storageClassName"] = d.storage.storage_class
+            meta = _meta(claim_name(cfg, dep), cfg, dep.name)
+            objects.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec})
+        objects.append(_build_job(cfg, dep, volumes, mounts))
+        init = [_wait_for_build(cfg, dep, mounts)]
+    if dep.pods == 1:
+        server = _server_container(cfg, dep, s.command(dep.paths), mounts)
+        template = {"metadata": _pod_metadata(cfg, dep), "spec": _pod_spec(cfg, [server], volumes, init)}
+        spec = {"selector": {"matchLabels": {NAME_LABEL: dep.name}}, "template": template}
         if d.autoscaling is None:
-            workload["spec"] = {"replicas": d.replicas, **workload["spec"]}
-        service_selector = labels
+            spec = {"replicas": d.replicas, **spec}
+        workload = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(dep.workload, cfg, dep.name)}
+        workload["spec"] = spec
+        selector = {NAME_LABEL: dep.name}
     else:
         objects += _group_access(cfg, dep)
         workload = _leader_worker_set(cfg, dep, volumes, mounts, init)
-        service_selector = {LWS_NAME_LABEL: dep.name, LWS_WORKER_INDEX_LABEL: "0"}  # the leaders serve
+        selector = {LWS_NAME_LABEL: dep.workload, LWS_WORKER_INDEX_LABEL: "0"}  # the leaders serve
     objects.append(workload)
-    objects.append(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": _meta(dep.name, cfg, dep.name),
-            "spec": {
-                "type": d.service_type,
-                "selector": service_selector,
-                "ports": [
-                    {"name": name, "port": getattr(d.ports, name), "targetPort": name, "protocol": "TCP"}
-                    for name in s.port_flags
-                ],
-            },
-        }
-    )
+    ports = [{"name": n, "port": getattr(d.ports, n), "targetPort": n, "protocol": "TCP"} for n in s.port_flags]
+    service = {"type": d.service_type, "selector": selector, "ports": ports}
+    objects.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(dep.name, cfg, dep.name), "spec": service})
     if d.autoscaling is not None and s.queue_metric is not None:
-        a = d.autoscaling
-        objects.append(
-            {
-                "apiVersion": "autoscaling/v2",
-                "kind": "HorizontalPodAutoscaler",
-                "metadata": _meta(dep.name, cfg, dep.name),
-                "spec": {
-                    "scaleTargetRef": {
-                        "apiVersion": workload["apiVersion"],
-                        "kind": workload["kind"],
-                        "name": dep.name,
-                    },
-                    "minReplicas": a.min_replicas,
-                    "maxReplicas": a.max_replicas,
-                    "metrics": [
-                        {
-                            "type": "Pods",
-                            "pods": {
-                                "metric": {"name": s.queue_metric.name},
-                                "target": {
-                                    "type": "AverageValue",
-                                    "averageValue": decimal(a.queued_requests_per_replica),
-                                },
-                            },
-                        }
-                    ],
-                },
-            }
-        )
+        objects.append(_autoscaler(cfg, dep, workload))
     return objects
 
 
+def _build_job(cfg, dep: Deployment, volumes: list[dict], mounts: list[dict]) -> dict:
+    """Builds the output onto the claim once, with the build's memory and one pod's GPUs (calibration, engines)."""
+    s = dep.serving
+    container = {
+        "name": "build",
+        "image": cfg.deploy.image or s.image,
+        "command": _build_command(dep),
+        "env": _env(cfg, dep),
+        "resources": _resources(s.build_memory_bytes + s.shm_bytes, s.cpus, dep.gpus_per_pod),
+        "volumeMounts": mounts,
+    }
+    spec = _pod_spec(cfg, [container], volumes, [])
+    spec["restartPolicy"] = "OnFailure"
+    template = {"metadata": {"labels": {NAME_LABEL: dep.name}}, "spec": spec}
+    job = {"backoffLimit": 2, "template": template}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(f"{dep.name}-build", cfg, dep.name), "spec": job}
+
+
+def _autoscaler(cfg, dep: Deployment, workload: dict) -> dict:
+    a, metric = cfg.deploy.autoscaling, dep.serving.queue_metric
+    target = {"type": "AverageValue", "averageValue": decimal(a.queued_requests_per_replica)}
+    scale = {"apiVersion": workload["apiVersion"], "kind": workload["kind"], "name": dep.workload}
+    spec = {
+        "scaleTargetRef": scale,
+        "minReplicas": a.min_replicas,
+        "maxReplicas": a.max_replicas,
+        "metrics": [{"type": "Pods", "pods": {"metric": {"name": metric.name}, "target": target}}],
+    }
+    meta = _meta(dep.name, cfg, dep.name)
+    return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta, "spec": spec}
+
+
 def _group_access(cfg, dep: Deployment) -> list[dict]:
-    """The leader's right to exec into its workers (mpirun starts the remote ranks through `kubectl exec`)."""
+    """The leader's right to exec into its workers: mpirun starts the remote ranks through `kubectl exec`, which
+    kubectl since 1.30 opens as a WebSocket (a GET: verb `get`), older ones as a POST (`create`)."""
     name = f"{dep.name}-launcher"
+    rules = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]},
+    ]
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+    subjects = [{"kind": "ServiceAccount", "name": name, "namespace": cfg.deploy.namespace}]
+    rbac = "rbac.authorization.k8s.io/v1"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, cfg, dep.name)},
+        {"apiVersion": rbac, "kind": "Role", "metadata": _meta(name, cfg, dep.name), "rules": rules},
         {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _meta(name, cfg, dep.name),
-            "rules": [
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "apiVersion": rbac,
             "kind": "RoleBinding",
             "metadata": _meta(name, cfg, dep.name),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": cfg.deploy.namespace}],
+            "roleRef": role_ref,
+            "subjects": subjects,
         },
     ]
 
 
 def _leader_worker_set(cfg, dep: Deployment, volumes: list[dict], mounts: list[dict], init: list[dict]) -> dict:
     s, d = dep.serving, cfg.deploy
-    labels = {NAME_LABEL: dep.name}
-    leader = _pod_spec(
-        cfg,
-        dep,
-        [_server_container(cfg, dep, s.group_command(dep.paths, dep.nodes, dep.gpus_per_node), mounts)],
-        volumes,
-        init,
-    )
+    leader_server = _server_container(cfg, dep, s.group_command(dep.paths, dep.gpus_per_pod), mounts)
+    leader = _pod_spec(cfg, [leader_server], volumes, init)
     worker_container = {
         "name": "worker",
         "image": d.image or s.image,
         # the ranks run inside it through `kubectl exec` from the leader's mpirun; it only has to stay up
         "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"],
-        "env": _env(cfg, dep)[:1],
-        "resources": _resources(s.memory_bytes + s.shm_bytes, s.cpus, dep.gpus_per_node),
+        "env": _env(cfg, dep),
+        "resources": _resources(s.memory_bytes + s.shm_bytes, s.cpus, dep.gpus_per_pod),
         "volumeMounts": mounts,
     }
-    worker = _pod_spec(cfg, dep, [worker_container], volumes, [])
+    worker = _pod_spec(cfg, [worker_container], volumes, init)
     for spec in (leader, worker):
         spec["serviceAccountName"] = f"{dep.name}-launcher"
     group = {
-        "size": dep.nodes,
-        "leaderTemplate": {"metadata": {"labels": labels, "annotations": _scrape_annotations(cfg, s)}, "spec": leader},
-        "workerTemplate": {"metadata": {"labels": labels}, "spec": worker},
+        "size": dep.pods,
+        "leaderTemplate": {"metadata": _pod_metadata(cfg, dep), "spec": leader},
+        "workerTemplate": {"metadata": {"labels": {NAME_LABEL: dep.name}}, "spec": worker},
     }
     spec = {"startupPolicy": "LeaderCreated", "leaderWorkerTemplate": group}
     if d.autoscaling is None:
         spec = {"replicas": d.replicas, **spec}
-    return {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": _meta(dep.name, cfg, dep.name), "spec": spec}
+    return {
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
+        "metadata": _meta(dep.workload, cfg, dep.name),
+        "spec": spec,
+    }
 
 
 def adapter_config(cfg, dep: Deployment) -> dict | None:
@@ -394,68 +375,19 @@ def adapter_config(cfg, dep: Deployment) -> dict | None:
 # ---------------------------------------------------------------- rules over the deploy section
 
 
-def config_problems(cfg) -> list[tuple[tuple, str]]:
-    """What `validate` refuses in the deploy section: values that contradict each other or the parallelism."""
-    from pipeline.k8s.checks import supported_versions
-
-    d, out = cfg.deploy, []
-    versions = supported_versions()
-    if ".".join(d.kubernetes_version.split(".")[:2]) not in versions:
-        out.append(
-            (
-                ("deploy", "kubernetes_version"),
-                f"{d.kubernetes_version!r}: kubernetes-validate has the schemas of {versions[0]} to {versions[-1]} "
-                "(quote the version: YAML reads an unquoted 1.30 as 1.3)",
-            )
-        )
-    if d.autoscaling is not None:
-        if "replicas" in d.model_fields_set:
-            out.append((("deploy", "replicas"), "the autoscaler sets the replicas: remove it or deploy.autoscaling"))
-        if d.autoscaling.max_replicas < d.autoscaling.min_replicas:
-            out.append(
-                (
-                    ("deploy", "autoscaling", "max_replicas"),
-                    f"{d.autoscaling.max_replicas} is below min_replicas ({d.autoscaling.min_replicas})",
-                )
-            )
-    gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
-    if d.gpus_per_node is not None and d.gpus_per_node < gpus and gpus % d.gpus_per_node:
-        out.append(
-            (
-                ("deploy", "gpus_per_node"),
-                f"{d.gpus_per_node} does not divide tp x pp = {gpus}: every pod of a group runs as many ranks as it "
-                "has GPUs; use a divisor of tp x pp",
-            )
-        )
-    used = {"http": d.ports.http, "grpc": d.ports.grpc, "metrics": d.ports.metrics}
-    if d.openai_gateway:
-        used["openai"] = d.ports.openai
-    seen: dict[int, str] = {}
-    for name, port in used.items():
-        if port in seen:
-            out.append((("deploy", "ports", name), f"{port} is also deploy.ports.{seen[port]}; give each its own"))
-        seen.setdefault(port, name)
-    if d.api_key_secret and not d.openai_gateway:
-        out.append((("deploy", "api_key_secret"), "there is no gateway to protect: deploy.openai_gateway is false"))
-    if d.service_type != "ClusterIP" and d.openai_gateway and not d.api_key_secret:
-        out.append(
-            (
-                ("deploy", "api_key_secret"),
-                f"service_type {d.service_type} exposes the OpenAI gateway outside the cluster without a key: name "
-                "a Secret holding `api-key`, or set openai_gateway: false",
-            )
-        )
-    return out
-
-
 def requirement_problems(cfg, dep: Deployment) -> list[str]:
     """What deploying needs beyond what building does (so `validate` does not ask for it)."""
     s, d, problems = dep.serving, cfg.deploy, []
     if dep.placement == "image" and s.image_problem:
         problems.append(f"deploy.artifacts: image: {s.image_problem}")
+    if dep.placement == "image" and (cfg.source is None or cfg.source.resolve().parent.name != IMAGE_CONFIGS):
+        problems.append(
+            f"deploy.artifacts: image: the image builds the configs of {IMAGE_CONFIGS}/ (the Dockerfile copies them); "
+            f"put {cfg.source} there, or use artifacts: volume"
+        )
     if d.autoscaling is not None and s.queue_metric is None:
         problems.append(f"deploy.autoscaling: {s.queue_problem}")
-    if dep.nodes > 1 and s.group_command is None:
+    if dep.pods > 1 and s.group_command is None:
         problems.append(f"deploy.gpus_per_node: {s.group_problem}")
     if s.memory_bytes == 0:
         problems.append("model.path: the model's shape cannot be read, so the pods' memory cannot be planned")
@@ -467,11 +399,11 @@ def requirement_problems(cfg, dep: Deployment) -> list[str]:
             f"deploy.storage.models_claim: the pods build from {cfg.resolve_path(cfg.model.path)}; name the "
             f"PersistentVolumeClaim holding it (mounted read-only at {mount})"
         )
-    pods = dep.nodes * max(d.replicas, d.autoscaling.max_replicas if d.autoscaling else 1)
+    pods = dep.pods * max(d.replicas, d.autoscaling.max_replicas if d.autoscaling else 1)
     if d.storage.access_mode == "ReadWriteOnce" and pods > 1:
         problems.append(
-            f"deploy.storage.access_mode: {pods} pods mount the output claim, on several nodes; ReadWriteOnce lets "
-            "only one node mount it: use ReadWriteMany"
+            f"deploy.storage.access_mode: {pods} pods and the build Job mount the output claim, on several nodes; "
+            "ReadWriteOnce lets only one node mount it: use ReadWriteMany"
         )
     texts = [("verify.eval_text", cfg.verify.eval_text)]
     if cfg.quantization.calibration:

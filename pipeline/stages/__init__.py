@@ -3,8 +3,8 @@
     NAME: str                    its name everywhere: CLI label, lock entry, `<output>/<NAME>/`
     READS: tuple[str, ...]       config paths whose values are inputs (hashed into the lock)
     TOOLS: tuple[str, ...]       distributions whose versions are inputs (the target adds its own)
-    SOURCES: tuple[Path, ...]    files it copies into its output (its own module, the target's modules and
-                                 every `pipeline` module they import are found by `pipeline.sources`)
+    SOURCES: tuple[Path, ...]    files it copies into its output or reads as data (its own module, the target's
+                                 modules and every `pipeline` module they import are found by `pipeline.sources`)
     applies(cfg) -> str | None   why the stage is skipped for this config, or None when it runs
     deps(cfg) -> list[Path]      files outside the output directory whose contents are inputs
     writes(cfg) -> str           what it writes, for `plan`
@@ -14,7 +14,7 @@
 
 A stage does not branch on the target: the target's part is a call on `pipeline.targets.target_of(cfg)`.
 A stage reads the outputs of earlier stages through `ctx.upstream(name)`; their output hashes are
-inputs too, so a re-run upstream that changes bytes re-runs everything after it.
+inputs too, so a re-run upstream that changes bytes re-runs every later stage reading it (all, unless AFTER says).
 """
 
 from pipeline.stages import deploy, engine, export, import_model, quantize, triton_repo

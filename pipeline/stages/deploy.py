@@ -14,9 +14,8 @@ import yaml
 
 from pipeline.config import BuildConfig
 from pipeline.errors import BuildStepError
-from pipeline.k8s import checks
+from pipeline.k8s import checks, serving_of
 from pipeline.k8s.manifests import adapter_config, plan_deployment, render, requirement_problems
-from pipeline.targets import target_of
 
 NAME = "deploy"
 # The ConfigMap holds the whole config, so every section is an input.
@@ -66,33 +65,29 @@ def stem(cfg: BuildConfig) -> str:
 
 
 def run(cfg: BuildConfig, ctx) -> dict:
-    serving = target_of(cfg).serving(cfg)
+    serving = serving_of(cfg)
     dep = plan_deployment(cfg, serving, stem(cfg))
     missing = requirement_problems(cfg, dep)
     if missing:
         raise BuildStepError("; ".join(missing))
-    objects = render(cfg, dep)
+    texts = [dump(obj) for obj in render(cfg, dep)]
+    objects = [yaml.safe_load(text) for text in texts]  # checked as kubectl will read them
     adapter = adapter_config(cfg, dep)
     problems = checks.manifest_problems(objects, dep, cfg, adapter)
     if problems:
         raise BuildStepError("the manifests would not apply as meant:\n  " + "\n  ".join(problems))
     out = ctx.out_dir / MANIFESTS
     out.mkdir()
-    files = []
-    for index, obj in enumerate(objects):
-        name = f"{index:02d}-{obj['kind'].lower()}.yaml"
-        (out / name).write_text(dump(obj))
-        files.append(name)
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": files,
-    }
+    files = [f"{index:02d}-{obj['kind'].lower()}.yaml" for index, obj in enumerate(objects)]
+    for name, text in zip(files, texts):
+        (out / name).write_text(text)
+    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": files}
     (out / "kustomization.yaml").write_text(dump(kustomization))
     if adapter is not None:
+        metric = serving.queue_metric
         (ctx.out_dir / ADAPTER_CONFIG).write_text(
-            "# prometheus-adapter discovery rule: the HPA's custom metric "
-            f"{serving.queue_metric.name} from {serving.queue_metric.series}\n" + dump(adapter)
+            f"# prometheus-adapter discovery rule: the HPA's custom metric {metric.name} from {metric.series} "
+            f"({metric.source})\n" + dump(adapter)
         )
     kinds = [obj["kind"] for obj in objects]
     ctx.log(f"{len(objects)} objects valid for Kubernetes {cfg.deploy.kubernetes_version}: {', '.join(kinds)}")
@@ -101,7 +96,7 @@ def run(cfg: BuildConfig, ctx) -> dict:
         "namespace": cfg.deploy.namespace,
         "objects": kinds,
         "placement": dep.placement,
-        "pods_per_replica": dep.nodes,
-        "gpus_per_pod": dep.gpus_per_node,
+        "pods_per_replica": dep.pods,
+        "gpus_per_pod": dep.gpus_per_pod,
         "memory_request_bytes": serving.memory_bytes + serving.shm_bytes,
     }

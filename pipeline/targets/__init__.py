@@ -16,7 +16,6 @@ from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
-    from pipeline.k8s import Serving
     from pipeline.triton.model_config import ModelSpec
 
 Problem = tuple[tuple[str, ...], str]  # (config field path, message with the fix)
@@ -87,9 +86,6 @@ class Target(Protocol):
 
     def plan_notes(self, cfg: BuildConfig, output: Path) -> list[str]:
         """Extra lines for `plan` (e.g. the exact engine command, a memory plan)."""
-
-    def serving(self, cfg: BuildConfig) -> Serving:
-        """How the output runs in a container: image, command, ports, probes, metrics, resources (`deploy`)."""
 
 
 TARGETS: dict[str, Target] = {}

@@ -366,12 +366,6 @@ def engine_config(cfg, hf_config: dict, generation: dict) -> dict:
     }
 
 
-# /dev/shm of a CPU server pod: the python backend's tensor regions, one per model instance (default 1 MiB, growing by
-# 1 MiB; the server's tensors are token ids and text), well under this cap (a memory-backed emptyDir holds only what is
-# written, but the pod's memory request and limit count it).
-CPU_SHM_BYTES = 256 << 20
-
-
 @register_target
 class OnnxRuntimeTarget:
     name = "onnxruntime"
@@ -678,33 +672,3 @@ class OnnxRuntimeTarget:
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         return []
-
-    def serving(self, cfg):
-        """`trtllm-pipeline serve` in the CPU image of our Dockerfile, which builds the config into the image."""
-        from pipeline.k8s import QueueMetric, Serving, triton_health, triton_port_flags, triton_serve_command
-        from pipeline.memory import cpu_build_bytes, plan_cpu_serving
-        from pipeline.runtime.scheduler import METRIC_PREFIX
-
-        facts = cfg.model_facts()
-        plan = plan_cpu_serving(cfg, facts) if facts else None
-        config = cfg.source or Path("CONFIG.yaml")
-        tag = f"trtllm-pipeline:{config.stem.lower()}"
-        return Serving(
-            image=tag,
-            image_build=f"docker build --build-arg=CONFIG={config} --tag={tag} .",
-            artifacts="image",
-            image_problem=None,
-            port_flags=triton_port_flags(cfg),
-            health=triton_health(),
-            metrics=("metrics", "/metrics"),
-            queue_metric=QueueMetric(f"{METRIC_PREFIX}queued_requests", source="pipeline/runtime/scheduler.py"),
-            queue_problem=None,
-            gpus=0,
-            memory_bytes=plan.total_bytes if plan else 0,
-            memory_lines=plan.lines() if plan else [],
-            build_memory_bytes=cpu_build_bytes(facts) if facts else 0,
-            shm_bytes=CPU_SHM_BYTES,
-            cpus=cfg.deploy.cpus or 2,
-            command=lambda paths: triton_serve_command(cfg, paths),
-            group_problem="the onnxruntime target runs on one machine",
-        )

@@ -11,7 +11,6 @@ LLM-API options YAML for `trtllm-serve` and Triton's `llmapi` model, TensorRT-LL
 from __future__ import annotations
 
 import json
-import re
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,75 +270,10 @@ def gpu_image_command(cfg) -> list[str]:
     ]
 
 
-# ---------------------------------------------------------------- deployment (pipeline.k8s)
-
-SERVING_TABLE = Path(__file__).parent / "trtllm_serving.json"  # scripts/dev/tabulate_trtllm_serving.py
-# /dev/shm cap of a GPU pod: NCCL's shared-memory transport between the pod's ranks and the python backend's regions
-# (the `docker run` lines `plan` prints share the host's IPC namespace instead). A memory-backed emptyDir holds only
-# what is written, but the pod's memory request and limit count the cap.
-GPU_SHM_BYTES = 8 << 30
-# mpirun of NVIDIA's -trtllm-python-py3 containers (the LeaderWorkerSet TensorRT-LLM example's launch path).
-CONTAINER_MPIRUN = "/opt/hpcx/ompi/bin/mpirun"
-
-
-def serving_facts(release: str) -> dict:
-    """How TensorRT-LLM `release` is served (routes, launcher, metrics), as tabulated from its sources."""
-    table = json.loads(SERVING_TABLE.read_text())
-    if release not in table:
-        raise PipelineError(
-            f"target.trtllm_version: how TensorRT-LLM {release} is served is not tabulated ({', '.join(table)} are: "
-            "scripts/dev/tabulate_trtllm_serving.py), so its manifests cannot be checked; deploy one of those"
-        )
-    return table[release]
-
-
-def gpu_serving(cfg, **backend_parts):
-    """What both backends' deployments share: our GPU image of the release (NVIDIA's container holding it, plus the
-    pipeline), the output built on the claim by the pods themselves, tp x pp GPUs per replica, host memory per pod."""
-    import shlex
-
-    from pipeline.k8s import Serving
-    from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, conversion_host_bytes, gpu_pod_host_bytes, rank_weight_bytes
-
-    facts = cfg.model_facts()
-    gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
-    per_pod = min(cfg.deploy.gpus_per_node or gpus, gpus)
-    host = gpu_pod_host_bytes(cfg, facts, per_pod) if facts else 0
-    lines = []
-    if facts:
-        lines.append(
-            f"host memory per pod {host / GiB:.1f} GiB: {per_pod} ranks x (weights "
-            f"{rank_weight_bytes(cfg, facts) / GiB:.1f} GiB staged while loading + "
-            f"{GPU_RANK_HOST_BYTES / GiB:.0f} GiB runtime); the in-pod build "
-            f"{conversion_host_bytes(facts) / GiB:.1f} GiB (ModelOpt conversion)"
-        )
-        if cfg.target.gpu:
-            lines += backend_of(cfg).memory_plan(cfg, facts).lines()
-    return Serving(
-        image=f"trtllm-pipeline:gpu-{cfg.target.trtllm_version}",
-        image_build=shlex.join(gpu_image_command(cfg)),
-        artifacts="volume",
-        image_problem="a TensorRT-LLM output is built on the GPU it serves from (calibration, engines), which "
-        "`docker build` has not; use deploy.artifacts: volume",
-        gpus=gpus,
-        memory_bytes=host,
-        memory_lines=lines,
-        build_memory_bytes=conversion_host_bytes(facts) if facts else 0,
-        shm_bytes=GPU_SHM_BYTES,
-        cpus=cfg.deploy.cpus or 4 * per_pod,
-        **backend_parts,
-    )
-
-
-def parse_series(selector: str) -> tuple[str, dict[str, str]]:
-    """'name{label="value",...}' -> (name, labels)."""
-    name, _, rest = selector.partition("{")
-    return name, dict(re.findall(r'(\w+)="([^"]*)"', rest))
-
-
 def multi_node(cfg) -> bool:
-    gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
-    return cfg.deploy.gpus_per_node is not None and cfg.deploy.gpus_per_node < gpus
+    """Whether a replica spreads over several pods: deploy.gpus_per_node below its tp x pp GPUs."""
+    per_node = cfg.deploy.gpus_per_node
+    return per_node is not None and per_node < cfg.parallel.tp_size * cfg.parallel.pp_size
 
 
 # ---------------------------------------------------------------- backends
@@ -393,9 +327,6 @@ class TrtllmBackend(Protocol):
 
     def memory_plan(self, cfg, facts):
         """pipeline.memory's plan for this backend's runtime on `target.gpu`."""
-
-    def serving(self, cfg):
-        """Target.serving for this backend (built on `gpu_serving`)."""
 
 
 BACKENDS: dict[str, TrtllmBackend] = {}
@@ -484,7 +415,6 @@ class TrtllmTarget:
         # both backends' modules and tables: a superset of what one build executes
         "engine": ("pipeline.targets.trtllm", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),
         "triton_repo": ("pipeline.targets.trtllm", *BACKEND_MODULES, *BACKEND_TABLES),
-        "deploy": ("pipeline.targets.trtllm", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES, SERVING_TABLE),
     }
     backends = BACKENDS  # the config's target.trtllm_backend choices
     tools = {
@@ -722,9 +652,6 @@ class TrtllmTarget:
                 f"no exported checkpoint in {checkpoint}; build it first: trtllm-pipeline build CONFIG --until export"
             )
         return checkpoint, checkpoint_report(cfg, output / "import", checkpoint, cache, log, kind=kind)
-
-    def serving(self, cfg):
-        return backend_of(cfg).serving(cfg)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         backend = backend_of(cfg)

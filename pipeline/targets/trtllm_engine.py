@@ -21,16 +21,12 @@ from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS, Problem
 from pipeline.targets.trtllm import (
     CHECKPOINT_FIELDS,
-    CONTAINER_MPIRUN,
     GPU_DEPLOY_FIELDS,
     LOADER_QUANTIZED,
     gpu_image_command,
-    gpu_serving,
     lacking,
     multi_node,
-    parse_series,
     register_backend,
-    serving_facts,
 )
 from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS, required_parameters, template
 from pipeline.trtllm_checkpoint import EXPECTED_ALGO, padding_problems
@@ -420,40 +416,3 @@ class EngineBackend:
         from pipeline.memory import plan_memory
 
         return plan_memory(cfg, facts)
-
-    def serving(self, cfg):
-        """`trtllm-pipeline serve` (tritonserver under mpirun) in our GPU image; a group's leader starts every rank
-        over its pods, the others without ports of their own (the LeaderWorkerSet TensorRT-LLM example's layout)."""
-        from pipeline.k8s import (
-            TRITON_PORT_FLAGS,
-            QueueMetric,
-            mpi_group_command,
-            triton_health,
-            triton_port_flags,
-            triton_serve_command,
-        )
-        from pipeline.triton.server import tritonserver_ranks
-
-        engine = serving_facts(cfg.target.trtllm_version)["triton_engine"]
-        series, labels = parse_series(engine["queue_metric"]["queued"])
-        ports = cfg.deploy.ports
-        gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
-
-        def group(paths, nodes: int, per_node: int) -> list[str]:
-            address = [f"--{kind}-port={getattr(ports, kind)}" for kind in TRITON_PORT_FLAGS]
-            address = [f"--{kind}-address=0.0.0.0" for kind in TRITON_PORT_FLAGS] + address
-            quiet = ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
-            ranks = tritonserver_ranks(f"{paths.output}/triton_repo", address, gpus, cfg.triton.llm_model_name, quiet)
-            return mpi_group_command(CONTAINER_MPIRUN, ranks, per_node)
-
-        return gpu_serving(
-            cfg,
-            # a group's leader runs mpirun, not `serve`: no OpenAI gateway beside it
-            port_flags=TRITON_PORT_FLAGS if multi_node(cfg) else triton_port_flags(cfg),
-            health=triton_health(),
-            metrics=("metrics", "/metrics"),
-            queue_metric=QueueMetric(series, labels, engine["queue_metric"]["from"]),
-            queue_problem=None,
-            command=lambda paths: triton_serve_command(cfg, paths),
-            group_command=group,
-        )

@@ -25,14 +25,11 @@ from pipeline.targets import Problem, given_fields
 from pipeline.targets.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
 from pipeline.targets.trtllm import (
     CHECKPOINT_FIELDS,
-    CONTAINER_MPIRUN,
     GPU_DEPLOY_FIELDS,
     TRITON_CONTAINERS,
     gpu_image_command,
-    gpu_serving,
     lacking,
     register_backend,
-    serving_facts,
 )
 from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
 from pipeline.triton.validate import recorded_release
@@ -48,7 +45,6 @@ from pipeline.trtllm_torch_checkpoint import (
 # The releases all three of the backend's tables cover: LLM-API options, the llmapi model, the PyTorch loader.
 RELEASES = tuple(r for r in LLM_API_RELEASES if r in LLMAPI_RELEASES and r in TORCH_LOADER_RELEASES)
 OPTIONS_FILE = "llm_api_options.yaml"
-HEALTH_ROUTE = "/health"  # trtllm-serve's liveness route (200 once the server runs; trtllm_serving.json)
 MODEL_DIR = "model"  # engine/model: the unified checkpoint and tokenizer, what `trtllm-serve MODEL` loads
 ENGINE_RECORD = "config.json"  # engine/config.json: limits and release, where run/serve read an engine's
 # Build config values -> TensorRT-LLM's CapacitySchedulerPolicy names.
@@ -507,45 +503,6 @@ class LlmApiBackend:
 
     def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
         return export_dir / "hf_unified", "unified"
-
-    def serving(self, cfg):
-        """trtllm-serve in our GPU image, reading the options from the ConfigMap; a group runs it on every rank
-        under trtllm-llmapi-launch (rank 0 serves, the others work for it)."""
-        from pipeline.k8s import mpi_group_command
-
-        release, gpus = cfg.target.trtllm_version, cfg.parallel.tp_size * cfg.parallel.pp_size
-        routes = {route.get("path") for route in serving_facts(release)["trtllm_serve"]["routes"]["register_routes"]}
-        if HEALTH_ROUTE not in routes:  # the probes would fail forever
-            raise PipelineError(f"trtllm-serve of TensorRT-LLM {release} registers no {HEALTH_ROUTE} route")
-        options, _ = release_options(cfg)
-
-        def command(paths) -> list[str]:
-            flag = serve_options_flag(release)
-            port = f"--port={cfg.deploy.ports.http}"
-            options_file = f"{paths.config_dir}/{OPTIONS_FILE}"
-            return [
-                "trtllm-serve",
-                f"{paths.output}/engine/{MODEL_DIR}",
-                f"{flag}={options_file}",
-                "--host=0.0.0.0",
-                port,
-            ]
-
-        return gpu_serving(
-            cfg,
-            port_flags={"http": "--port"},
-            health=("http", HEALTH_ROUTE, HEALTH_ROUTE),
-            metrics=None,
-            queue_metric=None,
-            queue_problem=f"trtllm-serve (TensorRT-LLM {release}) exports no Prometheus gauge of waiting requests "
-            "(its /metrics are JSON iteration stats; /prometheus/metrics, with return_perf_metrics, holds latencies): "
-            "set deploy.replicas, or use target.trtllm_backend: tensorrt, whose queue the autoscaler reads",
-            command=command,
-            config_files={OPTIONS_FILE: options_yaml(cfg, options)},
-            group_command=lambda paths, nodes, per_node: mpi_group_command(
-                CONTAINER_MPIRUN, [["trtllm-llmapi-launch", *command(paths)]] * gpus, per_node
-            ),
-        )
 
     def build_engine(self, cfg, ctx) -> dict:
         options, problems = release_options(cfg)

@@ -1,0 +1,46 @@
+"""How an onnxruntime build runs in a container (`pipeline.k8s`): `trtllm-pipeline serve` in the CPU image of our
+Dockerfile, which builds the config into the image.
+
+Apart from the adapter (`onnxruntime.py`) so that the build stages, whose lock entries hash the adapter and what it
+imports, do not re-run when only the deployment changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.k8s import QueueMetric, Serving, serves, triton_health, triton_port_flags, triton_serve_command
+from pipeline.memory import cpu_build_bytes, plan_cpu_serving
+from pipeline.runtime.scheduler import METRIC_PREFIX
+
+# /dev/shm of a CPU server pod: the python backend's tensor regions, one per model instance (default 1 MiB, growing by
+# 1 MiB; the server's tensors are token ids and text), well under this cap (a memory-backed emptyDir holds only what is
+# written, but the pod's memory request and limit count it).
+CPU_SHM_BYTES = 256 << 20
+
+
+@serves("onnxruntime")
+def serving(cfg) -> Serving:
+    facts = cfg.model_facts()
+    plan = plan_cpu_serving(cfg, facts) if facts else None
+    config = cfg.source or Path("CONFIG.yaml")
+    tag = f"trtllm-pipeline:{config.stem.lower()}"
+    return Serving(
+        image=tag,
+        image_build=f"docker build --build-arg=CONFIG={config} --tag={tag} .",
+        artifacts="image",
+        image_problem=None,
+        port_flags=triton_port_flags(cfg),
+        health=triton_health(),
+        metrics=("metrics", "/metrics"),
+        queue_metric=QueueMetric(f"{METRIC_PREFIX}queued_requests", "pipeline/runtime/scheduler.py GAUGES"),
+        queue_problem=None,
+        gpus=0,
+        memory_bytes=plan.total_bytes if plan else 0,
+        memory_lines=plan.lines() if plan else [],
+        build_memory_bytes=cpu_build_bytes(facts) if facts else 0,
+        shm_bytes=CPU_SHM_BYTES,
+        cpus=cfg.deploy.cpus or 2,
+        command=lambda paths: triton_serve_command(cfg, paths),
+        group_problem="the onnxruntime target runs on one machine",
+    )

@@ -1,0 +1,170 @@
+"""How a trtllm build runs in a container (`pipeline.k8s`), per backend: our GPU image of the release, the output
+built once on a claim by a Job on the GPUs it serves from, one rank per GPU (a LeaderWorkerSet group over several
+pods when tp x pp exceeds deploy.gpus_per_node). Facts of how each release serves come from `trtllm_serving.json`
+(scripts/dev/tabulate_trtllm_serving.py).
+
+Apart from the adapters (`trtllm*.py`) so that the build stages, whose lock entries hash the adapters and what they
+import, do not re-run when only the deployment changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.k8s import (
+    TRITON_PORT_FLAGS,
+    QueueMetric,
+    Serving,
+    group_shape,
+    mpi_group_command,
+    serves,
+    triton_health,
+    triton_port_flags,
+    triton_serve_command,
+)
+from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, conversion_host_bytes, gpu_pod_host_bytes, rank_weight_bytes
+from pipeline.targets.llm_api_args import serve_options_flag
+from pipeline.targets.trtllm import BACKENDS, backend_of, gpu_image_command, multi_node
+from pipeline.targets.trtllm_llmapi import MODEL_DIR, OPTIONS_FILE, options_yaml, release_options
+from pipeline.triton.server import tritonserver_ranks
+
+HEALTH_ROUTE = "/health"  # trtllm-serve's liveness route (200 once the server runs)
+
+SERVING_TABLE = Path(__file__).parent / "trtllm_serving.json"  # scripts/dev/tabulate_trtllm_serving.py
+# /dev/shm cap of a GPU pod: NCCL's shared-memory transport between the pod's ranks and the python backend's regions
+# (the `docker run` lines `plan` prints share the host's IPC namespace instead). A memory-backed emptyDir holds only
+# what is written, but the pod's memory request and limit count the cap.
+GPU_SHM_BYTES = 8 << 30
+# mpirun of NVIDIA's -trtllm-python-py3 containers (the LeaderWorkerSet TensorRT-LLM example's launch path).
+CONTAINER_MPIRUN = "/opt/hpcx/ompi/bin/mpirun"
+
+
+def serving_facts(release: str) -> dict:
+    """How TensorRT-LLM `release` is served (routes, launcher, metrics), as tabulated from its sources."""
+    table = json.loads(SERVING_TABLE.read_text())
+    if release not in table:
+        raise PipelineError(
+            f"target.trtllm_version: how TensorRT-LLM {release} is served is not tabulated ({', '.join(table)} are: "
+            "scripts/dev/tabulate_trtllm_serving.py), so its manifests cannot be checked; deploy one of those"
+        )
+    return table[release]
+
+
+def gpu_serving(cfg, **backend_parts):
+    """What both backends' deployments share: our GPU image of the release (NVIDIA's container holding it, plus the
+    pipeline), the output built on the claim by the pods themselves, tp x pp GPUs per replica, host memory per pod."""
+    facts = cfg.model_facts()
+    gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
+    per_pod, _ = group_shape(gpus, cfg.deploy.gpus_per_node)
+    host = gpu_pod_host_bytes(cfg, facts, per_pod) if facts else 0
+    lines = []
+    if facts:
+        lines.append(
+            f"host memory per pod {host / GiB:.1f} GiB: {per_pod} ranks x (weights "
+            f"{rank_weight_bytes(cfg, facts) / GiB:.1f} GiB staged while loading + "
+            f"{GPU_RANK_HOST_BYTES / GiB:.0f} GiB runtime); the in-pod build "
+            f"{conversion_host_bytes(facts) / GiB:.1f} GiB (ModelOpt conversion)"
+        )
+        if cfg.target.gpu:
+            lines += backend_of(cfg).memory_plan(cfg, facts).lines()
+    return Serving(
+        image=f"trtllm-pipeline:gpu-{cfg.target.trtllm_version}",
+        image_build=shlex.join(gpu_image_command(cfg)),
+        artifacts="volume",
+        image_problem="a TensorRT-LLM output is built on the GPU it serves from (calibration, engines), which "
+        "`docker build` has not; use deploy.artifacts: volume",
+        gpus=gpus,
+        memory_bytes=host,
+        memory_lines=lines,
+        build_memory_bytes=conversion_host_bytes(facts) if facts else 0,
+        shm_bytes=GPU_SHM_BYTES,
+        cpus=cfg.deploy.cpus or 4 * per_pod,
+        **backend_parts,
+    )
+
+
+def parse_series(selector: str) -> tuple[str, dict[str, str]]:
+    """'name{label="value",...}' -> (name, labels)."""
+    name, _, rest = selector.partition("{")
+    return name, dict(re.findall(r'(\w+)="([^"]*)"', rest))
+
+
+def engine_serving(cfg) -> Serving:
+    """`trtllm-pipeline serve` (tritonserver under mpirun) in our GPU image; a group's leader starts every rank
+    over its pods, the others without ports of their own (the LeaderWorkerSet TensorRT-LLM example's layout)."""
+    engine = serving_facts(cfg.target.trtllm_version)["triton_engine"]
+    series, labels = parse_series(engine["queue_metric"]["queued"])
+    ports = cfg.deploy.ports
+    gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
+
+    def group(paths, per_node: int) -> list[str]:
+        address = [f"--{kind}-port={getattr(ports, kind)}" for kind in TRITON_PORT_FLAGS]
+        address = [f"--{kind}-address=0.0.0.0" for kind in TRITON_PORT_FLAGS] + address
+        quiet = ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+        ranks = tritonserver_ranks(f"{paths.output}/triton_repo", address, gpus, cfg.triton.llm_model_name, quiet)
+        return mpi_group_command(CONTAINER_MPIRUN, ranks, per_node)
+
+    return gpu_serving(
+        cfg,
+        # a group's leader runs mpirun, not `serve`: no OpenAI gateway beside it
+        port_flags=TRITON_PORT_FLAGS if multi_node(cfg) else triton_port_flags(cfg),
+        health=triton_health(),
+        metrics=("metrics", "/metrics"),
+        queue_metric=QueueMetric(series, engine["queue_metric"]["from"], labels),
+        queue_problem=None,
+        command=lambda paths: triton_serve_command(cfg, paths),
+        group_command=group,
+    )
+
+
+def llm_api_serving(cfg) -> Serving:
+    """trtllm-serve in our GPU image, reading the options from the ConfigMap; a group runs it on every rank
+    under trtllm-llmapi-launch (rank 0 serves, the others work for it)."""
+    release, gpus = cfg.target.trtllm_version, cfg.parallel.tp_size * cfg.parallel.pp_size
+    routes = {route.get("path") for route in serving_facts(release)["trtllm_serve"]["routes"]["register_routes"]}
+    if HEALTH_ROUTE not in routes:  # the probes would fail forever
+        raise PipelineError(f"trtllm-serve of TensorRT-LLM {release} registers no {HEALTH_ROUTE} route")
+    options, _ = release_options(cfg)
+
+    def command(paths) -> list[str]:
+        flag = serve_options_flag(release)
+        port = f"--port={cfg.deploy.ports.http}"
+        options_file = f"{paths.config_dir}/{OPTIONS_FILE}"
+        return [
+            "trtllm-serve",
+            f"{paths.output}/engine/{MODEL_DIR}",
+            f"{flag}={options_file}",
+            "--host=0.0.0.0",
+            port,
+        ]
+
+    return gpu_serving(
+        cfg,
+        port_flags={"http": "--port"},
+        health=("http", HEALTH_ROUTE, HEALTH_ROUTE),
+        metrics=None,
+        queue_metric=None,
+        queue_problem=f"trtllm-serve (TensorRT-LLM {release}) exports no Prometheus gauge of waiting requests "
+        "(its /metrics are JSON iteration stats; /prometheus/metrics, with return_perf_metrics, holds latencies): "
+        "set deploy.replicas, or use target.trtllm_backend: tensorrt, whose queue the autoscaler reads",
+        command=command,
+        config_files={OPTIONS_FILE: options_yaml(cfg, options)},
+        group_command=lambda paths, per_node: mpi_group_command(
+            CONTAINER_MPIRUN, [["trtllm-llmapi-launch", *command(paths)]] * gpus, per_node
+        ),
+    )
+
+
+# Every registered backend has its deployment (checked at import: a new backend without one fails here, not in deploy).
+BACKEND_SERVING = {"tensorrt": engine_serving, "pytorch": llm_api_serving}
+if set(BACKEND_SERVING) != set(BACKENDS):
+    raise TypeError(f"trtllm backends without a deployment: {set(BACKENDS) ^ set(BACKEND_SERVING)}")
+
+
+@serves("trtllm")
+def serving(cfg) -> Serving:
+    return BACKEND_SERVING[cfg.target.trtllm_backend](cfg)
