@@ -403,3 +403,21 @@ def test_only_the_deploy_stage_hashes_the_deployment_code(config):
         assert bool(deployment) == (name == "deploy"), (name, deployment)
         if name == "deploy":
             assert "pipeline/targets/trtllm_serving.py" in code and "pipeline/k8s/leaderworkerset.json" in code
+
+
+def test_tabulated_deployment_facts_name_the_upstream_commit_they_were_read_at():
+    import json
+    import re
+
+    from pipeline.targets.llm_api_args import LLM_API_RELEASES
+
+    commit = re.compile(r"[0-9a-f]{40}")
+    lws = json.loads((REPO / "pipeline/k8s/leaderworkerset.json").read_text())
+    adapter = json.loads((REPO / "pipeline/k8s/prometheus_adapter.json").read_text())
+    assert commit.fullmatch(lws["source"]["commit"]) and commit.fullmatch(adapter["source"]["commit"])
+    assert {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE"} <= set(lws["env"]) and lws["version"] == "v1"
+    serving = json.loads((REPO / "pipeline/targets/trtllm_serving.json").read_text())
+    assert set(LLM_API_RELEASES) <= set(serving)  # every release the pytorch backend builds can be deployed
+    for release, facts in serving.items():
+        for record in facts["source"]["files"].values():
+            assert commit.fullmatch(record.get("commit") or "") or record.get("index_id"), (release, record)
