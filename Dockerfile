@@ -34,7 +34,8 @@ COPY scripts scripts
 # kubectl: the leader of a multi-node group (LeaderWorkerSet) starts the MPI ranks in its workers through
 # `kubectl exec` (scripts/kubessh, mpirun's remote shell), and waits for them with `kubectl wait`.
 ARG KUBECTL_VERSION=v1.33.5
-RUN curl -fsSL -o /usr/local/bin/kubectl "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/$(dpkg --print-architecture)/kubectl" \
+RUN python3 -c "import platform, urllib.request; arch = {'x86_64': 'amd64', 'aarch64': 'arm64'}[platform.machine()]; \
+urllib.request.urlretrieve(f'https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/linux/{arch}/kubectl', '/usr/local/bin/kubectl')" \
  && chmod +x /usr/local/bin/kubectl
 EXPOSE 8000 8001 8002
 CMD ["sh", "-c", ".venv/bin/trtllm-pipeline build $CONFIG && .venv/bin/trtllm-pipeline serve $CONFIG --host 0.0.0.0"]

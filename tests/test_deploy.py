@@ -262,7 +262,7 @@ def test_build_wait_queues_behind_a_running_build(smollm2_build):
             stdout=subprocess.PIPE,
             text=True,
         )
-        time.sleep(8)
+        time.sleep(4)
         assert waiting.poll() is None  # still queued behind the held lock
     out, _ = waiting.communicate(timeout=120)
     assert waiting.returncode == 0 and "waiting for the build running in" in out and "nothing to do" in out
