@@ -262,10 +262,10 @@ def test_build_wait_queues_behind_a_running_build(smollm2_build):
             stdout=subprocess.PIPE,
             text=True,
         )
-        time.sleep(4)
-        assert waiting.poll() is None  # still queued behind the held lock
+        first = waiting.stdout.readline()  # blocks until it has reached the lock
+        assert "waiting for the build running in" in first and waiting.poll() is None, first
     out, _ = waiting.communicate(timeout=120)
-    assert waiting.returncode == 0 and "waiting for the build running in" in out and "nothing to do" in out
+    assert waiting.returncode == 0 and "nothing to do" in out, out
 
 
 def _pss_bytes(pid: int) -> int:
