@@ -2,8 +2,8 @@
 
 A target describes how its output is served in a container (`Serving`, registered per target with `serves` by
 `pipeline/targets/*_serving.py`: modules of their own, so that the build stages' lock entries, which hash the
-adapters and what they import, do not change with the deployment); `manifests` turns
-that and the config's `deploy` section into objects, and `checks` validates every object against the Kubernetes
+adapters and what they import, do not change with the deployment); `manifests` turns that and the config's `deploy`
+section into objects, and `checks` validates every object against the Kubernetes
 OpenAPI schemas of `deploy.kubernetes_version` (kubernetes-validate) or, for LeaderWorkerSet, the CRD schema
 tabulated from kubernetes-sigs/lws (`leaderworkerset.json`), then cross-checks them against each other and the
 config: ports, probes, GPUs per group, memory against the plan, and the build config the pods will build.
@@ -20,8 +20,6 @@ CLI = f"{APP_DIR}/.venv/bin/trtllm-pipeline"
 CONFIG_DIR = "/etc/trtllm-pipeline"  # the ConfigMap: the build config and the runtime options
 VOLUME_DIR = "/artifacts"  # the claim (artifacts: volume): the output directory and the download cache
 SHM_DIR = "/dev/shm"
-
-
 STARTUP_SECONDS = 1800  # loading a 70B engine from network storage takes minutes: the server gets half an hour
 
 
@@ -75,7 +73,7 @@ class Serving:
     gpus: int  # GPUs of one replica: tp x pp (0 on CPU)
     memory_bytes: int  # host memory of one serving pod (the memory plan)
     memory_lines: list[str]  # how the plan adds up, for `deploy`
-    build_memory_bytes: int  # host memory of the build in the pod (artifacts: volume)
+    build_memory_bytes: int  # host memory of the build Job (artifacts: volume)
     shm_bytes: int  # /dev/shm the server needs (memory-backed, counted in the pod's memory)
     cpus: int  # CPU cores requested
     command: Callable[[PodPaths], list[str]]  # the single-node server command
