@@ -28,6 +28,12 @@ from pipeline.paths import model_name_problem
 from pipeline.targets import TARGETS, honoured, target_of, unhonoured_problems
 
 
+def version_as_written(value):
+    """YAML reads an unquoted 1.2 as a number; take it as the version it spells (an unquoted 0.20 reads as 0.2,
+    which `validate` then refuses, naming the versions and the quoting)."""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -81,12 +87,7 @@ class TargetSection(Section):
         "cannot fit are refused).",
     )
 
-    @field_validator("trtllm_version", mode="before")
-    @classmethod
-    def _release_as_written(cls, value):
-        """YAML reads an unquoted 1.2 as a number; take it as the release it spells (an unquoted 0.20 reads as
-        0.2, which `validate` then refuses, naming the releases and the quoting)."""
-        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    _release_as_written = field_validator("trtllm_version", mode="before")(version_as_written)
 
 
 class CalibrationSection(Section):
@@ -454,10 +455,7 @@ class DeploySection(Section):
     def _a_resource_name(cls, name: str | None) -> str | None:
         return StorageSection._a_resource_name(name)
 
-    @field_validator("kubernetes_version", mode="before")
-    @classmethod
-    def _version_as_written(cls, value):
-        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    _version_as_written = field_validator("kubernetes_version", mode="before")(version_as_written)
 
 
 class BuildConfig(Section):

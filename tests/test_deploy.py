@@ -62,17 +62,16 @@ def test_default_cpu_config_deploys_and_the_stage_is_locked(tmp_path):
     assert again.returncode == 0 and "deploy: up to date" in again.stdout
 
 
-def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
-    model = llama_shape(tmp_path, "8b")
-    result = run_cli(
-        "deploy",
-        "build_configs/llama-3.1-8b-fp8-h100.yaml",
-        f"model.path={model}",
-        "--output",
-        str(tmp_path / "out"),
-    )
+def deploy_llama(tmp_path: Path, config: str, size: str) -> tuple[Path, str, dict[str, dict]]:
+    """`deploy` of a Llama example config on its published shape: (the model directory, stdout, the objects)."""
+    model = llama_shape(tmp_path, size)
+    result = run_cli("deploy", f"build_configs/{config}.yaml", f"model.path={model}", "--output", str(tmp_path / "out"))
     assert result.returncode == 0, result.stdout + result.stderr
-    objects = written(tmp_path / "out")
+    return model, result.stdout, written(tmp_path / "out")
+
+
+def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
+    model, _, objects = deploy_llama(tmp_path, "llama-3.1-8b-fp8-h100", "8b")
     assert sorted(objects) == ["ConfigMap", "Deployment", "Job", "PersistentVolumeClaim", "Service"]
     assert objects["Deployment"]["spec"]["replicas"] == 2
     pod = objects["Deployment"]["spec"]["template"]["spec"]
@@ -95,17 +94,8 @@ def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
 
 
 def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
-    model = llama_shape(tmp_path, "70b")
-    result = run_cli(
-        "deploy",
-        "build_configs/llama-3.1-70b-fp8-tp4.yaml",
-        f"model.path={model}",
-        "--output",
-        str(tmp_path / "out"),
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 pods of 2 GPUs per replica" in " ".join(result.stdout.split())
-    objects = written(tmp_path / "out")
+    _, out, objects = deploy_llama(tmp_path, "llama-3.1-70b-fp8-tp4", "70b")
+    assert "2 pods of 2 GPUs per replica" in " ".join(out.split())
     assert {"LeaderWorkerSet", "ServiceAccount", "Role", "RoleBinding", "Service"} <= set(objects)
     group = objects["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
     leader, worker = group["leaderTemplate"]["spec"], group["workerTemplate"]["spec"]

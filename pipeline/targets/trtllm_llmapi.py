@@ -339,8 +339,7 @@ class Deployment:
         return cls(model_dir, model_dir.parent / OPTIONS_FILE, release, repo, name)
 
     def trtllm_serve(self, host: str, port: int) -> list[str]:
-        flag = serve_options_flag(self.release)
-        return ["trtllm-serve", str(self.model_dir), f"{flag}={self.options}", f"--host={host}", f"--port={port}"]
+        return trtllm_serve_command(self.release, str(self.model_dir), str(self.options), host, port)
 
     def container_commands(self, host: str, port: int) -> list[str]:
         """`docker run` lines for the release's container, publishing `port` on `host`: trtllm-serve
@@ -358,6 +357,11 @@ class Deployment:
             shlex.join([*docker, image, *self.trtllm_serve("0.0.0.0", port)]),  # 0.0.0.0 inside: --publish binds
             shlex.join([*docker, image, "bash", "-c"]) + " " + shlex.quote(triton),
         ]
+
+
+def trtllm_serve_command(release: str, model_dir: str, options: str, host: str, port: int) -> list[str]:
+    """`trtllm-serve` of `release` serving a model directory with its options file."""
+    return ["trtllm-serve", model_dir, f"{serve_options_flag(release)}={options}", f"--host={host}", f"--port={port}"]
 
 
 def options_yaml(cfg, options: dict) -> str:

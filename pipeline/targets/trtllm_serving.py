@@ -27,10 +27,9 @@ from pipeline.k8s import (
     triton_serve_command,
 )
 from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, conversion_host_bytes, gpu_pod_host_bytes, rank_weight_bytes
-from pipeline.targets.llm_api_args import serve_options_flag
 from pipeline.targets.trtllm import BACKENDS, backend_of, gpu_image_command, multi_node
-from pipeline.targets.trtllm_llmapi import MODEL_DIR, OPTIONS_FILE, options_yaml, release_options
-from pipeline.triton.server import tritonserver_ranks
+from pipeline.targets.trtllm_llmapi import MODEL_DIR, OPTIONS_FILE, options_yaml, release_options, trtllm_serve_command
+from pipeline.triton.server import Ports, tritonserver_address_args, tritonserver_ranks
 
 HEALTH_ROUTE = "/health"  # trtllm-serve's liveness route (200 once the server runs)
 
@@ -56,7 +55,7 @@ def serving_facts(release: str) -> dict:
 
 def gpu_serving(cfg, **backend_parts):
     """What both backends' deployments share: our GPU image of the release (NVIDIA's container holding it, plus the
-    pipeline), the output built on the claim by the pods themselves, tp x pp GPUs per replica, host memory per pod."""
+    pipeline), the output built once onto the claim by the build Job, tp x pp GPUs per replica, host memory per pod."""
     facts = cfg.model_facts()
     gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
     per_pod, _ = group_shape(gpus, cfg.deploy.gpus_per_node)
@@ -66,7 +65,7 @@ def gpu_serving(cfg, **backend_parts):
         lines.append(
             f"host memory per pod {host / GiB:.1f} GiB: {per_pod} ranks x (weights "
             f"{rank_weight_bytes(cfg, facts) / GiB:.1f} GiB staged while loading + "
-            f"{GPU_RANK_HOST_BYTES / GiB:.0f} GiB runtime); the in-pod build "
+            f"{GPU_RANK_HOST_BYTES / GiB:.0f} GiB runtime); the build Job "
             f"{conversion_host_bytes(facts) / GiB:.1f} GiB (ModelOpt conversion)"
         )
         if cfg.target.gpu:
@@ -102,8 +101,7 @@ def engine_serving(cfg) -> Serving:
     gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
 
     def group(paths, per_node: int) -> list[str]:
-        address = [f"--{kind}-port={getattr(ports, kind)}" for kind in TRITON_PORT_FLAGS]
-        address = [f"--{kind}-address=0.0.0.0" for kind in TRITON_PORT_FLAGS] + address
+        address = tritonserver_address_args("0.0.0.0", Ports(ports.http, ports.grpc, ports.metrics))
         quiet = ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
         ranks = tritonserver_ranks(f"{paths.output}/triton_repo", address, gpus, cfg.triton.llm_model_name, quiet)
         return mpi_group_command(CONTAINER_MPIRUN, ranks, per_node)
@@ -131,16 +129,8 @@ def llm_api_serving(cfg) -> Serving:
     options, _ = release_options(cfg)
 
     def command(paths) -> list[str]:
-        flag = serve_options_flag(release)
-        port = f"--port={cfg.deploy.ports.http}"
-        options_file = f"{paths.config_dir}/{OPTIONS_FILE}"
-        return [
-            "trtllm-serve",
-            f"{paths.output}/engine/{MODEL_DIR}",
-            f"{flag}={options_file}",
-            "--host=0.0.0.0",
-            port,
-        ]
+        model, options_file = f"{paths.output}/engine/{MODEL_DIR}", f"{paths.config_dir}/{OPTIONS_FILE}"
+        return trtllm_serve_command(release, model, options_file, "0.0.0.0", cfg.deploy.ports.http)
 
     return gpu_serving(
         cfg,

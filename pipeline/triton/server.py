@@ -101,6 +101,18 @@ def tensorrtllm_world_size(report) -> tuple[str | None, int]:
     return names[0], int(mapping.get("world_size", mapping.get("tp_size", 1) * mapping.get("pp_size", 1)))
 
 
+def tritonserver_address_args(host: str, ports: "Ports") -> list[str]:
+    """Where tritonserver listens: HTTP, gRPC and metrics on `host`."""
+    return [
+        f"--http-address={host}",
+        f"--http-port={ports.http}",
+        f"--grpc-address={host}",
+        f"--grpc-port={ports.grpc}",
+        f"--metrics-address={host}",
+        f"--metrics-port={ports.metrics}",
+    ]
+
+
 def tritonserver_ranks(
     repo: str, address_args: list[str], world_size: int, llm_model_name: str, followers: list[str] = ()
 ) -> list[list[str]]:
@@ -222,14 +234,7 @@ class TritonServer:
         return command
 
     def address_args(self) -> list[str]:
-        return [
-            f"--http-address={self.host}",
-            f"--http-port={self.ports.http}",
-            f"--grpc-address={self.host}",
-            f"--grpc-port={self.ports.grpc}",
-            f"--metrics-address={self.host}",
-            f"--metrics-port={self.ports.metrics}",
-        ]
+        return tritonserver_address_args(self.host, self.ports)
 
     def command(self, home: Path, backends: Path) -> list[str]:
         return [
