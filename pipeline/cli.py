@@ -58,7 +58,7 @@ def reports_errors(fn):
             # escaped: messages quote user input, and rich would swallow e.g. "[lm_head]" as a style tag
             if isinstance(exc, ConfigError):
                 err_console.print(
-                    f"[bold red]error:[/] {escape(str(exc.path))}: {len(exc.problems)} problem(s)", highlight=False
+                    f"[bold red]error:[/] {escape(str(exc.path))}: {exc.total} problem(s)", highlight=False
                 )
                 for problem in exc.problems:
                     err_console.print(f"  - {escape(problem)}", highlight=False, soft_wrap=True)

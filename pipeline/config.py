@@ -6,16 +6,20 @@ cross-field rule -- and each names the YAML file, the line, the field and the fi
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
+import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from pipeline.architectures import support_problem
-from pipeline.errors import CheckpointError, ConfigError
+from pipeline.errors import CheckpointError, ConfigError, shown
+from pipeline.k8s_names import DNS1035_LABEL, DNS1123_LABEL, DNS1123_SUBDOMAIN, LABEL_VALUE, label_key_problem
 from pipeline.memory import GPUS
 from pipeline.models import (
     BUILTIN_MODELS,
@@ -23,6 +27,7 @@ from pipeline.models import (
     checkpoint_problems,
     facts_from_gguf,
     facts_from_hf_dir,
+    path_problem,
 )
 from pipeline.paths import model_name_problem
 from pipeline.targets import TARGETS, honoured, target_of, unhonoured_problems
@@ -320,11 +325,22 @@ class VerifySection(Section):
     )
 
 
-# DNS-1035 label: what a Service name must be (and so every object named after the deployment).
-DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-# DNS-1123 subdomain: namespaces, Secrets, PersistentVolumeClaims.
-DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+
+
+def _kept(rule, value):
+    """`value` when it keeps a Kubernetes naming rule (None passes), else the rule's problem as a validation error."""
+    problem = None if value is None else rule(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+LabelKey = Annotated[str, AfterValidator(functools.partial(_kept, label_key_problem))]
+LabelValue = Annotated[str, AfterValidator(functools.partial(_kept, LABEL_VALUE.problem))]
+# Node labels a pod may require: a node carries a few dozen, and a longer list is no selector but a mistake (one
+# million keys took minutes to validate); pydantic counts them before it validates any.
+MAX_NODE_SELECTOR = 100
 
 
 class AutoscalingSection(Section):
@@ -364,15 +380,14 @@ class StorageSection(Section):
     @field_validator("claim", "models_claim", "storage_class")
     @classmethod
     def _a_resource_name(cls, name: str | None) -> str | None:
-        if name is not None and not (len(name) <= 253 and DNS_SUBDOMAIN.fullmatch(name)):
-            raise ValueError(f"{name!r} is not a Kubernetes resource name: lowercase letters, digits, '-' and '.'")
-        return name
+        """Secrets, claims and storage classes are named by DNS-1123 subdomains."""
+        return _kept(DNS1123_SUBDOMAIN.problem, name)
 
     @field_validator("size")
     @classmethod
     def _a_quantity(cls, size: str) -> str:
         if not QUANTITY.fullmatch(size):
-            raise ValueError(f"{size!r} is not a Kubernetes quantity, e.g. 50Gi or 500G")
+            raise ValueError(f"{shown(size)} is not a Kubernetes quantity, e.g. 50Gi or 500G")
         return size
 
 
@@ -386,9 +401,9 @@ class PortsSection(Section):
 
 
 class Toleration(Section):
-    key: str | None = Field(None, description="Taint key (null with operator Exists: every taint).")
+    key: LabelKey | None = Field(None, description="Taint key (null with operator Exists: every taint).")
     operator: Literal["Equal", "Exists"] = "Equal"
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
@@ -398,7 +413,7 @@ class DeploySection(Section):
     name: str | None = Field(
         None, description="Name of every object (a DNS-1035 label, at most 40 characters); default: the config's."
     )
-    namespace: str = Field("default", description="Namespace of every object.")
+    namespace: str = Field("default", description="Namespace of every object (a DNS-1123 label).")
     kubernetes_version: str = Field(
         "1.33",
         description="Kubernetes release whose OpenAPI schemas validate the manifests (kubernetes-validate ships "
@@ -424,7 +439,11 @@ class DeploySection(Section):
     cpus: int | None = Field(
         None, ge=1, description="CPU cores requested per pod (default: 2 for onnxruntime, 4 per GPU for trtllm)."
     )
-    node_selector: dict[str, str] = Field({}, description="Node labels the pods require.")
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        {},
+        max_length=MAX_NODE_SELECTOR,
+        description=f"Node labels the pods require (label keys and values, at most {MAX_NODE_SELECTOR}).",
+    )
     tolerations: list[Toleration] = Field([], description="Taints the pods tolerate (e.g. nvidia.com/gpu).")
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
         "ClusterIP", description="How the Service is exposed."
@@ -443,14 +462,20 @@ class DeploySection(Section):
     @field_validator("name")
     @classmethod
     def _a_label(cls, name: str | None) -> str | None:
-        if name is not None and not (len(name) <= 40 and DNS_LABEL.fullmatch(name)):
+        if name is not None and (len(name) > 40 or DNS1035_LABEL.problem(name)):
             raise ValueError(
-                f"{name!r} cannot name the objects: use at most 40 lowercase letters, digits or '-', starting with "
-                "a letter (room is left for the suffixes of pods and claims)"
+                f"{shown(name)} cannot name the objects: use at most 40 lowercase letters, digits or '-', starting "
+                "with a letter (room is left for the suffixes of pods and claims)"
             )
         return name
 
-    @field_validator("namespace", "api_key_secret")
+    @field_validator("namespace")
+    @classmethod
+    def _a_namespace(cls, name: str) -> str:
+        """Namespaces are named by DNS-1123 labels (63 characters, no dots)."""
+        return _kept(DNS1123_LABEL.problem, name)
+
+    @field_validator("api_key_secret")
     @classmethod
     def _a_resource_name(cls, name: str | None) -> str | None:
         return StorageSection._a_resource_name(name)
@@ -479,8 +504,12 @@ class BuildConfig(Section):
         return self._source
 
     def resolve_path(self, path: str) -> Path:
-        """Config paths are relative to the YAML file, so a config works from any working directory."""
-        return (self._base_dir / Path(path).expanduser()).resolve()
+        """Config paths are relative to the YAML file, so a config works from any working directory. A path that
+        cannot be resolved (a symlink loop, an unknown ~user) is made absolute as written: its readers name why."""
+        try:
+            return (self._base_dir / Path(path).expanduser()).resolve()
+        except (OSError, RuntimeError):
+            return Path(os.path.abspath(self._base_dir / path))
 
     def model_facts(self) -> ModelFacts | None:
         """Hyperparameters of the configured model, read without loading weights (None if unreadable: the
@@ -500,21 +529,84 @@ class BuildConfig(Section):
 # ---------------------------------------------------------------- loading
 
 
-def _line_index(text: str) -> dict[tuple, int]:
-    """Map each YAML key path to its 1-based line, so errors can point into the file."""
-    lines: dict[tuple, int] = {}
+# A build config is a few KB (the shipped ones are under 4 KB); a larger file is a mistake or an attack, and parsing
+# megabytes of YAML takes minutes.
+MAX_CONFIG_BYTES = 256 * 1024
+# Nodes that aliases may add to a document: `&a [*b, *b, ...]` nested nine deep is 2.4 KB of text and 387 million
+# nodes, which every check and error message would walk.
+MAX_ALIAS_NODES = 10_000
+# libyaml's parser (when PyYAML has it) is 4x faster and refuses nesting beyond 1000 levels instead of recursing.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-    def walk(node, path):
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                sub = path + (key.value,)
-                lines[sub] = key.start_mark.line + 1
-                walk(value, sub)
 
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _alias_problem(root: yaml.Node) -> str | None:
+    """Why the document's aliases expand it too far (past MAX_ALIAS_NODES, or without end: an alias inside its own
+    anchor), None when they do not. Counted on the composed nodes, where an alias is its anchor's node once more."""
+    sizes: dict[int, int] = {}  # nodes under each node, aliases expanded
+    stack, open_ = [(root, False)], set()
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            open_.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in _children(node))
+        elif id(node) in open_:
+            return "an alias refers to a node that contains it, so the document never ends; write the value out"
+        elif id(node) not in sizes:
+            open_.add(id(node))
+            stack.append((node, True))
+            stack += [(child, False) for child in _children(node)]
+    added = sizes[id(root)] - len(sizes)
+    if added <= MAX_ALIAS_NODES:
+        return None
+    return (
+        f"its aliases expand {len(sizes):,} YAML nodes to {sizes[id(root)]:,}; at most {MAX_ALIAS_NODES:,} may come "
+        "from aliases: write the values out"
+    )
+
+
+def _parse_yaml(text: str) -> tuple[Any, yaml.Node | None]:
+    """The document and its composed nodes (None for an empty one).
+
+    Raises:
+        yaml.YAMLError: not one YAML document.
+        ValueError: its aliases expand it too far, or it nests deeper than Python recurses.
+    """
+    loader = _Loader(text)
     try:
-        walk(yaml.compose(text), ())
-    except yaml.YAMLError:
-        pass
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        problem = _alias_problem(node)
+        if problem:
+            raise ValueError(problem)
+        return loader.construct_document(node), node
+    except RecursionError:
+        raise ValueError("it nests deeper than it can be read; flatten it") from None
+    finally:
+        loader.dispose()
+
+
+def _line_index(root: yaml.Node | None) -> dict[tuple, int]:
+    """Map each YAML key path (list items by index) to its 1-based line, so errors can point into the file."""
+    lines: dict[tuple, int] = {}
+    stack = [(root, ())] if root is not None else []
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            items = [(str(key.value), key, value) for key, value in node.value if isinstance(key, yaml.ScalarNode)]
+        elif isinstance(node, yaml.SequenceNode):
+            items = [(str(index), item, item) for index, item in enumerate(node.value)]
+        else:
+            continue
+        for name, at, value in items:
+            lines[path + (name,)] = at.start_mark.line + 1
+            stack.append((value, path + (name,)))
     return lines
 
 
@@ -541,18 +633,20 @@ class _Locator:
     def __init__(self, path: Path, lines: dict[tuple, int], overridden: set[tuple] = frozenset()):
         self.path, self.lines, self.overridden = path, lines, overridden
 
-    def where(self, loc: tuple) -> str:
+    def where(self, loc: tuple, given: bool) -> str:
+        """The file and line of `loc`, else of the nearest section above it that the file sets. `given`: the value
+        is the file's (a field error), even where the index has no line for it (a mapping key, a union member)."""
         for depth in range(len(loc), 0, -1):
             if tuple(loc[:depth]) in self.overridden:
                 return f"{self.path} (overridden on the command line)"
             line = self.lines.get(tuple(loc[:depth]))
             if line is not None:
-                suffix = "" if depth == len(loc) else " (default, not set in file)"
+                suffix = "" if depth == len(loc) or given else " (default, not set in file)"
                 return f"{self.path}:{line}{suffix}"
-        return f"{self.path} (default, not set in file)"
+        return f"{self.path}" if given else f"{self.path} (default, not set in file)"
 
-    def problem(self, loc: tuple, message: str) -> str:
-        return f"{self.where(loc)}: {'.'.join(map(str, loc))}: {message}"
+    def problem(self, loc: tuple, message: str, given: bool = False) -> str:
+        return f"{self.where(loc, given)}: {'.'.join(map(str, loc))}: {message}"
 
 
 def _describe_field_error(err: dict) -> str:
@@ -562,12 +656,12 @@ def _describe_field_error(err: dict) -> str:
         known = list(owner.model_fields) if owner else []
         close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
         hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
-        return f"unknown key '{loc[-1]}' -- {hint}"
+        return f"unknown key {shown(loc[-1])} -- {hint}"
     if err["type"] == "literal_error":
-        return f"{err['msg'].replace('Input should be', 'must be')}, got {err['input']!r}"
+        return f"{err['msg'].replace('Input should be', 'must be')}, got {shown(err['input'])}"
     if err["type"] == "value_error":  # our validators' messages name the value and the fix already
         return str(err["ctx"]["error"])
-    return f"{err['msg']} (got {err.get('input')!r})"
+    return f"{err['msg']} (got {shown(err.get('input'))})"
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -583,12 +677,15 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             problems.append(f"override '{item}' is not key=value, e.g. build.max_batch_size=16")
             continue
         try:
-            value = yaml.safe_load(raw)
+            value = _parse_yaml(raw)[0]
         except yaml.YAMLError as exc:
             problems.append(
                 f"override '{item}': the value is not valid YAML ({getattr(exc, 'problem', None) or exc}); "
                 "write it as in the config file, e.g. build.max_batch_size=16 or quantization.exclude_modules=[lm_head]"
             )
+            continue
+        except ValueError as exc:
+            problems.append(f"override '{key}': {exc}")
             continue
         *parents, leaf = key.split(".")
         node = data
@@ -611,51 +708,74 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
         ConfigError: listing every problem, each with file, line, field and fix.
     """
     path = Path(path)
+    problem = path_problem(path, "regular file")
+    if problem:
+        raise ConfigError(path, [f"cannot read config: {problem}"])
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            path, [f"is {size:,} bytes; a build config is at most {MAX_CONFIG_BYTES:,} (the shipped ones are a few KB)"]
+        )
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(path, [f"cannot read config: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, [f"not UTF-8 text ({exc.reason} at byte {exc.start})"]) from None
     try:
-        data = yaml.safe_load(text) or {}
+        data, root = _parse_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(path, [f"not valid YAML: {exc}"]) from None
+    except ValueError as exc:
+        raise ConfigError(path, [f"refused: {exc}"]) from None
+    data = data if data is not None else {}
     if not isinstance(data, dict):
         raise ConfigError(path, ["top level must be a mapping of sections (model, target, quantization, ...)"])
     data = apply_overrides(data, overrides or [])
     overridden = {tuple(item.partition("=")[0].split(".")) for item in overrides or []}
-    locator = _Locator(path, _line_index(text), overridden)
+    locator = _Locator(path, _line_index(root), overridden)
     problems, bad_locs = [], set()
     for _ in range(3):  # drop invalid fields and retry, so cross-field rules still report on the rest
         try:
             config = BuildConfig.model_validate(data)
             break
         except ValidationError as exc:
+            data, earlier = copy.deepcopy(data), set(bad_locs)
             for e in exc.errors():
                 loc = tuple(map(str, e["loc"]))
-                problems.append(locator.problem(loc, _describe_field_error(e)))
+                if not _under(loc, earlier):  # else the retry's view of a value dropped before: reported already
+                    problems.append(locator.problem(loc, _describe_field_error(e), given=True))
                 bad_locs.add(loc)
-                data = _without(data, loc)
+                _drop(data, loc, missing=e["type"] == "missing")
     else:
         raise ConfigError(path, problems)
     config._base_dir, config._source = path.resolve().parent, path
     for loc, message in cross_field_problems(config):
-        if not any(loc[: len(bad)] == bad for bad in bad_locs):
+        if not _under(loc, bad_locs):
             problems.append(locator.problem(loc, message))
     if problems:
         raise ConfigError(path, problems)
     return config
 
 
-def _without(data: dict, loc: tuple) -> dict:
-    """A copy of `data` with the key at `loc` removed (so its default is used)."""
-    if not loc or not isinstance(data, dict) or loc[0] not in data:
-        return data
-    copy = dict(data)
-    if len(loc) == 1:
-        del copy[loc[0]]
-    else:
-        copy[loc[0]] = _without(copy[loc[0]], loc[1:])
-    return copy
+def _under(loc: tuple, locs: set[tuple]) -> bool:
+    """Whether `loc` is one of `locs` or lies below one."""
+    return any(loc[:depth] in locs for depth in range(1, len(loc) + 1))
+
+
+def _drop(data: dict, loc: tuple, missing: bool) -> None:
+    """Remove the value at `loc` from `data`, so that the retry uses its default: the whole list when `loc` points
+    into one, and for a `missing` required key the section lacking it."""
+    parent, node = None, data
+    for depth, key in enumerate(loc):
+        if not isinstance(node, dict) or key not in node:
+            if missing and parent is not None:
+                del parent[loc[depth - 1]]
+            return
+        if depth == len(loc) - 1 or not isinstance(node[key], dict):
+            del node[key]
+            return
+        parent, node = node, node[key]
 
 
 # ---------------------------------------------------------------- cross-field rules
@@ -671,7 +791,7 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
     b, r, m = cfg.build, cfg.runtime, cfg.model
 
     if m.source == "builtin" and m.name not in BUILTIN_MODELS:
-        out.append((("model", "name"), f"unknown built-in model '{m.name}'; known: {', '.join(BUILTIN_MODELS)}"))
+        out.append((("model", "name"), f"unknown built-in model {shown(m.name)}; known: {', '.join(BUILTIN_MODELS)}"))
     if m.source != "builtin":
         if m.path is None:
             out.append(
@@ -681,19 +801,7 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
                 )
             )
         else:
-            p = cfg.resolve_path(m.path)
-            if m.source == "hf" and not (p / "config.json").is_file():
-                out.append(
-                    (
-                        ("model", "path"),
-                        f"{p} is not a Hugging Face checkpoint directory (no config.json); fix the path or use "
-                        "source: gguf",
-                    )
-                )
-            elif m.source == "gguf" and not p.is_file():
-                out.append((("model", "path"), f"GGUF file {p} does not exist"))
-            else:
-                out += [(("model", "path"), problem) for problem in checkpoint_problems(m.source, p)]
+            out += [(("model", "path"), p) for p in checkpoint_problems(m.source, cfg.resolve_path(m.path))]
 
     if b.max_seq_len < b.max_input_len:
         out.append(
@@ -744,8 +852,8 @@ def _deploy_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
         out.append(
             (
                 ("deploy", "kubernetes_version"),
-                f"{d.kubernetes_version!r}: kubernetes-validate has the schemas of {versions[0]} to {versions[-1]} "
-                "(quote the version: YAML reads an unquoted 1.30 as 1.3)",
+                f"{shown(d.kubernetes_version)}: kubernetes-validate has the schemas of {versions[0]} to "
+                f"{versions[-1]} (quote the version: YAML reads an unquoted 1.30 as 1.3)",
             )
         )
     if d.autoscaling is not None:

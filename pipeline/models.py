@@ -7,29 +7,68 @@ test checks against the real GGUF metadata.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import functools
 import json
+import math
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ConfigDict, NonNegativeInt, PositiveInt, ValidationError
+from pydantic.dataclasses import dataclass as validated_dataclass
+
 from pipeline.architectures import GGUF_ARCHITECTURES
-from pipeline.errors import CheckpointError
+from pipeline.errors import CheckpointError, shown
+from pipeline.memory import parameter_counts
+
+# What stat() calls each kind of file, for messages: only a regular file (or a directory) can be read as a checkpoint.
+_FILE_KINDS = (
+    (stat.S_ISREG, "regular file"),
+    (stat.S_ISDIR, "directory"),
+    (stat.S_ISFIFO, "FIFO (named pipe)"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
 
 
-@dataclass(frozen=True)
+def path_problem(path: Path, want: str) -> str | None:
+    """Why `path` cannot be read as a `want` ("regular file" or "directory"), None when it can.
+
+    Only stat() is called, which never blocks: opening a FIFO waits for a writer forever and /dev/zero never ends."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path} is a symlink loop (its links lead back to themselves); point it at the real {want}"
+        if exc.errno == errno.ENOENT:
+            return f"{path} does not exist"
+        return f"{path}: cannot read: {exc.strerror}"
+    kind = next((name for is_kind, name in _FILE_KINDS if is_kind(mode)), "special file")
+    return None if kind == want else f"{path} is a {kind}, not a {want}"
+
+
+@validated_dataclass(frozen=True, config=ConfigDict(strict=True))
 class ModelFacts:
+    """The sizes every plan and graph is computed from: positive integers (a checkpoint's 2.5 layers or 0 heads would
+    fail far from its file, or divide by zero)."""
+
     architecture: str
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    max_position_embeddings: int
-    head_dim: int | None = None  # set when the checkpoint says so (Gemma, Qwen3: head_dim != hidden / heads)
+    hidden_size: PositiveInt
+    intermediate_size: PositiveInt
+    num_hidden_layers: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt
+    vocab_size: PositiveInt
+    max_position_embeddings: NonNegativeInt
+    # set when the checkpoint says so (Gemma, Qwen3: head_dim != hidden / heads)
+    head_dim: PositiveInt | None = None
     # a uniform window every layer has (Mistral, Phi-3): each layer attends to the last this-many tokens; None when
     # no layer or only some layers window (Gemma 3's pattern, Qwen2's layers from max_window_layers on)
-    sliding_window: int | None = None
+    sliding_window: PositiveInt | None = None
 
     @property
     def head_size(self) -> int:
@@ -37,20 +76,39 @@ class ModelFacts:
 
     @classmethod
     def from_hf_config(cls, config: dict) -> "ModelFacts":
-        """From a Hugging Face config.json's contents."""
-        heads = config["num_attention_heads"]
-        return cls(
-            architecture=(config.get("architectures") or ["<missing>"])[0],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
+        """From a Hugging Face config.json's contents.
+
+        Raises:
+            pydantic.ValidationError: naming each size that is missing or not a positive integer.
+        """
+        heads, names = config.get("num_attention_heads"), config.get("architectures")
+        facts = cls(
+            architecture=str(names[0]) if isinstance(names, list) and names else "<missing>",
+            hidden_size=config.get("hidden_size"),
+            intermediate_size=config.get("intermediate_size"),
+            num_hidden_layers=config.get("num_hidden_layers"),
             num_attention_heads=heads,
             num_key_value_heads=config.get("num_key_value_heads") or heads,
-            vocab_size=config["vocab_size"],
+            vocab_size=config.get("vocab_size"),
             max_position_embeddings=config.get("max_position_embeddings", 0),
             head_dim=config.get("head_dim"),
-            sliding_window=uniform_window(config),
         )
+        # the layer rules count layers: only once the count is known to be one
+        return dataclasses.replace(facts, sliding_window=uniform_window(config))
+
+
+def _size_problems(exc: ValidationError, given: dict, keys: dict[str, str] | None = None) -> str:
+    """The sizes a ValidationError of ModelFacts refuses, each by the name its file gives it (`keys`)."""
+    keys = keys or {}
+    problems = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        key = keys.get(field, field)
+        if given.get(field) is None and error["type"] in ("int_type", "missing"):
+            problems.append(f"has no {key}")
+        else:
+            problems.append(f"{key} is {shown(error['input'])}, not a positive integer")
+    return "; ".join(problems)
 
 
 # transformers 4.57 defaults of the families whose config has a switch and a layer count (Qwen2Config, Qwen3Config:
@@ -120,17 +178,33 @@ def facts_from_hf_dir(path: Path) -> ModelFacts:
     """Read a Hugging Face `config.json` (no weights, no torch).
 
     Raises:
-        CheckpointError: naming config.json when it is unreadable, not JSON or lacks a hyperparameter.
+        CheckpointError: naming the directory when it is none, or config.json when it is unreadable, not JSON or
+            lacks a size or gives one that is not a positive integer.
     """
+    problem = path_problem(path, "directory")
+    if problem:
+        raise CheckpointError(f"{problem}: source hf reads a Hugging Face checkpoint directory")
     config_file = path / "config.json"
+    problem = path_problem(config_file, "regular file")
+    if problem:
+        raise CheckpointError(
+            f"{path} is not a Hugging Face checkpoint directory ({problem}); fix the path or use source: gguf"
+        )
     try:
-        return ModelFacts.from_hf_config(json.loads(config_file.read_text()))
+        config = json.loads(config_file.read_text())
     except OSError as exc:
         raise CheckpointError(f"{config_file}: cannot read: {exc.strerror}") from None
     except ValueError as exc:
         raise CheckpointError(f"{config_file}: not valid JSON: {exc}") from None
-    except KeyError as exc:
-        raise CheckpointError(f"{config_file}: has no {exc.args[0]}; it is not a causal LM config") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_file}: holds {shown(config)}, not an object of the model's settings")
+    try:
+        return ModelFacts.from_hf_config(config)
+    except ValidationError as exc:
+        sizes = _size_problems(exc, config)
+        raise CheckpointError(
+            f"{config_file}: {sizes}; a causal LM config gives its sizes as positive integers"
+        ) from None
 
 
 def read_gguf(path: Path):
@@ -161,21 +235,40 @@ def gguf_field(reader, name: str):
     return bytes(value).decode() if f.types and f.types[0].name == "STRING" else value.item()
 
 
+@dataclass(frozen=True)
+class WeightShapes:
+    """What a checkpoint's tensor headers say about its sizes (no weight is read), in Hugging Face orientation."""
+
+    files: str  # where they were read, for messages
+    embedding: tuple[str, list[int]] | None  # (tensor, [vocab_size, hidden_size]); None when not found unquantized
+    down_proj: tuple[str, list[int]] | None  # layer 0's (tensor, [hidden_size, intermediate_size]), likewise
+    layers: int  # distinct decoder layers holding tensors
+    elements: int  # of all tensors (a packed quantized tensor counts its stored elements)
+
+
 def facts_from_gguf(path: Path) -> ModelFacts:
     """Read the GGUF header's hyperparameters (memory-mapped; tensors are not touched).
 
     Raises:
-        CheckpointError: naming the file, when it is not a GGUF or lacks a hyperparameter.
+        CheckpointError: naming the file, when it is no regular file, not a GGUF or lacks a hyperparameter.
     """
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read: {exc.strerror}") from None
-    return _gguf_facts(path, st.st_size, st.st_mtime_ns)
+    return _gguf_header(path)[0]
+
+
+def _gguf_header(path: Path) -> tuple[ModelFacts, WeightShapes, dict[str, str]]:
+    """The facts, the tensor infos' shapes and the header key of each fact."""
+    problem = path_problem(path, "regular file")
+    if problem:
+        raise CheckpointError(f"{problem}: source gguf reads a .gguf file")
+    st = path.stat()
+    return _cached_gguf_header(path, st.st_size, st.st_mtime_ns)
+
+
+GGUF_LAYER = re.compile(r"blk\.(\d+)\.")
 
 
 @functools.lru_cache(maxsize=8)
-def _gguf_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
+def _cached_gguf_header(path: Path, size: int, mtime_ns: int) -> tuple[ModelFacts, WeightShapes, dict[str, str]]:
     """Cached by size and mtime: parsing a header takes seconds (its vocabulary) and `validate` asks for the facts
     several times; an edited file is read again, a failure is not cached."""
     reader = read_gguf(path)
@@ -192,17 +285,42 @@ def _gguf_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
     arch = field("general.architecture", str)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     heads = field(f"{arch}.attention.head_count", int)
-    return ModelFacts(
-        architecture=GGUF_ARCHITECTURES.get(arch, f"gguf:{arch}"),
-        hidden_size=field(f"{arch}.embedding_length", int),
-        intermediate_size=field(f"{arch}.feed_forward_length", int),
-        num_hidden_layers=field(f"{arch}.block_count", int),
+    keys = {
+        "hidden_size": f"{arch}.embedding_length",
+        "intermediate_size": f"{arch}.feed_forward_length",
+        "num_hidden_layers": f"{arch}.block_count",
+        "num_attention_heads": f"{arch}.attention.head_count",
+        "num_key_value_heads": f"{arch}.attention.head_count_kv",
+        "vocab_size": f"{arch}.vocab_size"
+        if f"{arch}.vocab_size" in reader.fields
+        else "tokenizer.ggml.tokens (count)",
+        "max_position_embeddings": f"{arch}.context_length",
+        "head_dim": f"{arch}.attention.key_length",
+    }
+    given = dict(
+        hidden_size=field(keys["hidden_size"], int),
+        intermediate_size=field(keys["intermediate_size"], int),
+        num_hidden_layers=field(keys["num_hidden_layers"], int),
         num_attention_heads=heads,
-        num_key_value_heads=field(f"{arch}.attention.head_count_kv") or heads,
+        num_key_value_heads=field(keys["num_key_value_heads"]) or heads,
         vocab_size=field(f"{arch}.vocab_size") or (len(tokens.data) if tokens else 0),
-        max_position_embeddings=field(f"{arch}.context_length") or 0,
-        head_dim=field(f"{arch}.attention.key_length"),
+        max_position_embeddings=field(keys["max_position_embeddings"]) or 0,
+        head_dim=field(keys["head_dim"]),
     )
+    try:
+        facts = ModelFacts(architecture=GGUF_ARCHITECTURES.get(arch, f"gguf:{arch}"), **given)
+    except ValidationError as exc:
+        raise CheckpointError(f"{path}: not a valid GGUF: {_size_problems(exc, given, keys)}") from None
+    shapes = {t.name: [int(n) for n in reversed(t.shape.tolist())] for t in reader.tensors}  # GGML: inner dim first
+    named = lambda name: (name, shapes[name]) if name in shapes else None  # noqa: E731
+    weights = WeightShapes(
+        files=path.name,
+        embedding=named("token_embd.weight"),
+        down_proj=named("blk.0.ffn_down.weight"),
+        layers=len({m.group(1) for name in shapes if (m := GGUF_LAYER.match(name))}),
+        elements=sum(int(t.n_elements) for t in reader.tensors),
+    )
+    return facts, weights, keys
 
 
 def safetensors_problems(directory: Path) -> list[str]:
@@ -212,6 +330,10 @@ def safetensors_problems(directory: Path) -> list[str]:
 
     problems = []
     for file in sorted(directory.glob("*.safetensors")):
+        problem = path_problem(file, "regular file")
+        if problem:
+            problems.append(problem)
+            continue
         try:
             with safe_open(file, "numpy"):
                 pass
@@ -237,14 +359,85 @@ def _cut_tensor(file: Path) -> str | None:
     return f"truncated: tensor '{cut[0][1]}' ends at data byte {cut[0][0]}, the file holds {data_size}" if cut else None
 
 
+# Hugging Face tensor names: the token embedding, a decoder layer's tensors, and layer 0's MLP down projection.
+HF_EMBEDDING = "model.embed_tokens.weight"
+HF_LAYER = re.compile(r"(?:^|\.)model\.layers\.(\d+)\.")
+HF_DOWN_PROJ = "model.layers.0.mlp.down_proj.weight"
+# Tensors whose shape is the model's (a quantized checkpoint packs int4 weights into fewer, wider elements).
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+
+
+def safetensors_shapes(directory: Path) -> WeightShapes | None:
+    """The sizes the *.safetensors headers give (safe_open reads headers only); None without such files."""
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None
+    embedding = down_proj = None
+    layers, elements = set(), 0
+    for file in files:
+        with safe_open(file, "numpy") as f:
+            for name in f.keys():
+                tensor = f.get_slice(name)
+                shape = tensor.get_shape()
+                elements += math.prod(shape)
+                if match := HF_LAYER.search(name):
+                    layers.add(match.group(1))
+                if tensor.get_dtype() in FLOAT_DTYPES and name.endswith(HF_EMBEDDING):
+                    embedding = (f"{name} in {file.name}", shape)
+                if tensor.get_dtype() in FLOAT_DTYPES and name.endswith(HF_DOWN_PROJ):
+                    down_proj = (f"{name} in {file.name}", shape)
+    return WeightShapes(", ".join(f.name for f in files), embedding, down_proj, len(layers), elements)
+
+
+# Planned parameters may exceed the tensors' elements this many times before the sizes are refused: a packed int4
+# checkpoint stores 8 weights per int32 element, and the plan leaves out nothing larger.
+PACKED_ELEMENTS = 16
+
+
+def shape_problems(facts: ModelFacts, weights: WeightShapes, source: Path, keys: dict[str, str], fix: str) -> list[str]:
+    """Where the sizes `source` gives (config.json, or the GGUF header by `keys`) disagree with the tensor headers,
+    before anything is allocated by them: the embedding is [vocab_size, hidden_size], layer 0's down projection
+    [hidden_size, intermediate_size], one layer of tensors per num_hidden_layers, and the memory plan's parameter
+    count is no fantasy beside the tensors'."""
+    key = lambda field: keys.get(field, field)  # noqa: E731
+    problems = []
+    for found, fields in (
+        (weights.embedding, ("vocab_size", "hidden_size")),
+        (weights.down_proj, ("hidden_size", "intermediate_size")),
+    ):
+        expected = [getattr(facts, field) for field in fields]
+        if found is not None and found[1] != expected:
+            given = " and ".join(f"{key(field)} {getattr(facts, field)}" for field in fields)
+            problems.append(f"{source}: {given} disagree with the weights: {found[0]} is {found[1]}; {fix}")
+    if weights.layers and weights.layers != facts.num_hidden_layers:
+        problems.append(
+            f"{source}: {key('num_hidden_layers')} is {facts.num_hidden_layers} but {weights.files} hold tensors of "
+            f"{weights.layers} layers; {fix}"
+        )
+    planned = sum(parameter_counts(facts))
+    if not problems and weights.elements and planned > PACKED_ELEMENTS * weights.elements:
+        problems.append(
+            f"{source}: its sizes make {planned:,} parameters (the memory plan's count) but {weights.files} hold "
+            f"{weights.elements:,} elements; {fix}"
+        )
+    return problems
+
+
 def checkpoint_problems(source: str, path: Path) -> list[str]:
     """What is wrong with a checkpoint's headers (config.json and safetensors headers, or the GGUF header and
-    tensor infos), each naming the file; weights are not read."""
+    tensor infos), each naming the file; weights are not read, and nothing but a regular file is opened."""
     try:
         if source == "gguf":
-            facts_from_gguf(path)
-            return []
-        facts_from_hf_dir(path)
+            facts, weights, keys = _gguf_header(path)
+            return shape_problems(
+                facts, weights, path, keys, "its header contradicts its tensors: convert the model again"
+            )
+        facts = facts_from_hf_dir(path)
     except CheckpointError as exc:
         return [str(exc)]
-    return safetensors_problems(path)
+    problems = safetensors_problems(path)
+    weights = None if problems else safetensors_shapes(path)
+    fix = "fix config.json: the weights are what the model is"
+    return problems + (shape_problems(facts, weights, path / "config.json", {}, fix) if weights else [])

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pipeline.errors import shown
+
 # One path component that is also a plain URL segment (/v2/models/<name>/...): no separators, no
 # '.'/'..', no hidden directory, nothing a shell or URL would need quoted.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -20,7 +22,7 @@ def model_name_problem(name: str) -> str | None:
     if MODEL_NAME.fullmatch(name):
         return None
     return (
-        f"{name!r} is not a valid Triton model name (it names a directory of the repository): use 1 to 128 "
+        f"{shown(name)} is not a valid Triton model name (it names a directory of the repository): use 1 to 128 "
         "letters, digits, '_', '-' or '.', starting with a letter, digit or '_'"
     )
 

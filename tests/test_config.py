@@ -300,3 +300,34 @@ def test_an_override_that_is_not_yaml_is_named(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     # rich markup must not swallow the bracketed example in the fix
     assert "quantization.exclude_modules=[lm_head]" in " ".join(result.stderr.split())
+
+
+def test_an_invalid_value_set_in_the_file_is_located_at_its_line_not_called_a_default(tmp_path):
+    """List items and mapping keys set in the file were reported at their section's line as "(default, not set in
+    file)"; a dropped value's follow-up error ("Field required") was listed again."""
+    path = write_config(
+        tmp_path / "c.yaml",
+        """
+        quantization:
+          exclude_modules:
+            - lm_head
+            - 7
+        runtime:
+          speculative: {type: lookahead, max_draft_len: 2}
+        deploy:
+          node_selector:
+            "bad key": gpu
+          tolerations:
+            - key: nvidia.com/gpu
+            - key: [1]
+        """,
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert [p.split(": ")[0:2] for p in info.value.problems] == [
+        [f"{path}:4", "quantization.exclude_modules.1"],
+        [f"{path}:6", "runtime.speculative.type"],
+        [f"{path}:9", "deploy.node_selector.bad key.[key]"],
+        [f"{path}:12", "deploy.tolerations.1.key"],
+    ], info.value.problems
+    assert "(default, not set in file)" not in str(info.value)

@@ -411,3 +411,55 @@ def test_tabulated_deployment_facts_name_the_upstream_commit_they_were_read_at()
     for release, facts in serving.items():
         for record in facts["source"]["files"].values():
             assert commit.fullmatch(record.get("commit") or "") or record.get("index_id"), (release, record)
+
+
+def test_a_config_named_with_non_ascii_letters_deploys_under_ascii_names(tmp_path):
+    """`deploy` of smöllm-ç.yaml wrote objects named smöllm-ç (no DNS-1123 label) and reported them valid."""
+    config = tmp_path / "smöllm-ç.yaml"
+    config.write_text((REPO / CPU_CONFIG).read_text() + "deploy:\n  artifacts: volume\n")
+    result = run_cli("deploy", str(config), "--output", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    k8s = tmp_path / "out" / "deploy" / "k8s"
+    objects = [yaml.safe_load((k8s / name).read_text()) for name in sorted(os.listdir(k8s)) if name[0].isdigit()]
+    names = {obj["kind"]: obj["metadata"]["name"] for obj in objects}
+    assert names == {
+        "ConfigMap": "smollm-c-config",
+        "PersistentVolumeClaim": "smollm-c-artifacts",
+        "Job": "smollm-c-build",
+        "Deployment": "smollm-c",
+        "Service": "smollm-c",
+    }
+    assert "smollm-c.yaml" in next(o for o in objects if o["kind"] == "ConfigMap")["data"]
+    assert "trtllm-pipeline:smollm-c " in " ".join(result.stdout.split())  # a Docker tag is ASCII too
+
+
+def test_the_offline_checks_refuse_names_namespaces_and_labels_kubernetes_would():
+    cfg, dep, objects = rendered(CPU_CONFIG)
+    assert checks.name_problems(objects) == []
+    broken = copy.deepcopy(objects)
+    workload = next(o for o in broken if o["kind"] == "Deployment")
+    service = next(o for o in broken if o["kind"] == "Service")
+    workload["metadata"]["name"] = "smöllm-ç"
+    workload["metadata"]["namespace"] = "n" * 64
+    workload["metadata"]["labels"]["bad key"] = "x"
+    workload["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] = "-bad"
+    workload["spec"]["template"]["spec"]["nodeSelector"] = {"a/b/c": "v"}
+    service["metadata"]["name"] = "1.svc"
+    problems = checks.name_problems(broken)
+    deployment = "Deployment/smöllm-ç"
+    assert problems == [
+        f"{deployment}: metadata.name: 'smöllm-ç' is not a DNS-1123 subdomain: at most 253 lowercase letters, "
+        "digits, '-' or '.', each part between dots starting and ending with a letter or digit",
+        f"{deployment}: metadata.namespace: '{'n' * 64}' is not a DNS-1123 label: at most 63 lowercase letters, "
+        "digits or '-', starting and ending with a letter or digit",
+        f"{deployment}: metadata.labels.bad key: 'bad key' is not a label key ('bad key' is not a label name: at most "
+        "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit); write [PREFIX/]NAME",
+        f"{deployment}: spec.template.metadata.labels.app.kubernetes.io/name: '-bad' is not a label value: empty, or "
+        "at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+        f"{deployment}: spec.template.spec.nodeSelector.a/b/c: 'a/b/c' is not a label key ('a/b' is not a DNS-1123 "
+        "subdomain: at most 253 lowercase letters, digits, '-' or '.', each part between dots starting and ending "
+        "with a letter or digit); write [PREFIX/]NAME",
+        "Service/1.svc: metadata.name: '1.svc' is not a DNS-1035 label: at most 63 lowercase letters, digits or '-', "
+        "starting with a letter and ending with a letter or digit",
+    ]
+    assert checks.manifest_problems(broken, dep, cfg, None)[-len(problems) :] == problems

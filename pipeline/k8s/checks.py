@@ -3,11 +3,12 @@
 Schemas: core objects against the OpenAPI schemas of `deploy.kubernetes_version` that kubernetes-validate ships (its
 strict variant refuses unknown fields, as `kubectl apply --validate=strict` does); a LeaderWorkerSet against the CRD
 schema tabulated from kubernetes-sigs/lws (`leaderworkerset.json`, unknown fields refused the same way), and its pod
-templates against the core PodTemplate schema. Cross-checks read the objects back as YAML parses them (not the
-values that made them), so a mis-generated or edited manifest is caught: the ports the server command binds against
-the container ports, probes, Service and scrape annotation; GPUs per replica against tp x pp and the leader's ranks;
-memory requests against the plans; references between objects; and the build config the pods will build (or the
-image holds) against this build's.
+templates against the core PodTemplate schema. Names: every object's name, namespace, labels, selectors and
+annotation keys against the API server's rules (the schemas type them as plain strings). Cross-checks read the
+objects back as YAML parses them (not the values that made them), so a mis-generated or edited manifest is caught: the
+ports the server command binds against the container ports, probes, Service and scrape annotation; GPUs per replica
+against tp x pp and the leader's ranks; memory requests against the plans; references between objects; and the
+build config the pods will build (or the image holds) against this build's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shlex
 from pathlib import Path
 
 from pipeline.k8s.manifests import LWS_API, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, Deployment
+from pipeline.k8s_names import CONFIGMAP_KEY, DNS1123_LABEL, LABEL_VALUE, label_key_problem, object_name_problem
 
 HERE = Path(__file__).parent
 
@@ -99,6 +101,47 @@ def schema_problems(objects: list[dict], version: str) -> list[str]:
     for obj in objects:
         problems += _lws_problems(obj, version) if obj.get("apiVersion") == LWS_API else _core_problems(obj, version)
     return list(dict.fromkeys(problems))  # the CRD and the core schema may both refuse a pod template's field
+
+
+# ---------------------------------------------------------------- names
+
+# Maps of labels (keys and values checked) and of annotations (keys only), wherever they sit in an object; a
+# Service's spec.selector is a map of labels too.
+LABEL_MAPS = ("labels", "matchLabels", "nodeSelector")
+
+
+def _maps(node, path: tuple):
+    """(path, map, values_are_labels) of every label or annotation map under `node`."""
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from _maps(item, (*path, index))
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key in (*LABEL_MAPS, "annotations") and isinstance(value, dict):
+                yield (*path, key), value, key != "annotations"
+            else:
+                yield from _maps(value, (*path, key))
+
+
+def name_problems(objects: list[dict]) -> list[str]:
+    """Every object's name, namespace, label (and annotation) keys, label values and ConfigMap keys against the API
+    server's rules, which the OpenAPI schemas leave out (they type them as plain strings)."""
+    problems = []
+    for obj in objects:
+        meta = obj.get("metadata", {})
+        found = [(("metadata", "name"), object_name_problem(obj.get("kind"), meta.get("name")))]
+        if "namespace" in meta:
+            found.append((("metadata", "namespace"), DNS1123_LABEL.problem(meta["namespace"])))
+        maps = list(_maps(obj, ()))
+        if obj.get("kind") == "Service":
+            maps.append((("spec", "selector"), obj.get("spec", {}).get("selector", {}), True))
+        for path, mapping, labels in maps:
+            for key, value in mapping.items():
+                found.append(((*path, key), label_key_problem(key) or (labels and LABEL_VALUE.problem(value))))
+        if obj.get("kind") == "ConfigMap":
+            found += [(("data", key), CONFIGMAP_KEY.problem(key)) for key in obj.get("data", {})]
+        problems += [f"{where(obj, path)}: {problem}" for path, problem in found if problem]
+    return problems
 
 
 @functools.cache
@@ -347,7 +390,7 @@ def _stage_inputs(cfg) -> dict:
 
 def manifest_problems(objects: list[dict], dep: Deployment, cfg, adapter: dict | None) -> list[str]:
     """Everything wrong with the manifests, each naming the object and field (empty: they may be applied)."""
-    problems = schema_problems(objects, cfg.deploy.kubernetes_version)
+    problems = schema_problems(objects, cfg.deploy.kubernetes_version) + name_problems(objects)
     if problems:  # cross-checks read fields the schema vouches for
         return problems
     s = dep.serving

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, SHM_DIR, STARTUP_SECONDS, VOLUME_DIR, PodPaths, Serving, group_shape
+from pipeline.k8s_names import ascii_name
 from pipeline.memory import MiB
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
@@ -48,8 +49,9 @@ class Deployment:
 
 
 def deployment_name(stem: str) -> str:
-    """The config's file name as a DNS-1035 label (objects are named after it unless deploy.name says otherwise)."""
-    name = "".join(c if c.isalnum() else "-" for c in stem.lower()).strip("-")
+    """The config's file name as a DNS-1035 label (objects are named after it unless deploy.name says otherwise):
+    transliterated to ASCII, as Kubernetes takes no other letters."""
+    name = ascii_name(stem.lower(), "a-z0-9").strip("-")
     name = name if name[:1].isalpha() else f"llm-{name}"
     return name[:40].rstrip("-")
 
@@ -61,8 +63,10 @@ def plan_deployment(cfg, serving: Serving, stem: str) -> Deployment:
     file = cfg.source.name if cfg.source else f"{stem}.yaml"
     if placement == "image":  # the image built the file as it is in build_configs/ (its lock holds those values)
         paths = PodPaths(f"{APP_DIR}/{IMAGE_CONFIGS}/{file}", f"{APP_DIR}/artifacts/{stem}", f"{APP_DIR}/.cache", True)
-    else:
-        paths = PodPaths(f"{CONFIG_DIR}/{file}", f"{VOLUME_DIR}/{stem}", f"{VOLUME_DIR}/.cache", False)
+    else:  # the ConfigMap's copy, under a name a ConfigMap key may have
+        paths = PodPaths(
+            f"{CONFIG_DIR}/{ascii_name(file, '-._a-zA-Z0-9')}", f"{VOLUME_DIR}/{stem}", f"{VOLUME_DIR}/.cache", False
+        )
     return Deployment(d.name or deployment_name(stem), serving, placement, pods, per_pod, paths)
 
 

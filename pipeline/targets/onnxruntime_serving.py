@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.k8s import QueueMetric, Serving, serves, triton_health, triton_port_flags, triton_serve_command
+from pipeline.k8s_names import ascii_name
 from pipeline.memory import cpu_build_bytes, plan_cpu_serving
 from pipeline.runtime.scheduler import METRIC_PREFIX
 
@@ -24,7 +25,8 @@ def serving(cfg) -> Serving:
     facts = cfg.model_facts()
     plan = plan_cpu_serving(cfg, facts) if facts else None
     config = cfg.source or Path("CONFIG.yaml")
-    tag = f"trtllm-pipeline:{config.stem.lower()}"
+    # a Docker tag: at most 128 ASCII letters, digits, '_', '.' or '-', not starting with '.' or '-'
+    tag = f"trtllm-pipeline:{ascii_name(config.stem.lower(), 'a-z0-9_.-').lstrip('.-')[:128] or 'config'}"
     return Serving(
         image=tag,
         image_build=f"docker build --build-arg=CONFIG={config} --tag={tag} .",
