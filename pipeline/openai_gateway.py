@@ -6,11 +6,20 @@ used rather than the ensemble because only it stops generating when the client g
 gateway cancels its gRPC stream on disconnect). Chat messages go through the model's chat template;
 `usage` counts and `logprobs` come from the engine (one log-probability per generated token).
 
+Stop strings are found in the text by the gateway (a stop string may end inside a token, where the
+engine's token-level stop words cannot see it): the streamed and the non-streamed answer are made by
+one iterator, which holds back text that may begin a stop string, cuts at the first one and cancels
+generation there. With `stream_options.include_usage`, usage comes in a last chunk with no choices.
+
 Every error uses OpenAI's error body and HTTP status: 400 for a value the engine cannot take (bounds
 are those of the engine's tensors: int32 lengths, uint64 seed) or an OpenAI field it cannot honour,
 401 without the API key (when one is set), 404 for another model, 413 for a body over the cap. A
 stream whose upstream fails after it started ends with an error event and `[DONE]`. Tokenizing runs
 on worker threads, so a huge prompt does not hold up other requests.
+
+With an API key every path needs it, FastAPI's /docs, /redoc and /openapi.json included: the schema
+names every accepted field, and a gateway behind a key should tell an anonymous caller nothing. Read
+it with the key (`curl -H "Authorization: Bearer $KEY" .../openapi.json`), or serve without a key.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import json
 import secrets
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, AsyncIterator, Literal
 
@@ -32,6 +41,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
+from pipeline.errors import PipelineError
 from pipeline.triton.client import client_inputs
 
 INT32_MAX = 2**31 - 1  # max_tokens and min_length are TYPE_INT32 tensors
@@ -86,8 +96,26 @@ def _chosen_only(value: int | None) -> int | None:
     return value
 
 
+def _text_parts(content: str | list[dict]) -> str:
+    """Current openai clients may send content as a list of parts; text parts are joined with newlines, as vLLM
+    does, and any other part is refused by name rather than dropped."""
+    if isinstance(content, str):
+        return content
+    for index, part in enumerate(content):
+        if part.get("type") != "text":
+            raise ValueError(f"part {index} is of type {part.get('type')!r}: this server takes only text parts")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"part {index}: a text part needs a string 'text'")
+    return _encodable("\n".join(part["text"] for part in content))
+
+
 Text = Annotated[str, AfterValidator(_encodable)]
+Content = Annotated[Text | list[dict], AfterValidator(_text_parts)]
 ChosenOnly = Annotated[int | None, AfterValidator(_chosen_only)]  # number of alternative tokens asked for
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
 
 
 class Sampling(BaseModel):
@@ -102,6 +130,7 @@ class Sampling(BaseModel):
     seed: int | None = Field(None, ge=0, le=UINT64_MAX)
     stop: Text | list[Text] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)  # one choice per request, like the engine's beam width 1
     min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)  # vLLM's extension: end of sequence blocked until then
 
@@ -118,8 +147,12 @@ class CompletionRequest(Sampling):
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: Text
+    role: Literal["developer", "system", "user", "assistant"]
+    content: Content
+
+    def for_template(self) -> dict:
+        """`developer` is OpenAI's new name for `system`, which chat templates know (vLLM maps it the same way)."""
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
 
 
 class ChatRequest(Sampling):
@@ -132,50 +165,83 @@ class ChatRequest(Sampling):
         return self.max_completion_tokens or self.max_tokens
 
 
-def truncate_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
+def first_stop(text: str, stops: list[str]) -> int:
+    """Where the first stop string in text begins, or -1."""
+    return min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+
+
+def stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest end of text that begins a stop string: text the next piece may make a stop."""
+    return max((n for s in stops for n in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:n])), default=0)
 
 
 @dataclass
-class Generated:
-    """One choice as the BLS streams it: the text up to the first stop string, the tokens, and the text
-    pieces with their log-probabilities. A piece is one streamed response: one token, or several when
-    they make up one character together (the server holds back incomplete UTF-8), with their sum."""
+class Generation:
+    """One choice as the BLS streams it, cut at the first stop string: `pieces` is what the streamed and the
+    collected answer are both made of, so the two cannot differ. A piece is one streamed response (one token,
+    or several that make one character together) with its log-probability."""
 
     stops: list[str]
-    text: str = ""
-    tokens: int = 0
-    stopped: bool = False
-    pieces: list[tuple[str, float]] = field(default_factory=list)
-    unseen: float = 0.0  # log-probability of tokens that added no text yet
+    text: str = ""  # the visible text so far
+    tokens: int = 0  # tokens received, those in the response that completed a stop string included
+    stopped: bool = False  # by a stop string
 
-    def add(self, delta: str, log_probs: list[float]) -> str:
-        """Take one streamed response; returns the text it adds (none past a stop string)."""
-        self.tokens += len(log_probs)
-        self.unseen += sum(log_probs)
-        full, self.stopped = truncate_at_stop(self.text + delta, self.stops)
-        new, self.text = full[len(self.text) :], full
-        if new:
-            self.pieces.append((new, self.unseen))
-            self.unseen = 0.0
-        return new
+    async def pieces(self, upstream: AsyncIterator[tuple[str, list[float]]]) -> AsyncIterator[tuple[str, float]]:
+        """The visible (text, log-probability) pieces. Text that may begin a stop string is held back until the
+        next pieces tell; at the first stop string the text is cut and the upstream closed, which cancels
+        generation (the BLS stops the engine)."""
+        held: list[tuple[str, float]] = []  # pieces not yet visible (none of them before a visible one)
+        unseen = 0.0  # log-probability of tokens that added no text yet
+        try:
+            async for delta, log_probs in upstream:
+                self.tokens += len(log_probs)
+                unseen += sum(log_probs)
+                if not delta:
+                    continue
+                held.append((delta, unseen))
+                unseen = 0.0
+                # a stop string cannot begin in visible text: that text would still be held
+                pending = "".join(text for text, _ in held)
+                cut = first_stop(pending, self.stops)
+                self.stopped = cut >= 0
+                end = cut if self.stopped else len(pending) - stop_prefix_len(pending, self.stops)
+                while held and end > 0:
+                    text, log_prob = held[0]
+                    if len(text) > end and not self.stopped:
+                        break  # a piece is shown whole, unless a stop string cuts it
+                    held.pop(0)
+                    text = text[:end]
+                    end -= len(text)
+                    self.text += text
+                    yield text, log_prob
+                if self.stopped:
+                    return
+            for text, log_prob in held:
+                self.text += text
+                yield text, log_prob
+        finally:
+            await upstream.aclose()
 
-    def visible_pieces(self) -> list[tuple[str, float]]:
-        """The pieces cut to the final text (a stop string spanning pieces shortens the text afterwards)."""
-        kept, start = [], 0
-        for text, log_prob in self.pieces:
-            if start >= len(self.text):
-                break
-            kept.append((text[: len(self.text) - start], log_prob))
-            start += len(text)
-        return kept
+
+def configured_key(api_key: str | None) -> str | None:
+    """The API key as clients can send it: without surrounding whitespace (a key read from a file or a Kubernetes
+    Secret often ends in a newline, which no Authorization header carries); None or "" is no key. A key of
+    whitespace only is refused rather than taken for no key or for a key nobody can send."""
+    if not api_key:
+        return None
+    if not api_key.strip():
+        raise PipelineError(
+            f"the API key is only whitespace ({api_key!r}): set a real key, e.g. $(openssl rand -hex 16), "
+            "or none to serve without authentication"
+        )
+    return api_key.strip()
 
 
 class Guard:
     """ASGI middleware checking the API key and the body size before the app reads a byte of the body,
     so neither an unauthenticated client nor an oversized body costs more than its headers: Content-Length
-    is checked first, a chunked body is counted as it arrives (and replayed to the app when it fits)."""
+    is checked first, a chunked body is counted as it arrives (and replayed to the app when it fits).
+    With a key, every path needs it, the API schema and its pages (/openapi.json, /docs, /redoc) included."""
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int):
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
@@ -191,7 +257,7 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
-        if self.api_key and scope["path"].startswith("/v1") and not self.authorized(headers):
+        if self.api_key and not self.authorized(headers):
             error = OpenAIError(
                 401,
                 "a valid API key is required: send the header 'Authorization: Bearer <key>'",
@@ -244,11 +310,12 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The gateway app; with `api_key`, every /v1 route needs `Authorization: Bearer <api_key>`."""
+    """The gateway app; with `api_key` (see configured_key), every route needs `Authorization: Bearer <api_key>`."""
     import grpc
     from jinja2 import TemplateError
     from transformers import AutoTokenizer
 
+    api_key = configured_key(api_key)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     max_input_len, max_seq_len = engine_limits(tokenizer_dir)
     app = FastAPI(title="trtllm-pipeline OpenAI gateway")
@@ -386,7 +453,8 @@ def create_app(
             )
         created, rid = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         obj = "chat.completion" if chat else "text_completion"
-        generated = Generated(body.stops())
+        generation = Generation(body.stops())
+        visible = generation.pieces(generate(prompt, body, max_tokens))
 
         def choice(text: str, finish: str | None, pieces: list[tuple[str, float]] | None, offset: int = 0) -> dict:
             logprobs = None if pieces is None else render_logprobs(body, pieces, offset)
@@ -401,17 +469,18 @@ def create_app(
             }
 
         def finish_reason() -> str:
-            return "stop" if generated.stopped or generated.tokens < max_tokens else "length"
+            """End-of-sequence is never in the output (ours or TensorRT-LLM's executor), so fewer tokens than
+            max_tokens is the engine's own word that it stopped (end-of-sequence or a token-level stop word)."""
+            return "stop" if generation.stopped or generation.tokens < max_tokens else "length"
 
         def usage() -> dict:
-            total = prompt_tokens + generated.tokens
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": generated.tokens, "total_tokens": total}
+            total = prompt_tokens + generation.tokens
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": generation.tokens, "total_tokens": total}
 
         if not body.stream:
 
-            async def collect() -> None:
-                async for delta, log_probs in generate(prompt, body, max_tokens):
-                    generated.add(delta, log_probs)
+            async def collect() -> list[tuple[str, float]]:
+                return [piece async for piece in visible]
 
             task = asyncio.ensure_future(collect())
             while not task.done():  # a client that hangs up stops the generation (cancelling closes the gRPC stream)
@@ -419,19 +488,20 @@ def create_app(
                 if not task.done() and await request.is_disconnected():
                     task.cancel()
                     raise OpenAIError(499, "client closed the request")
-            task.result()
             return {
                 "id": rid,
                 "object": obj,
                 "created": created,
                 "model": body.model,
-                "choices": [choice(generated.text, finish_reason(), generated.visible_pieces())],
+                "choices": [choice(generation.text, finish_reason(), task.result())],
                 "usage": usage(),
             }
 
-        stream = generate(prompt, body, max_tokens)
-        first = await anext(stream, None)  # fail before the 200 status line when the first response is an error
+        first = await anext(visible, None)  # fail before the 200 status line when the first response is an error
         header = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created, "model": body.model}
+        with_usage = body.stream_options is not None and body.stream_options.include_usage
+        if with_usage:  # OpenAI: every chunk has the field, null but in the last one
+            header["usage"] = None
 
         def event(data: dict) -> str:
             return f"data: {json.dumps(data)}\n\n"
@@ -440,20 +510,17 @@ def create_app(
             try:
                 piece = first
                 while piece is not None:
-                    new = generated.add(*piece)
-                    if new:
-                        pieces = generated.pieces[-1:]
-                        yield event({**header, "choices": [choice(new, None, pieces, len(generated.text) - len(new))]})
-                    if generated.stopped:
-                        break
-                    piece = await anext(stream, None)
-                last = {**header, "choices": [choice("", finish_reason(), None)], "usage": usage()}
-                yield event(last)
+                    offset = len(generation.text) - len(piece[0])
+                    yield event({**header, "choices": [choice(piece[0], None, [piece], offset)]})
+                    piece = await anext(visible, None)
+                yield event({**header, "choices": [choice("", finish_reason(), None)]})
+                if with_usage:
+                    yield event({**header, "choices": [], "usage": usage()})
             except Exception as exc:  # after the 200 the error can only go in-band (e.g. tritonserver stopped)
                 error = exc if isinstance(exc, OpenAIError) else OpenAIError(500, repr(exc), "server_error")
                 yield event(error.body())
-            finally:  # client gone or stop string seen: cancel the gRPC stream, the BLS stops the engine
-                await stream.aclose()
+            finally:  # client gone: cancel the gRPC stream, the BLS stops the engine
+                await visible.aclose()
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -469,7 +536,7 @@ def create_app(
         try:
             prompt = await asyncio.to_thread(
                 tokenizer.apply_chat_template,
-                [m.model_dump() for m in body.messages],
+                [m.for_template() for m in body.messages],
                 add_generation_prompt=True,
                 tokenize=False,
             )

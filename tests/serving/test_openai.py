@@ -83,7 +83,56 @@ def test_streaming_chat_deltas_add_up_to_the_whole_answer(client):
         client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, stream=True)
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole
-    assert len(chunks) > 3 and chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage.completion_tokens > 0
+    assert len(chunks) > 3 and chunks[-1].choices[0].finish_reason == "stop"
+    assert all(c.usage is None for c in chunks)  # usage only when stream_options asks for it
+
+
+def test_streamed_usage_comes_in_a_last_chunk_without_choices(client):
+    """It came in the last content chunk (the one with finish_reason), and in streams that did not ask for it."""
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert chunks[-2].choices[0].finish_reason == "stop" and all(c.usage is None for c in chunks[:-1])
+
+
+def chat_both_ways(client, messages, **options) -> tuple[tuple[str, str], tuple[str, str]]:
+    """(content, finish_reason) of a greedy chat, non-streamed and streamed."""
+    request = {"model": MODEL, "messages": messages, "temperature": 0, **options}
+    whole = client.chat.completions.create(**request).choices[0]
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    return (whole.message.content, whole.finish_reason), (streamed, chunks[-1].choices[0].finish_reason)
+
+
+def test_end_of_sequence_as_the_last_allowed_token_is_a_stop(client):
+    """End-of-sequence is left out of the output (the engine's, like TensorRT-LLM's executor), so an answer of n
+    tokens that it ended took max_tokens n + 1: fewer tokens than allowed is the engine's own signal that it stopped.
+    With max_tokens n it was never generated, and the answer was cut: "length", as vLLM says."""
+    n = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0).usage.completion_tokens
+    for max_tokens, finish in ((n + 1, "stop"), (n, "length")):
+        (_, collected), (_, streamed) = chat_both_ways(client, QUESTION, max_tokens=max_tokens)
+        assert collected == streamed == finish, max_tokens
+
+
+def test_a_length_cut_inside_an_emoji_drops_its_bytes(client):
+    """SmolLM2 answers this with emojis of three tokens each; a cut inside one ended the text with U+FFFD."""
+    messages = [{"role": "user", "content": "Reply with a single emoji for happiness."}]
+    (whole, _), _ = chat_both_ways(client, messages, max_tokens=9)
+    cuts = [chat_both_ways(client, messages, max_tokens=n) for n in range(1, 5)]
+    for (collected, finish), streamed in cuts:
+        assert (collected, finish) == streamed and finish == "length"
+        assert "\ufffd" not in collected and whole.startswith(collected), collected
+    # max_tokens 1 and 2 cut inside the first emoji, 3 after it, 4 inside the second
+    assert [len(collected) for (collected, _), _ in cuts] == [0, 0, 1, 1]
 
 
 def test_completion_honours_stop_max_tokens_and_seed(client):
@@ -138,6 +187,30 @@ def test_bad_requests_get_openai_error_bodies_naming_the_field(client, kwargs, e
     with pytest.raises(error, match=text) as raised:
         client.chat.completions.create(**{"model": MODEL, "messages": QUESTION, "max_tokens": 8, **kwargs})
     assert raised.value.param == param
+
+
+def test_text_parts_and_the_developer_role_are_taken_as_a_string_and_system(client):
+    """Current openai clients send both; they were 400s. developer goes to the chat template as system."""
+    system = "You are a pirate. Answer in one sentence."
+    as_strings = [{"role": "system", "content": system}, *QUESTION]
+    as_parts = [
+        {"role": "developer", "content": [{"type": "text", "text": system}]},
+        {"role": "user", "content": [{"type": "text", "text": QUESTION[0]["content"]}]},
+    ]
+    replies = [
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+        for messages in (as_strings, as_parts)
+    ]
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    assert replies[0].usage == replies[1].usage  # the same prompt
+
+
+def test_a_non_text_content_part_is_a_400_naming_the_part(client):
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    content = [{"type": "text", "text": "What is this?"}, image]
+    with pytest.raises(openai.BadRequestError, match="part 1 is of type 'image_url'") as raised:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=4)
+    assert raised.value.param == "messages.0.content"
 
 
 def test_a_lone_surrogate_is_a_400_and_the_connection_serves_the_next_request(gateway):
@@ -219,7 +292,8 @@ def test_models_answers_while_a_big_prompt_is_tokenized(gateway):
 
 
 def test_an_api_key_is_required_when_set(server, smollm2_build):
-    with running(server.ports.grpc, smollm2_build / "engine", api_key="sk-test-key") as url:
+    """The key as a Kubernetes Secret holds it, newline included: it used to match no Authorization header."""
+    with running(server.ports.grpc, smollm2_build / "engine", api_key="sk-test-key\n") as url:
         missing = httpx.get(f"{url}/models")
         assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key", missing.text
         with pytest.raises(openai.AuthenticationError):
@@ -227,6 +301,31 @@ def test_an_api_key_is_required_when_set(server, smollm2_build):
         keyed = openai.OpenAI(base_url=url, api_key="sk-test-key", max_retries=0)
         assert [m.id for m in keyed.models.list()] == [MODEL]
         assert keyed.completions.create(model=MODEL, prompt="Hello", max_tokens=2).usage.completion_tokens > 0
+
+
+def test_the_api_schema_and_its_pages_need_the_key_too(server, smollm2_build):
+    """/docs, /redoc and /openapi.json answered anyone."""
+    with running(server.ports.grpc, smollm2_build / "engine", api_key="sk-test-key") as url:
+        root = url.removesuffix("/v1")
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            assert httpx.get(f"{root}{path}").status_code == 401, path
+            keyed = httpx.get(f"{root}{path}", headers={"Authorization": "Bearer sk-test-key"})
+            assert keyed.status_code == 200, (path, keyed.text)
+
+
+@pytest.mark.parametrize("key", [" ", "\n", " \t\r\n"])
+def test_a_whitespace_key_is_refused_when_the_app_is_created(key):
+    from pipeline.errors import PipelineError
+    from pipeline.openai_gateway import create_app
+
+    with pytest.raises(PipelineError, match="only whitespace"):
+        create_app("127.0.0.1:1", "unused", MODEL, api_key=key)
+
+
+def test_an_empty_key_is_no_key(server, smollm2_build):
+    """TRTLLM_PIPELINE_API_KEY="" reaches create_app as ""."""
+    with running(server.ports.grpc, smollm2_build / "engine", api_key="") as url:
+        assert httpx.get(f"{url}/models").status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ its own thread, checks `is_cancelled()` after every LLM response and then sends 
 `stop` request with the generation's request id (TensorRT-LLM's interface for stopping a request;
 Triton 2.51 has no cancel for BLS sub-requests), which retires the row from the running batch.
 Streamed text is detokenized from the accumulated tokens and sent as deltas, so multi-token
-characters and leading spaces come out right.
+characters and leading spaces come out right; text never ends inside a character (its bytes are
+dropped when generation ends there).
 """
 
 from __future__ import annotations
@@ -169,7 +170,11 @@ class TritonPythonModel:
         ).exec()
         if response.has_error():
             raise RuntimeError(response.error().message())
-        return pb_utils.get_output_tensor_by_name(response, "OUTPUT").as_numpy().reshape(-1)[0].decode("utf-8")
+        text = pb_utils.get_output_tensor_by_name(response, "OUTPUT").as_numpy().reshape(-1)[0].decode("utf-8")
+        # tokens ending inside a UTF-8 character (a length cut in an emoji) decode to a trailing U+FFFD (the test
+        # the LLM model's streaming holds such tokens back by); their bytes are dropped instead, and a delta taken
+        # against this text still sends the character once a later token completes it
+        return text.rstrip("\ufffd")
 
     @staticmethod
     def _response(text: str, outputs: dict, log_probs: list[float]):
