@@ -282,6 +282,7 @@ def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int, api
     import uvicorn
 
     from pipeline.openai_gateway import create_app
+    from pipeline.triton.server import dial_address, host_port
 
     # the BLS is the model naming its preprocessing model; names come from the config (triton.*_name)
     bls, config = next(
@@ -291,7 +292,7 @@ def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int, api
         raise PipelineError(f"{repo} has no BLS model (tensorrt_llm_bls), which --openai forwards to; rebuild it")
     preprocessing = config.parameters["preprocessing_model_name"].string_value
     app = create_app(
-        f"127.0.0.1:{grpc_port}",
+        dial_address(host, grpc_port),
         report.models[preprocessing].parameters["tokenizer_dir"].string_value,
         served_name=repo.resolve().parent.name,
         triton_model=bls,
@@ -304,7 +305,7 @@ def _start_gateway(report, repo: Path, host: str, grpc_port: int, port: int, api
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise PipelineError(f"the OpenAI gateway did not start on {host}:{port} (is the port free?)")
+            raise PipelineError(f"the OpenAI gateway did not start on {host_port(host, port)} (is the port free?)")
         time.sleep(0.05)
     return server, thread
 
@@ -521,14 +522,16 @@ def serve(
     exact `docker run` commands (trtllm-serve, or tritonserver with the llmapi model). trtllm engine builds:
     the tritonserver of NVIDIA's TensorRT-LLM container, under mpirun with one rank per GPU when
     tp x pp > 1. Validates the repository first, then runs until Ctrl-C or SIGTERM. Clients call the `ensemble` (or
-    `tensorrt_llm_bls`) model exactly as they would a TensorRT-LLM deployment.
+    `tensorrt_llm_bls`) model exactly as they would a TensorRT-LLM deployment. Should a model process die, serve
+    stops tritonserver at once (in-flight requests fail) and exits 1 naming the model, for its supervisor to restart;
+    killed itself, it takes tritonserver along.
 
     Example: trtllm-pipeline serve build_configs/smollm2-135m-cpu.yaml, then
     curl -s localhost:8000/v2/models/ensemble/generate -d '{"text_input": "The capital of France is", "max_tokens": 16}'
     """
     from pipeline.build import cache_dir, default_output
     from pipeline.targets.trtllm_llmapi import llmapi_model_name, serve_llm_api
-    from pipeline.triton.server import Ports, TritonServer, tensorrtllm_world_size
+    from pipeline.triton.server import Ports, TritonServer, host_port, tensorrtllm_world_size
     from pipeline.triton.validate import validate_repo as check
 
     if openai and not api_key and not allow_unauthenticated and not _loopback(host):
@@ -576,11 +579,11 @@ def serve(
             server.start(timeout=ready_timeout)
         console.print(
             f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
-            f"  HTTP    http://{host}:{http_port}   e.g. POST /v2/models/ensemble/generate_stream\n"
-            f"  gRPC    {host}:{grpc_port}\n  metrics http://{host}:{metrics_port}/metrics\n"
+            f"  HTTP    http://{host_port(host, http_port)}   e.g. POST /v2/models/ensemble/generate_stream\n"
+            f"  gRPC    {host_port(host, grpc_port)}\n  metrics http://{host_port(host, metrics_port)}/metrics\n"
             f"  log     {server.log_file}"
             + (
-                f"\n  OpenAI  http://{host}:{openai_port}/v1 (model '{repo.resolve().parent.name}'"
+                f"\n  OpenAI  http://{host_port(host, openai_port)}/v1 (model '{repo.resolve().parent.name}'"
                 f"{', API key required' if api_key else ''})"
                 if gateway
                 else ""
@@ -588,9 +591,8 @@ def serve(
             + "\nCtrl-C stops the server.",
             highlight=False,
         )
-        while server.process.poll() is None:
-            time.sleep(0.5)
-        raise PipelineError(f"tritonserver exited with code {server.process.returncode}:\n{server.log_tail()}")
+        server.process.wait()
+        raise PipelineError(f"{server.exit_reason()}\nserve exits so that its supervisor (e.g. Kubernetes) restarts it")
     except KeyboardInterrupt:
         console.print("stopping tritonserver (models unload, python stubs and shared memory are released)")
     finally:
@@ -970,9 +972,9 @@ def bench_serve(
         None if (grpc or http) else TritonServer(repo, cache_dir(), log=lambda m: console.print(f"[dim]{m}[/]")).start()
     )
     try:
-        grpc_url = grpc or (server and f"127.0.0.1:{server.ports.grpc}")
-        http_url = http or (server and f"http://127.0.0.1:{server.ports.http}")
-        metrics_url = metrics or (server and f"http://127.0.0.1:{server.ports.metrics}/metrics")
+        grpc_url = grpc or (server and server.dial(server.ports.grpc))
+        http_url = http or (server and f"http://{server.dial(server.ports.http)}")
+        metrics_url = metrics or (server and f"http://{server.dial(server.ports.metrics)}/metrics")
         send = (
             functools.partial(grpc_request, grpc_url, model)
             if protocol == "grpc"

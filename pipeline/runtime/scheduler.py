@@ -16,6 +16,7 @@ Every step
 4. runs one decode step for the rest (with runtime.speculative: verifies n-gram drafts, possibly several tokens per
    row; `pipeline.runtime.speculative`).
 A step that raises fails the jobs whose rows it held, one error response each; the scheduler goes on with the queue.
+Should the thread itself die, the owner is told (`on_death`) and every held, queued and later job gets the error.
 Written by hand because no library schedules requests for an ONNX Runtime decoder this way.
 """
 
@@ -192,6 +193,7 @@ class Scheduler:
             such tokens back until the token completing the character arrives.
         on_metrics: called with (counter increments, gauge values) on every metrics update, under one lock.
         log_error: where a failed step is reported.
+        on_death: called with the reason when the thread dies (see `_die`); the Triton model exits its process.
     """
 
     def __init__(
@@ -206,6 +208,7 @@ class Scheduler:
         ends_mid_character: Callable[[list[int]], bool] = lambda tokens: False,
         on_metrics: Callable[[dict[str, float], dict[str, float]], None] | None = None,
         log_error: Callable[[str], None] = log.error,
+        on_death: Callable[[str], None] | None = None,
     ):
         self.runner = runner
         self.kv_budget = kv_budget or runner.max_batch_size * runner.max_seq_len
@@ -217,6 +220,8 @@ class Scheduler:
         self.ends_mid_character = ends_mid_character
         self.on_metrics = on_metrics
         self.log_error = log_error
+        self.on_death = on_death
+        self.dead: str | None = None  # why the thread died: every job from then on gets it as its error
         self.queue: deque[Job] = deque()
         self.jobs: dict[int, Job] = {}  # id(Request) -> job, for every admitted row not yet answered
         self.batch: Batch | None = None  # the running batch
@@ -254,9 +259,12 @@ class Scheduler:
             responder.send_error(str(exc))
             return None
         with self._wake:
-            self.queue.append(job)
-            self._wake.notify()
-        return job
+            if self.dead is None:
+                self.queue.append(job)
+                self._wake.notify()
+                return job
+        responder.send_error(self.dead)
+        return None
 
     def stop(self, request_id: str) -> None:
         """TensorRT-LLM's `stop` input: the queued or running job with this id stops at the next step.
@@ -280,7 +288,8 @@ class Scheduler:
         try:
             self._advance()
         except Exception as exc:  # never let one bad step stop the scheduler
-            self._fail_held_jobs(exc)
+            self.log_error(f"step failed: {exc!r}")
+            self._fail_held_jobs(str(exc))
         self._record(
             levels={
                 "active_rows": self._running_rows(),
@@ -303,13 +312,36 @@ class Scheduler:
             self._thread.join(timeout=timeout)
 
     def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._stopping and self.idle:
-                    self._wake.wait()
-                if self._stopping:
-                    return
-            self.step()
+        try:
+            while True:
+                with self._wake:
+                    while not self._stopping and self.idle:
+                        self._wake.wait()
+                    if self._stopping:
+                        return
+                self.step()
+        except BaseException as exc:  # e.g. a metrics update that raised: step() only contains the engine's errors
+            self._die(exc)
+            raise
+
+    def _die(self, exc: BaseException) -> None:
+        """Without its thread nothing would ever answer: tell `on_death`, then fail the held and queued jobs and
+        any later one.
+
+        `on_death` first: an owner that ends its process leaves the answers to its server (the Triton model:
+        `serve`'s watchdog stops tritonserver, and its clients see a server failure, where this error as a model
+        response would read as a bad request).
+        """
+        with self._wake:
+            self.dead = f"the scheduler stopped: {exc!r}"
+            queued = list(self.queue)
+            self.queue.clear()
+        self.log_error(self.dead)
+        if self.on_death is not None:
+            self.on_death(self.dead)
+        self._fail_held_jobs(self.dead)
+        for job in queued:
+            job.responder.send_error(self.dead)
 
     def _running_rows(self) -> int:
         return len(self.batch) if self.batch is not None else 0
@@ -451,9 +483,8 @@ class Scheduler:
             log_probs = request.log_probs
         job.responder.send_tokens(row, tokens, log_probs, request.cum_log_prob, final)
 
-    def _fail_held_jobs(self, exc: Exception) -> None:
+    def _fail_held_jobs(self, error: str) -> None:
         """Every admitted job not yet answered gets the error; their rows and KV cache are dropped."""
-        self.log_error(f"step failed: {exc!r}")
         with self._wake:
             held = list({id(job): job for job in self.jobs.values()}.values())
             self.jobs.clear()
@@ -463,7 +494,7 @@ class Scheduler:
             for request in job.rows:
                 self.kv.release(request)
             job.finished_rows = len(job.rows)
-            job.responder.send_error(str(exc))
+            job.responder.send_error(error)
 
     def _record(self, increments: dict[str, float] | None = None, levels: dict[str, float] | None = None) -> None:
         """Update the metrics, all under one lock (Triton's rule; see on_metrics)."""

@@ -10,6 +10,8 @@ private backend directory and environment are set up here. The python models imp
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import secrets
 import shutil
@@ -25,6 +27,8 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from pipeline.errors import PipelineError
 from pipeline.fetch import fetch_wheel
@@ -102,13 +106,19 @@ def tensorrtllm_world_size(report) -> tuple[str | None, int]:
 
 
 def tritonserver_address_args(host: str, ports: "Ports") -> list[str]:
-    """Where tritonserver listens: HTTP, gRPC and metrics on `host`."""
+    """Where tritonserver listens: HTTP, gRPC and metrics on `host`.
+
+    An IPv6 address is written as each server parses it: gRPC appends `:port` (brackets needed, else "::1:8001"
+    fails as "already in use"), the HTTP and metrics servers (libevhtp) want `ipv6:` before it.
+    """
+    ipv6 = ":" in host
+    grpc_host, http_host = (f"[{host}]", f"ipv6:{host}") if ipv6 else (host, host)
     return [
-        f"--http-address={host}",
+        f"--http-address={http_host}",
         f"--http-port={ports.http}",
-        f"--grpc-address={host}",
+        f"--grpc-address={grpc_host}",
         f"--grpc-port={ports.grpc}",
-        f"--metrics-address={host}",
+        f"--metrics-address={http_host}",
         f"--metrics-port={ports.metrics}",
     ]
 
@@ -131,6 +141,96 @@ def tritonserver_ranks(
             args += ["--model-control-mode=explicit", f"--load-model={llm_model_name}", *followers]
         ranks.append(args)
     return ranks
+
+
+STUB = "triton_python_backend_stub"  # the process name of every python-backend model instance
+WORK_PREFIX = "trtllm-pipeline-serve-"  # + token: a server's directory in the temp dir (backends, owner file)
+SHM_PREFIX = "trtllm_pipeline_"  # + token + "_": its /dev/shm regions
+OWNER = "owner.json"  # in the work dir: the pid and create time of the process that started the server
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: a preexec_fn should not load libraries
+
+
+def dial_host(host: str) -> str:
+    """The address a local client dials to reach a server bound to `host`: a wildcard address is not dialable."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets (as URLs and gRPC targets need it)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def dial_address(host: str, port: int) -> str:
+    """`host:port` for a local client of a server bound to `host`."""
+    return host_port(dial_host(host), port)
+
+
+def _owner_record() -> dict:
+    return {"pid": os.getpid(), "create_time": psutil.Process().create_time()}
+
+
+def _owner_alive(work: Path) -> bool | None:
+    """Whether the process that started the server of `work` still runs (None: no owner file, e.g. mid-creation);
+    a zombie does not: killed, it stays one until its parent reaps it."""
+    try:
+        owner = json.loads((work / OWNER).read_text())
+        process = psutil.Process(owner["pid"])
+        same = abs(process.create_time() - owner["create_time"]) < 1.0  # else: a reused pid
+        return same and process.status() != psutil.STATUS_ZOMBIE
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (psutil.NoSuchProcess, ValueError, KeyError, TypeError):
+        return False
+
+
+def reclaim_orphans(log=print) -> None:
+    """Remove what servers whose owner died (`serve` killed with -9, a crashed test run) left behind: processes
+    still naming their token, /dev/shm regions, work directories. A server whose owner lives is never touched;
+    one without an owner file only when no process names it and its directory (if any) is a minute old."""
+    tmp = Path(tempfile.gettempdir())
+    tokens = {p.name.removeprefix(WORK_PREFIX) for p in tmp.glob(f"{WORK_PREFIX}*")}
+    tokens |= {p.name.removeprefix(SHM_PREFIX).split("_")[0] for p in Path("/dev/shm").glob(f"{SHM_PREFIX}*")}
+    processes = None
+    for token in sorted(tokens):
+        work = tmp / f"{WORK_PREFIX}{token}"
+        owned = _owner_alive(work)
+        if owned:
+            continue
+        if processes is None:
+            processes = [(p, " ".join(p.info["cmdline"] or ())) for p in psutil.process_iter(["cmdline"])]
+        named = [p for p, line in processes if f"{SHM_PREFIX}{token}_" in line or f"{WORK_PREFIX}{token}" in line]
+        if owned is None and (named or (work.exists() and time.time() - work.stat().st_mtime < 60)):
+            continue
+        for process in named:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(named, timeout=5)
+        regions = list(Path("/dev/shm").glob(f"{SHM_PREFIX}{token}_*"))
+        for region in regions:
+            region.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+        log(f"reclaimed orphaned server {token}: {len(named)} process(es), {len(regions)} /dev/shm region(s)")
+
+
+def _die_with_parent(parent: int):
+    """A preexec_fn: SIGKILL once the thread that forked the child exits, `serve` killed with -9 included."""
+
+    def set_up() -> None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: no signal would come
+            os._exit(1)
+
+    return set_up
+
+
+def _exited(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def free_port() -> int:
@@ -177,6 +277,11 @@ class TritonServer:
     Logs go to `log_file` (default: next to the repository); its backend directory lives in a temporary
     directory that `stop` removes; `start` waits until the server reports ready and fails with the log's
     tail when it exits or times out first.
+
+    Nothing of it outlives its owner: tritonserver gets SIGKILL when the thread that started it exits (the stubs
+    then exit by themselves), and `start` reclaims what servers of dead owners left. Once ready, a watchdog stops
+    tritonserver at once when a model process dies: tritonserver 2.51 would keep reporting ready while every
+    request to that model hangs or fails; stopped, it fails in-flight streams (UNAVAILABLE) and `failure` says why.
     """
 
     def __init__(
@@ -196,14 +301,19 @@ class TritonServer:
         self.cache = cache
         self.ports = ports or Ports.pick()
         self.host = host
+        self.token = secrets.token_hex(4)  # names its work dir and /dev/shm regions, so orphans can be found
         self.work_dir: Path | None = None  # the private backend directory, from start() until stop()
-        self.shm_prefix = f"trtllm_pipeline_{secrets.token_hex(4)}_"  # this server's /dev/shm regions
+        self.shm_prefix = f"{SHM_PREFIX}{self.token}_"
         self.log_file = log_file or self.repo.parent / "tritonserver.log"
         self.extra_args = extra_args
         self.gpu_world_size = gpu_world_size  # > 0: a tensorrtllm repository, served by the container's tritonserver
         self.llm_model_name = llm_model_name
         self.log = log
         self.process: subprocess.Popen | None = None
+        self.stubs: dict[psutil.Process, str] = {}  # the model processes, with their model's name
+        self.failure: str | None = None  # set by the watchdog: which model process died
+        self._watching = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
     def gpu_command(self) -> list[str]:
         """One tritonserver per rank under mpirun, as tensorrtllm_backend's launch_triton_server.py does."""
@@ -235,6 +345,10 @@ class TritonServer:
 
     def address_args(self) -> list[str]:
         return tritonserver_address_args(self.host, self.ports)
+
+    def dial(self, port: int) -> str:
+        """`host:port` a local client dials for one of this server's ports."""
+        return dial_address(self.host, port)
 
     def command(self, home: Path, backends: Path) -> list[str]:
         return [
@@ -268,14 +382,27 @@ class TritonServer:
             command, env = self.gpu_command(), dict(os.environ)
         else:
             home = install_tritonserver(self.cache, self.log)
-            self.work_dir = Path(tempfile.mkdtemp(prefix="trtllm-pipeline-serve-"))
+            reclaim_orphans(self.log)
+            self.work_dir = Path(tempfile.gettempdir()) / f"{WORK_PREFIX}{self.token}"
+            self.work_dir.mkdir(mode=0o700)
+            (self.work_dir / OWNER).write_text(json.dumps(_owner_record()))
             command, env = self.command(home, python_backend_dir(home, self.work_dir)), self.environment(home)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        # the stubs tritonserver leaves when it dies are adopted here and reaped by stop(), not left as zombies
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        # a death signal is bound to the forking thread: only the main thread lives as long as the process
+        dies_with_us = threading.current_thread() is threading.main_thread()
         with open(self.log_file, "ab") as log, stop_signals_deferred():
             self.process = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches serve only, which stops the gateway first
+                preexec_fn=_die_with_parent(os.getpid()) if dies_with_us else None,
             )
         self._wait_ready(timeout)
+        self._watch()
         return self
 
     def _wait_ready(self, timeout: float) -> None:
@@ -289,7 +416,7 @@ class TritonServer:
                     f"{self.repo}:\n{self.log_tail()}"
                 )
             # a client per probe, closed: a kept-alive connection makes tritonserver wait out its exit timeout
-            client = httpclient.InferenceServerClient(f"127.0.0.1:{self.ports.http}")
+            client = httpclient.InferenceServerClient(self.dial(self.ports.http))
             try:
                 if client.is_server_ready():
                     return
@@ -300,6 +427,48 @@ class TritonServer:
             time.sleep(0.25)
         self.stop()
         raise PipelineError(f"tritonserver was not ready after {timeout:.0f} s serving {self.repo}:\n{self.log_tail()}")
+
+    def _watch(self, interval: float = 0.1) -> None:
+        """Stop tritonserver with SIGKILL as soon as one of its model processes dies or turns zombie.
+
+        SIGKILL, not SIGINT: requests held by the dead model never complete, so a graceful stop would leave their
+        clients waiting out the exit timeout.
+        """
+        self._watching.clear()
+        self.stubs = {
+            process: self._model_of(process)
+            for process in psutil.Process(self.process.pid).children(recursive=True)
+            if process.name() == STUB
+        }
+
+        def watch() -> None:
+            while not self._watching.wait(interval):
+                dead = next((stub for stub in self.stubs if _exited(stub)), None)
+                if dead is not None:
+                    self.failure = f"the process of model '{self.stubs[dead]}' (pid {dead.pid}) died"
+                    self.log(f"{self.failure}: stopping tritonserver")
+                    try:
+                        os.killpg(self.process.pid, signal.SIGKILL)
+                    except ProcessLookupError:  # tritonserver went first
+                        pass
+                    return
+
+        self._watchdog = threading.Thread(target=watch, name="tritonserver-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _model_of(self, stub: psutil.Process) -> str:
+        """The model a stub runs: its command line names the model's file, <repo>/<model>/<version>/model.py."""
+        for arg in stub.cmdline():
+            path = Path(arg)
+            if path.name == "model.py" and len(path.parts) >= 3:
+                return path.parts[-3]
+        return "unknown"
+
+    def exit_reason(self) -> str:
+        """Why tritonserver exited (after it did): the model process that died, else its exit code and log's tail."""
+        if self.failure:
+            return f"{self.failure}; tritonserver was stopped (its log: {self.log_file})"
+        return f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}"
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -313,6 +482,9 @@ class TritonServer:
         On a loaded machine tritonserver may exit before its stubs do; they share its process group,
         so the group is drained (SIGTERM, then SIGKILL) and their shared-memory regions removed.
         """
+        self._watching.set()  # the stubs exit now: no failure
+        if self._watchdog:
+            self._watchdog.join()
         if self.process and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGINT)  # tritonserver unloads models and exits on SIGINT
             try:
@@ -330,6 +502,7 @@ class TritonServer:
 
     @staticmethod
     def _drain_group(pgid: int, grace: float = 10.0) -> None:
+        """Signal the group until it is empty, reaping the stubs adopted from tritonserver (zombies stay members)."""
         deadline = time.monotonic() + grace
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
@@ -337,6 +510,11 @@ class TritonServer:
             except ProcessLookupError:
                 return  # nothing left in the group
             while time.monotonic() < deadline:
+                try:
+                    while os.waitid(os.P_PGID, pgid, os.WEXITED | os.WNOHANG):
+                        pass
+                except ChildProcessError:
+                    pass  # none of the group is our child
                 try:
                     os.killpg(pgid, 0)
                 except ProcessLookupError:

@@ -252,7 +252,7 @@ def test_serve_stopped_at_any_point_of_start_up_leaves_no_process_or_shm_region(
         assert serve.returncode == 0 and "serving" in output and f"127.0.0.1:{ports.grpc}" in output
     assert not processes_using(private_repo), output
     assert not set(os.listdir("/dev/shm")) - regions_before
-    assert set(Path(tempfile.gettempdir()).glob("trtllm-pipeline-*")) == temp_before
+    assert not set(Path(tempfile.gettempdir()).glob("trtllm-pipeline-*")) - temp_before  # (orphans may be reclaimed)
 
 
 def test_shutdown_after_cancelled_bls_streams_does_not_wait_out_the_exit_timeout(private_repo):

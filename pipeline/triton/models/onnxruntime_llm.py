@@ -14,6 +14,8 @@ the package rather than copied next to this file.
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -88,6 +90,7 @@ class TritonPythonModel:
             ends_mid_character=lambda tokens: tokenizer.decode(tokens).endswith("\ufffd"),
             on_metrics=self._forward_metrics,
             log_error=lambda message: pb_utils.Logger.log_error(f"{self.model_name}: {message}"),
+            on_death=self._exit,
         )
         self.scheduler.start()
         pb_utils.Logger.log_info(
@@ -101,6 +104,12 @@ class TritonPythonModel:
             self.metrics[name].increment(amount)
         for name, value in levels.items():
             self.metrics[name].set(value)
+
+    def _exit(self, reason: str) -> None:
+        """The scheduler died: end this process, as tritonserver 2.51 has no way to mark a model unhealthy. `serve`'s
+        watchdog sees it gone and stops the server (its streams fail as UNAVAILABLE); a supervisor restarts `serve`."""
+        print(f"{self.model_name}: {reason}; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
 
     def execute(self, requests):
         for request in requests:
