@@ -488,7 +488,8 @@ def serve(
         "--api-key",
         envvar="TRTLLM_PIPELINE_API_KEY",
         show_default=False,
-        help="Require 'Authorization: Bearer KEY' on the gateway's /v1 routes (401 otherwise); default: no key. "
+        help="Require 'Authorization: Bearer KEY' on every route of the gateway, /docs and /openapi.json included "
+        "(401 otherwise); surrounding whitespace is stripped, an empty key means none; default: no key. "
         "Prefer the environment variable, which stays out of the process list. Example: "
         "TRTLLM_PIPELINE_API_KEY=$(openssl rand -hex 16). tritonserver's own ports have no authentication.",
     ),
@@ -530,10 +531,18 @@ def serve(
     curl -s localhost:8000/v2/models/ensemble/generate -d '{"text_input": "The capital of France is", "max_tokens": 16}'
     """
     from pipeline.build import cache_dir, default_output
+    from pipeline.openai_gateway import configured_key
     from pipeline.targets.trtllm_llmapi import llmapi_model_name, serve_llm_api
     from pipeline.triton.server import Ports, TritonServer, host_port, tensorrtllm_world_size
     from pipeline.triton.validate import validate_repo as check
 
+    api_key = configured_key(api_key)  # a key of whitespace only fails here, before anything starts
+    if openai and not api_key and os.environ.get("TRTLLM_PIPELINE_API_KEY") == "":
+        console.print(
+            f"[yellow]warning:[/] TRTLLM_PIPELINE_API_KEY is set but empty: the OpenAI gateway on port {openai_port} "
+            "takes no API key, so anyone who can reach it can use it; set a key "
+            "(TRTLLM_PIPELINE_API_KEY=$(openssl rand -hex 16)) or unset the variable if none is intended"
+        )
     if openai and not api_key and not allow_unauthenticated and not _loopback(host):
         raise PipelineError(
             f"--host {host} would let anyone who reaches port {openai_port} use the OpenAI gateway: set "

@@ -1,10 +1,16 @@
 """Soak a real `trtllm-pipeline serve --openai` on loopback: streams, cancellations, disconnects and malformed
-requests from several clients at once, for a bounded time. Reports requests served, rejections and failures by
-kind, the server's RSS and /dev/shm before and after, and whether stopping it left anything behind.
+requests from several clients at once, for a bounded time, with faults injected on the way: a model process killed
+with SIGKILL (the LLM model's, then the BLS's) and `serve` itself killed with SIGKILL. After each fault the soak
+restarts `serve`, as a supervisor (Kubernetes' restartPolicy) would. Reports requests served, rejections and
+failures by kind, each fault's timings, the server's RSS and /dev/shm, and whether stopping it left anything behind.
 
-Exit code 0 only when no request failed unexpectedly (a 5xx, a reset connection, a stream cut without [DONE]),
-the server answered promptly afterwards with nothing left running or queued, and SIGTERM left no process or
-shared-memory region. Usage (the default config built first, e.g. by `make build-engine`):
+A failure is expected only while the server is down: from a fault until the restarted server is ready. Exit code 0
+only when nothing failed outside those windows (a 5xx, a reset connection, a stream cut without [DONE]) and no
+request hung (each has a 60 s timeout); each fault was noticed (a killed model process: `serve` exits non-zero
+naming the model; a killed `serve`: tritonserver and its model processes gone, its ports closed, and its /dev/shm
+regions and temp directory reclaimed by the next `serve`); the server answered promptly afterwards with nothing left
+running or queued; and SIGTERM left no process or shared-memory region. Usage (the default config built first,
+e.g. by `make build-engine`):
     python scripts/soak.py build_configs/smollm2-135m-cpu.yaml --minutes 10 --clients 6 --report soak.json
 """
 
@@ -17,8 +23,10 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -51,17 +59,32 @@ TRITON_BAD = [
 ]
 
 
+REQUEST_TIMEOUT = 60.0  # a request still unanswered after this hung: a failure, down or not
+
+
 class Soak:
     def __init__(self, gateway: str, http: str, model: str, seed: int):
         self.gateway, self.http, self.model = gateway, http, model
-        self.client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=API_KEY, max_retries=0, timeout=300)
-        self.counts: Counter = Counter()  # "served:<kind>", "rejected:<kind>:<status>", "failed:<kind>:<why>"
+        self.client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=API_KEY, max_retries=0, timeout=REQUEST_TIMEOUT)
+        # "served:<kind>", "rejected:<kind>:<status>", "interrupted:<kind>:<why>" (while down), "failed:<kind>:<why>"
+        self.counts: Counter = Counter()
         self.lock = threading.Lock()
         self.random = random.Random(seed)
+        self.down_since: float | None = None  # set from a fault until the restarted server is ready
+        self.up_again = 0.0  # when the server last came back: failures just after it still belong to the outage
 
     def count(self, key: str) -> None:
         with self.lock:
             self.counts[key] += 1
+
+    def fail(self, kind: str, why: str) -> None:
+        """A failure: expected while the server is down (a fault was injected), unexpected otherwise, and never
+        expected when the request hung."""
+        outage = self.down_since is not None or time.monotonic() < self.up_again + OUTAGE_GRACE_S
+        expected = outage and why not in ("APITimeoutError", "ReadTimeout", "TimeoutException")
+        self.count(f"{'interrupted' if expected else 'failed'}:{kind}:{why}")
+        if outage:
+            time.sleep(0.2)  # no busy loop against a closed port
 
     # ------------------------------------------------------------ what clients do
 
@@ -74,13 +97,19 @@ class Soak:
             stream=True,
         )
         finishes = [c.choices[0].finish_reason for c in stream if c.choices]
-        self.count("served:chat-stream" if finishes and finishes[-1] else "failed:chat-stream:no-finish")
+        if finishes and finishes[-1]:
+            self.count("served:chat-stream")
+        else:
+            self.fail("chat-stream", "no-finish")
 
     def completion(self) -> None:
         reply = self.client.completions.create(
             model=self.model, prompt=self.random.choice(PROMPTS), max_tokens=self.random.randint(4, 32)
         )
-        self.count("served:completion" if reply.choices[0].finish_reason else "failed:completion:no-finish")
+        if reply.choices[0].finish_reason:
+            self.count("served:completion")
+        else:
+            self.fail("completion", "no-finish")
 
     def cancelled_stream(self) -> None:
         stream = self.client.completions.create(
@@ -111,7 +140,9 @@ class Soak:
         if isinstance(body, dict):
             body = json.dumps({"model": self.model, **body}).encode()
         self.expect(
-            kind, expected, httpx.post(f"{self.gateway}/v1/completions", content=body, headers=self.auth(), timeout=120)
+            kind,
+            expected,
+            httpx.post(f"{self.gateway}/v1/completions", content=body, headers=self.auth(), timeout=REQUEST_TIMEOUT),
         )
 
     def unauthenticated(self) -> None:
@@ -120,18 +151,22 @@ class Soak:
     def triton_bad_sampling(self) -> None:
         bad = self.random.choice(TRITON_BAD)
         reply = httpx.post(
-            f"{self.http}/v2/models/ensemble/generate", json={"text_input": "hi", "max_tokens": 4, **bad}, timeout=60
+            f"{self.http}/v2/models/ensemble/generate",
+            json={"text_input": "hi", "max_tokens": 4, **bad},
+            timeout=REQUEST_TIMEOUT,
         )
         self.expect(f"triton-{next(iter(bad))}", 400, reply)
 
     def triton_stream(self) -> None:
         body = {"text_input": self.random.choice(PROMPTS), "max_tokens": 16, "stream": True}
         with httpx.stream(
-            "POST", f"{self.http}/v2/models/tensorrt_llm_bls/generate_stream", json=body, timeout=120
+            "POST", f"{self.http}/v2/models/tensorrt_llm_bls/generate_stream", json=body, timeout=REQUEST_TIMEOUT
         ) as r:
             events = [line for line in r.iter_lines() if line.startswith("data:")]
-        ok = r.status_code == 200 and events and all('"text_output"' in e for e in events)
-        self.count("served:triton-stream" if ok else f"failed:triton-stream:{r.status_code}")
+        if r.status_code == 200 and events and all('"text_output"' in e for e in events):
+            self.count("served:triton-stream")
+        else:
+            self.fail("triton-stream", str(r.status_code))
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -144,7 +179,7 @@ class Soak:
         if reply.status_code == status and openai_shaped:
             self.count(f"rejected:{kind}:{status}")
         else:
-            self.count(f"failed:{kind}:got-{reply.status_code}")
+            self.fail(kind, f"got-{reply.status_code}")
 
     ACTIONS = {  # action -> weight
         "chat_stream": 4,
@@ -163,8 +198,42 @@ class Soak:
             action = self.random.choices(names, weights)[0]
             try:
                 getattr(self, action)()
-            except Exception as exc:  # every unexpected failure is counted by kind, never hidden
-                self.count(f"failed:{action}:{type(exc).__name__}")
+            except Exception as exc:  # every failure is counted by kind, never hidden
+                self.fail(action, type(exc).__name__)
+
+
+OUTAGE_GRACE_S = 5.0  # failures this long after the server is back still belong to the outage (requests in flight)
+NOTICE_LIMIT_S = 15.0  # a fault must be noticed (serve exits, processes gone) within this
+MODEL_PROCESS = "triton_python_backend_stub"
+
+
+class Serve:
+    """The `serve --openai` subprocess under test; restarted after each fault, as a supervisor would."""
+
+    def __init__(self, command: list[str]):
+        self.command, self.process, self.lines = command, None, []
+
+    def start(self) -> Path:
+        """Start serve and wait until it serves; returns the repository it serves."""
+        self.lines = []
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "TRTLLM_PIPELINE_API_KEY": API_KEY},
+        )
+        lines, stdout = self.lines, self.process.stdout
+        threading.Thread(target=lambda: lines.extend(stdout), daemon=True).start()
+        while not any("Ctrl-C stops" in line for line in lines):
+            if self.process.poll() is not None:
+                time.sleep(0.5)
+                raise RuntimeError("serve did not start:\n" + "".join(lines))
+            time.sleep(0.2)
+        return Path(next(line for line in lines if line.startswith("serving")).split()[1]).resolve()
+
+    def output(self) -> str:
+        return "".join(self.lines)
 
 
 def server_processes(serve: psutil.Process, repo: Path) -> list[psutil.Process]:
@@ -176,6 +245,25 @@ def server_processes(serve: psutil.Process, repo: Path) -> list[psutil.Process]:
     return found
 
 
+def alive(processes: list[psutil.Process]) -> list[int]:
+    """The pids still running (a zombie counts: serve should have reaped it)."""
+    return [p.pid for p in processes if p.is_running()]
+
+
+def running(processes: list[psutil.Process]) -> list[int]:
+    """The pids still running, zombies aside: the orphans of a killed serve are reaped by init, if at all."""
+    return [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def model_process(processes: list[psutil.Process], model: str) -> psutil.Process:
+    """The python-backend stub running `model` (its model.py is on the stub's command line)."""
+    for process in processes:
+        cmdline = process.cmdline()
+        if process.name() == MODEL_PROCESS and any(f"/{model}/" in arg for arg in cmdline):
+            return process
+    raise RuntimeError(f"no {MODEL_PROCESS} process runs the model {model}")
+
+
 def rss_mb(processes: list[psutil.Process]) -> float:
     return sum(p.memory_info().rss for p in processes if p.is_running()) / 2**20
 
@@ -184,9 +272,74 @@ def shm() -> dict[str, int]:
     return {p.name: p.stat().st_size for p in Path("/dev/shm").iterdir() if p.is_file()}
 
 
+def server_token(processes: list[psutil.Process]) -> str:
+    """The token naming a server's temp directory and /dev/shm regions (its stubs run from that directory), so
+    that what other servers on the machine hold is never counted as left behind by this one."""
+    for process in processes:
+        for arg in process.cmdline():
+            if found := re.search(r"trtllm-pipeline-serve-([0-9a-f]+)/", arg):
+                return found.group(1)
+    raise RuntimeError("no process of the server runs from a trtllm-pipeline-serve-* directory")
+
+
+def left_behind(token: str) -> list[str]:
+    """The /dev/shm regions and the temp directory of the server named `token` that still exist."""
+    regions = [p.name for p in Path("/dev/shm").glob(f"trtllm_pipeline_{token}_*")]
+    return regions + [p.name for p in Path(tempfile.gettempdir()).glob(f"trtllm-pipeline-serve-{token}")]
+
+
 def metric(metrics_url: str, name: str) -> float:
     text = httpx.get(f"{metrics_url}/metrics", timeout=10).text
     return sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M))
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_until(condition, limit: float) -> float | None:
+    """Seconds until `condition()` held, or None when it did not within `limit`."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if condition():
+            return round(time.monotonic() - started, 2)
+        time.sleep(0.1)
+    return None
+
+
+def kill_model(serve: Serve, repo: Path, model: str) -> dict:
+    """SIGKILL the model's process: serve must notice, stop serving and exit non-zero naming the model."""
+    processes = server_processes(psutil.Process(serve.process.pid), repo)
+    model_process(processes, model).kill()
+    exited = wait_until(lambda: serve.process.poll() is not None, NOTICE_LIMIT_S)
+    time.sleep(0.5)  # the output's last lines
+    left = alive(processes[1:])
+    return {
+        "fault": f"kill -9 of the {model} model process",
+        "serve exited after (s)": exited,
+        "serve exit code": serve.process.returncode,
+        "serve named the model": model in serve.output().split("Ctrl-C stops")[-1],
+        "processes left": left,
+        "noticed": exited is not None and serve.process.returncode not in (0, None) and not left,
+    }
+
+
+def kill_serve(serve: Serve, repo: Path, ports: list[int]) -> dict:
+    """SIGKILL serve itself: tritonserver and its model processes must die with it and close their ports."""
+    processes = server_processes(psutil.Process(serve.process.pid), repo)
+    token = server_token(processes)
+    serve.process.kill()
+    serve.process.wait()
+    gone = wait_until(lambda: not running(processes[1:]), NOTICE_LIMIT_S)
+    closed = wait_until(lambda: not any(listening(p) for p in ports), NOTICE_LIMIT_S)
+    return {
+        "fault": "kill -9 of serve",
+        "tritonserver and model processes gone after (s)": gone,
+        "ports closed after (s)": closed,
+        "noticed": gone is not None and closed is not None,
+        "orphaned": token,  # its regions and directory: reclaimed once the next serve is up
+    }
 
 
 def main() -> int:
@@ -197,6 +350,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=6, help="concurrent clients (default 6)")
     parser.add_argument("--port", type=int, default=18000, help="first of four loopback ports used (default 18000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the request mix (default 0)")
+    parser.add_argument(
+        "--no-faults", action="store_true", help="no kills: only the request mix (default: three faults, see above)"
+    )
     parser.add_argument("--report", type=Path, help="also write the report here as JSON")
     args = parser.parse_args()
 
@@ -212,26 +368,17 @@ def main() -> int:
     if args.output:
         command += ["--output", args.output]
     shm_before = shm()
-    serve = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "TRTLLM_PIPELINE_API_KEY": API_KEY},
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(serve.stdout), daemon=True).start()
-    while not any("Ctrl-C stops" in line for line in lines):
-        if serve.poll() is not None:
-            print("".join(lines))
-            return 1
-        time.sleep(0.5)
-    repo = Path(next(line for line in lines if "serving" in line).split()[1]).resolve()
+    serve = Serve(command)
+    try:
+        repo = serve.start()
+    except RuntimeError as exc:
+        print(exc)
+        return 1
     gateway, http, metrics = (f"http://127.0.0.1:{port}" for port in (openai_port, http_port, metrics_port))
     model = httpx.get(f"{gateway}/v1/models", headers=Soak.auth()).json()["data"][0]["id"]
-    processes = server_processes(psutil.Process(serve.pid), repo)
     soak = Soak(gateway, http, model, args.seed)
     soak.chat_stream()  # warm up before the first measurement
+    processes = server_processes(psutil.Process(serve.process.pid), repo)
     rss_before, shm_serving = rss_mb(processes), shm()
 
     print(f"soaking {repo} for {args.minutes:g} min with {args.clients} clients ...", flush=True)
@@ -240,11 +387,35 @@ def main() -> int:
     clients = [threading.Thread(target=soak.worker, args=(deadline,)) for _ in range(args.clients)]
     for client in clients:
         client.start()
+    faults = [] if args.no_faults else [("model", "tensorrt_llm"), ("serve", None), ("model", "tensorrt_llm_bls")]
+    results = []
+    for number, (kind, target) in enumerate(faults, 1):
+        time.sleep(max(0.0, started + number * args.minutes * 60 / (len(faults) + 1) - time.monotonic()))
+        soak.down_since = time.monotonic()
+        if kind == "model":
+            result = kill_model(serve, repo, target)
+        else:
+            result = kill_serve(serve, repo, list(ports.values()))
+        if serve.process.poll() is None:  # not noticed: stop it so the soak goes on
+            serve.process.kill()
+            serve.process.wait()
+        restarted = time.monotonic()
+        serve.start()
+        result["restarted in (s)"] = round(time.monotonic() - restarted, 1)
+        orphaned = result.pop("orphaned", None)
+        if orphaned:
+            result["left by the killed serve, after the next one started"] = left_behind(orphaned)
+            result["noticed"] = result["noticed"] and not left_behind(orphaned)
+        soak.up_again, soak.down_since = time.monotonic(), None
+        results.append(result)
+        print(json.dumps(result), flush=True)
     for client in clients:
         client.join()
     elapsed = time.monotonic() - started
 
     time.sleep(3)  # let cancelled rows retire
+    processes = server_processes(psutil.Process(serve.process.pid), repo)
+    token = server_token(processes)
     probe = time.monotonic()
     healthy = httpx.get(f"{gateway}/v1/models", headers=Soak.auth(), timeout=10).status_code == 200
     report = {
@@ -253,8 +424,10 @@ def main() -> int:
         "requests": sum(soak.counts.values()),
         "served": sum(v for k, v in soak.counts.items() if k.startswith("served:")),
         "rejected as expected": sum(v for k, v in soak.counts.items() if k.startswith("rejected:")),
+        "interrupted by a fault": sum(v for k, v in soak.counts.items() if k.startswith("interrupted:")),
         "failed": sum(v for k, v in soak.counts.items() if k.startswith("failed:")),
         "by kind": dict(sorted(soak.counts.items())),
+        "faults": results,
         "healthy after": healthy,
         "models answer after (ms)": round((time.monotonic() - probe) * 1000, 1),
         "active rows after": metric(metrics, "trtllm_pipeline_active_rows"),
@@ -267,20 +440,23 @@ def main() -> int:
         },
     }
     stop_started = time.monotonic()
-    serve.send_signal(signal.SIGTERM)
-    serve.wait(timeout=120)
+    serve.process.send_signal(signal.SIGTERM)
+    serve.process.wait(timeout=120)
     time.sleep(1)
     report["stop (s)"] = round(time.monotonic() - stop_started, 1)
-    report["serve exit code"] = serve.returncode
-    report["processes left"] = [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    report["/dev/shm regions left"] = sorted(set(shm()) - set(shm_before))
+    report["serve exit code"] = serve.process.returncode
+    report["processes left"] = alive(processes)
+    report["/dev/shm regions and temp directory left"] = left_behind(token)
 
     print(json.dumps(report, indent=2))
     if args.report:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
-    clean = not report["processes left"] and not report["/dev/shm regions left"] and serve.returncode == 0
+    clean = not (report["processes left"] or report["/dev/shm regions and temp directory left"])
     quiet = report["active rows after"] == 0 and report["queued after"] == 0
-    return 0 if report["failed"] == 0 and healthy and clean and quiet else 1
+    noticed = all(result["noticed"] for result in results)
+    return (
+        0 if report["failed"] == 0 and healthy and clean and quiet and noticed and serve.process.returncode == 0 else 1
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from pipeline.triton.server import OWNER, SHM_PREFIX, STUB, WORK_PREFIX, Ports, dial_address, free_port, reclaim_orphans
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 PROMPT = "Once upon a time"
@@ -331,3 +331,16 @@ def test_serve_on_another_address_gets_ready_and_answers_there(repo, tmp_path, h
     finally:
         serve.finish()
     assert serve.process.returncode == 0, serve.output()
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (" ", "the API key is only whitespace"),  # refused before anything starts, not taken for a key
+        ("", "TRTLLM_PIPELINE_API_KEY is set but empty"),  # served without a key, but said so
+    ],
+)
+def test_serve_names_an_api_key_that_protects_nothing(tmp_path, key, expected):
+    result = run_cli("serve", str(tmp_path / "no-repo"), "--openai", env={"TRTLLM_PIPELINE_API_KEY": key}, timeout=120)
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0 and expected in output, output
