@@ -1,10 +1,13 @@
 """The Kubernetes API server's rules for names, namespaces and labels, so that `validate` and `deploy`'s offline checks
 refuse what `kubectl apply` would (the OpenAPI schemas type these fields as plain strings).
 
-Transcribed from k8s.io/apimachinery/pkg/util/validation/validation.go (IsDNS1123Label, IsDNS1123Subdomain,
-IsDNS1035Label, IsQualifiedName, IsValidLabelValue, IsConfigMapKey) and apimachinery/pkg/api/validation/path
-(ValidatePathSegmentName). A module of its own, outside pipeline/k8s: the config validates with it, and the build
-stages, which hash the config's code, must not hash the deployment's.
+Facts (patterns and length limits) from kubernetes/kubernetes@03014f486c86dbe8a7fbe275fe14250854aab219
+staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go (IsDNS1123Label, IsDNS1123Subdomain,
+IsDNS1035Label, IsQualifiedName, IsValidLabelValue, IsConfigMapKey) and
+kubernetes/kubernetes@61c7fad92cb749def0714b9ede24f86b16c6918e
+staging/src/k8s.io/apimachinery/pkg/api/validation/path/name.go (ValidatePathSegmentName). A module of its own,
+outside pipeline/k8s: the config validates with it, and the build stages, which hash the config's code, must not
+hash the deployment's.
 """
 
 from __future__ import annotations
