@@ -237,10 +237,12 @@ class Serve:
 
 
 def server_processes(serve: psutil.Process, repo: Path) -> list[psutil.Process]:
-    """`serve` (with the gateway) plus the tritonserver serving `repo` and its python-backend stubs."""
+    """`serve` (with the gateway) plus the tritonserver serving `repo` and its python-backend stubs, zombies aside."""
     found = [serve]
-    for process in psutil.process_iter(["cmdline"]):
-        if process.pid != serve.pid and any(str(repo) in arg for arg in process.info["cmdline"] or []):
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if process.info["status"] == psutil.STATUS_ZOMBIE or process.pid == serve.pid:
+            continue
+        if any(str(repo) in arg for arg in process.info["cmdline"] or []):
             found.append(process)
     return found
 
@@ -276,7 +278,11 @@ def server_token(processes: list[psutil.Process]) -> str:
     """The token naming a server's temp directory and /dev/shm regions (its stubs run from that directory), so
     that what other servers on the machine hold is never counted as left behind by this one."""
     for process in processes:
-        for arg in process.cmdline():
+        try:
+            cmdline = process.cmdline()
+        except psutil.Error:  # gone meanwhile, or a zombie
+            continue
+        for arg in cmdline:
             if found := re.search(r"trtllm-pipeline-serve-([0-9a-f]+)/", arg):
                 return found.group(1)
     raise RuntimeError("no process of the server runs from a trtllm-pipeline-serve-* directory")

@@ -215,11 +215,14 @@ def reclaim_orphans(log=print) -> None:
         log(f"reclaimed orphaned server {token}: {len(named)} process(es), {len(regions)} /dev/shm region(s)")
 
 
-def _die_with_parent(parent: int):
-    """A preexec_fn: SIGKILL once the thread that forked the child exits, `serve` killed with -9 included."""
+def _die_with_parent(parent: int, death_signal: int = signal.SIGKILL):
+    """A preexec_fn: `death_signal` once the thread that forked the child exits, `serve` killed with -9 included.
+    A SIGTERM is blocked, to wait for it (the reaper), so none arrives before the child is ready for it."""
 
     def set_up() -> None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if death_signal == signal.SIGTERM:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        _prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl: no signal would come
             os._exit(1)
 
@@ -278,8 +281,9 @@ class TritonServer:
     directory that `stop` removes; `start` waits until the server reports ready and fails with the log's
     tail when it exits or times out first.
 
-    Nothing of it outlives its owner: tritonserver gets SIGKILL when the thread that started it exits (the stubs
-    then exit by themselves), and `start` reclaims what servers of dead owners left. Once ready, a watchdog stops
+    Nothing of it outlives its owner: tritonserver gets SIGKILL when the thread that started it exits, and a reaper
+    process (pipeline.triton.reaper) then kills its model processes and removes its files; `start` reclaims what
+    servers of dead owners left all the same (an owner and its reaper killed together). Once ready, a watchdog stops
     tritonserver at once when a model process dies: tritonserver 2.51 would keep reporting ready while every
     request to that model hangs or fails; stopped, it fails in-flight streams (UNAVAILABLE) and `failure` says why.
     """
@@ -310,6 +314,7 @@ class TritonServer:
         self.llm_model_name = llm_model_name
         self.log = log
         self.process: subprocess.Popen | None = None
+        self.reaper: subprocess.Popen | None = None  # see pipeline.triton.reaper
         self.stubs: dict[psutil.Process, str] = {}  # the model processes, with their model's name
         self.failure: str | None = None  # set by the watchdog: which model process died
         self._watching = threading.Event()
@@ -401,6 +406,13 @@ class TritonServer:
                 start_new_session=True,  # Ctrl-C reaches serve only, which stops the gateway first
                 preexec_fn=_die_with_parent(os.getpid()) if dies_with_us else None,
             )
+            if dies_with_us:  # tritonserver's model processes are its children: the reaper takes them along
+                self.reaper = subprocess.Popen(
+                    [sys.executable, "-m", "pipeline.triton.reaper", str(self.process.pid), self.shm_prefix]
+                    + [str(self.work_dir or "")],
+                    start_new_session=True,  # outside tritonserver's group, which it kills, and out of Ctrl-C's way
+                    preexec_fn=_die_with_parent(os.getpid(), signal.SIGTERM),
+                )
         self._wait_ready(timeout)
         self._watch()
         return self
@@ -499,6 +511,10 @@ class TritonServer:
         if self.work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir = None
+        if self.reaper:  # stopped cleanly: nothing left to reap
+            self.reaper.kill()
+            self.reaper.wait()
+            self.reaper = None
 
     @staticmethod
     def _drain_group(pgid: int, grace: float = 10.0) -> None:

@@ -1,0 +1,39 @@
+"""The reaper of one tritonserver: a small process that outlives `serve` by a moment, to take the server's whole
+process group and its files along when `serve` dies without cleaning up (kill -9, the OOM killer).
+
+tritonserver itself gets SIGKILL from the kernel when `serve` dies (a parent-death signal), but its python-backend
+model processes are its children, not `serve`'s, and wait for their own parent check: a busy one was seen running
+20 s after its server was gone. The reaper gets SIGTERM from the kernel when `serve` dies (blocked from its start,
+so none is lost before it waits), then kills the group and removes the server's /dev/shm regions and work
+directory. Run as `python -m pipeline.triton.reaper PGID SHM_PREFIX WORK_DIR`; standard library only, so it starts
+in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+
+def reap(pgid: int, shm_prefix: str, work_dir: str) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is gone already
+        pass
+    for region in Path("/dev/shm").glob(f"{shm_prefix}*"):
+        region.unlink(missing_ok=True)
+    if work_dir:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def main() -> None:
+    pgid, shm_prefix, work_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    signal.sigwait({signal.SIGTERM})  # `serve` died; a clean stop kills this process instead
+    reap(pgid, shm_prefix, work_dir)
+
+
+if __name__ == "__main__":
+    main()
