@@ -220,9 +220,10 @@ def test_a_dead_scheduler_thread_fails_its_requests_and_serve_exits_naming_the_m
 
 
 def test_killing_serve_leaves_no_process_or_open_port_and_the_next_serve_reclaims_the_rest(repo, tmp_path):
-    """kill -9 of `serve` alone: tritonserver dies with it (parent-death signal), its model processes follow (they
-    watch their parent) and unlink their /dev/shm regions; the temp directory stays. Killed all at once (as by the
-    OOM killer), the regions stay too. The next `serve` reclaims both."""
+    """kill -9 of `serve` alone, with streams in flight: tritonserver dies with it (parent-death signal), the reaper
+    kills its model processes (a busy one outlived its server by 20 s on its own) and removes the /dev/shm regions
+    and temp directory. Killed all at once, reaper included (as by the OOM killer), processes die but regions and
+    directory stay: the next `serve` reclaims them."""
     alone, at_once = (Serve(repo, tmp_path / f"{name}.log") for name in ("alone", "at-once"))
     try:
         leftovers = {}
@@ -236,6 +237,8 @@ def test_killing_serve_leaves_no_process_or_open_port_and_the_next_serve_reclaim
 
         processes, work, token = leftovers[alone]
         tritonserver = next(p for p in processes if p.name() == "tritonserver")
+        streams = Streams(alone, 4)
+        streams.wait_first_tokens()
         alone.process.kill()
         tritonserver_gone = wait_until(lambda: exited(tritonserver), GONE_WITHIN)
         all_gone = wait_until(lambda: all(map(exited, processes)), GONE_WITHIN)
@@ -243,7 +246,9 @@ def test_killing_serve_leaves_no_process_or_open_port_and_the_next_serve_reclaim
               f"{all_gone:.2f} s")  # fmt: skip
         ports = [*vars(alone.ports).values(), alone.openai_port]
         assert not [port for port in ports if listening("127.0.0.1", port)]
-        assert work.is_dir()
+        wait_until(lambda: not work.exists(), GONE_WITHIN)
+        assert not list(Path("/dev/shm").glob(f"{SHM_PREFIX}{token}_*"))
+        streams.join(ERROR_WITHIN)
 
         processes, work, token = leftovers[at_once]
         for process in [at_once.process, *processes]:
