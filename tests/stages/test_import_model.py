@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.stages.import_model import check_hf_dir
-from tests.conftest import run_cli, write_config
+from tests.conftest import make_tiny, run_cli, write_config
 
 
 def copy_model(src, dst):
@@ -46,11 +46,9 @@ def test_unsupported_architecture_is_named(tmp_path, tiny_llama):
     assert any("architectures[0] is 'BertModel'" in p for p in check_hf_dir(model))
 
 
-def test_tokenizer_larger_than_vocab_fails_the_stage(tmp_path, tiny_llama):
-    model = copy_model(tiny_llama, tmp_path / "m")
-    config = json.loads((model / "config.json").read_text())
-    config["vocab_size"] = 100
-    (model / "config.json").write_text(json.dumps(config))
+def test_tokenizer_larger_than_vocab_fails_the_stage(tmp_path):
+    """Weights and config.json agree on 100 rows (validate checks that), the tokenizer has 253 tokens."""
+    model = make_tiny("LlamaForCausalLM", tmp_path / "m", vocab_size=100)
     config_file = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {model}\n")
     result = run_cli("build", str(config_file), "--output", str(tmp_path / "out"))
     assert result.returncode == 3
