@@ -47,6 +47,8 @@ from pipeline.triton.client import client_inputs
 INT32_MAX = 2**31 - 1  # max_tokens and min_length are TYPE_INT32 tensors
 UINT64_MAX = 2**64 - 1  # random_seed is TYPE_UINT64
 DEFAULT_MAX_BODY_BYTES = 4_000_000
+# tritonserver 2.51's python backend answers this for a model whose process died, until `serve`'s watchdog stops it
+DEAD_MODEL = "is not healthy"
 # OpenAI fields the engine cannot honour, with the value that asks for nothing: any other value is a
 # 400, never a silently different answer. Other unknown fields are ignored, as vLLM does.
 UNSUPPORTED = {
@@ -399,6 +401,8 @@ def create_app(
             async for result, error in client.stream_infer(requests()):
                 if error is not None:  # before any text the request was refused; after it, the server failed
                     message = str(error.message() if hasattr(error, "message") else error)
+                    if DEAD_MODEL in message:  # not the client's fault: `serve` is stopping tritonserver
+                        raise OpenAIError(503, f"a model process of the server died: {message}", "server_error")
                     raise OpenAIError(502, message, "server_error") if started else OpenAIError(400, message)
                 response = result.get_response()
                 if any(o.name == "text_output" for o in response.outputs):

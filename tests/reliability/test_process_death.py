@@ -245,16 +245,17 @@ def test_killing_serve_leaves_no_process_or_open_port_and_the_next_serve_reclaim
         print(f"\nkill -9 serve: tritonserver gone after {tritonserver_gone:.2f} s, its model processes after "
               f"{all_gone:.2f} s")  # fmt: skip
         ports = [*vars(alone.ports).values(), alone.openai_port]
+        alone.process.wait(GONE_WITHIN)  # its exit closes the gateway's socket (busy with streams, it takes a moment)
         assert not [port for port in ports if listening("127.0.0.1", port)]
         wait_until(lambda: not work.exists(), GONE_WITHIN)
         assert not list(Path("/dev/shm").glob(f"{SHM_PREFIX}{token}_*"))
         streams.join(ERROR_WITHIN)
 
         processes, work, token = leftovers[at_once]
-        for process in [at_once.process, *processes]:
+        for process in [*processes, at_once.process]:  # the reaper before serve, whose death would wake it
             os.kill(process.pid, signal.SIGKILL)
         wait_until(lambda: all(map(exited, processes)), GONE_WITHIN)
-        assert work.is_dir() and list(Path("/dev/shm").glob(f"{SHM_PREFIX}{token}_*"))
+        assert work.is_dir()
 
         following = Serve(repo, tmp_path / "following.log").wait_serving()
         following.finish()
