@@ -18,15 +18,23 @@ import sys
 from pathlib import Path
 
 
+def remove_server_files(shm_prefix: str, work_dir: str | Path | None) -> int:
+    """Remove a server's /dev/shm regions and work directory (a clean stop, the reaper, an orphan's reclaim);
+    returns how many regions there were."""
+    regions = list(Path("/dev/shm").glob(f"{shm_prefix}*"))
+    for region in regions:
+        region.unlink(missing_ok=True)
+    if work_dir:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return len(regions)
+
+
 def reap(pgid: int, shm_prefix: str, work_dir: str) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:  # the group is gone already
         pass
-    for region in Path("/dev/shm").glob(f"{shm_prefix}*"):
-        region.unlink(missing_ok=True)
-    if work_dir:
-        shutil.rmtree(work_dir, ignore_errors=True)
+    remove_server_files(shm_prefix, work_dir)
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ import psutil
 
 from pipeline.errors import PipelineError
 from pipeline.fetch import fetch_wheel
+from pipeline.triton.reaper import remove_server_files
 
 CONTAINER_TRITON = Path("/opt/tritonserver")  # NVIDIA's tritonserver:<version>-trtllm-python-py3 image
 PYTRITON_WHEEL = ("nvidia-pytriton==0.7.0", "21f063ff93bb426d0c06b7a55e7eb9efcfe62c0dddd9a908e9877e18710128df")
@@ -208,11 +209,8 @@ def reclaim_orphans(log=print) -> None:
             except psutil.Error:
                 pass
         psutil.wait_procs(named, timeout=5)
-        regions = list(Path("/dev/shm").glob(f"{SHM_PREFIX}{token}_*"))
-        for region in regions:
-            region.unlink(missing_ok=True)
-        shutil.rmtree(work, ignore_errors=True)
-        log(f"reclaimed orphaned server {token}: {len(named)} process(es), {len(regions)} /dev/shm region(s)")
+        regions = remove_server_files(f"{SHM_PREFIX}{token}_", work)
+        log(f"reclaimed orphaned server {token}: {len(named)} process(es), {regions} /dev/shm region(s)")
 
 
 def _die_with_parent(parent: int, death_signal: int = signal.SIGKILL):
@@ -506,11 +504,8 @@ class TritonServer:
                 self.process.wait()
         if self.process:
             self._drain_group(self.process.pid)
-        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
-            region.unlink(missing_ok=True)
-        if self.work_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-            self.work_dir = None
+        remove_server_files(self.shm_prefix, self.work_dir)
+        self.work_dir = None
         if self.reaper:  # stopped cleanly: nothing left to reap
             self.reaper.kill()
             self.reaper.wait()
