@@ -15,7 +15,7 @@ GENAI_SPEC ?= onnxruntime-genai==0.18.0
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
 GENAI_MODEL ?= $(OUTPUT)/genai-int4
 
-.PHONY: setup build-engine run-batch bench bench-architectures genai-peer serve plan validate deploy test format clean
+.PHONY: setup build-engine run-batch bench bench-architectures genai-peer serve plan validate deploy test format clean tables
 
 setup: $(STAMP)
 
@@ -83,3 +83,8 @@ format: $(STAMP)
 
 clean:
 	rm -rf artifacts .pytest_cache
+
+# Maintainers: regenerate-and-compare every table in pipeline/upstream/ from the upstream sources it cites (needs
+# those files, downloaded from GitHub or put under --sources); `make test` never reads upstream sources.
+tables: $(STAMP)
+	$(VENV)/bin/python scripts/dev/tabulate.py --check

@@ -20,6 +20,8 @@ from pathlib import Path
 PACKAGE = "pipeline"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 REGISTRIES = frozenset({"pipeline.targets", "pipeline.stages"})
+UPSTREAM_TABLES = Path(__file__).resolve().parent / "upstream"
+UPSTREAM_READERS = frozenset({"facts", "release_facts", "releases"})
 
 
 @functools.cache
@@ -53,9 +55,13 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def loaded_tables(path: Path) -> set[Path]:
-    """The existing `.json` files a Python file names relative to itself (`Path(__file__)...`)."""
+    """The existing `.json` files a Python file names relative to itself (`Path(__file__)...`) or reads from
+    pipeline.upstream by name (`facts("llm_args")`, `release_facts("llm_args", ...)`, `releases(...)`)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if upstream := _upstream_table(node):
+            found.add(upstream)
+            continue
         if not isinstance(node, ast.BinOp | ast.Call) or not ast.unparse(node).startswith("Path(__file__)"):
             continue
         try:
@@ -68,6 +74,15 @@ def loaded_tables(path: Path) -> set[Path]:
         if isinstance(value, Path) and value.suffix == ".json" and value.is_file():
             found.add(value.resolve())
     return found
+
+
+def _upstream_table(node: ast.AST) -> Path | None:
+    """pipeline/upstream/<name>.json when `node` is a call of one of its readers with a literal name."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return None
+    reader = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+    table = UPSTREAM_TABLES / f"{node.args[0].value}.json"
+    return table.resolve() if reader in UPSTREAM_READERS and table.is_file() else None
 
 
 def source_files(roots: tuple[str | Path, ...]) -> list[Path]:

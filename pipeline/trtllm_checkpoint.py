@@ -7,7 +7,7 @@ round-to-nearest). Every expectation here is derived from the model's own HF con
 config, then compared with what was written: `config.json` fields against the model's true values,
 and every tensor name, dtype and shape on every rank, with no tensor missing and none extra. What sets a family
 apart (its MODEL_MAP class, the config keys its class reads without a default, its attention biases) comes from
-trtllm_engine_models.json, tabulated from TensorRT-LLM's and ModelOpt's source by
+upstream/trtllm_engine_models.json, tabulated from TensorRT-LLM's and ModelOpt's source by
 scripts/dev/tabulate_trtllm_engine_models.py.
 Written by hand because no library validates checkpoints against TensorRT-LLM's model definition.
 """
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.models import ModelFacts
+from pipeline.upstream import facts
 
 # tensorrt_llm/quantization/mode.py QuantAlgo values this pipeline produces, and the KV-cache ones.
 QUANT_ALGOS = {None, "FP8", "W8A16", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ"}
@@ -36,14 +37,14 @@ EXPECTED_ALGO = {
 }
 F32 = "F32"
 # Facts tabulated from TensorRT-LLM's source by scripts/dev/tabulate_trtllm_checkpoint.py, with the commits read.
-RULES = json.loads((Path(__file__).parent / "trtllm_checkpoint_rules.json").read_text())
+RULES = facts("trtllm_checkpoint")
 # QuantConfig.from_dict is cls(**config): a key inside `quantization` that is not a field of the dataclass in
 # every version read makes TensorRT-LLM's loader raise.
 QUANT_CONFIG_KEYS = set(RULES["quant_config"]["accepted_in_every_version"])
 # Mapping.from_dict is cls(**mapping): `mapping` may hold only parameters of Mapping.__init__ in every version read
 # (ModelOpt inside NVIDIA's container writes the richer Mapping.to_dict(), e.g. cp_size, moe_tp_size, attn_tp_size).
 MAPPING_KEYS = set(RULES["mapping"]["accepted_in_every_version"])
-ENGINE_MODELS = json.loads((Path(__file__).parent / "trtllm_engine_models.json").read_text())
+ENGINE_MODELS = facts("trtllm_engine_models")
 
 
 class NotBuildable(ValueError):

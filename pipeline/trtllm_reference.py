@@ -13,7 +13,7 @@ hand: no library reads TensorRT-LLM checkpoints without a GPU.
 
 `load_unified_reference` does the same for ModelOpt's unified HF checkpoint (`export/hf_unified/`) with the
 semantics of TensorRT-LLM's PyTorch backend, which deploys that checkpoint: its LinearMethods' loaders
-(tensorrt_llm/_torch/modules/linear.py, the versions tabulated in trtllm_torch_loader.json) and its TRTLLM
+(tensorrt_llm/_torch/modules/linear.py, the versions tabulated in upstream/trtllm_torch_loader.json) and its TRTLLM
 attention backend. `checkpoint_report(..., kind=)` scores either kind the same way.
 """
 
@@ -256,7 +256,7 @@ def unified_linears(
 def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None = None):
     """transformers' model of the family (float32) computing what TensorRT-LLM `release`'s PyTorch backend (default:
     the newest tabulated) would compute from the unified HF checkpoint `unified_dir` (hf_quant_config.json +
-    *.safetensors, HF tensor names). Where that release's model (trtllm_torch_models.json) reads less than
+    *.safetensors, HF tensor names). Where that release's model (upstream/trtllm_torch_models.json) reads less than
     transformers does, the reference follows the release: config keys it never names (Gemma's logit
     soft-capping) are dropped, a sliding window its attention takes no window for is dropped (Mistral: full
     attention), a literal sliding-layer RoPE base and q/k-norm eps are used. Phi-3's qkv_proj / gate_up_proj stay
@@ -271,7 +271,7 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
     release = release or RELEASES[-1]
     if release not in RELEASES:
         raise ValueError(f"TensorRT-LLM {release}: no PyTorch-backend facts tabulated (have {', '.join(RELEASES)})")
-    row = family(config, release)  # what the release's model reads (trtllm_torch_models.json)
+    row = family(config, release)  # what the release's model reads (upstream/trtllm_torch_models.json)
     if row is None:
         raise ValueError(f"TensorRT-LLM {release} registers no PyTorch model for {config.get('architectures')}")
     quant_file = unified_dir / "hf_quant_config.json"

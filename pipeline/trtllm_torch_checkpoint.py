@@ -1,12 +1,12 @@
 """The unified HF checkpoint (`export/hf_unified/`) against what TensorRT-LLM's PyTorch backend reads, on CPU.
 
 TensorRT-LLM 1.x's PyTorch backend (LLM API, `trtllm-serve`) loads a ModelOpt unified checkpoint directly. What it
-requires is tabulated from its source by scripts/dev/tabulate_trtllm_torch_loader.py into trtllm_torch_loader.json
+requires is tabulated from its source into upstream/trtllm_torch_loader.json
 (per release: the hf_quant_config.json keys read, the LinearMethod each quant_algo gets or the ValueError it raises,
 the tensors each method's loaders read next to `weight` without a fallback, the dtypes they assert). What each
 family's model reads beyond Llama's (biases, q/k norms, Gemma's extra norms, Phi-3's checkpoint-fused linears and
 how its load_weights splits them, config.json keys read without a fallback) is tabulated per release by
-scripts/dev/tabulate_trtllm_torch_models.py into trtllm_torch_models.json. The shapes are ModelOpt's layout,
+scripts/dev/tabulate_trtllm_torch_models.py into upstream/trtllm_torch_models.json. The shapes are ModelOpt's layout,
 derived from config.json and group_size. Whether the deployed values are good is measured on the unified
 checkpoint itself: pipeline/trtllm_reference.py load_unified_reference (checkpoint_report kind="unified").
 """
@@ -21,9 +21,10 @@ from pathlib import Path
 
 from pipeline.models import ModelFacts
 from pipeline.trtllm_checkpoint import EXPECTED_ALGO, excluded, release_key
+from pipeline.upstream import facts
 
-TABLE = json.loads((Path(__file__).parent / "trtllm_torch_loader.json").read_text())
-MODELS = json.loads((Path(__file__).parent / "trtllm_torch_models.json").read_text())
+TABLE = facts("trtllm_torch_loader")["releases"]
+MODELS = facts("trtllm_torch_models")["releases"]
 RELEASES = tuple(r for r in TABLE if r in MODELS)
 # HF Llama linears; the PyTorch backend fuses q/k/v into qkv_proj and gate/up into gate_up_proj (their fused
 # loaders) and loads o_proj / down_proj alone (load_weights_vanilla). A family whose HF checkpoint holds qkv_proj /
@@ -48,7 +49,7 @@ def family(config: dict, release: str) -> dict | None:
 
 def family_linears(fused: dict) -> tuple[str, ...]:
     """The decoder linears (relative to a layer) of a checkpoint whose family's load_weights takes the
-    `fused` modules (trtllm_torch_models.json fused_checkpoint_linears) already fused."""
+    `fused` modules (upstream/trtllm_torch_models.json fused_checkpoint_linears) already fused."""
     out = []
     for group, parts in (("self_attn", ATTENTION), ("mlp", MLP)):
         whole = next((m for m in fused if m.startswith(f"{group}.")), None)
@@ -111,7 +112,7 @@ def evaluate(expr: str, config: dict, bindings: dict) -> int:
 
 def ignored_window(model: dict, release: str, window: int | None, max_seq_len: int | None) -> str | None:
     """Why a sliding window every layer of the checkpoint has (config.json's sliding_window) is lost on `release`'s
-    `model` (the family's trtllm_torch_models.json row) at this max_seq_len, or None: the model takes no attention
+    `model` (the family row of upstream/trtllm_torch_models) at this max_seq_len, or None: the model takes no attention
     window from config.json (Mistral never names sliding_window; Phi-3, Qwen2 take none), so it attends to the
     whole sequence, which differs from the trained model once a sequence is longer than the window."""
     attention = model["attention"] or {}
@@ -127,7 +128,7 @@ def ignored_window(model: dict, release: str, window: int | None, max_seq_len: i
 
 
 def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len: int | None) -> list[str]:
-    """What `model` (the family's trtllm_torch_models.json row) reads from config.json that it lacks or ignores.
+    """What `model` (the family row of upstream/trtllm_torch_models) reads from config.json that it lacks or ignores.
     `loaded` is the transformers config object (class defaults count as present)."""
     where = f"TensorRT-LLM {release}'s {model['class']} ({model['source']['path']}@{model['source']['index_id']})"
     problems = [
@@ -483,7 +484,7 @@ def period(layer_types: list[str]) -> int | None:
 
 
 def repair_config(unified_dir: Path) -> list[str]:
-    """Write the config.json keys a tabulated release's model reads without a fallback (trtllm_torch_models.json
+    """Write the config.json keys a tabulated release's model reads without a fallback (upstream/trtllm_torch_models
     config_required) that this transformers neither writes nor defaults, from what the checkpoint itself says:
     attention_bias (Phi-3's attention reads it; whether q/k/v biases are present) and sliding_window_pattern
     (Gemma 3 before 1.2 reads it; the period of layer_types). Returns `config.json:<key>` per key written."""

@@ -375,9 +375,8 @@ def test_a_release_whose_serving_is_not_tabulated_is_refused_by_name(tmp_path):
     result = run_cli(
         "deploy", "build_configs/smollm2-135m-int4-awq.yaml", 'target.trtllm_version="0.20"', "-o", str(tmp_path)
     )
-    assert result.returncode == 1 and "how TensorRT-LLM 0.20 is served is not tabulated (1.0, 1.1, 1.2" in " ".join(
-        result.stderr.split()
-    )
+    said = "how trtllm-serve serves is not tabulated for TensorRT-LLM 0.20 (tabulated: 1.0, 1.1, 1.2"
+    assert result.returncode == 1 and said in " ".join(result.stderr.split())
 
 
 @pytest.mark.parametrize("config", [CPU_CONFIG, "build_configs/smollm2-135m-int4-awq.yaml"])
@@ -392,7 +391,7 @@ def test_only_the_deploy_stage_hashes_the_deployment_code(config):
         deployment = sorted(path for path in code if "/k8s/" in path or path.endswith("_serving.py"))
         assert bool(deployment) == (name == "deploy"), (name, deployment)
         if name == "deploy":
-            assert "pipeline/targets/trtllm_serving.py" in code and "pipeline/k8s/leaderworkerset.json" in code
+            assert "pipeline/targets/trtllm_serving.py" in code and "pipeline/upstream/leaderworkerset.json" in code
 
 
 def test_tabulated_deployment_facts_name_the_upstream_commit_they_were_read_at():
@@ -402,11 +401,11 @@ def test_tabulated_deployment_facts_name_the_upstream_commit_they_were_read_at()
     from pipeline.targets.llm_api_args import LLM_API_RELEASES
 
     commit = re.compile(r"[0-9a-f]{40}")
-    lws = json.loads((REPO / "pipeline/k8s/leaderworkerset.json").read_text())
-    adapter = json.loads((REPO / "pipeline/k8s/prometheus_adapter.json").read_text())
+    lws = json.loads((REPO / "pipeline/upstream/leaderworkerset.json").read_text())
+    adapter = json.loads((REPO / "pipeline/upstream/prometheus_adapter.json").read_text())
     assert commit.fullmatch(lws["source"]["commit"]) and commit.fullmatch(adapter["source"]["commit"])
     assert {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE"} <= set(lws["env"]) and lws["version"] == "v1"
-    serving = json.loads((REPO / "pipeline/targets/trtllm_serving.json").read_text())
+    serving = json.loads((REPO / "pipeline/upstream/trtllm_serving.json").read_text())["releases"]
     assert set(LLM_API_RELEASES) <= set(serving)  # every release the pytorch backend builds can be deployed
     for release, facts in serving.items():
         for record in facts["source"]["files"].values():

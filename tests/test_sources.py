@@ -125,4 +125,4 @@ def test_every_table_a_hashed_module_loads_is_hashed():
                         missing.append((target.name, stage.NAME, module.name, name))
     assert not missing, missing
     export = {f.name for f in source_files(("pipeline.stages.export", *TARGETS["trtllm"].sources["export"]))}
-    assert {"trtllm_engine_models.json", "trtllm_checkpoint_rules.json"} <= export
+    assert {"trtllm_engine_models.json", "trtllm_checkpoint.json"} <= export

@@ -20,7 +20,7 @@ from tests.targets.test_trtllm import gpu_config
 
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
-TABLE = ROOT / "pipeline" / "trtllm_torch_loader.json"
+TABLE = ROOT / "pipeline" / "upstream" / "trtllm_torch_loader.json"
 
 tab = dev_script("tabulate_trtllm_torch_loader")
 

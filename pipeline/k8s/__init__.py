@@ -5,7 +5,7 @@ A target describes how its output is served in a container (`Serving`, registere
 adapters and what they import, do not change with the deployment); `manifests` turns that and the config's `deploy`
 section into objects, and `checks` validates every object against the Kubernetes
 OpenAPI schemas of `deploy.kubernetes_version` (kubernetes-validate) or, for LeaderWorkerSet, the CRD schema
-tabulated from kubernetes-sigs/lws (`leaderworkerset.json`), then cross-checks them against each other and the
+tabulated from kubernetes-sigs/lws (`upstream/leaderworkerset.json`), then cross-checks them against each other and the
 config: ports, probes, GPUs per group, memory against the plan, and the build config the pods will build.
 """
 

@@ -2,7 +2,7 @@
 
 Schemas: core objects against the OpenAPI schemas of `deploy.kubernetes_version` that kubernetes-validate ships (its
 strict variant refuses unknown fields, as `kubectl apply --validate=strict` does); a LeaderWorkerSet against the CRD
-schema tabulated from kubernetes-sigs/lws (`leaderworkerset.json`, unknown fields refused the same way), and its pod
+schema from kubernetes-sigs/lws (`upstream/leaderworkerset.json`; unknown fields refused the same way), and its pod
 templates against the core PodTemplate schema. Names: every object's name, namespace, labels, selectors and
 annotation keys against the API server's rules (the schemas type them as plain strings). Cross-checks read the
 objects back as YAML parses them (not the values that made them), so a mis-generated or edited manifest is caught: the
@@ -14,13 +14,13 @@ build config the pods will build (or the image holds) against this build's.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import shlex
 from pathlib import Path
 
 from pipeline.k8s.manifests import LWS_API, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL, Deployment
 from pipeline.k8s_names import CONFIGMAP_KEY, DNS1123_LABEL, LABEL_VALUE, label_key_problem, object_name_problem
+from pipeline.upstream import facts
 
 HERE = Path(__file__).parent
 
@@ -50,7 +50,7 @@ def _core_problems(obj: dict, version: str, prefix: tuple = ()) -> list[str]:
 
 @functools.cache
 def lws_facts() -> dict:
-    return json.loads((HERE / "leaderworkerset.json").read_text())
+    return facts("leaderworkerset")
 
 
 def _strict(schema: dict) -> dict:
@@ -146,7 +146,7 @@ def name_problems(objects: list[dict]) -> list[str]:
 
 @functools.cache
 def _adapter_structs() -> dict:
-    return json.loads((HERE / "prometheus_adapter.json").read_text())["structs"]
+    return facts("prometheus_adapter")["structs"]
 
 
 def adapter_problems(config: dict, struct: str = "MetricsDiscoveryConfig", path: str = "") -> list[str]:

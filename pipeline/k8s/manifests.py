@@ -357,7 +357,7 @@ def _leader_worker_set(cfg, dep: Deployment, volumes: list[dict], mounts: list[d
 def adapter_config(cfg, dep: Deployment) -> dict | None:
     """prometheus-adapter's discovery config exposing the queue metric to the HPA as a custom metric (None: no HPA).
 
-    Its keys are the YAML tags of the adapter's pkg/config/config.go (`prometheus_adapter.json`)."""
+    Its keys are the YAML tags of the adapter's pkg/config/config.go (`upstream/prometheus_adapter.json`)."""
     metric = dep.serving.queue_metric
     if cfg.deploy.autoscaling is None or metric is None:
         return None

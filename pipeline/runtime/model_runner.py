@@ -30,6 +30,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipeline.upstream import facts
+
 ENGINE_CONFIG = "config.json"
 ONNX_FILE = "model.onnx"
 # Upper bound on the prefill logits buffer ([rows, chunk, vocab] float32): bounds the chunk width.
@@ -50,7 +52,7 @@ GPU_OPTION_DEFAULTS = {
 # TensorRT-LLM's bounds on sampling settings (scripts/dev/tabulate_sampling_checks.py): {checker: [[op, bound]]}
 SAMPLING_CHECKS: dict[str, list] = {
     name: [rule for rule in rules if not isinstance(rule[1], str)]  # named bounds (kMaxBeamWidth) are checked apart
-    for name, rules in json.loads((Path(__file__).with_name("sampling_checks.json")).read_text())["checks"].items()
+    for name, rules in facts("sampling_checks")["checks"].items()
 }
 # SamplingParams field -> its SamplingConfig checker; the penalties have none upstream and are only kept finite
 SAMPLING_SETTINGS = {

@@ -16,12 +16,13 @@ from pipeline.config import BuildConfig
 from pipeline.errors import BuildStepError
 from pipeline.k8s import checks, serving_of
 from pipeline.k8s.manifests import adapter_config, plan_deployment, render, requirement_problems
+from pipeline.upstream import TABLES
 
 NAME = "deploy"
 # The ConfigMap holds the whole config, so every section is an input.
 READS = ("model", "target", "quantization", "parallel", "build", "runtime", "triton", "verify", "deploy")
 TOOLS = ("kubernetes-validate", "tritonclient")
-SOURCES: tuple[Path, ...] = (checks.HERE / "leaderworkerset.json", checks.HERE / "prometheus_adapter.json")
+SOURCES: tuple[Path, ...] = (TABLES / "leaderworkerset.json", TABLES / "prometheus_adapter.json")
 AFTER: tuple[str, ...] = ()  # no earlier stage's output is an input
 ON_REQUEST = True
 MANIFESTS = "k8s"

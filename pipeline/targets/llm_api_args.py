@@ -1,18 +1,17 @@
 """TensorRT-LLM's LLM-API options (the `trtllm-serve --config` YAML, Triton llmapi `model.yaml`), per release.
 
 Every key and value the `trtllm` target writes into such a file is checked here against the facts that
-scripts/dev/tabulate_trtllm_llm_args.py read from that release's `llm_args.py` (trtllm_llm_args.json), because
+scripts/dev/tabulate_trtllm_llm_args.py read from that release's `llm_args.py` (upstream/llm_args.json), because
 TorchLlmArgs and its nested configs refuse unknown keys and the keys moved between releases: a file that is
 right for one release fails to load on another.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from pipeline.upstream import facts, release_facts, releases
 
-TABLE = json.loads((Path(__file__).parent / "trtllm_llm_args.json").read_text())
-LLM_API_RELEASES = tuple(sorted(TABLE["releases"], key=lambda v: tuple(map(int, v.split(".")))))
+TABLE = facts("llm_args")
+LLM_API_RELEASES = releases("llm_args")
 # `trtllm-serve`'s names for the options-file flag, newest first (1.2 added --config).
 OPTIONS_FLAG_NAMES = ("--config", "--extra_llm_api_options")
 
@@ -20,10 +19,7 @@ Problem = tuple[tuple[str, ...], str]
 
 
 def _release(release: str) -> dict:
-    if release not in TABLE["releases"]:
-        why = TABLE["not_tabulated"].get(release, "no source read")
-        raise ValueError(f"TensorRT-LLM {release}: LLM-API options not tabulated ({why})")
-    return TABLE["releases"][release]
+    return release_facts("llm_args", release, "The LLM-API options (TorchLlmArgs)")
 
 
 def serve_options_flag(release: str) -> str:

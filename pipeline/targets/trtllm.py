@@ -18,8 +18,8 @@ from typing import ClassVar, Protocol
 
 from pipeline.errors import BuildStepError, PipelineError
 from pipeline.targets import DEPLOY_FIELDS, Problem, register_target
-from pipeline.triton.tensorrtllm_backend import TEMPLATES
 from pipeline.trtllm_checkpoint import EXPECTED_ALGO, EngineFamily
+from pipeline.upstream import TABLES
 
 # The newest NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release, from NVIDIA's Triton
 # compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md, as recorded in the
@@ -333,11 +333,11 @@ BACKENDS: dict[str, TrtllmBackend] = {}
 BACKEND_MODULES = ("pipeline.targets.trtllm_engine", "pipeline.targets.trtllm_llmapi")
 # The upstream facts the backends generate and check against (tabulated by scripts/dev/tabulate_trtllm_*.py).
 BACKEND_TABLES = (
-    TEMPLATES,
-    Path(__file__).parent / "trtllm_llm_args.json",
-    Path(__file__).parent.parent / "triton" / "llmapi_model.json",
-    Path(__file__).parent.parent / "trtllm_torch_loader.json",
-    Path(__file__).parent.parent / "trtllm_torch_models.json",
+    TABLES / "tensorrtllm_backend.json",
+    TABLES / "llm_args.json",
+    TABLES / "llmapi_model.json",
+    TABLES / "trtllm_torch_loader.json",
+    TABLES / "trtllm_torch_models.json",
 )
 
 
@@ -407,10 +407,10 @@ class TrtllmTarget:
             "pipeline.trtllm_reference",
             "pipeline.quality",
             *BACKEND_MODULES,  # export_problems and deployed_checkpoint
-            Path(__file__).parent.parent / "trtllm_checkpoint_rules.json",
-            Path(__file__).parent.parent / "trtllm_engine_models.json",  # engine_family, decoder_type, repair
-            Path(__file__).parent.parent / "trtllm_torch_loader.json",
-            Path(__file__).parent.parent / "trtllm_torch_models.json",
+            TABLES / "trtllm_checkpoint.json",
+            TABLES / "trtllm_engine_models.json",  # engine_family, decoder_type, repair
+            TABLES / "trtllm_torch_loader.json",
+            TABLES / "trtllm_torch_models.json",
         ),
         # both backends' modules and tables: a superset of what one build executes
         "engine": ("pipeline.targets.trtllm", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),

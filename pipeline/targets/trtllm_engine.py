@@ -3,13 +3,13 @@
 
 The families it builds are those every stored version of TensorRT-LLM's MODEL_MAP gives a class whose checkpoint
 layout is tabulated and ModelOpt 0.47 exports (pipeline/trtllm_checkpoint.py engine_family, from
-trtllm_engine_models.json): Llama, Mistral (LLaMAForCausalLM; its sliding window is the runtime's
+upstream/trtllm_engine_models.json): Llama, Mistral (LLaMAForCausalLM; its sliding window is the runtime's
 max_attention_window_size) and Qwen2 (QWenForCausalLM); `architecture_support` names the source ruling out the rest.
 
 The engine stage runs `trtllm-build` on the verified TensorRT-LLM checkpoint (here it stops with exit 4 and the
 exact command). The Triton repository's `tensorrt_llm` model config has every tensor of the real template of the
 targeted release (tabulated from the upstream backend and templates by scripts/dev/tabulate_trtllm_backend.py into
-tensorrt_llm_templates.json, which also lists the parameters the C++ backend cannot load without) and every
+upstream/tensorrtllm_backend.json, which also lists the parameters the C++ backend cannot load without) and every
 parameter filled from the build config and the engine's own recorded build config.
 """
 
@@ -80,7 +80,7 @@ def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object
         values["max_tokens_in_paged_kv_cache"] = r.max_tokens_in_paged_kv_cache
     facts = cfg.model_facts()
     if facts is not None and facts.sliding_window:
-        # Mistral's window is no checkpoint field (LLaMAConfig has none: trtllm_engine_models.json); the engine
+        # Mistral's window is no checkpoint field (LLaMAConfig has none: upstream/trtllm_engine_models.json); the engine
         # attends to the last max_attention_window_size tokens, which the backend reads from this parameter.
         values["max_attention_window_size"] = facts.sliding_window
     return values
@@ -151,7 +151,7 @@ def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
     """The `trtllm-build` invocation for the config.
 
     Every flag is one that tensorrt_llm/commands/build.py (parse_arguments) or plugin.py (add_plugin_argument)
-    defines in every version tabulated into trtllm_build_flags.json by scripts/dev/tabulate_trtllm_build.py,
+    defines in every version tabulated into upstream/trtllm_build_flags.json by scripts/dev/tabulate_trtllm_build.py,
     with a value within its choices there (tests/targets/test_trtllm.py checks it).
     """
     b = cfg.build

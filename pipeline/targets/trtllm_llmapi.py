@@ -246,7 +246,7 @@ class LlmApiRunner:
     @classmethod
     def from_dir(cls, engine_dir: Path, engine: dict) -> "LlmApiRunner":
         """The LLM the way the llmapi model.py builds it: options through update_llm_args_with_extra_dict (nested
-        dicts become their config classes), then LLM(**kwargs) (llmapi_model.json llm_kwargs)."""
+        dicts become their config classes), then LLM(**kwargs) (upstream/llmapi_model.json llm_kwargs)."""
         from tensorrt_llm import LLM
         from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
 
@@ -437,7 +437,7 @@ class LlmApiBackend:
         return missing_for_llm_api()
 
     def architecture_support(self, cfg) -> dict[str, str | None]:
-        """What the targeted release's tensorrt_llm/_torch/models registers (trtllm_torch_models.json), and
+        """What the targeted release's tensorrt_llm/_torch/models registers (upstream/trtllm_torch_models.json), and
         whether its model loads this quantization of the family's checkpoint-fused linears."""
         from pipeline.architectures import ARCHITECTURES
 

@@ -1,6 +1,6 @@
 """How a trtllm build runs in a container (`pipeline.k8s`), per backend: our GPU image of the release, the output
 built once on a claim by a Job on the GPUs it serves from, one rank per GPU (a LeaderWorkerSet group over several
-pods when tp x pp exceeds deploy.gpus_per_node). Facts of how each release serves come from `trtllm_serving.json`
+pods when tp x pp exceeds deploy.gpus_per_node). How each release serves: `upstream/trtllm_serving.json`
 (scripts/dev/tabulate_trtllm_serving.py).
 
 Apart from the adapters (`trtllm*.py`) so that the build stages, whose lock entries hash the adapters and what they
@@ -9,10 +9,8 @@ import, do not re-run when only the deployment changes.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.k8s import (
@@ -30,10 +28,10 @@ from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, conversion_host_bytes, gpu
 from pipeline.targets.trtllm import BACKENDS, backend_of, gpu_image_command, multi_node
 from pipeline.targets.trtllm_llmapi import MODEL_DIR, OPTIONS_FILE, options_yaml, release_options, trtllm_serve_command
 from pipeline.triton.server import Ports, tritonserver_address_args, tritonserver_ranks
+from pipeline.upstream import release_facts
 
 HEALTH_ROUTE = "/health"  # trtllm-serve's liveness route (200 once the server runs)
 
-SERVING_TABLE = Path(__file__).parent / "trtllm_serving.json"  # scripts/dev/tabulate_trtllm_serving.py
 # /dev/shm cap of a GPU pod: NCCL's shared-memory transport between the pod's ranks and the python backend's regions
 # (the `docker run` lines `plan` prints share the host's IPC namespace instead). A memory-backed emptyDir holds only
 # what is written, but the pod's memory request and limit count the cap.
@@ -44,13 +42,7 @@ CONTAINER_MPIRUN = "/opt/hpcx/ompi/bin/mpirun"
 
 def serving_facts(release: str) -> dict:
     """How TensorRT-LLM `release` is served (routes, launcher, metrics), as tabulated from its sources."""
-    table = json.loads(SERVING_TABLE.read_text())
-    if release not in table:
-        raise PipelineError(
-            f"target.trtllm_version: how TensorRT-LLM {release} is served is not tabulated ({', '.join(table)} are: "
-            "scripts/dev/tabulate_trtllm_serving.py), so its manifests cannot be checked; deploy one of those"
-        )
-    return table[release]
+    return release_facts("trtllm_serving", release, "target.trtllm_version: how trtllm-serve serves")
 
 
 def gpu_serving(cfg, **backend_parts):

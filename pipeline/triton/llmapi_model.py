@@ -1,7 +1,7 @@
 """What Triton's `llmapi` python model (NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm) declares
 and reads, per TensorRT-LLM release, as tabulated from the upstream sources by
-scripts/dev/tabulate_trtllm_llmapi_model.py into llmapi_model.json (each entry records the files and commits it was
-read from, and how sure the tie to the release is: `source.note`).
+scripts/dev/tabulate.py into pipeline/upstream/llmapi_model.json (each release records the files and commits it was
+read from).
 
 Its model.py reads model.yaml's `triton_config` in `auto_complete_config` (max_batch_size -> set_max_batch_size,
 decoupled -> set_model_transaction_policy) and passes every other model.yaml key to `LLM(**kwargs)`.
@@ -9,34 +9,17 @@ decoupled -> set_model_transaction_policy) and passes every other model.yaml key
 
 from __future__ import annotations
 
-import json
-from functools import cache
-from pathlib import Path
-
-from pipeline.errors import BuildStepError
-
-TABLE = Path(__file__).parent / "llmapi_model.json"
+from pipeline.upstream import release_facts, releases
 
 _TYPES = {"int": (int,), "bool": (bool,), "float": (int, float), "str": (str,)}
 
 
-@cache
-def _table() -> dict:
-    return json.loads(TABLE.read_text())
-
-
-LLMAPI_RELEASES = tuple(_table())
+LLMAPI_RELEASES = releases("llmapi_model")
 
 
 def llmapi_model(release: str) -> dict:
     """The tabulated facts of one release's llmapi model."""
-    table = _table()
-    if release not in table:
-        raise BuildStepError(
-            f"no llmapi model tabulated for TensorRT-LLM {release} (have: {', '.join(table)}); "
-            "tabulate it with scripts/dev/tabulate_trtllm_llmapi_model.py"
-        )
-    return table[release]
+    return release_facts("llmapi_model", release, "Triton's llmapi model")
 
 
 def model_yaml_problems(model_yaml: dict, release: str) -> list[str]:

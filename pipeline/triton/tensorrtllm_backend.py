@@ -1,6 +1,6 @@
 """What each TensorRT-LLM release's `tensorrtllm` Triton backend and its `inflight_batcher_llm` templates
-define, as tabulated from the upstream sources by scripts/dev/tabulate_trtllm_backend.py into
-tensorrt_llm_templates.json (each entry records the files and commits it was read from).
+define, as tabulated from the upstream sources into pipeline/upstream/tensorrtllm_backend.json (each release
+records the files and commits it was read from).
 
 Shared by the trtllm target (to generate the `tensorrt_llm` model) and the repository validator (to check
 any repository against a release), so neither depends on the other.
@@ -8,33 +8,15 @@ any repository against a release), so neither depends on the other.
 
 from __future__ import annotations
 
-import json
-from functools import cache
-from pathlib import Path
-
-from pipeline.errors import BuildStepError
-
-TEMPLATES = Path(__file__).parent / "tensorrt_llm_templates.json"
-
-
-@cache
-def _table() -> dict:
-    return json.loads(TEMPLATES.read_text())
-
+from pipeline.upstream import release_facts, releases
 
 # The releases the engine path targets: those whose backend facts are tabulated.
-SUPPORTED_VERSIONS = tuple(_table())
+SUPPORTED_VERSIONS = releases("tensorrtllm_backend")
 
 
 def backend_facts(version: str) -> dict:
     """The tabulated facts of one release: source, models (templates), required/optional parameters."""
-    table = _table()
-    if version not in table:
-        raise BuildStepError(
-            f"no tensorrt_llm template tabulated for TensorRT-LLM {version} (have: {', '.join(table)}); "
-            "tabulate it with scripts/dev/tabulate_trtllm_backend.py or target one of those"
-        )
-    return table[version]
+    return release_facts("tensorrtllm_backend", version, "The tensorrt_llm Triton backend")
 
 
 def template(version: str) -> dict:

@@ -1,11 +1,12 @@
-"""Reading upstream source files that were fetched in part (maintainer tools, not run by the pipeline).
+"""Reading upstream source files for the tabulators (maintainer tools, not run by the pipeline).
 
-The search index hands out files in 16,000-character pages, so a cached version of an upstream file may be
-a prefix, a middle slice or an excerpt. `complete_statements` returns the top-level statements that are
-whole in such a text, each with its line number in that text, so the tabulators can use `ast` on them.
+`Upstream.read(repo, path, commit)` gives a file at a commit: from a local directory of sources
+(<dir>/<owner>/<name>/<commit>/<path>), else downloaded once from raw.githubusercontent.com into that directory.
+`cite` is how every table names a source: repository, path, commit, and whether that commit is the release's own
+(`pinned`). `stored_releases` stores a block several releases share once (see pipeline/upstream/__init__.py).
 
-Cache layout (outside any repository): <cache>/<commit or index-id-N>/<path>[@<offset>], described by
-<cache>/READS-trtllm-i11.json (repository, path, commit or index id, character ranges read).
+`complete_statements` returns the top-level statements that are whole in a text that may be a slice of a file,
+each with its line number in that text, so the tabulators can use `ast` on it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,77 @@ from __future__ import annotations
 import ast
 import json
 import re
+import urllib.request
 from pathlib import Path
 
+import jsonpatch
+
 REPO = "NVIDIA/TensorRT-LLM"
-READS = "READS-trtllm-i11.json"
+RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
+DEFAULT_SOURCES = Path.home() / ".cache" / "trtllm-pipeline" / "upstream-sources"
+
+
+class SourceMissing(Exception):
+    """An upstream file the tabulator needs is neither in the sources directory nor downloadable."""
+
+
+def cite(repo: str, path: str, commit: str | None, pinned: bool = True) -> dict:
+    """A table's record of one source file. `pinned` is False where the release's own commit was not readable and
+    `commit` is the one read instead (None: a stored copy whose commit is not known, so the fact is unreproducible
+    until re-read at the release's commit)."""
+    if commit is not None and not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise ValueError(f"{repo}:{path}: {commit!r} is not a 40-hex commit")
+    return {"repo": repo, "path": path, "commit": commit, "pinned": pinned and commit is not None}
+
+
+class Upstream:
+    """Upstream files at commits, read from `directory` or downloaded into it."""
+
+    def __init__(self, directory: Path = DEFAULT_SOURCES, download: bool = True):
+        self.directory, self.download = directory, download
+
+    def read(self, repo: str, path: str, commit: str | None) -> str:
+        if commit is None:
+            raise SourceMissing(f"{repo}:{path}: no commit is known for the copy these facts were read from")
+        local = self.directory / repo / commit / path
+        if not local.is_file():
+            url = RAW.format(repo=repo, commit=commit, path=path)
+            if not self.download:
+                raise SourceMissing(f"{local} is missing (download it from {url})")
+            try:
+                with urllib.request.urlopen(url, timeout=30) as response:
+                    text = response.read().decode()
+            except OSError as error:
+                raise SourceMissing(f"{url}: {error}; put the file at {local}") from error
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(text)
+        return local.read_text()
+
+
+def stored_releases(releases: dict[str, dict]) -> dict[str, dict]:
+    """Releases as a table stores them: each one `same_as` an earlier identical release, or `based_on` the release
+    before it plus a JSON Patch when that is smaller, else whole. A patch is used only where applying it gives the
+    block back exactly, key order included (consumers iterate tensors and fields in table order)."""
+    stored: dict[str, dict] = {}
+    names = list(releases)
+    for index, release in enumerate(names):
+        block = releases[release]
+        same = next((earlier for earlier in names[:index] if releases[earlier] == block), None)
+        if same is not None:
+            stored[release] = {"same_as": same}
+            continue
+        if index:
+            base = names[index - 1]
+            patch = jsonpatch.make_patch(releases[base], block).patch
+            patched = jsonpatch.apply_patch(releases[base], patch)
+            smaller = len(json.dumps(patch)) < 0.8 * len(json.dumps(block))
+            if smaller and json.dumps(patched) == json.dumps(block):
+                stored[release] = {"based_on": base, "patch": patch}
+                continue
+        stored[release] = block
+    return stored
+
+
 _NOT_A_START = re.compile(r"[\s#)\]}]|(else|elif|except|finally)\b")
 _CLASS = re.compile(r"class (\w+)\b")
 CUT_CLASS = "<class whose header precedes the slice>"
@@ -127,46 +195,3 @@ def value(node: ast.expr | None):
         return ast.literal_eval(node)
     except ValueError:
         return {"expr": ast.unparse(node)}
-
-
-def cached_versions(cache: Path, path: str) -> list[dict]:
-    """Every cached slice of `path`: {version, offset, text, cut_start, cut_end}, in a stable order."""
-    reads = json.loads((cache / READS).read_text())["reads"]
-    found = []
-    for file in sorted(cache.glob(f"*/{path}*")):
-        suffix = file.name[len(Path(path).name) :]
-        if suffix and not suffix.startswith("@"):
-            continue
-        version, offset, text = file.relative_to(cache).parts[0], int(suffix[1:]) if suffix else 0, file.read_text()
-        total = source_record(cache, version, path, reads)["total_chars"]
-        found.append(
-            {
-                "version": version,
-                "offset": offset,
-                "text": text,
-                "cut_start": offset > 0,
-                "cut_end": offset + len(text) < total,
-            }
-        )
-    return found
-
-
-def source_record(cache: Path, version: str, path: str, reads: list | None = None) -> dict:
-    """{repo, path, commit, index_id, ranges} of a cached version, from the cache's READS file."""
-    reads = reads if reads is not None else json.loads((cache / READS).read_text())["reads"]
-    commit = None if version.startswith("index-id-") else version
-    index_id = version.removeprefix("index-id-") if commit is None else None
-    for read in reads:
-        if read["path"].split(" ")[0] == path and (read["commit"] == commit if commit else read["id"] == index_id):
-            record = {
-                "repo": REPO,
-                "path": path,
-                "commit": commit,
-                "index_id": read["id"],
-                "ranges": read["ranges"],
-                "total_chars": read["total_chars"],
-            }
-            if " " in read["path"]:  # an excerpt whose path the index did not name: inferred from its content
-                record["path_inferred"] = True
-            return record
-    raise KeyError(f"{version}/{path} is not described in {cache / READS}")

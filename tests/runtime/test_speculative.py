@@ -209,7 +209,7 @@ def test_max_draft_len_is_required(tmp_path, tiny_llama):
 
 
 def test_the_engine_backend_refuses_it_and_names_the_backend_that_reads_it(tmp_path, tiny_llama):
-    flags = json.loads((REPO / "pipeline/targets/trtllm_build_flags.json").read_text())["flags"][
+    flags = json.loads((REPO / "pipeline/upstream/trtllm_build_flags.json").read_text())["flags"][
         "--speculative_decoding_mode"
     ]
     modes = {mode for facts in flags["by_version"].values() for mode in facts["choices"]}

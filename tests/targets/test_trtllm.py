@@ -223,7 +223,7 @@ def _edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-BUILD_FLAGS = Path(__file__).parents[2] / "pipeline" / "targets" / "trtllm_build_flags.json"
+BUILD_FLAGS = Path(__file__).parents[2] / "pipeline" / "upstream" / "trtllm_build_flags.json"
 
 
 def build_flag_problems(command: list[str], table: dict) -> list[str]:
