@@ -28,9 +28,13 @@ def facts(name: str) -> dict:
     """Table `name` (pipeline/upstream/<name>.json), its shared release blocks resolved."""
     table = json.loads((TABLES / f"{name}.json").read_text(encoding="utf-8"))
     if "releases" in table:
-        stored = table["releases"]
-        table["releases"] = {release: _resolved(stored, release) for release in stored}
+        table["releases"] = resolved_releases(table["releases"])
     return table
+
+
+def resolved_releases(stored: dict[str, dict]) -> dict[str, dict]:
+    """Every release's whole facts from the stored blocks."""
+    return {release: _resolved(stored, release) for release in stored}
 
 
 def _resolved(stored: dict, release: str) -> dict:
