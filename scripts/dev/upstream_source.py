@@ -69,7 +69,7 @@ def stored_releases(releases: dict[str, dict]) -> dict[str, dict]:
     names = list(releases)
     for index, release in enumerate(names):
         block = releases[release]
-        same = next((earlier for earlier in names[:index] if releases[earlier] == block), None)
+        same = next((earlier for earlier in names[:index] if json.dumps(releases[earlier]) == json.dumps(block)), None)
         if same is not None:
             stored[release] = {"same_as": same}
             continue
