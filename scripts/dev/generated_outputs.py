@@ -3,6 +3,9 @@
 For each `build_configs/*.yaml` it runs the real CLI: `build` as far as this machine goes (exit 4 is a GPU step
 it cannot take) and `deploy`. A config whose checkpoint is not here (the Llama 3.1 examples) is deployed on its
 published config.json shape, in a fixed directory, so that the manifests that mount it compare byte for byte.
+Beyond what the configs target, for every trtllm config and every release it could target: the LLM-API options
+file (PyTorch backend) and the Triton repository rendered from an engine record as trtllm-build writes it (engine
+backend; the engine itself needs a GPU) under `<output>/releases/`, so every release's tables are exercised.
 Run it on two versions of the code with the same OUT (a kept build is re-run only where its lock changed), and
 compare the two `generated.sha256` files:
 
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +37,7 @@ COMPARED = (
     "engine/config.json",
     "export/trtllm_checkpoint",
     "deploy/k8s",
+    "releases",
 )
 LLAMA_SIZES = {"llama-3.1-8b": "8b", "llama-3.1-70b": "70b"}
 
@@ -52,6 +58,59 @@ def shape_override(config: Path, shapes: Path) -> list[str]:
         llama_shape(shape.parent, size)
     claim = [] if "deploy" in yaml.safe_load(config.read_text()) else ["deploy.storage.models_claim=models"]
     return [f"model.path={shape}", *claim]
+
+
+def every_release(config: Path, extra: list[str], output: Path) -> None:
+    """The options file and the engine backend's repository of each release the tables hold, for a trtllm config."""
+    from pipeline.config import load_config
+    from pipeline.errors import PipelineError
+    from pipeline.stages import triton_repo
+    from pipeline.targets.trtllm_llmapi import options_yaml, release_options
+
+    cfg = load_config(REPO / config, extra)
+    if cfg.target.name != "trtllm":
+        return
+    out = output / "releases"
+    out.mkdir(exist_ok=True)
+    for release in ("1.0", "1.1", "1.2"):
+        overrides = [*extra, "target.trtllm_backend=pytorch", f'target.trtllm_version="{release}"']
+        try:
+            pytorch = load_config(REPO / config, overrides)
+            text = options_yaml(pytorch, release_options(pytorch)[0])
+        except PipelineError as refused:
+            text = f"refused: {refused}"
+        (out / f"llm_api_options-{release}.yaml").write_text(text.replace(str(REPO), "<repo>"))
+    tokenizer = output / "import"
+    if not tokenizer.is_dir():
+        return
+    for release in ("0.18", "0.19", "0.20", "0.21", "1.0", "1.1", "1.2"):
+        overrides = [*extra, "target.trtllm_backend=tensorrt", f'target.trtllm_version="{release}"']
+        try:
+            engines = load_config(REPO / config, overrides)
+        except PipelineError as refused:
+            (out / f"repo-{release}.refused").write_text(str(refused).replace(str(REPO), "<repo>"))
+            continue
+        record = out / f"engine-{release}"
+        record.mkdir(exist_ok=True)
+        for file in tokenizer.glob("tokenizer*"):
+            (record / file.name).write_bytes(file.read_bytes())
+        build = {"max_batch_size": engines.build.max_batch_size, "max_input_len": engines.build.max_input_len}
+        build |= {"max_seq_len": engines.build.max_seq_len, "max_num_tokens": engines.build.max_num_tokens}
+        (record / "config.json").write_text(
+            json.dumps(
+                {
+                    "version": f"{release}.0",
+                    "pretrained_config": {"architecture": "LlamaForCausalLM", "dtype": "float16"},
+                    "build_config": {**build, "max_beam_width": 1},
+                }
+            )
+        )
+        repo = out / f"repo-{release}"
+        shutil.rmtree(repo, ignore_errors=True)
+        try:
+            triton_repo.write(engines, record, repo, log=lambda _: None)
+        except PipelineError as refused:
+            (out / f"repo-{release}.refused").write_text(str(refused).replace(str(REPO), "<repo>"))
 
 
 def compared_files(output: Path) -> list[Path]:
@@ -82,6 +141,7 @@ def main() -> int:
             said = (result.stderr.strip().splitlines() or [""])[-1] if result.returncode else ""
             print(f"{config}: {verb} exit {result.returncode} {said}", flush=True)
             lines.append(f"{config.stem} {verb} exit {result.returncode} {said}".rstrip())
+        every_release(config, extra, output)
         for file in compared_files(output):
             lines.append(f"{hashlib.sha256(file.read_bytes()).hexdigest()}  {file.relative_to(out)}")
     (out / "generated.sha256").write_text("\n".join(lines) + "\n")
