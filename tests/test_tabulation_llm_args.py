@@ -1,30 +1,18 @@
-"""The LLM-API options tabulator (scripts/dev/tabulate_trtllm_llm_args.py), run on verbatim excerpts of the
-upstream files it reads (tests/fixtures/upstream), agrees with the committed trtllm_llm_args.json; the table has
-every key the trtllm target's PyTorch path writes, for 1.0 and 1.2; and llm_api_args refuses what a release's
-TorchLlmArgs would refuse."""
+"""The LLM-API options tabulator (scripts/dev/tabulate_trtllm_llm_args.py) on short inputs written here in the
+upstream syntax; the committed llm_args table has every key the trtllm target's PyTorch path writes; and
+llm_api_args refuses what a release's TorchLlmArgs would refuse."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from pipeline.targets.llm_api_args import LLM_API_RELEASES, options_problems, serve_options_flag
+from pipeline.targets.llm_api_args import LLM_API_RELEASES, TABLE, options_problems, serve_options_flag
+from pipeline.upstream import NotTabulated
 from tests.conftest import dev_script
 
-ROOT = Path(__file__).parents[1]
-FIXTURES = ROOT / "tests" / "fixtures" / "upstream"
-TABLE = json.loads((ROOT / "pipeline" / "targets" / "trtllm_llm_args.json").read_text())
-
-
 tab = dev_script("tabulate_trtllm_llm_args")
-LLM_ARGS_EXCERPTS = {
-    "1.0": "llm_args_1520735490_excerpt.py.txt",
-    "1.1": "llm_args_1090804222_excerpt.py.txt",
-    "1.2": "llm_args_7019226376_excerpt.py.txt",
-}
-SERVE_EXCERPTS = {"1.0": "serve_py_901178132_excerpt.py.txt", "1.2": "serve_py_00209af1_excerpt.py.txt"}
 
 # What the trtllm target's PyTorch path writes into the options YAML: (key path, kind).
 EMITTED = [
@@ -57,64 +45,215 @@ def field(release: str, path: tuple[str, ...]) -> dict | None:
     return spec
 
 
-# ---------------------------------------------------------------- the tabulator on excerpts
+# ---------------------------------------------------------------- the tabulator on inputs written here
+
+ARGS = """
+from enum import Enum
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
 
 
-@pytest.mark.parametrize("release", sorted(LLM_ARGS_EXCERPTS))
-def test_llm_args_excerpt_reproduces_the_table(release):
-    facts = tab.llm_args_facts((FIXTURES / LLM_ARGS_EXCERPTS[release]).read_text(), excerpt=True)
-    committed = TABLE["releases"][release]
-    assert facts["models"], "no model found in the excerpt"
-    for model, spec in facts["models"].items():
-        assert spec["extra"] == committed["models"][model]["extra"] == "forbid"
-        for name, facts_field in spec["fields"].items():
-            assert facts_field == committed["models"][model]["fields"][name], (model, name)
-    for enum, values in facts["enums"].items():
-        assert values == committed["enums"][enum]
-    for decoding_type, model in facts["decoding_types"].items():
-        assert committed["speculative_decoding_types"][decoding_type] == model
+class Colour(str, Enum):
+    RED = "red"
+    BLUE = "blue"
 
 
-def test_excerpts_show_the_moves_between_1_0_and_1_2():
-    old = tab.llm_args_facts((FIXTURES / LLM_ARGS_EXCERPTS["1.0"]).read_text(), excerpt=True)
-    new = tab.llm_args_facts((FIXTURES / LLM_ARGS_EXCERPTS["1.2"]).read_text(), excerpt=True)
-    assert "DraftTarget" in old["decoding_types"] and "Draft_Target" in new["decoding_types"]
-    assert old["models"]["StrictBaseModel"]["extra"] == "forbid"  # defined in llm_args.py in 1.0
-    assert new["models"]["KvCacheConfig"]["extra_from"].startswith("StrictBaseModel (imported")
-    assert new["models"]["KvCacheConfig"]["fields"]["free_gpu_memory_fraction"]["default"] == 0.9
-    assert new["models"]["TorchLlmArgs"]["fields"]["backend"]["choices"] == ["pytorch"]  # overrides BaseLlmArgs'
-    assert new["models"]["DecodingBaseConfig"]["fields"]["speculative_model"]["aliases"] == [
-        "speculative_model",
-        "speculative_model_dir",
-    ]
-    assert "fail_fast_on_attention_window_too_large" in old["models"]["BaseLlmArgs"]["fields"]
+class StrictBaseModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
-@pytest.mark.parametrize("release", sorted(SERVE_EXCERPTS))
-def test_serve_excerpt_reproduces_the_table(release):
-    facts = tab.serve_facts((FIXTURES / SERVE_EXCERPTS[release]).read_text())
-    committed = TABLE["releases"][release]["serve"]
-    assert facts["options_flags"] == committed["options_flags"]
-    assert facts["backend_choices"] == committed["backend_choices"] == ["pytorch", "tensorrt", "_autodeploy"]
+class WheelConfig(StrictBaseModel):
+    spokes: int = Field(default=12, ge=0, description="how many")
+    tint: Colour = Colour.BLUE
+    rim: Optional[float] = None
 
 
-def test_tabulator_refuses_an_unrecognized_llm_args():
+class Loose(BaseModel):
+    anything: dict = Field(default_factory=dict)
+
+
+class BikeArgs(StrictBaseModel):
+    wheel_config: WheelConfig = Field(default_factory=WheelConfig, status="beta")
+    saddle_height: float = Field(default=0.9, alias="seat_height")
+    bell_model: Optional[str] = Field(default=None, validation_alias=AliasChoices("bell_model", "bell_dir"))
+    old_bell: Optional[bool] = Field(default=None, deprecated="a sentence of upstream's")
+    gears: List[int] = Field(default_factory=lambda: [1, 2, 3])
+    frame: Union[str, int]
+    style: Literal["road", "gravel"] = "road"
+    pedals: int = Field(default=WheelConfig.model_fields['spokes'].default)
+    _private: int = 0
+
+
+class TorchLlmArgs(BikeArgs):
+    style: Literal["road"] = "road"
+    loose: Optional[Loose] = None
+"""
+LITERALS = """
+class DecodingBaseConfig(StrictBaseModel):
+    max_draft_len: Optional[int] = None
+
+
+class DraftConfig(DecodingBaseConfig):
+    decoding_type: Literal["Draft_Target"] = "Draft_Target"
+"""
+MAPPING = """
+class DecodingBaseConfig(StrictBaseModel):
+    @classmethod
+    def from_dict(cls, data: dict):
+        config_classes = {"DraftTarget": DraftConfig, "NGram": NGramConfig}
+        return config_classes[data["decoding_type"]](**data)
+"""
+
+
+def test_a_pydantic_args_class_is_tabulated_field_by_field():
+    facts = tab.llm_args_facts(ARGS + LITERALS)
+    bike = facts["models"]["BikeArgs"]
+    assert (
+        bike["extra"] == "forbid" and bike["extra_from"] == "StrictBaseModel" and bike["bases"] == ["StrictBaseModel"]
+    )
+    fields = bike["fields"]
+    assert "_private" not in fields
+    assert fields["wheel_config"] == {
+        "type": "WheelConfig",
+        "required": False,
+        "default": {"default_factory": "WheelConfig"},
+        "status": "beta",
+        "kind": "model",
+        "nullable": False,
+        "model": "WheelConfig",
+    }
+    assert fields["saddle_height"]["aliases"] == ["seat_height"] and fields["saddle_height"]["default"] == 0.9
+    assert fields["bell_model"]["aliases"] == ["bell_model", "bell_dir"]  # renamed: the old name still accepted
+    assert fields["old_bell"]["deprecated"] is True  # the message itself is not kept
+    assert fields["gears"]["default"] == [1, 2, 3] and fields["gears"]["kind"] == "list"
+    assert fields["frame"]["required"] is True
+    assert fields["frame"]["members"] == [{"kind": "str", "nullable": False}, {"kind": "int", "nullable": False}]
+    assert fields["style"] == {
+        "type": 'Literal["road", "gravel"]'.replace('"', "'"),
+        "required": False,
+        "default": "road",
+        "kind": "enum",
+        "nullable": False,
+        "choices": ["road", "gravel"],
+    }
+    assert fields["pedals"]["default"] == {"default_of": {"model": "WheelConfig", "field": "spokes"}}
+
+
+def test_nested_configs_inherit_forbid_and_subclasses_override_fields():
+    facts = tab.llm_args_facts(ARGS + LITERALS)
+    wheel = facts["models"]["WheelConfig"]
+    assert wheel["extra"] == "forbid" and wheel["fields_complete"] is True
+    assert wheel["fields"]["spokes"]["ge"] == 0
+    assert wheel["fields"]["tint"]["default"] == {"enum": "Colour", "member": "BLUE"}
+    assert wheel["fields"]["tint"]["choices"] == ["red", "blue"]
+    assert wheel["fields"]["rim"]["nullable"] is True
+    assert facts["models"]["Loose"]["extra"] == "ignore"  # pydantic's default where nothing says otherwise
+    root = facts["models"]["TorchLlmArgs"]["fields"]
+    assert root["style"]["choices"] == ["road"] and "saddle_height" in root  # own over inherited, inherited kept
+    assert facts["enums"] == {"Colour": ["red", "blue"]}
+
+
+def test_the_speculative_discriminator_before_and_after_the_literals():
+    assert tab.llm_args_facts(ARGS + LITERALS)["decoding_types"] == {"Draft_Target": "DraftConfig"}
+    assert tab.llm_args_facts(ARGS + MAPPING)["decoding_types"] == {
+        "DraftTarget": "DraftConfig",
+        "NGram": "NGramConfig",
+    }
+    with pytest.raises(tab.UnrecognizedSource, match="decoding_type"):
+        tab.llm_args_facts(ARGS)
+
+
+def test_an_imported_strict_base_is_named_as_not_read():
+    facts = tab.llm_args_facts(
+        LITERALS
+        + ARGS.replace('class StrictBaseModel(BaseModel):\n    model_config = ConfigDict(extra="forbid")\n', "")
+    )
+    assert facts["models"]["WheelConfig"]["extra"] == "forbid"
+    assert facts["models"]["WheelConfig"]["extra_from"].startswith("StrictBaseModel (imported")
+
+
+def test_defaults_it_cannot_state_and_unrelated_files_are_refused():
     with pytest.raises(tab.UnrecognizedSource):
         tab.llm_args_facts("class Unrelated(BaseModel):\n    x: int = 1\n")
+    with pytest.raises(tab.UnrecognizedSource, match="cannot state"):
+        tab.llm_args_facts(ARGS.replace("= Colour.BLUE", "= pick(Colour)") + LITERALS)
+
+
+SERVE = """
+@click.command("serve")
+@click.argument("model", type=str)
+@click.option("--host", type=str, default="localhost")
+@click.option("--backend", type=ChoiceWithAlias(["pytorch", "tensorrt"], {"trt": "tensorrt"}), default="pytorch")
+@click.option("--tensor_parallel_size", "--tp_size", type=int, default=1)
+@click.option("--log_level", type=click.Choice(severity_map.keys()), default="info")
+@click.option("--config", "--extra_llm_api_options", "extra_llm_api_options", type=str, default=None)
+@click.option("--max_batch_size", type=int, default=BuildConfig.model_fields["max_batch_size"].default)
+@click.option("--trust_remote_code", is_flag=True, default=False)
+def serve(model, **options):
+    pass
+"""
+
+
+def test_serve_options_keep_a_renamed_flag_and_its_old_name():
+    facts = tab.serve_facts(SERVE)
+    assert facts["options_flags"] == ["--config", "--extra_llm_api_options"]
+    assert facts["backend_choices"] == ["pytorch", "tensorrt"] and facts["backend_aliases"] == {"trt": "tensorrt"}
+    options = facts["options"]
+    assert options["extra_llm_api_options"] == {
+        "options": ["--config", "--extra_llm_api_options"],
+        "type": "str",
+        "default": None,
+    }
+    assert options["tensor_parallel_size"] == {
+        "options": ["--tensor_parallel_size", "--tp_size"],
+        "type": "int",
+        "default": 1,
+    }
+    assert options["log_level"] == {
+        "options": ["--log_level"],
+        "type": "choice",
+        "choices_from": "severity_map",
+        "default": "info",
+    }
+    assert options["max_batch_size"]["default"] == {"default_of": {"model": "BuildConfig", "field": "max_batch_size"}}
+    assert options["trust_remote_code"] == {"options": ["--trust_remote_code"], "is_flag": True, "default": False}
+    assert "model" not in options  # an argument, not an option
+
+
+def test_a_serve_without_the_options_flag_is_refused():
+    with pytest.raises(tab.UnrecognizedSource, match="extra_llm_api_options"):
+        tab.serve_facts(SERVE.replace('"--config", "--extra_llm_api_options", "extra_llm_api_options"', '"--config"'))
 
 
 # ---------------------------------------------------------------- the committed table
 
 
-def test_table_records_its_sources():
+def test_table_cites_its_sources_by_commit():
     assert LLM_API_RELEASES == ("1.0", "1.1", "1.2") and not TABLE["not_tabulated"]
     for release in LLM_API_RELEASES:
         source = TABLE["releases"][release]["source"]
+        assert source["llm_args"]["commit"] is None and source["llm_args"]["pinned"] is False
+        assert source["serve"]["commit"] and not source["serve"]["pinned"]
         for file in ("llm_args", "serve"):
-            assert source[file]["repo"] == "NVIDIA/TensorRT-LLM"
-            assert source[file]["commit"] or source[file]["index_id"]
-            assert source[file]["ranges"]
-        assert "confidence" in source["note"]
+            assert source[file]["repo"] == "NVIDIA/TensorRT-LLM" and len(source[file]["release_commit"]) == 40
+        assert "confidence" in source["note"] and len(source["note"]) < 200
+
+
+def test_table_holds_no_source_expressions():
+    text = json.dumps(TABLE)
+    assert '"expr"' not in text and '"factory"' not in text and "index" not in text.lower()
+
+
+def test_every_release_has_every_section():
+    for release in LLM_API_RELEASES:
+        block = TABLE["releases"][release]
+        assert set(block) == {"source", "root", "models", "enums", "speculative_decoding_types", "serve"}
+        assert block["root"] in block["models"]
+        for model in block["models"].values():
+            assert {"bases", "extra", "extra_from", "fields", "fields_complete"} <= set(model)
+            for field in model["fields"].values():
+                assert field.get("model") in (None, *block["models"])
 
 
 @pytest.mark.parametrize("release", LLM_API_RELEASES)
@@ -227,12 +366,12 @@ def test_validator_refuses_unknown_nested_keys_bad_enums_and_types(release):
 
 
 def test_unknown_release_is_refused():
-    with pytest.raises(ValueError, match="0.21"):
+    with pytest.raises(NotTabulated, match="0.21"):
         options_problems({}, "0.21")
 
 
 def test_keys_of_a_partly_read_model_are_not_refused():
-    """1.2's EagleDecodingConfig was cached with its fields left out: its keys cannot be judged."""
+    """1.2's EagleDecodingConfig was read from a copy with some of its fields left out: its keys cannot be judged."""
     assert not TABLE["releases"]["1.2"]["models"]["EagleDecodingConfig"]["fields_complete"]
     eagle = {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle_choices": [[0]], "speculative_model": "/d"}
     assert options_problems({"speculative_config": eagle}, "1.2") == []

@@ -1,82 +1,57 @@
-"""Tabulate the LLM-API options (TorchLlmArgs and its nested configs) and `trtllm-serve`'s flags, as JSON facts.
+"""Tabulate the LLM-API options (TorchLlmArgs and its nested configs) and `trtllm-serve`'s flags, per release.
 
-Maintainer tool, not run by the pipeline. It reads, with `ast`, the cached excerpts of
-`tensorrt_llm/llmapi/llm_args.py` (every pydantic model: its fields merged over its bases, their annotations,
-defaults, aliases and stability status, and `extra` from `model_config` / `class Config`; every StrEnum/Enum; the
-`speculative_config` discriminator: `decoding_type` Literals from 1.1/1.2's models, or the keys of
-`DecodingBaseConfig.from_dict` in 1.0) and of `tensorrt_llm/commands/serve.py` (the `serve` command's click options,
-among them the flag(s) naming the options YAML). RELEASES says which cached version stands for which release and why.
-Writes pipeline/targets/trtllm_llm_args.json. Usage:
-    python scripts/dev/tabulate_trtllm_llm_args.py /work/upstream-cache/NVIDIA+TensorRT-LLM \
-        pipeline/targets/trtllm_llm_args.json
+Maintainer tool, run by scripts/dev/tabulate.py. It reads, with `ast`, `tensorrt_llm/llmapi/llm_args.py` (every
+pydantic model: its fields merged over its bases, their kinds, defaults, aliases and stability status, and `extra`
+from `model_config` / `class Config`; every StrEnum/Enum; the `speculative_config` discriminator: `decoding_type`
+Literals, or the keys of `DecodingBaseConfig.from_dict` before 1.2) and `tensorrt_llm/commands/serve.py` (the
+`serve` command's click options, among them the flag(s) naming the options YAML).
 """
 
 from __future__ import annotations
 
 import ast
-import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from upstream_source import READS, REPO, complete_statements, find_def, value
+from upstream_source import REPO, Upstream, cite, complete_statements, find_def, stored_releases
 
 LLM_ARGS = "tensorrt_llm/llmapi/llm_args.py"
 SERVE = "tensorrt_llm/commands/serve.py"
 ROOT_MODEL = "TorchLlmArgs"
 OPTIONS_PARAM = "extra_llm_api_options"  # serve()'s parameter that receives the options YAML's path
 
-# Which cached version stands for which release. The index holds no release commits and named no commit for the
-# llm_args.py versions it returned by id, so each choice is argued from the content (see each note).
+# The copies these facts were read from, per release. The llm_args.py copies have no known commit (they were
+# chosen by their content: what the release notes say each release changed); `release_commit` is the commit to
+# re-read them at. The serve.py copies have commits, but not the releases' own.
 RELEASES = {
     "1.0": {
-        "llm_args": "index-id-1520735490",
-        "serve": "index-id-901178132",
-        "note": (
-            "llm_args.py: of the stored versions found (index ids 1520735490, 1090804222, 7019226376, 292162234 "
-            "and the newest, 0004396720; none at 1.0.0's commit ae8270b7, read from tensorrtllm_backend v1.0.0's "
-            "submodule), 1520735490 is the one with the 1.0 shape the release notes describe: cuda_graph_config, "
-            "kv_cache_config.dtype, moe_config, StrictBaseModel defined inline with extra='forbid', "
-            "KvCacheConfig.free_gpu_memory_fraction defaulting to None (the release notes put 0.9 in 1.1) and "
-            "DecodingBaseConfig.from_dict keyed 'DraftTarget'; it has mid-2025 features (AutoDecodingConfig, "
-            "KvCacheConnectorConfig, the MNNVL allreduce, the CUTEDSL MoE backend), so it is from the 1.0 line of"
-            " development, but whether the 1.0.0 release added or renamed fields after it is not known. Medium "
-            "confidence. serve.py: index id 901178132, a version with only --extra_llm_api_options and 1.0-era "
-            "options (disagg_cluster_uri, media_io_kwargs, no stability tags); medium confidence."
-        ),
+        "llm_args": None,
+        "serve": "4c05a74891e4df8066f08ed4ce14b0972abe4e25",
+        "release_commit": "ae8270b713446948246f16fadf4e2a32e35d0f62",
+        "note": "Medium confidence: a 1.0-line llm_args.py (free_gpu_memory_fraction without a default, "
+        "'DraftTarget'); a serve.py with only --extra_llm_api_options.",
     },
     "1.1": {
-        "llm_args": "index-id-1090804222",
-        "serve": "index-id-901178132",
-        "note": (
-            "llm_args.py: index id 1090804222 (chars 0-112000 read: every field; the rest is validators). Its "
-            "content lies between the 1.0 and 1.2 versions: KvCacheConfig.free_gpu_memory_fraction defaults to 0.9 "
-            "(the 1.1 change of the release notes) and it has tokens_per_block, SaveState speculation, sparse "
-            "attention and the ray orchestrator, while DecodingBaseConfig.from_dict is still keyed 'DraftTarget' "
-            "(renamed in 1.2) and StrictBaseModel is still defined in llm_args.py. The 1.1.0 release commit "
-            "(48b7b5d8, tensorrtllm_backend's v1.1.0 submodule) is not stored, so whether this is it, the "
-            "release/1.1 branch or main near the cut is not known. Medium-low confidence. serve.py: no version "
-            "tied to 1.1 was found; the 1.0 one (index id 901178132) is used, whose --extra_llm_api_options every "
-            "version read accepts (1.2 keeps it as an alias of --config), so the flag we pass is right whether or "
-            "not 1.1 already has --config; its other flags are 1.0's."
-        ),
+        "llm_args": None,
+        "serve": "4c05a74891e4df8066f08ed4ce14b0972abe4e25",
+        "release_commit": "48b7b5d8b7ed1e6bff57aecc6ff7d1533288bed8",
+        "note": "Medium-low confidence: an llm_args.py between the 1.0 and 1.2 copies (free_gpu_memory_fraction "
+        "0.9, still 'DraftTarget'); 1.0's serve.py, whose --extra_llm_api_options every release accepts.",
     },
     "1.2": {
-        "llm_args": "index-id-7019226376",
+        "llm_args": None,
         "serve": "00209af149e7774406881a37283dce303571eb11",
-        "note": (
-            "llm_args.py: index id 7019226376 logs that 'the mtp_eagle_one_model flag will do nothing in release "
-            "1.3', so it is from before 1.3; it has 1.2's discriminated speculative_config (decoding_type "
-            "Literals, 'Draft_Target'), the KvCacheConfig.free_gpu_memory_fraction default 0.9 and the key-by-key"
-            " kv_cache_config merge of update_llm_args_with_extra_dict (read at offset 128000, not cached) that "
-            "the 1.2 notes describe. Whether it is the 1.2.x release commit or the main branch shortly "
-            "before/after the release/1.2 cut is not known. Medium confidence. serve.py: commit 00209af1 (the "
-            "version read_file gave without a commit), which passes custom_tokenizer and otlp_traces_endpoint, as"
-            " this llm_args.py has them, and accepts --config and --extra_llm_api_options; medium-low confidence "
-            "that it is 1.2 rather than early 1.3."
-        ),
+        "release_commit": "36e34eeffce6af28b60719a0be7dff7c7ebe01a7",
+        "note": "Medium confidence: an llm_args.py from before 1.3 with the decoding_type Literals "
+        "('Draft_Target'); a serve.py with --config and --extra_llm_api_options as its alias.",
     },
 }
+NOTE = (
+    "models[root] holds every key of the LLM-API options YAML (`trtllm-serve MODEL <serve.options_flags[0]> FILE`, "
+    "or the non-triton_config keys of Triton's llmapi model.yaml); a field of kind 'model' nests the named model's "
+    "fields. 'extra' says what the model does with unknown keys ('forbid': pydantic refuses them); "
+    "'fields_complete' is false where not all of a model's fields were read. 'aliases' are further accepted key "
+    "names. A field with 'unresolved' names a type defined elsewhere (not read): its content is not checked. "
+    "pipeline/targets/llm_api_args.py validates options against this table."
+)
 NOT_TABULATED: dict[str, str] = {}  # release -> why its facts could not be read
 
 SCALARS = {
@@ -91,7 +66,6 @@ SCALARS = {
 }
 CONTAINERS = {"List": "list", "list": "list", "Set": "list", "set": "list", "Dict": "dict", "dict": "dict"}
 OPAQUE = {"object", "Any"}
-FIELDS_ELIDED = "# [fields elided]"  # marks, in a cached excerpt, a class some of whose fields were left out
 
 
 class UnrecognizedSource(ValueError):
@@ -128,6 +102,41 @@ def _field_call(node: ast.expr | None) -> ast.Call | None:
     return None
 
 
+def default_meaning(node: ast.expr):
+    """A default as a literal, or what a non-literal one means: another model's field default, an enum member, a
+    value computed by a model's method."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        pass
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):  # Model.field or Enum.MEMBER
+        owner, name = node.value.id, node.attr
+        return {"enum": owner, "member": name} if name.isupper() else {"default_of": {"model": owner, "field": name}}
+    if (  # Model.model_fields['field'].default
+        isinstance(node, ast.Attribute)
+        and node.attr == "default"
+        and isinstance(node.value, ast.Subscript)
+        and isinstance(node.value.value, ast.Attribute)
+        and node.value.value.attr == "model_fields"
+        and isinstance(node.value.value.value, ast.Name)
+    ):
+        return {"default_of": {"model": node.value.value.value.id, "field": ast.literal_eval(node.value.slice)}}
+    if isinstance(node, ast.Call) and not node.args and isinstance(node.func, ast.Attribute):  # Model.method()
+        if isinstance(node.func.value, ast.Name):
+            return {"computed_by": {"model": node.func.value.id, "method": node.func.attr}}
+    raise UnrecognizedSource(f"a default this tabulator cannot state: {ast.unparse(node)}")
+
+
+def factory_meaning(node: ast.expr):
+    """A `default_factory`: a class or builtin called with no arguments, or a lambda returning a literal (that
+    literal is then the default)."""
+    if isinstance(node, ast.Name):
+        return {"default_factory": node.id}
+    if isinstance(node, ast.Lambda):
+        return ast.literal_eval(node.body)
+    raise UnrecognizedSource(f"a default_factory this tabulator cannot state: {ast.unparse(node)}")
+
+
 def _field(item: ast.AnnAssign) -> dict:
     """One annotated class attribute: annotation text, default (or required), aliases, status."""
     spec = {"type": ast.unparse(item.annotation)}
@@ -135,16 +144,16 @@ def _field(item: ast.AnnAssign) -> dict:
     if call is None:
         spec["required"] = item.value is None
         if item.value is not None:
-            spec["default"] = value(item.value)
+            spec["default"] = default_meaning(item.value)
         return spec
     keywords = {k.arg: k.value for k in call.keywords}
     default = call.args[0] if call.args else keywords.get("default")
     if "default_factory" in keywords:
-        spec["required"], spec["default"] = False, {"factory": ast.unparse(keywords["default_factory"])}
+        spec["required"], spec["default"] = False, factory_meaning(keywords["default_factory"])
     elif default is None or (isinstance(default, ast.Constant) and default.value is Ellipsis):
         spec["required"] = True
     else:
-        spec["required"], spec["default"] = False, value(default)
+        spec["required"], spec["default"] = False, default_meaning(default)
     aliases = []
     for key in ("alias", "validation_alias"):
         if key in keywords:
@@ -153,9 +162,13 @@ def _field(item: ast.AnnAssign) -> dict:
             aliases += [ast.literal_eval(a) for a in found if isinstance(a, ast.Constant)]
     if aliases:
         spec["aliases"] = list(dict.fromkeys(aliases))
-    for key in ("status", "deprecated", "ge", "le", "min_length"):
+    if "status" in keywords:
+        spec["status"] = ast.literal_eval(keywords["status"])
+    if "deprecated" in keywords:  # its message is upstream's text: only that the field is deprecated is kept
+        spec["deprecated"] = True
+    for key in ("ge", "le", "min_length"):
         if key in keywords:
-            spec[key] = value(keywords[key])
+            spec[key] = ast.literal_eval(keywords[key])
     return spec
 
 
@@ -207,18 +220,10 @@ def classify(node: ast.expr, names: dict) -> dict:
     return {"kind": "any", "nullable": False, "unresolved": text}
 
 
-def llm_args_facts(source: str, excerpt: bool = False) -> dict:
-    """Models, enums and the speculative_config discriminator of one llm_args.py text (with `excerpt`, of a text
-    that may lack TorchLlmArgs or the speculative configs)."""
+def llm_args_facts(source: str) -> dict:
+    """Models, enums and the speculative_config discriminator of one llm_args.py text."""
     statements = complete_statements(source)
     classes = {s.name: s for s in statements if isinstance(s, ast.ClassDef)}
-    lines = source.splitlines()
-    starts = sorted(s.lineno for s in statements) + [len(lines) + 1]
-    partial = {  # a class's text runs to the next statement (trailing comments included)
-        name
-        for name, c in classes.items()
-        if any(FIELDS_ELIDED in line for line in lines[c.lineno - 1 : starts[starts.index(c.lineno) + 1] - 1])
-    }
     aliases = {}
     for s in statements:
         target = s.target if isinstance(s, ast.AnnAssign) else (s.targets[0] if isinstance(s, ast.Assign) else None)
@@ -249,12 +254,10 @@ def llm_args_facts(source: str, excerpt: bool = False) -> dict:
         node = models[name]
         bases = _bases(node)
         fields, extra, extra_from = {}, _extra_of(node), name
-        complete = name not in partial
         for base in bases:
             if base in models:
                 parent = table(base)
                 fields |= parent["fields"]
-                complete = complete and parent["fields_complete"]
                 if extra is None:
                     extra, extra_from = parent["extra"], parent["extra_from"]
             elif base == "StrictBaseModel" and extra is None:
@@ -276,22 +279,23 @@ def llm_args_facts(source: str, excerpt: bool = False) -> dict:
             "extra": extra,
             "extra_from": extra_from,
             "fields": fields,
-            "fields_complete": complete,
+            # a whole file gives every field (the committed 1.2 facts, read from a partial copy, mark some false)
+            "fields_complete": True,
         }
         return tables[name]
 
     for name in models:
         table(name)
-    if ROOT_MODEL not in tables and not excerpt:
+    if ROOT_MODEL not in tables:
         raise UnrecognizedSource(f"no {ROOT_MODEL} in this llm_args.py text")
     return {
         "models": tables,
         "enums": {n: e["values"] for n, e in enums.items()},
-        "decoding_types": decoding_types(classes, tables, excerpt),
+        "decoding_types": decoding_types(classes, tables),
     }
 
 
-def decoding_types(classes: dict, models: dict, excerpt: bool = False) -> dict:
+def decoding_types(classes: dict, models: dict) -> dict:
     """{decoding_type value: config class} that speculative_config accepts: the `decoding_type` Literal of each
     DecodingBaseConfig subclass (discriminated union), or the keys of DecodingBaseConfig.from_dict's mapping."""
     found = {
@@ -306,100 +310,84 @@ def decoding_types(classes: dict, models: dict, excerpt: bool = False) -> dict:
     for node in ast.walk(method) if method else []:
         if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
             return {ast.literal_eval(k): ast.unparse(v) for k, v in zip(node.keys, node.values)}
-    if excerpt:
-        return {}
     raise UnrecognizedSource("neither decoding_type Literals nor DecodingBaseConfig.from_dict's mapping found")
 
 
 # ---------------------------------------------------------------- serve.py
 
 
+def flag_type(node: ast.expr) -> dict:
+    """A click option's `type=`: a builtin's name, or choices (ChoiceWithAlias: with their aliases; a Choice over
+    a mapping's keys: the mapping's name)."""
+    if isinstance(node, ast.Name):
+        return {"type": node.id}
+    head = ast.unparse(node.func) if isinstance(node, ast.Call) else None
+    if head == "ChoiceWithAlias":
+        return {"choices": ast.literal_eval(node.args[0]), "aliases": ast.literal_eval(node.args[1])}
+    if head == "click.Choice":
+        choices = node.args[0]
+        if isinstance(choices, ast.Call) and isinstance(choices.func, ast.Attribute) and choices.func.attr == "keys":
+            return {"type": "choice", "choices_from": ast.unparse(choices.func.value)}
+        return {"type": "choice", "choices": ast.literal_eval(choices)}
+    raise UnrecognizedSource(f"a click option type this tabulator cannot state: {ast.unparse(node)}")
+
+
 def serve_facts(source: str) -> dict:
-    """The `serve` command's click options: each flag's parameter, type, default and choices; and the flag(s)
-    that pass the options YAML (the option bound to serve()'s `extra_llm_api_options` parameter)."""
+    """The `serve` command's click options by parameter: its flag names (the first is the current one, the others
+    aliases: a renamed flag keeps its old name there), type, default and choices; and the flags that pass the
+    options YAML (those bound to serve()'s `extra_llm_api_options` parameter)."""
     function = find_def(complete_statements(source), "serve")
     if function is None:
         raise UnrecognizedSource("no serve() in this serve.py text")
-    flags, backend = {}, None
+    options = {}
     for decorator in function.decorator_list:
         if not (isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "click.option"):
             continue
         names = [ast.literal_eval(a) for a in decorator.args if isinstance(a, ast.Constant)]
-        options = [n for n in names if n.startswith("--")]
+        flags = [n for n in names if n.startswith("--")]
         params = [n for n in names if not n.startswith("-")]
-        param = params[0] if params else options[0].lstrip("-")
         keywords = {k.arg: k.value for k in decorator.keywords}
-        spec = {"param": param, "options": options}
-        kind = keywords.get("type")
-        if isinstance(kind, ast.Call) and ast.unparse(kind.func) == "ChoiceWithAlias":
-            spec["choices"], spec["aliases"] = ast.literal_eval(kind.args[0]), ast.literal_eval(kind.args[1])
-        elif kind is not None:
-            spec["type"] = ast.unparse(kind)
+        spec = {"options": flags}
+        if "type" in keywords:
+            spec |= flag_type(keywords["type"])
         if "is_flag" in keywords:
             spec["is_flag"] = ast.literal_eval(keywords["is_flag"])
         if "default" in keywords:
-            spec["default"] = value(keywords["default"])
-        for option in options:
-            flags[option] = spec
-        if param == "backend":
-            backend = spec
-    options_flags = next((s["options"] for s in flags.values() if s["param"] == OPTIONS_PARAM), None)
-    if options_flags is None:
+            spec["default"] = default_meaning(keywords["default"])
+        options[params[0] if params else flags[0].lstrip("-")] = spec
+    if OPTIONS_PARAM not in options:
         raise UnrecognizedSource(f"no click option bound to serve()'s {OPTIONS_PARAM}")
+    backend = options.get("backend", {})
     return {
-        "options_flags": options_flags,
-        "backend_choices": backend["choices"] if backend else None,
-        "backend_aliases": backend["aliases"] if backend else None,
-        "flags": flags,
+        "options_flags": options[OPTIONS_PARAM]["options"],
+        "backend_choices": backend.get("choices"),
+        "backend_aliases": backend.get("aliases"),
+        "options": options,
     }
 
 
 # ---------------------------------------------------------------- the table
 
 
-def _cached(cache: Path, version: str, path: str) -> tuple[str, dict]:
-    """Text of the cached excerpt and its READS record."""
-    file = cache / version / f"{path} (excerpt)"
-    reads = json.loads((cache / READS).read_text())["reads"]
-    commit = None if version.startswith("index-id-") else version
-    index_id = version.removeprefix("index-id-") if commit is None else None
-    for read in reads:
-        if read["path"].split(" ")[0] == path and (read["commit"] == commit if commit else read["id"] == index_id):
-            record = {"repo": REPO, "path": path, "commit": commit, "index_id": read["id"]}
-            record |= {"ranges": read["ranges"], "total_chars": read["total_chars"], "cached_as": "excerpt"}
-            return file.read_text(), record
-    raise KeyError(f"{version}/{path} is not described in {cache / READS}")
-
-
-def tabulate(cache: Path) -> dict:
-    releases = {}
-    for release, chosen in RELEASES.items():
-        llm_text, llm_source = _cached(cache, chosen["llm_args"], LLM_ARGS)
-        serve_text, serve_source = _cached(cache, chosen["serve"], SERVE)
-        facts = llm_args_facts(llm_text)
-        releases[release] = {
-            "source": {"llm_args": llm_source, "serve": serve_source, "note": chosen["note"]},
-            "root": ROOT_MODEL,
-            "models": facts["models"],
-            "enums": facts["enums"],
-            "speculative_decoding_types": facts["decoding_types"],
-            "serve": serve_facts(serve_text),
-        }
+def release_facts(upstream: Upstream, release: str) -> dict:
+    chosen = RELEASES[release]
+    facts = llm_args_facts(upstream.read(REPO, LLM_ARGS, chosen["llm_args"]))
+    source = {
+        "llm_args": cite(REPO, LLM_ARGS, chosen["llm_args"], pinned=False)
+        | {"release_commit": chosen["release_commit"]},
+        "serve": cite(REPO, SERVE, chosen["serve"], pinned=False) | {"release_commit": chosen["release_commit"]},
+        "note": chosen["note"],
+    }
     return {
-        "note": (
-            "Made by scripts/dev/tabulate_trtllm_llm_args.py from excerpts of TensorRT-LLM's llm_args.py and "
-            "commands/serve.py (sources per release). models[root] holds every key of the LLM-API options YAML "
-            "(`trtllm-serve MODEL <serve.options_flags[0]> FILE`, or the non-triton_config keys of Triton's "
-            "llmapi model.yaml); a field of kind 'model' nests the named model's fields. 'extra' says what the "
-            "model does with unknown keys ('forbid': pydantic refuses them). 'aliases' are further accepted key "
-            "names. A field with 'unresolved' names a type defined elsewhere (not read): its content is not "
-            "checked. pipeline/targets/llm_api_args.py validates options against this table."
-        ),
-        "not_tabulated": NOT_TABULATED,
-        "releases": releases,
+        "source": source,
+        "root": ROOT_MODEL,
+        "models": facts["models"],
+        "enums": facts["enums"],
+        "speculative_decoding_types": facts["decoding_types"],
+        "serve": serve_facts(upstream.read(REPO, SERVE, chosen["serve"])),
     }
 
 
-if __name__ == "__main__":
-    cache, out = Path(sys.argv[1]), Path(sys.argv[2])
-    out.write_text(json.dumps(tabulate(cache), indent=1, sort_keys=True) + "\n")
+def tabulate(upstream: Upstream) -> dict:
+    releases = {release: release_facts(upstream, release) for release in RELEASES}
+    return {"note": NOTE, "not_tabulated": NOT_TABULATED, "releases": stored_releases(releases)}

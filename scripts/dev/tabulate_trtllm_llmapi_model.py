@@ -1,46 +1,34 @@
-"""Tabulate, from the real upstream sources, the facts of Triton's `llmapi` python model (NVIDIA/TensorRT-LLM
+"""Tabulate the facts of Triton's `llmapi` python model (NVIDIA/TensorRT-LLM
 `triton_backend/all_models/llmapi/tensorrt_llm/`: config.pbtxt, 1/model.yaml, 1/model.py, 1/helpers.py) for each
-TensorRT-LLM release with a PyTorch-backend (LLM API) path, into `pipeline/triton/llmapi_model.json`.
+TensorRT-LLM release with a PyTorch-backend (LLM API) path.
 
-Maintainer tool, not run by the pipeline. One entry per release:
+Maintainer tool, run by scripts/dev/tabulate.py. One entry per release:
 
-- `source`: every file read, with the commit (or index id) it was read at, and a note on how that stored
-  version was tied to the release (the search index holds several versions of each file but no release commit).
+- `source`: every file read, with its commit (none is a release's own: `release_commit` says which to read).
 - `config`: config.pbtxt parsed with Triton's ModelConfig protobuf (backend, max_batch_size if set,
   instance_group, inputs and outputs with name, data_type, dims, optional).
 - `model_yaml`: the template model.yaml's keys and values; `model_yaml_path`: how model.py finds it.
 - `triton_config`: each key model.py reads from model.yaml's `triton_config`, the Python conversion it applies,
   its default when absent (`required` when it has none) and what model.py does with it.
-- `llm_kwargs`: how the rest of model.yaml becomes `LLM(**kwargs)` (keys excluded, keys model.py sets itself).
+- `llm_kwargs`: how the rest of model.yaml becomes the LLM's arguments (keys excluded, keys model.py sets itself
+  and under which conditions).
 - `config_parameters`: config.pbtxt `parameters` model.py reads.
 - `sampling_inputs` / `output_config_inputs` / `streaming_input`: what helpers.py makes of each request tensor.
 - `required_model_yaml_keys`: model.yaml keys read without a fallback (dotted for nested keys).
 - `container`: where tensorrtllm_backend's Dockerfile puts the model in the `-trtllm-python-py3` image and how
-  its docs/llmapi.md launches it, read with `git show` from a tensorrtllm_backend clone or bare mirror (`--git`).
-
-model.py and helpers.py are parsed with `ast` (model.py was cached as a prefix through `initialize`, so
-`upstream_source.complete_statements` keeps only whole statements).
-
-    python scripts/dev/tabulate_trtllm_llmapi_model.py --git <tensorrtllm_backend mirror> \\
-        --cache /work/upstream-cache/NVIDIA+TensorRT-LLM --out pipeline/triton/llmapi_model.json
+  its docs/llmapi.md launches it.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
-import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import yaml
 from google.protobuf import json_format, text_format
+from tabulate_trtllm_serving import launch_line_facts
 from tritonclient.grpc import model_config_pb2 as mc
-
-sys.path.insert(0, str(Path(__file__).parent))
-from upstream_source import REPO, cached_versions, complete_statements, source_record  # noqa: E402
+from upstream_source import REPO, Upstream, cite, complete_statements, stored_releases
 
 PREFIX = "triton_backend/all_models/llmapi/tensorrt_llm/"
 FILES = {"config": "config.pbtxt", "model_yaml": "1/model.yaml", "model_py": "1/model.py", "helpers": "1/helpers.py"}
@@ -53,43 +41,27 @@ C044 = "044a90d209e380c95e23e8ae42f3583fa05ada78"  # model.py with multi-instanc
 CFG = "c8c6df08bd0ead54cd47f7973e1e425c28a174cd"  # config.pbtxt and model.yaml
 HELPERS = "fab2f90bc62bcf0ca72d7dffbf31c3ddee6f948e"
 
-_COMMON = (
-    "The index holds no release commit of these files (model.py at the submodule commits ae8270b7 (v1.0.0), "
-    "48b7b5d8 (backend v1.1.0 release), 36e34eef (release/1.2 update) and ca88df0a (r26.07, release/1.2.1) "
-    "answers 'stored, but not at that commit'). Versions read: model.py {b35} (version.py 1.2.0rc2), {c044} "
-    "(adds multi-instance gpu_device_ids; version.py not stored there) and index id 3832147733 (no commit given; "
-    "older: picks tensorrt_llm._tensorrt_engine.LLM or the PyTorch LLM by model.yaml `backend`, no cancellation, "
-    "no `stop` input, no perf-metric outputs); config.pbtxt {cfg} and 0a710573 (newer: adds image_url and "
-    "lora_* inputs, which neither model.py read handles); model.yaml {cfg} and 0ebb1536 (newer: only a "
-    "commented logits_post_processors block more); helpers.py {helpers} (the only version read). config.pbtxt "
-    "{cfg}, model.yaml {cfg} and helpers.py {helpers} are the versions consistent with both model.py versions "
-    "tabulated (the inputs helpers.py reads are those config.pbtxt declares; the outputs model.py writes are "
-    "those it declares)."
-).format(b35=B35[:8], c044=C044[:8], cfg=CFG[:8], helpers=HELPERS[:8])
 RELEASES = {
     "1.0": {
         "files": {"config": CFG, "model_yaml": CFG, "model_py": B35, "helpers": HELPERS},
-        "backend_ref": "r25.10",
-        "note": "APPROXIMATE. " + _COMMON + " 1.0's own docs (tensorrtllm_backend r25.10, whose submodule is "
-        "v1.0.0 ae8270b7) already document sampling_param_return_perf_metrics and the perf-metric outputs, which "
-        "the older id-3832147733 model.py lacks, so the nearest stored version matching 1.0's documented interface "
-        "is model.py b35ac1b6 (a later 1.2.0rc2 snapshot); its cancellation loop and `stop` input may postdate 1.0.",
+        "release_commit": "ae8270b713446948246f16fadf4e2a32e35d0f62",
+        "backend": {"ref": "r25.10", "commit": "e2e72dc83f7255a36738b080446570f32b466781"},
+        "note": "Approximate: the nearest copies with the interface 1.0's docs describe (perf-metric outputs); "
+        "its cancellation loop and `stop` input may be later than 1.0.",
     },
     "1.1": {
         "files": {"config": CFG, "model_yaml": CFG, "model_py": B35, "helpers": HELPERS},
-        "backend_ref": "r26.02",
-        "note": "APPROXIMATE. " + _COMMON + " model.py b35ac1b6 is 1.2.0rc2, the main line just after 1.1 branched; "
-        "1.1's docs (r26.02, submodule 39b3c229; identical docs/llmapi.md to r25.10) describe the same interface "
-        "(perf metrics, multi-node trtllm-llmapi-launch, no multi-instance).",
+        "release_commit": "48b7b5d8b7ed1e6bff57aecc6ff7d1533288bed8",
+        "backend": {"ref": "r26.02", "commit": "47c80a359531952f58e74ae8e891c010b7663d76"},
+        "note": "Approximate: model.py from the main line just after 1.1 branched; 1.1's docs describe the same "
+        "interface.",
     },
     "1.2": {
         "files": {"config": CFG, "model_yaml": CFG, "model_py": C044, "helpers": HELPERS},
-        "backend_ref": "r26.07",
-        "note": "APPROXIMATE. " + _COMMON + " model.py 044a90d2 adds multi-instance gpu_device_ids, which the "
-        "docs first describe at the release/1.2 submodule update (tensorrtllm_backend 854b3493, submodule "
-        "36e34eef) and still do at r26.07 (release/1.2.1, ca88df0a); it reads neither image_url nor lora_* "
-        "(the newer config 0a710573), so it is the stored version nearest 1.2. The chars 32000-35524 of it "
-        "were not read.",
+        "release_commit": "36e34eeffce6af28b60719a0be7dff7c7ebe01a7",
+        "backend": {"ref": "r26.07", "commit": "3bc115373ce1fde1d94891964b492449402e3a68"},
+        "note": "Approximate: the model.py copy nearest 1.2 (multi-instance gpu_device_ids, as 1.2's docs "
+        "describe; none of the later image_url / lora_* inputs).",
     },
 }
 
@@ -152,28 +124,63 @@ def _method(cls: ast.ClassDef, name: str):
     return next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == name), None)
 
 
-def _use(node, parents) -> str:
-    """What the value read at `node` feeds: the chain of calls / the assignment target around it."""
-    steps, current = [], node
+def _use(node, parents) -> str | None:
+    """What the value read at `node` feeds: the method it is passed to, or the attribute it is stored in."""
+    current = node
     while current in parents:
         parent = parents[current]
-        if isinstance(parent, ast.Call):
-            steps.append(ast.unparse(parent.func) + "(" + (steps.pop() if steps else "...") + ")")
-        elif isinstance(parent, ast.keyword):
-            steps.append(f"{parent.arg}=...")
-        elif isinstance(parent, (ast.Assign, ast.AnnAssign)):
-            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
-            steps.append("-> " + ", ".join(ast.unparse(t) for t in targets))
-            break
-        elif isinstance(parent, (ast.Expr, ast.Return, ast.stmt)):
-            break
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute):
+            return parent.func.attr
+        if isinstance(parent, (ast.Assign, ast.AnnAssign)):
+            target = parent.targets[0] if isinstance(parent, ast.Assign) else parent.target
+            return f"attribute {target.attr}" if isinstance(target, ast.Attribute) else f"variable {target.id}"
+        if isinstance(parent, ast.stmt):
+            return None
         current = parent
-    return " ".join(steps)
+    return None
 
 
-def model_py_facts(text: str, cut_start: bool = False, cut_end: bool = False) -> dict:
+def condition_facts(test: ast.expr) -> list[dict]:
+    """A condition as the list of what must all hold: a flag (a variable or attribute), or a call's result
+    compared with a literal."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return [fact for value in test.values for fact in condition_facts(value)]
+    if isinstance(test, ast.Name):
+        return [{"flag": test.id}]
+    if isinstance(test, ast.Attribute):
+        return [{"flag": test.attr}]
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.left, ast.Call)
+        and isinstance(test.left.func, ast.Name)
+    ):
+        operator = {ast.Eq: "==", ast.Gt: ">", ast.Lt: "<", ast.GtE: ">=", ast.LtE: "<="}[type(test.ops[0])]
+        return [{"call": test.left.func.id, "op": operator, "value": ast.literal_eval(test.comparators[0])}]
+    raise ValueError(f"a condition this tabulator cannot state: {ast.unparse(test)}")
+
+
+def value_facts(node: ast.expr) -> dict:
+    """A value model.py sets: a variable, or the length of an attribute."""
+    if isinstance(node, ast.Name):
+        return {"variable": node.id}
+    if isinstance(node, ast.Call) and ast.unparse(node.func) == "len" and isinstance(node.args[0], ast.Attribute):
+        return {"length_of": node.args[0].attr}
+    raise ValueError(f"a value this tabulator cannot state: {ast.unparse(node)}")
+
+
+def _conditions(node, parents, stop) -> list[dict]:
+    conditions, current = [], node
+    while current in parents and current is not stop:
+        current = parents[current]
+        if isinstance(current, ast.If):
+            conditions[:0] = condition_facts(current.test)
+    return conditions
+
+
+def model_py_facts(text: str) -> dict:
     """What model.py's TritonPythonModel reads from model.yaml and config.pbtxt, and how it builds LLM kwargs."""
-    statements = complete_statements(text, cut_start, cut_end)
+    statements = complete_statements(text)
     module = ast.Module(body=statements, type_ignores=[])
     cls = next((s for s in statements if isinstance(s, ast.ClassDef) and s.name == "TritonPythonModel"), None)
     if cls is None:
@@ -196,7 +203,7 @@ def model_py_facts(text: str, cut_start: bool = False, cut_end: bool = False) ->
                 facts["model_yaml_path"] = {
                     "env": _str(node.args[0]),
                     "default": _str(node.args[1]),
-                    "relative_to": "pb_utils.get_model_dir() (the model's directory)",
+                    "relative_to": "the model's directory",
                 }
             # get_model_config(...)["triton_config"]: a top-level model.yaml key read without a fallback
             if (
@@ -251,14 +258,9 @@ def model_py_facts(text: str, cut_start: bool = False, cut_end: bool = False) ->
                         and ast.unparse(target.value) == "self.llm_engine_args"
                         and _str(target.slice)
                     ):
-                        conditions, current = [], node
-                        while current in parents and current is not method:
-                            current = parents[current]
-                            if isinstance(current, ast.If):
-                                conditions.append(ast.unparse(current.test))
                         llm["set_by_model"][_str(target.slice)] = {
-                            "value": ast.unparse(node.value),
-                            "when": " and ".join(reversed(conditions)) or "always",
+                            "value": value_facts(node.value),
+                            "when": _conditions(node, parents, method),
                         }
             # self.params.get("gpu_device_ids", {}).get("string_value", "")
             if (
@@ -268,14 +270,9 @@ def model_py_facts(text: str, cut_start: bool = False, cut_end: bool = False) ->
                 and ast.unparse(node.func.value) == "self.params"
             ):
                 name = _str(node.args[0])
-                conditions, current = [], node
-                while current in parents and current is not method:
-                    current = parents[current]
-                    if isinstance(current, ast.If):
-                        conditions.append(ast.unparse(current.test))
                 config_parameters[name] = {
                     "read_in": method.name,
-                    "when": " and ".join(reversed(conditions)) or "always",
+                    "when": _conditions(node, parents, method),
                     "missing": "raises ValueError"
                     if any(f"{name} parameter required" in (_str(n) or "") for n in ast.walk(method))
                     else "default",
@@ -335,7 +332,7 @@ def _mapping_function(fn: ast.FunctionDef) -> dict:
                     out[tensor] = {
                         "field": _str(target.slice),
                         "default_when_absent": None,
-                        "read_as": "tensor (" + ast.unparse(node.value.func) + ")",
+                        "read_as": "tensor",
                     }
     for args in lists.values():
         for arg in args:
@@ -373,27 +370,6 @@ def helpers_facts(text: str) -> dict:
 # ---------------------------------------------------------------- container and launch (tensorrtllm_backend)
 
 
-def git_show(git_dir: Path, rev: str, path: str) -> str:
-    return subprocess.run(
-        ["git", f"--git-dir={git_dir}" if (git_dir / "HEAD").exists() else f"--git-dir={git_dir / '.git'}", "show",
-         f"{rev}:{path}"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-
-
-def git_rev(git_dir: Path, rev: str) -> str:
-    return subprocess.run(
-        ["git", f"--git-dir={git_dir}", "rev-parse", rev], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def submodule_commit(git_dir: Path, rev: str) -> str:
-    out = subprocess.run(
-        ["git", f"--git-dir={git_dir}", "ls-tree", rev, "tensorrt_llm"], check=True, capture_output=True, text=True
-    ).stdout.split()
-    return out[2]
-
-
 def dockerfile_facts(text: str) -> dict:
     """Where the final stage of Dockerfile.triton.trt_llm_backend puts triton_backend/all_models."""
     facts = {}
@@ -417,91 +393,52 @@ def dockerfile_facts(text: str) -> dict:
     return facts
 
 
-def doc_launch_commands(text: str) -> list[str]:
-    """The shell lines of docs/llmapi.md that copy or launch the llmapi model (continuations joined)."""
-    joined = re.sub(r"\\\n\s*", " ", text)
-    keep = ("launch_triton_server.py", "trtllm-llmapi-launch", "all_models/llmapi")
-    lines = [line.strip() for line in joined.splitlines() if any(k in line for k in keep) and "`" not in line]
-    return list(dict.fromkeys(re.sub(r"\s+", " ", line) for line in lines))
-
-
-def container_facts(git_dir: Path, ref: str) -> dict:
-    facts = dockerfile_facts(git_show(git_dir, ref, DOCKERFILE))
+def container_facts(upstream: Upstream, release: str) -> dict:
+    backend = RELEASES[release]["backend"]
+    read = {path: upstream.read(BACKEND_REPO, path, backend["commit"]) for path in (DOCKERFILE, DOC)}
     return {
         "source": {
-            "repo": BACKEND_REPO,
-            "ref": ref,
-            "commit": git_rev(git_dir, ref),
-            "tensorrt_llm_submodule": submodule_commit(git_dir, ref),
-            "files": [DOCKERFILE, DOC],
+            "ref": backend["ref"],
+            "files": [cite(BACKEND_REPO, path, backend["commit"], False) for path in read],
         },
-        **facts,
-        "launch_commands": doc_launch_commands(git_show(git_dir, ref, DOC)),
-        "note": "Paths are those tensorrtllm_backend's own Dockerfile.triton.trt_llm_backend gives the image (WORKDIR "
-        "/app; COPY of the TensorRT-LLM clone's triton_backend/ dirs at TENSORRTLLM_REPO_TAG, a release branch, "
-        "not a tag). That NVIDIA's published nvcr.io image is built with this Dockerfile is not shown by any "
-        "source read. docs/llmapi.md itself copies the model from a tensorrtllm_backend checkout's tensorrt_llm "
-        "submodule (tensorrt_llm/triton_backend/all_models/llmapi/), not from the image.",
+        **dockerfile_facts(read[DOCKERFILE]),
+        "doc_copies_model_from": "the tensorrt_llm submodule's triton_backend/all_models/llmapi/"
+        if "tensorrt_llm/triton_backend/all_models/llmapi" in read[DOC]
+        else None,
+        "doc_launches": launch_line_facts(read[DOC]),
+        "note": "Paths are those the backend's own Dockerfile gives the image; that NVIDIA's published image is "
+        "built with it is not shown by the sources read.",
     }
 
 
 # ---------------------------------------------------------------- one release
 
 
-def _cached(cache: Path, commit: str, path: str) -> dict:
-    found = [v for v in cached_versions(cache, path) if v["version"] == commit]
-    if not found:
-        raise FileNotFoundError(f"{cache}/{commit}/{path} is not cached")
-    return found[0]
-
-
-def release_entry(cache: Path, git_dir: Path | None, release: str) -> dict:
+def release_entry(upstream: Upstream, release: str) -> dict:
     spec = RELEASES[release]
-    files, texts = {}, {}
-    for role, commit in spec["files"].items():
-        path = PREFIX + FILES[role]
-        texts[role] = _cached(cache, commit, path)
-        files[FILES[role]] = source_record(cache, commit, path)
-    py = model_py_facts(texts["model_py"]["text"], texts["model_py"]["cut_start"], texts["model_py"]["cut_end"])
-    helpers = helpers_facts(texts["helpers"]["text"])
-    config = config_facts(texts["config"]["text"])
+    texts = {role: upstream.read(REPO, PREFIX + FILES[role], commit) for role, commit in spec["files"].items()}
+    files = {
+        FILES[role]: cite(REPO, PREFIX + FILES[role], commit, pinned=False) | {"release_commit": spec["release_commit"]}
+        for role, commit in spec["files"].items()
+    }
+    py = model_py_facts(texts["model_py"])
     required = [k for k, v in py["model_yaml_top_level_reads"].items() if v["required"]]
     required += [f"triton_config.{k}" for k, v in py["triton_config"].items() if v["required"]]
-    entry = {
-        "source": {"repo": REPO, "path": PREFIX, "files": files, "note": spec["note"]},
-        "config": config,
-        "model_yaml": model_yaml_facts(texts["model_yaml"]["text"]),
+    return {
+        "source": {"files": files, "note": spec["note"]},
+        "config": config_facts(texts["config"]),
+        "model_yaml": model_yaml_facts(texts["model_yaml"]),
         "model_yaml_path": py["model_yaml_path"],
         "triton_config": py["triton_config"],
         "llm_kwargs": py["llm_kwargs"]
-        | {
-            "from_model_yaml": "every model.yaml key except those excluded, passed through "
-            f"{py['llm_kwargs'].get('built_with')}({{}}, ...) and then to LLM(**kwargs) on MPI rank 0",
-        },
+        | {"from_model_yaml": "every model.yaml key but those excluded, merged by built_with into the LLM's arguments"},
         "config_parameters": py["config_parameters"],
         "model_py_input_reads": py["input_reads"],
-        **helpers,
+        **helpers_facts(texts["helpers"]),
         "required_model_yaml_keys": required,
+        "container": container_facts(upstream, release),
     }
-    if git_dir is not None:
-        entry["container"] = container_facts(git_dir, spec["backend_ref"])
-    return entry
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache", type=Path, required=True, help="<cache>/<commit>/<path> of NVIDIA/TensorRT-LLM")
-    parser.add_argument("--git", type=Path, help="a bare mirror or clone of tensorrtllm_backend (container facts)")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("releases", nargs="*", help="default: all of " + ", ".join(RELEASES))
-    args = parser.parse_args(argv)
-    table = json.loads(args.out.read_text()) if args.out.exists() else {}
-    for release in args.releases or list(RELEASES):
-        print(f"{release}:")
-        table[release] = release_entry(args.cache, args.git, release)
-    table = dict(sorted(table.items(), key=lambda kv: list(RELEASES).index(kv[0])))
-    args.out.write_text(json.dumps(table, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+def tabulate(upstream: Upstream) -> dict:
+    return {"releases": stored_releases({release: release_entry(upstream, release) for release in RELEASES})}

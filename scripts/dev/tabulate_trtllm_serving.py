@@ -1,128 +1,99 @@
-"""Tabulate, from the real upstream sources, how TensorRT-LLM 1.0, 1.1 and 1.2 are served, for the Kubernetes
-manifests (issue #16), into `trtllm_serving.json`.
+"""Tabulate how TensorRT-LLM 1.0, 1.1 and 1.2 are served, for the Kubernetes manifests (issue #16).
 
-Maintainer tool, not run by the pipeline. One entry per release:
+Maintainer tool, run by scripts/dev/tabulate.py. One entry per release:
 
-- `trtllm_serve` (PyTorch backend): the HTTP routes OpenAIServer registers (path, methods, handler, condition),
-  the Prometheus mount, and the `serve` command's CLI options (name, aliases, default) from its click decorators.
+- `trtllm_serve` (PyTorch backend): the HTTP routes OpenAIServer registers (path, methods, handler method,
+  condition), the Prometheus mount, and the `serve` command's CLI options (name, aliases, default).
 - `llmapi_launch`: what `trtllm-llmapi-launch` reads from the environment, exports and runs on rank 0 / others.
-- `triton_engine`: the mpirun command `launch_triton_server.py` builds (evaluated for two ranks from the cached
-  source's `get_cmd`, with its helpers), the `nv_trt_llm_*` metric families and labels of the C++ backend's
-  custom_metrics_reporter.cc, and those the release's tensorrtllm_backend README documents (`--git`).
-- `source`: every file read, with its commit (or index id) and how the version was tied to the release.
+- `triton_engine`: the mpirun command `launch_triton_server.py` builds (evaluated for two ranks from the source's
+  `get_cmd`, with its helpers), the `nv_trt_llm_*` metric families and labels of the C++ backend's
+  custom_metrics_reporter.cc, and those the release's tensorrtllm_backend README documents.
+- `triton_core`: the Triton core metric the autoscaling alternatives name (docs/user_guide/metrics.md).
+- `source`: every file read, with its commit.
 
-NVIDIA/TensorRT-LLM files come from the search index (cache layout of `upstream_source`); the index holds no
-release commit of them, so each release names the stored version used and why. Reads are described by the
-cache's READS file, or by `--reads` (a file of the same shape) for reads not yet merged into it.
-
-    python scripts/dev/tabulate_trtllm_serving.py --cache /work/upstream-cache/NVIDIA+TensorRT-LLM \\
-        --git <tensorrtllm_backend mirror> --out trtllm_serving.json
+None of the NVIDIA/TensorRT-LLM copies read is at a release's own commit (`pinned` false; `release_commit` says
+which commit to read to pin them).
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
-import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).parent))
-from upstream_source import READS, REPO, complete_statements, source_record  # noqa: E402
+from tabulate_trtllm_llm_args import flag_type
+from upstream_source import REPO, Upstream, cite, complete_statements, stored_releases
 
 BACKEND_REPO = "triton-inference-server/tensorrtllm_backend"
+TRITON_REPO = "triton-inference-server/server"
 SERVE = "tensorrt_llm/commands/serve.py"
 OPENAI = "tensorrt_llm/serve/openai_server.py"
 LAUNCHER = "tensorrt_llm/llmapi/trtllm-llmapi-launch"
 LAUNCH_SCRIPT = "triton_backend/scripts/launch_triton_server.py"
 METRICS_CC = "triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc"
-EXCERPT = " (excerpt)"
+TRITON_METRICS_DOC = "docs/user_guide/metrics.md"
+LLMAPI_DOC = "docs/llmapi.md"
 SERVE_OPTIONS = ("--host", "--port", "--backend", "--tp_size", "--pp_size", "--config", "--extra_llm_api_options")
 
-S1_0 = "index-id-901178132"  # serve.py, commit 4c05a748 (read_file with that commit returns this id)
-S1_2 = "00209af149e7774406881a37283dce303571eb11"
-OPENAI_V = "e7f7345e31e574b5d0918b756b871882c7346b3c"
-LAUNCHER_V = "020c89e64e49f24102f1b62be96a1a68283cdf7a"
-LAUNCH_V = "0a2e2c1f1268b34586393794045691b666ba28be"
-METRICS_V = "0d5352f5fc5f39ee2eaed948e67236e64ff68e2a"
-
-_COMMON = (
-    "APPROXIMATE. No release commit of these files is stored in the index. openai_server.py {o} (index id "
-    "456200087) imports MultimodalEncoder, has the DeepSeek-V3.2 config workaround and the Responses API: a "
-    "main-line version of the 1.1/1.2 period (version.py is not stored at that commit); the only other version "
-    "read (00057725, VisualGen, post-1.2) registers the same /health, /health_generate, /version, /v1/models "
-    "first (the rest of it was not read). trtllm-llmapi-launch {l}, launch_triton_server.py {t} and "
-    "custom_metrics_reporter.cc {c} are the versions read_file returns without a commit (newest stored); "
-    "none is tied to a release."
-).format(o=OPENAI_V[:8], l=LAUNCHER_V[:8], t=LAUNCH_V[:8], c=METRICS_V[:8])
+# The commits read. Only serve.py differs between releases; the other copies are the newest ones found.
+COMMITS = {
+    OPENAI: "e7f7345e31e574b5d0918b756b871882c7346b3c",
+    LAUNCHER: "020c89e64e49f24102f1b62be96a1a68283cdf7a",
+    LAUNCH_SCRIPT: "0a2e2c1f1268b34586393794045691b666ba28be",
+    METRICS_CC: "0d5352f5fc5f39ee2eaed948e67236e64ff68e2a",
+}
+TRITON_METRICS_COMMIT = None  # the copy read has no known commit
 RELEASES = {
     "1.0": {
-        "serve": S1_0,
-        "backend_ref": "r25.10",
-        "note": _COMMON + " serve.py: index id 901178132 (commit 4c05a748), the version tabulate_trtllm_llm_args.py "
-        "ties to 1.0 (only --extra_llm_api_options, no stability tags); medium confidence.",
+        "serve": "4c05a74891e4df8066f08ed4ce14b0972abe4e25",
+        "release_commit": "ae8270b713446948246f16fadf4e2a32e35d0f62",
+        "backend": {"ref": "r25.10", "commit": "e2e72dc83f7255a36738b080446570f32b466781"},
     },
     "1.1": {
-        "serve": S1_0,
-        "backend_ref": "r26.02",
-        "note": _COMMON + " serve.py: no version tied to 1.1 was found; the 1.0 one is used, as in "
-        "tabulate_trtllm_llm_args.py.",
+        "serve": "4c05a74891e4df8066f08ed4ce14b0972abe4e25",
+        "release_commit": "48b7b5d8b7ed1e6bff57aecc6ff7d1533288bed8",
+        "backend": {"ref": "r26.02", "commit": "47c80a359531952f58e74ae8e891c010b7663d76"},
     },
     "1.2": {
-        "serve": S1_2,
-        "backend_ref": "r26.07",
-        "note": _COMMON + " serve.py: commit 00209af1, the version tabulate_trtllm_llm_args.py ties to 1.2 "
-        "(--config with --extra_llm_api_options as alias); its cached excerpt elides --host and --port.",
+        "serve": "00209af149e7774406881a37283dce303571eb11",
+        "release_commit": "36e34eeffce6af28b60719a0be7dff7c7ebe01a7",
+        "backend": {"ref": "r26.07", "commit": "3bc115373ce1fde1d94891964b492449402e3a68"},
     },
 }
+NOTE = (
+    "Approximate: the TensorRT-LLM files were read at main-line commits near the releases, the same for all three "
+    "except serve.py (1.1 uses 1.0's)."
+)
 
 
-# ---------------------------------------------------------------- cache
-
-
-def cached_text(cache: Path, version: str, path: str) -> str:
-    for name in (path, path + EXCERPT):
-        file = cache / version / name
-        if file.exists():
-            return file.read_text()
-    raise FileNotFoundError(f"{cache}/{version}/{path} is not cached")
-
-
-def record(cache: Path, version: str, path: str, reads: list) -> dict:
-    out = source_record(cache, version, path, reads)
-    if out["commit"] is None:  # a later read_file named the commit of this index id
-        out["commit"] = next((r["commit"] for r in reads if r["id"] == out["index_id"] and r.get("commit")), None)
-    out["excerpt"] = (cache / version / (path + EXCERPT)).exists()
-    if out["excerpt"]:  # "<path> (excerpt)" in READS marks an excerpt we cut, not a path the index left unnamed
-        out.pop("path_inferred", None)
-    return out
+class UnrecognizedSource(ValueError):
+    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
 
 
 # ---------------------------------------------------------------- trtllm-serve
 
 
 def serve_options(text: str) -> dict:
-    """The `serve` command's click options: {option: {aliases, default, type, is_flag}}."""
-    start, end = text.index('@click.command("serve")'), text.index("def serve(")
-    block = "\n".join(line for line in text[start:end].splitlines() if not line.strip().startswith("#"))
-    fn = ast.parse(block + "\ndef serve():\n    pass\n").body[0]
+    """The `serve` command's click options: {option: {aliases, dest, default, type or choices, is_flag}}."""
+    function = next(
+        (s for s in complete_statements(text) if isinstance(s, ast.FunctionDef) and s.name == "serve"), None
+    )
+    if function is None:
+        raise UnrecognizedSource("no serve() in this serve.py text")
     options = {}
-    for dec in fn.decorator_list:
+    for dec in function.decorator_list:
         if not (isinstance(dec, ast.Call) and ast.unparse(dec.func) == "click.option"):
             continue
         names = [a.value for a in dec.args if isinstance(a, ast.Constant)]
         flags = [n for n in names if n.startswith("-")]
         kw = {k.arg: k.value for k in dec.keywords}
         entry = {"aliases": flags[1:], "dest": next((n for n in names if not n.startswith("-")), None)}
-        for key in ("default", "type", "is_flag"):
-            if key in kw:
-                try:
-                    entry[key] = ast.literal_eval(kw[key])
-                except ValueError:
-                    entry[key] = ast.unparse(kw[key])
+        if "default" in kw:
+            entry["default"] = ast.literal_eval(kw["default"])
+        if "type" in kw:  # a choice's aliases are values, not flag names
+            entry |= {("choice_aliases" if k == "aliases" else k): v for k, v in flag_type(kw["type"]).items()}
+        if "is_flag" in kw:
+            entry["is_flag"] = ast.literal_eval(kw["is_flag"])
         options[flags[0]] = entry
     wanted = {k: v for k, v in options.items() if k in SERVE_OPTIONS or set(v["aliases"]) & set(SERVE_OPTIONS)}
     metrics_flags = sorted(k for k in options if re.search("metric|prometheus", k))
@@ -136,25 +107,34 @@ def serve_options(text: str) -> dict:
     }
 
 
-def _condition(node, parents, stop) -> str:
+def _condition(node, parents, stop) -> str | dict:
+    """ "always", or the LLM-API option whose truth makes OpenAIServer run `node` ({"llm_arg": name})."""
     conditions, current = [], node
     while current in parents and current is not stop:
         current = parents[current]
         if isinstance(current, ast.If):
-            conditions.append(ast.unparse(current.test))
-    return " and ".join(reversed(conditions)) or "always"
+            conditions.append(current.test)
+    if not conditions:
+        return "always"
+    test = ast.unparse(conditions[0])
+    if len(conditions) == 1 and test.startswith("self.llm.args.") and test.count(".") == 3:
+        return {"llm_arg": test.rsplit(".", 1)[1]}
+    raise UnrecognizedSource(f"a route condition this tabulator cannot state: {test}")
 
 
-def _comment_above(lines: list[str], lineno: int) -> str | None:
-    above = lines[lineno - 2].strip() if lineno >= 2 else ""
-    return above.lstrip("# ") if above.startswith("#") else None
+def _handler(node: ast.expr) -> dict:
+    """The OpenAIServer method serving a route; one chosen by a flag: the method when the flag is set, too."""
+    if isinstance(node, ast.Attribute):
+        return {"handler": node.attr}
+    if isinstance(node, ast.IfExp) and isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not):
+        return {"handler": node.body.attr, "handler_when": {node.test.operand.attr: node.orelse.attr}}
+    raise UnrecognizedSource(f"a route handler this tabulator cannot state: {ast.unparse(node)}")
 
 
 def openai_routes(text: str) -> dict:
-    """Routes of OpenAIServer's route-registering methods, and the Prometheus mount."""
+    """Routes of OpenAIServer's route-registering methods, the Prometheus mount and what /health answers."""
     statements = complete_statements(text)
     cls = next(s for s in statements if isinstance(s, ast.ClassDef) and s.name == "OpenAIServer")
-    lines = text.splitlines()
     parents = {c: p for p in ast.walk(cls) for c in ast.iter_child_nodes(p)}
     methods = {m.name: m for m in cls.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)}
     out = {}
@@ -164,35 +144,29 @@ def openai_routes(text: str) -> dict:
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.app.add_api_route":
                 kw = {k.arg: k.value for k in node.keywords}
                 routes.append(
-                    {
-                        "path": node.args[0].value,
-                        "methods": ast.literal_eval(kw["methods"]),
-                        "handler": ast.unparse(node.args[1]),
-                        "when": _condition(node, parents, methods[name]),
-                        "comment": _comment_above(lines, node.lineno),
-                    }
+                    {"path": node.args[0].value, "methods": ast.literal_eval(kw["methods"])}
+                    | _handler(node.args[1])
+                    | {"when": _condition(node, parents, methods[name])}
                 )
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
                 routes.append({"calls": node.func.attr, "when": _condition(node, parents, methods[name])})
         out[name] = routes
     mount = methods.get("mount_metrics")
     if mount:
-        src = ast.unparse(mount)
+        called = {ast.unparse(n.func).rsplit(".", 1)[-1] for n in ast.walk(mount) if isinstance(n, ast.Call)}
         out["mount_metrics"] = {
             "mount_paths": [
                 n.args[0].value for n in ast.walk(mount) if isinstance(n, ast.Call) and ast.unparse(n.func) == "Mount"
             ],
-            "served_by": "prometheus_client.make_asgi_app(registry) over a multiprocess CollectorRegistry"
-            if "make_asgi_app" in src and "MultiProcessCollector" in src
-            else None,
-            "format": "Prometheus text exposition (prometheus_client ASGI app)" if "make_asgi_app" in src else None,
-            "instrumentator": "prometheus_fastapi_instrumentator.Instrumentator(...).expose(self.app)"
-            if "Instrumentator" in src
-            else None,
+            "prometheus_asgi_app": "make_asgi_app" in called,
+            "multiprocess_registry": "MultiProcessCollector" in called,
+            "fastapi_instrumentator": "Instrumentator" in called,
         }
     health = methods.get("health")
     if health:
-        out["health_returns"] = ast.unparse(health.body[-1])
+        returned = health.body[-1].value
+        status = next(k.value for k in returned.keywords if k.arg == "status_code")
+        out["health_status"] = ast.literal_eval(status)
     return out
 
 
@@ -200,6 +174,8 @@ def openai_routes(text: str) -> dict:
 
 
 def launcher_facts(text: str) -> dict:
+    """The env vars the launcher reads and exports, where it takes the rank from (the first set of a chain of
+    variables, else a default), and the modules each rank runs."""
     body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     reads = sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", body)) - {"task_with_command", "free_port"})
     exports = sorted(set(re.findall(r"export\s+([A-Za-z_][A-Za-z0-9_]*)=", body)))
@@ -208,14 +184,17 @@ def launcher_facts(text: str) -> dict:
     leader, worker = body.split("\nelse\n", 1)
     blacklist = re.search(r"mpi_blacklist=\(\s*(.*?)\)", body, re.S).group(1).split()
     return {
-        "rank_from": rank,
-        "world_size_from": size + ["1 (default)"],
+        "rank_from": re.findall(r"\$\{(\w+):-", rank),
+        "rank_default": int(re.search(r":-(\d+)\}", rank).group(1)),
+        "world_size_from": size,
+        "world_size_default": 1,
         "env_read": reads,
         "env_exported": exports,
         "rank0": {
-            "runs_in_background": "the wrapped command (its arguments), with every env var of these prefixes "
-            "unset: " + " ".join(blacklist) + "; then `python3 -m tensorrt_llm.llmapi.mgmn_leader_node --action stop`",
+            "runs_in_background": "the wrapped command",
+            "background_env_unset_prefixes": blacklist,
             "runs_in_foreground": re.findall(r"python3 -m (\S+)\s*$", leader, re.M)[-1],
+            "stops_with": {"module": "tensorrt_llm.llmapi.mgmn_leader_node", "action": "stop"},
         },
         "other_ranks": re.findall(r"python3 -m (\S+)", worker),
     }
@@ -320,36 +299,39 @@ def metrics_from_readme(text: str) -> dict:
 # ---------------------------------------------------------------- tensorrtllm_backend
 
 
-def git(git_dir: Path, *args: str) -> str:
-    return subprocess.run(["git", f"--git-dir={git_dir}", *args], check=True, capture_output=True, text=True).stdout
-
-
-def backend_facts(git_dir: Path, ref: str) -> dict:
-    readme = git(git_dir, "show", f"{ref}:README.md")
-    doc = git(git_dir, "show", f"{ref}:docs/llmapi.md")
+def launch_line_facts(doc: str) -> list[dict]:
+    """The launch command lines of docs/llmapi.md (backslash continuations joined), each as its launcher and the
+    long flags on the line."""
     joined = re.sub(r"\\\n\s*", " ", doc)
-    tags = [t for t in git(git_dir, "tag").split() if re.fullmatch(r"v[\d.]+", t)]
-    holding = [t for t in tags if git(git_dir, "ls-tree", t, "scripts/launch_triton_server.py").strip()]
+    lines = [
+        line.split()
+        for line in joined.splitlines()
+        if ("trtllm-llmapi-launch" in line or "launch_triton_server.py" in line) and "`" not in line
+    ]
+    facts = [
+        {
+            "launcher": next(t.rsplit("/", 1)[-1] for t in tokens if t.endswith(("trtllm-llmapi-launch", ".py"))),
+            "flags": [t.split("=")[0] for t in tokens if t.startswith("--")],
+        }
+        for tokens in lines
+    ]
+    return [dict(pairs) for pairs in dict.fromkeys(tuple((k, tuple(v)) for k, v in f.items()) for f in facts)]
+
+
+def backend_facts(upstream: Upstream, release: str) -> dict:
+    """What the tensorrtllm_backend release paired with `release` documents: the metrics endpoint and families of
+    its README, and how docs/llmapi.md launches the llmapi model."""
+    backend = RELEASES[release]["backend"]
+    readme = upstream.read(BACKEND_REPO, "README.md", backend["commit"])
+    doc = upstream.read(BACKEND_REPO, "docs/llmapi.md", backend["commit"])
     return {
         "source": {
-            "repo": BACKEND_REPO,
-            "ref": ref,
-            "commit": git(git_dir, "rev-parse", ref).strip(),
-            "tensorrt_llm_submodule": git(git_dir, "ls-tree", ref, "tensorrt_llm").split()[2],
-            "files": ["README.md", "docs/llmapi.md"],
+            "ref": backend["ref"],
+            "files": [cite(BACKEND_REPO, path, backend["commit"], pinned=False) for path in ("README.md", LLMAPI_DOC)],
         },
         "readme_metrics_endpoint": sorted(set(re.findall(r"curl (localhost:\d+/metrics)", readme))),
         "readme_documented_families": metrics_from_readme(readme),
-        "llmapi_doc_launch_lines": list(
-            dict.fromkeys(
-                re.sub(r"\s+", " ", line.strip())
-                for line in joined.splitlines()
-                if ("trtllm-llmapi-launch" in line or "launch_triton_server.py" in line) and "`" not in line
-            )
-        ),
-        "backend_tags_with_scripts_launch_triton_server": sorted(
-            holding, key=lambda t: [int(x) for x in t[1:].split(".")]
-        ),
+        "llmapi_doc_launches": launch_line_facts(doc),
     }
 
 
@@ -357,58 +339,35 @@ def backend_facts(git_dir: Path, ref: str) -> dict:
 
 
 def triton_metric_rows(text: str) -> dict:
-    """Rows of a metrics.md table: {name: {metric, description, granularity, frequency}}."""
+    """Rows of a metrics.md table: {name: {granularity, frequency}}."""
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 6 and cells[2].startswith("`nv_"):
-            rows[cells[2].strip("`")] = {
-                "metric": cells[1],
-                "description": cells[3],
-                "granularity": cells[4],
-                "frequency": cells[5],
-            }
+            rows[cells[2].strip("`")] = {"granularity": cells[4], "frequency": cells[5]}
     return rows
-
-
-def triton_core(doc: Path) -> dict:
-    head = doc.read_text().split("-->")[0]
-    return {
-        "source": {
-            "repo": "triton-inference-server/server",
-            "path": "docs/user_guide/metrics.md",
-            "index_id": re.search(r"index id (\d+)", head).group(1),
-            "commit": None,
-            "excerpt": str(doc),
-        },
-        "metrics": triton_metric_rows(doc.read_text()),
-        "note": "The index named no commit for this version; the version 067c1e96 (2018-2023 header) has no "
-        "pending-request row, so the Triton release that added it is not established here.",
-    }
 
 
 # ---------------------------------------------------------------- one release
 
 
-def release_entry(cache: Path, git_dir: Path | None, reads: list, release: str, triton_doc: Path | None) -> dict:
+def release_entry(upstream: Upstream, release: str) -> dict:
     spec = RELEASES[release]
+    commits = {SERVE: spec["serve"]} | COMMITS
     files = {
-        SERVE: record(cache, spec["serve"], SERVE, reads),
-        OPENAI: record(cache, OPENAI_V, OPENAI, reads),
-        LAUNCHER: record(cache, LAUNCHER_V, LAUNCHER, reads),
-        LAUNCH_SCRIPT: record(cache, LAUNCH_V, LAUNCH_SCRIPT, reads),
-        METRICS_CC: record(cache, METRICS_V, METRICS_CC, reads),
+        path: cite(REPO, path, commit, pinned=False) | {"release_commit": spec["release_commit"]}
+        for path, commit in commits.items()
     }
-    cc = metrics_from_cc(cached_text(cache, METRICS_V, METRICS_CC))
-    entry = {
-        "source": {"repo": REPO, "files": files, "note": spec["note"]},
+    cc = metrics_from_cc(upstream.read(REPO, METRICS_CC, commits[METRICS_CC]))
+    return {
+        "source": {"files": files, "note": NOTE},
         "trtllm_serve": {
-            "cli": serve_options(cached_text(cache, spec["serve"], SERVE)),
-            "routes": openai_routes(cached_text(cache, OPENAI_V, OPENAI)),
+            "cli": serve_options(upstream.read(REPO, SERVE, commits[SERVE])),
+            "routes": openai_routes(upstream.read(REPO, OPENAI, commits[OPENAI])),
         },
-        "llmapi_launch": launcher_facts(cached_text(cache, LAUNCHER_V, LAUNCHER)),
+        "llmapi_launch": launcher_facts(upstream.read(REPO, LAUNCHER, commits[LAUNCHER])),
         "triton_engine": {
-            "launch_command": triton_command(cached_text(cache, LAUNCH_V, LAUNCH_SCRIPT)),
+            "launch_command": triton_command(upstream.read(REPO, LAUNCH_SCRIPT, commits[LAUNCH_SCRIPT])),
             "custom_metrics": cc,
             "queue_metric": {
                 "active": 'nv_trt_llm_request_metrics{request_type="active"}',
@@ -418,34 +377,14 @@ def release_entry(cache: Path, git_dir: Path | None, reads: list, release: str, 
                 "from": "request_labels_ of custom_metrics_reporter.cc, paired with request_keys_ (the executor's "
                 "'Active Request Count', 'Waiting Requests', 'Max Request Count' iteration-stats keys)",
             },
+            "backend_release": backend_facts(upstream, release),
+        },
+        "triton_core": {
+            "source": cite(TRITON_REPO, TRITON_METRICS_DOC, TRITON_METRICS_COMMIT, pinned=False),
+            "metrics": triton_metric_rows(upstream.read(TRITON_REPO, TRITON_METRICS_DOC, TRITON_METRICS_COMMIT)),
         },
     }
-    if git_dir is not None:
-        entry["triton_engine"]["backend_release"] = backend_facts(git_dir, spec["backend_ref"])
-    if triton_doc is not None:
-        entry["triton_core"] = triton_core(triton_doc)
-    return entry
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache", type=Path, required=True, help="<cache>/<commit>/<path> of NVIDIA/TensorRT-LLM")
-    parser.add_argument("--reads", type=Path, action="append", default=[], help="extra READS-shaped files")
-    parser.add_argument("--git", type=Path, help="a bare mirror or clone of tensorrtllm_backend")
-    parser.add_argument("--triton-metrics-doc", type=Path, help="a cached excerpt of Triton's metrics.md")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("releases", nargs="*", help="default: all of " + ", ".join(RELEASES))
-    args = parser.parse_args(argv)
-    reads = json.loads((args.cache / READS).read_text())["reads"]
-    for extra in args.reads:
-        reads = json.loads(extra.read_text())["reads"] + reads
-    table = json.loads(args.out.read_text()) if args.out.exists() else {}
-    for release in args.releases or list(RELEASES):
-        print(f"{release}:")
-        table[release] = release_entry(args.cache, args.git, reads, release, args.triton_metrics_doc)
-    table = dict(sorted(table.items(), key=lambda kv: list(RELEASES).index(kv[0])))
-    args.out.write_text(json.dumps(table, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+def tabulate(upstream: Upstream) -> dict:
+    return {"releases": stored_releases({release: release_entry(upstream, release) for release in RELEASES})}
