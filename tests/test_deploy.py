@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import yaml
 from pipeline.config import load_config
 from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, checks, serving_of
 from pipeline.k8s.manifests import plan_deployment, render
-from tests.conftest import REPO, llama_shape, run_cli
+from tests.conftest import REPO, dev_script, llama_shape, run_cli
 
 CPU_CONFIG = "build_configs/smollm2-135m-cpu.yaml"
 
@@ -237,7 +239,8 @@ def test_the_tabulated_crd_schema_refuses_what_the_api_server_would():
     assert f"{name}: spec.leaderWorkerTemplate.size: 'two' is not of type 'integer'" in problems
     assert any(p.startswith(f"{name}: spec.startupPolicy: 'WhenReady' is not one of") for p in problems)
     worker = f"{name}: spec.leaderWorkerTemplate.workerTemplate.spec"
-    assert f"{worker}.terminationGracePeriodSeconds: 'soon' is not of type 'integer'" in problems
+    # the core schema (kubernetes-validate's) checks the pod templates, which the CRD's leaves open
+    assert f"{worker}.terminationGracePeriodSeconds: 'soon' is not of type 'integer', 'null'" in problems
     typo = copy.deepcopy(group)
     typo["spec"]["leaderWorkerTemplate"]["sise"] = 3
     assert "Additional properties are not allowed ('sise' was unexpected)" in checks.schema_problems([typo], "1.33")[0]
@@ -395,21 +398,300 @@ def test_only_the_deploy_stage_hashes_the_deployment_code(config):
 
 
 def test_tabulated_deployment_facts_name_the_upstream_commit_they_were_read_at():
-    import json
-    import re
-
     from pipeline.targets.llm_api_args import LLM_API_RELEASES
+    from pipeline.upstream import facts, releases
 
     commit = re.compile(r"[0-9a-f]{40}")
-    lws = json.loads((REPO / "pipeline/upstream/leaderworkerset.json").read_text())
-    adapter = json.loads((REPO / "pipeline/upstream/prometheus_adapter.json").read_text())
-    assert commit.fullmatch(lws["source"]["commit"]) and commit.fullmatch(adapter["source"]["commit"])
-    assert {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE"} <= set(lws["env"]) and lws["version"] == "v1"
-    serving = json.loads((REPO / "pipeline/upstream/trtllm_serving.json").read_text())["releases"]
-    assert set(LLM_API_RELEASES) <= set(serving)  # every release the pytorch backend builds can be deployed
-    for release, facts in serving.items():
-        for record in facts["source"]["files"].values():
-            assert commit.fullmatch(record.get("commit") or "") or record.get("index_id"), (release, record)
+    sources = [*facts("leaderworkerset")["sources"], facts("prometheus_adapter")["source"]]
+    assert all(commit.fullmatch(source["commit"]) and source["pinned"] for source in sources), sources
+    # every release the pytorch backend builds can be deployed (tests/test_upstream_facts.py checks its citations)
+    assert set(LLM_API_RELEASES) <= set(releases("trtllm_serving"))
+
+
+def test_the_lws_table_holds_what_the_manifests_rely_on():
+    """The API, labels and env variables the manifests and the leader's script name, the workers' pod names, and
+    pod templates left to the core schema."""
+    from pipeline.k8s import mpi_group_command
+    from pipeline.k8s.manifests import LWS_API, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL
+    from pipeline.upstream import facts
+
+    lws = facts("leaderworkerset")
+    assert LWS_API == f"{lws['group']}/{lws['version']}" and lws["kind"] == "LeaderWorkerSet"
+    assert lws["labels"][LWS_NAME_LABEL]["kind"] == lws["labels"][LWS_WORKER_INDEX_LABEL]["kind"] == ["label"]
+    script = mpi_group_command("mpirun", [["a"]], 1)[2]
+    assert set(re.findall(r"\bLWS_\w+", script)) == {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE"} <= set(lws["env"])
+    # the script takes the leader's pod name (the set's name, the group's index) as the address's first DNS label
+    address = lws["env"]["LWS_LEADER_ADDRESS"]["value"]
+    assert address[: address.index(".")] == [{"label": LWS_NAME_LABEL}, "-", {"label": lws_label("group-index")}]
+    assert lws["worker_pods"] == {"statefulset_named_after": "leader pod", "first_ordinal": 1}  # $leader-1 ...
+    assert lws["pod_templates"] == [
+        "spec.leaderWorkerTemplate.leaderTemplate",
+        "spec.leaderWorkerTemplate.workerTemplate",
+    ]
+    for path in lws["pod_templates"]:
+        node = lws["schema"]
+        for key in path.split("."):
+            node = node["properties"][key]
+        assert node == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    assert "description" not in json.dumps(lws["schema"])  # no prose
+
+
+def lws_label(name: str) -> str:
+    return f"leaderworkerset.sigs.k8s.io/{name}"
+
+
+def test_an_unknown_field_of_a_pod_template_is_refused_where_it_sits():
+    cfg, dep, objects = rendered(
+        "build_configs/smollm2-135m-int4-awq.yaml", "parallel.tp_size=3", "deploy.gpus_per_node=1"
+    )
+    group = copy.deepcopy(next(o for o in objects if o["kind"] == "LeaderWorkerSet"))
+    group["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["imagePullPolicee"] = "Always"
+    group["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labelz"] = {}
+    name = "LeaderWorkerSet/smollm2-135m-int4-awq-group: spec.leaderWorkerTemplate"
+    assert checks.schema_problems([group], "1.33") == [
+        f"{name}.leaderTemplate.spec.containers[0]: Additional properties are not allowed ('imagePullPolicee' was "
+        "unexpected)",
+        f"{name}.workerTemplate.metadata: Additional properties are not allowed ('labelz' was unexpected)",
+    ]
+
+
+# A CRD as controller-gen writes one, with names of our own: prose everywhere, a property called `description`,
+# a nested object with a required list, an int-or-string and a pod template (an object of metadata and a spec with
+# containers) that the tabulator leaves to the core schema.
+WIDGET_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  annotations:
+    controller-gen.kubebuilder.io/version: v0.1.0
+  name: widgets.example.org
+spec:
+  group: example.org
+  names:
+    kind: Widget
+    plural: widgets
+  scope: Cluster
+  versions:
+  - name: v1alpha1
+    served: false
+    storage: false
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+    schema:
+      openAPIV3Schema:
+        description: A widget.
+        type: object
+        properties:
+          spec:
+            description: What the widget should be.
+            type: object
+            required:
+            - parts
+            properties:
+              description:
+                description: A property that happens to be called so.
+                type: string
+              parts:
+                type: object
+                properties:
+                  count:
+                    format: int32
+                    type: integer
+                  spare:
+                    anyOf:
+                    - type: integer
+                    - type: string
+                    x-kubernetes-int-or-string: true
+              podSpecLike:
+                type: object
+                properties:
+                  metadata:
+                    type: object
+                  spec:
+                    type: object
+                    properties:
+                      containers:
+                        description: The containers.
+                        type: array
+"""
+
+
+def test_the_lws_tabulator_keeps_the_crd_schema_without_prose_or_pod_templates():
+    tab = dev_script("tabulate_lws")
+    crd = tab.crd_facts(WIDGET_CRD)
+    schema = crd.pop("schema")
+    assert crd == {
+        "group": "example.org",
+        "version": "v1",
+        "kind": "Widget",
+        "plural": "widgets",
+        "short_names": [],
+        "scope": "Cluster",
+        "served": True,
+        "storage": True,
+        "subresources": ["status"],
+        "controller_gen": "v0.1.0",
+        "pod_templates": ["spec.podSpecLike"],
+        "schema_keywords": {
+            "format: int32": 1,
+            "x-kubernetes-int-or-string": 1,
+            "x-kubernetes-preserve-unknown-fields": 1,
+        },
+    }
+    assert schema == {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["parts"],
+                "properties": {
+                    "description": {"type": "string"},
+                    "parts": {
+                        "type": "object",
+                        "properties": {
+                            "count": {"format": "int32", "type": "integer"},
+                            "spare": {
+                                "anyOf": [{"type": "integer"}, {"type": "string"}],
+                                "x-kubernetes-int-or-string": True,
+                            },
+                        },
+                    },
+                    "podSpecLike": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                },
+            }
+        },
+    }
+
+
+# The Go a pod webhook injects env variables with (names of our own): values from the pod's labels, annotations and
+# fields, one joined by fmt.Sprintf; a constant of another prefix, and one no EnvVar names.
+GADGET_TYPES = """
+const (
+	// The set's name.
+	SetLabel string = "gadgets.example.org/set"
+	IndexLabel string = "gadgets.example.org/index"
+	CountAnnotationKey string = "gadgets.example.org/count"
+	HashKey string = "gadgets.example.org/hash"
+	HostEnv string = "GADGET_HOST"
+	CountEnv string = "GADGET_COUNT"
+	UnusedEnv string = "GADGET_UNUSED"
+)
+"""
+GADGET_WEBHOOK = """
+func AddGadgetVariables(pod *corev1.Pod) error {
+	set, found := pod.Labels[gadgets.SetLabel]
+	index, found := pod.Labels[gadgets.IndexLabel]
+	host := corev1.EnvVar{
+		Name:  gadgets.HostEnv,
+		Value: fmt.Sprintf("%s-%s.%s.svc", set, index, pod.ObjectMeta.Namespace),
+	}
+	count, found := pod.Annotations[gadgets.CountAnnotationKey]
+	countVar := corev1.EnvVar{
+		Name:  gadgets.CountEnv,
+		Value: count,
+	}
+	other := corev1.EnvVar{Name: "LITERAL", Value: "x"}
+	return nil
+}
+
+func workers(leaderPod *corev1.Pod) {
+	sts := appsapplyv1.StatefulSet(leaderPod.Name, leaderPod.Namespace).
+		WithSpec(appsapplyv1.StatefulSetSpec().
+			WithOrdinals(appsapplyv1.StatefulSetOrdinals().WithStart(1)).
+			WithTemplate(x))
+	pod.Labels[gadgets.HashKey] = hash
+}
+"""
+
+
+def test_the_lws_tabulator_reads_env_values_as_the_labels_and_fields_they_join():
+    tab = dev_script("tabulate_lws")
+    consts = tab.go_string_constants(GADGET_TYPES)
+    assert consts["SetLabel"] == "gadgets.example.org/set" and len(consts) == 7
+    assert tab.env_facts(GADGET_WEBHOOK, consts) == {
+        "GADGET_HOST": {
+            "const": "HostEnv",
+            "value": [
+                {"label": "gadgets.example.org/set"},
+                "-",
+                {"label": "gadgets.example.org/index"},
+                ".",
+                {"field": "metadata.namespace"},
+                ".svc",
+            ],
+        },
+        "GADGET_COUNT": {"const": "CountEnv", "value": [{"annotation": "gadgets.example.org/count"}]},
+    }
+    tab.LABEL_PREFIX = "gadgets.example.org/"
+    assert tab.label_kinds(consts, [GADGET_WEBHOOK]) == {
+        "gadgets.example.org/count": {"const": "CountAnnotationKey", "kind": ["annotation"]},
+        "gadgets.example.org/hash": {"const": "HashKey", "kind": ["label"]},  # by the map it indexes
+        "gadgets.example.org/index": {"const": "IndexLabel", "kind": ["label"]},
+        "gadgets.example.org/set": {"const": "SetLabel", "kind": ["label"]},
+    }
+    assert tab.worker_pod_facts(GADGET_WEBHOOK) == {"statefulset_named_after": "leader pod", "first_ordinal": 1}
+    with pytest.raises(ValueError, match="the layout changed"):
+        tab.worker_pod_facts(GADGET_WEBHOOK.replace("leaderPod.Name", "set.Name"))
+    with pytest.raises(ValueError, match="the layout changed"):
+        tab.env_facts(GADGET_WEBHOOK.replace("Value: count,", "Value: strconv.Itoa(n),"), consts)
+
+
+# Go structs with yaml tags (names of our own): comments between fields, a pointer, a slice, a map of structs,
+# json before yaml in the tag, a field with no yaml tag, and a struct with no tagged field.
+KNOB_CONFIG = """
+type MetricsDiscoveryConfig struct {
+	// Rules are applied one by one.
+	Rules []DiscoveryRule `json:"rules" yaml:"rules"`
+	Extra *Extra `json:"extra,omitempty" yaml:"extra,omitempty"`
+}
+
+type DiscoveryRule struct {
+	Query string `yaml:"query"`
+	Groups map[string]Group `json:"groups,omitempty" yaml:"groups,omitempty"`
+	internal int
+	JSONOnly string `json:"jsonOnly"`
+}
+
+type Extra struct {
+	cache map[string]string
+}
+"""
+
+
+def test_the_adapter_tabulator_reads_each_structs_yaml_keys():
+    tab = dev_script("tabulate_prometheus_adapter")
+    assert tab.struct_fields(KNOB_CONFIG) == {
+        "MetricsDiscoveryConfig": {
+            "rules": {"field": "Rules", "type": "[]DiscoveryRule", "omitempty": False},
+            "extra": {"field": "Extra", "type": "*Extra", "omitempty": True},
+        },
+        "DiscoveryRule": {
+            "query": {"field": "Query", "type": "string", "omitempty": False},
+            "groups": {"field": "Groups", "type": "map[string]Group", "omitempty": True},
+        },
+        "Extra": {},
+    }
+    with pytest.raises(ValueError, match="the layout changed"):
+        tab.struct_fields(KNOB_CONFIG.replace("DiscoveryRule struct", "Rule struct"))
+
+
+def test_the_adapter_table_knows_every_key_of_the_rule_deploy_writes():
+    from pipeline.k8s.manifests import adapter_config
+    from pipeline.upstream import facts
+
+    structs = facts("prometheus_adapter")["structs"]
+    assert {"MetricsDiscoveryConfig", "DiscoveryRule", "ResourceMapping", "NameMapping"} <= set(structs)
+    cfg, dep, _ = rendered(
+        "build_configs/smollm2-135m-int4-awq.yaml",
+        "deploy.autoscaling={min_replicas: 1, max_replicas: 3, queued_requests_per_replica: 0.5}",
+    )
+    config = adapter_config(cfg, dep)
+    assert config is not None and checks.adapter_problems(config) == []
+    config["rules"][0]["seriesQueery"] = "x"
+    assert checks.adapter_problems(config)[0].startswith("prometheus-adapter config: rules.seriesQueery: unknown key")
 
 
 def test_a_config_named_with_non_ascii_letters_deploys_under_ascii_names(tmp_path):

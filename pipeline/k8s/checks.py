@@ -3,12 +3,12 @@
 Schemas: core objects against the OpenAPI schemas of `deploy.kubernetes_version` that kubernetes-validate ships (its
 strict variant refuses unknown fields, as `kubectl apply --validate=strict` does); a LeaderWorkerSet against the CRD
 schema from kubernetes-sigs/lws (`upstream/leaderworkerset.json`; unknown fields refused the same way), and its pod
-templates against the core PodTemplate schema. Names: every object's name, namespace, labels, selectors and
-annotation keys against the API server's rules (the schemas type them as plain strings). Cross-checks read the
-objects back as YAML parses them (not the values that made them), so a mis-generated or edited manifest is caught: the
-ports the server command binds against the container ports, probes, Service and scrape annotation; GPUs per replica
-against tp x pp and the leader's ranks; memory requests against the plans; references between objects; and the
-build config the pods will build (or the image holds) against this build's.
+templates, which that table leaves open, against the core PodTemplate schema. Names: every object's name, namespace,
+labels, selectors and annotation keys against the API server's rules (the schemas type them as plain strings).
+Cross-checks read the objects back as YAML parses them (not the values that made them), so a mis-generated or edited
+manifest is caught: the ports the server command binds against the container ports, probes, Service and scrape
+annotation; GPUs per replica against tp x pp and the leader's ranks; memory requests against the plans; references
+between objects; and the build config the pods will build (or the image holds) against this build's.
 """
 
 from __future__ import annotations
@@ -77,20 +77,15 @@ def _lws_problems(obj: dict, version: str) -> list[str]:
         f"{where(obj, error.absolute_path)}: {error.message}"
         for error in sorted(_lws_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
     ]
-    meta = obj.get("metadata", {})
-    for role in ("leaderTemplate", "workerTemplate"):
-        template = obj.get("spec", {}).get("leaderWorkerTemplate", {}).get(role)
-        if template is not None:  # the core schema of the pods, as strict as a Deployment's
-            pod = {
-                "apiVersion": "v1",
-                "kind": "PodTemplate",
-                "metadata": {"name": meta.get("name")},
-                "template": template,
-            }
+    name = obj.get("metadata", {}).get("name")
+    for path in lws_facts()["pod_templates"]:  # the CRD leaves them to the core schema, as strict as a Deployment's
+        template = obj
+        for key in path.split("."):
+            template = template.get(key) if isinstance(template, dict) else None
+        if template is not None:
+            pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": template}
             problems += [
-                p.replace("PodTemplate/", f"{obj['kind']}/", 1).replace(
-                    ": template", f": spec.leaderWorkerTemplate.{role}"
-                )
+                p.replace("PodTemplate/", f"{obj['kind']}/", 1).replace(": template", f": {path}", 1)
                 for p in _core_problems(pod, version)
             ]
     return problems
@@ -100,7 +95,7 @@ def schema_problems(objects: list[dict], version: str) -> list[str]:
     problems = []
     for obj in objects:
         problems += _lws_problems(obj, version) if obj.get("apiVersion") == LWS_API else _core_problems(obj, version)
-    return list(dict.fromkeys(problems))  # the CRD and the core schema may both refuse a pod template's field
+    return problems
 
 
 # ---------------------------------------------------------------- names

@@ -1,55 +1,35 @@
-"""Tabulate the keys of prometheus-adapter's discovery config (kubernetes-sigs/prometheus-adapter pkg/config/config.go)
-into `pipeline/k8s/prometheus_adapter.json`, so the rule `trtllm-pipeline deploy` writes is checked against them.
-
-Maintainer tool, not run by the pipeline. Reads the Go structs with `git show` (no code is copied): per struct, each
-field's YAML key, Go type and whether it is `omitempty`.
-
-    python scripts/dev/tabulate_prometheus_adapter.py --git <prometheus-adapter mirror> \\
-        --out pipeline/k8s/prometheus_adapter.json
+"""Tabulate the keys of prometheus-adapter's discovery config (kubernetes-sigs/prometheus-adapter pkg/config/config.go
+at `COMMIT`) into `pipeline/upstream/prometheus_adapter.json` (run by scripts/dev/tabulate.py), so the rule
+`trtllm-pipeline deploy` writes is checked against them: per struct, each field's YAML key, Go type and whether it
+is `omitempty`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import subprocess
-from pathlib import Path
+
+from upstream_source import Upstream, cite
 
 REPO = "kubernetes-sigs/prometheus-adapter"
 CONFIG = "pkg/config/config.go"
+COMMIT = "01919d0ef11859bc214e0c8a8bd5368afd9d47f7"  # committed 2025-04-01
 STRUCT = re.compile(r"^type (\w+) struct \{\n(.*?)^\}", re.M | re.S)
 FIELD = re.compile(r"^\s+(\w+)\s+(\S+)\s+`[^`]*yaml:\"([^\"]+)\"", re.M)
 
 
-def git(mirror: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(mirror), *args], check=True, capture_output=True, text=True).stdout
+def tabulate(upstream: Upstream) -> dict:
+    return {"source": cite(REPO, CONFIG, COMMIT), "structs": struct_fields(upstream.read(REPO, CONFIG, COMMIT))}
 
 
-def tabulate(mirror: Path, rev: str) -> dict:
-    commit, date = git(mirror, "log", "-1", "--format=%H %cs", rev).split()
-    source = git(mirror, "show", f"{commit}:{CONFIG}")
+def struct_fields(text: str) -> dict[str, dict]:
+    """Every struct of a Go file: its fields with a yaml tag, keyed by that tag's name."""
     structs = {}
-    for name, body in STRUCT.findall(source):
+    for name, body in STRUCT.findall(text):
         fields = {}
         for go_name, go_type, tag in FIELD.findall(body):
             key, *options = tag.split(",")
             fields[key] = {"field": go_name, "type": go_type, "omitempty": "omitempty" in options}
         structs[name] = fields
     if "DiscoveryRule" not in structs or "MetricsDiscoveryConfig" not in structs:
-        raise SystemExit(f"{CONFIG} at {commit} has no DiscoveryRule/MetricsDiscoveryConfig: the layout changed")
-    return {"source": {"repo": REPO, "path": CONFIG, "commit": commit, "date": date}, "structs": structs}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--git", type=Path, required=True, help="clone or bare mirror of " + REPO)
-    parser.add_argument("--rev", default="HEAD")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    args.out.write_text(json.dumps(tabulate(args.git, args.rev), indent=1) + "\n")
-    print(f"{args.out}: {args.out.stat().st_size} bytes")
-
-
-if __name__ == "__main__":
-    main()
+        raise ValueError(f"{CONFIG} has no DiscoveryRule and MetricsDiscoveryConfig: the layout changed")
+    return structs
