@@ -625,8 +625,7 @@ def test_the_lws_tabulator_reads_env_values_as_the_labels_and_fields_they_join()
         },
         "GADGET_COUNT": {"const": "CountEnv", "value": [{"annotation": "gadgets.example.org/count"}]},
     }
-    tab.LABEL_PREFIX = "gadgets.example.org/"
-    assert tab.label_kinds(consts, [GADGET_WEBHOOK]) == {
+    assert tab.label_kinds(consts, [GADGET_WEBHOOK], "gadgets.example.org/") == {
         "gadgets.example.org/count": {"const": "CountAnnotationKey", "kind": ["annotation"]},
         "gadgets.example.org/hash": {"const": "HashKey", "kind": ["label"]},  # by the map it indexes
         "gadgets.example.org/index": {"const": "IndexLabel", "kind": ["label"]},

@@ -34,15 +34,17 @@ POD_TEMPLATE = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
 def tabulate(upstream: Upstream) -> dict:
-    crd = crd_facts(upstream.read(REPO, CRD, COMMIT))
-    consts = go_string_constants(upstream.read(REPO, TYPES, COMMIT))
-    controllers = [upstream.read(REPO, path, COMMIT) for path in (LWS_CONTROLLER, POD_CONTROLLER, POD_UTILS)]
+    def read(path: str) -> str:
+        return upstream.read(REPO, path, COMMIT)
+
+    consts = go_string_constants(read(TYPES))
+    pod_utils, pod_controller = read(POD_UTILS), read(POD_CONTROLLER)
     return {
         "sources": [cite(REPO, path, COMMIT) for path in (CRD, TYPES, POD_UTILS, LWS_CONTROLLER, POD_CONTROLLER)],
-        **crd,
-        "env": env_facts(upstream.read(REPO, POD_UTILS, COMMIT), consts),
-        "labels": label_kinds(consts, controllers),
-        "worker_pods": worker_pod_facts(controllers[1]),
+        **crd_facts(read(CRD)),
+        "env": env_facts(pod_utils, consts),
+        "labels": label_kinds(consts, [read(LWS_CONTROLLER), pod_controller, pod_utils]),
+        "worker_pods": worker_pod_facts(pod_controller),
     }
 
 
@@ -169,12 +171,12 @@ def env_facts(text: str, consts: dict[str, str]) -> dict[str, dict]:
     return env
 
 
-def label_kinds(consts: dict[str, str], texts: list[str]) -> dict[str, dict]:
-    """Each `leaderworkerset.sigs.k8s.io/` key: its constant, and whether it is a label or an annotation (by its
-    name, or by a map it indexes in `texts`)."""
+def label_kinds(consts: dict[str, str], texts: list[str], prefix: str = LABEL_PREFIX) -> dict[str, dict]:
+    """Each constant key under `prefix`: its constant, and whether it is a label or an annotation (by its name, or
+    by a map it indexes in `texts`)."""
     labels = {}
     for name, key in sorted(consts.items(), key=lambda item: item[1]):
-        if not key.startswith(LABEL_PREFIX):
+        if not key.startswith(prefix):
             continue
         kinds = set()
         for kind, map_name in (("label", "Labels"), ("annotation", "Annotations")):
