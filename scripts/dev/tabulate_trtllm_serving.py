@@ -308,14 +308,15 @@ def launch_line_facts(doc: str) -> list[dict]:
         for line in joined.splitlines()
         if ("trtllm-llmapi-launch" in line or "launch_triton_server.py" in line) and "`" not in line
     ]
-    facts = [
-        {
+    facts = []
+    for tokens in lines:
+        fact = {
             "launcher": next(t.rsplit("/", 1)[-1] for t in tokens if t.endswith(("trtllm-llmapi-launch", ".py"))),
             "flags": [t.split("=")[0] for t in tokens if t.startswith("--")],
         }
-        for tokens in lines
-    ]
-    return [dict(pairs) for pairs in dict.fromkeys(tuple((k, tuple(v)) for k, v in f.items()) for f in facts)]
+        if fact not in facts:
+            facts.append(fact)
+    return facts
 
 
 def backend_facts(upstream: Upstream, release: str) -> dict:
