@@ -52,7 +52,7 @@ class NotBuildable(ValueError):
 
 
 def _where(source: dict) -> str:
-    version = source["commit"][:8] if source["commit"] else f"index id {source['index_id']}"
+    version = source["commit"][:8] if source["commit"] else "a copy of unknown commit"
     return f"{source['path']} @ {version}"
 
 
@@ -121,7 +121,7 @@ def model_map_class(architecture: str, release: str) -> str:
     if release_key(release) < release_key(added["release"]):
         raise NotBuildable(
             f"the class registry has no class for it (MODEL_MAP in {lacking}); {added['release']} added one "
-            f"({trtllm_class}; {added['source']['path']}: {added['line'].lstrip('- ')!r})"
+            f"({trtllm_class}; {added['source']['path']} lists it among the models {added['release']} adds)"
         )
     return trtllm_class
 
@@ -136,9 +136,8 @@ def engine_family(architecture: str, release: str) -> EngineFamily:
             f"MODEL_MAP maps it to {trtllm_class}, but ModelOpt {modelopt['version']} cannot export it as a "
             f"TensorRT-LLM checkpoint: its decoder type {decoder!r} (modelopt/torch/export/model_utils.py "
             f"MODEL_NAME_TO_TYPE) is not one convert_to_tensorrt_llm_config writes "
-            f"({', '.join(modelopt['config_writer_decoder_types'])}; otherwise "
-            f'{modelopt["config_writer_otherwise_raises"]}: "Cannot export tensorrt_llm checkpoint for model '
-            f'{decoder}")'
+            f"({', '.join(modelopt['config_writer_decoder_types'])}; for any other it raises "
+            f"{modelopt['config_writer_otherwise_raises']})"
         )
     if architecture not in CHECKED_LAYOUTS:
         raise NotBuildable(
@@ -149,15 +148,15 @@ def engine_family(architecture: str, release: str) -> EngineFamily:
     model = ENGINE_MODELS["model_classes"][trtllm_class]  # tabulated for every class of CHECKED_LAYOUTS
     config = ENGINE_MODELS["config_classes"][model["config_class"]]
     layer = ENGINE_MODELS["decoder_layers"][model["decoder_layer"]]
-    dense = layer["attention"].get("dense_bias")
+    dense_bias = layer["attention"].get("dense_bias")  # a literal when the layer fixes it
     return EngineFamily(
         architecture=architecture,
         trtllm_class=trtllm_class,
         decoder_type=decoder,
         defaults=config["init_defaults"],
-        derived={k: v.removeprefix("hf_config.") for k, v in config["from_hugging_face"].items()},
+        derived={key: taken["hf_config"] for key, taken in config["from_hugging_face"].items()},
         required=tuple(k for k in layer["compares"] if k not in config["init_defaults"]),
-        dense_bias=None if dense is None else dense == "True",
+        dense_bias=dense_bias,
     )
 
 

@@ -1,36 +1,44 @@
-"""Tabulate what TensorRT-LLM's checkpoint loader accepts, from its own source, as JSON facts.
+"""Tabulate what TensorRT-LLM's checkpoint loader accepts, from its own source (upstream/trtllm_checkpoint.json).
 
-Maintainer tool, not run by the pipeline. Reads with `ast` every cached version (or slice) of:
-- tensorrt_llm/models/modeling_utils.py: the fields of the `QuantConfig` dataclass and how `from_dict` builds
-  it (`cls(**config)`: a key that is not a field raises); how `PretrainedConfig` consumes the checkpoint's
-  `mapping` and `quantization` dicts (`Mapping.from_dict(...)` / `QuantConfig.from_dict(...)`, or legacy
-  `.get(key)` picks); how `preprocess_perlayer_weights` treats W8A16; what `PretrainedModel.load` does with
-  missing and extra tensors;
-- tensorrt_llm/mapping.py: the parameters of `Mapping.__init__`, how `from_dict` calls it, what `to_dict`
-  writes and the conditions under which `__init__` raises;
-- tensorrt_llm/quantization/layers.py: the parameters (name, shape, dtype, condition) that the weight-only
-  linears register, and their padding rule (`multiple = ...`);
+Maintainer tool, run by scripts/dev/tabulate.py. Reads with `ast`:
+- tensorrt_llm/models/modeling_utils.py: the fields of the `QuantConfig` dataclass and whether its `from_dict` passes
+  every key on as a keyword (a key that is not a field then raises); how `PretrainedConfig` consumes the checkpoint's
+  `mapping` and `quantization` dicts (built by `Mapping.from_dict` / `QuantConfig.from_dict`, or legacy keys picked
+  with `.get`); how `preprocess_perlayer_weights` treats W8A16; what `PretrainedModel.load` does with missing and
+  extra tensors;
+- tensorrt_llm/mapping.py: the parameters of `Mapping.__init__`, whether `from_dict` passes every key on, what
+  `to_dict` writes and the conditions under which `__init__` raises;
+- tensorrt_llm/quantization/layers.py: the parameters (name, shape, dtype, condition) that the weight-only linears
+  register, and the multiple they pad their sizes to;
 - tensorrt_llm/models/convert_utils.py: `weight_only_quantize_dict` (which weights the loader quantizes itself).
-Writes pipeline/trtllm_checkpoint_rules.json. Usage:
-    python scripts/dev/tabulate_trtllm_checkpoint.py /work/upstream-cache/NVIDIA+TensorRT-LLM \
-        pipeline/trtllm_checkpoint_rules.json
+
+A shape, condition or size that is not a literal is stored as a formula (`formula`): a JSON tree of the names,
+literals and operations it is made of. None of the copies read is at a release's own commit (`pinned` false); two
+were read from a copy with no known commit (`commit` null).
 """
 
 from __future__ import annotations
 
 import ast
-import json
-import sys
 from collections import defaultdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from upstream_source import CUT_CLASS, cached_versions, complete_statements, find_def, source_record, value
+from upstream_source import REPO, Upstream, cite, complete_statements, find_def
 
 MODELING_UTILS = "tensorrt_llm/models/modeling_utils.py"
 MAPPING = "tensorrt_llm/mapping.py"
 LAYERS = "tensorrt_llm/quantization/layers.py"
 CONVERT_UTILS = "tensorrt_llm/models/convert_utils.py"
+# The commits read per file (None: a copy whose commit is not known).
+COMMITS = {
+    MODELING_UTILS: (
+        "01ea6d79d454bb3ab10c7510a6f706ba039090c2",
+        "27712aa7720aa3e6a594ad3cc678625490cb479d",
+        None,
+    ),
+    MAPPING: ("05ebebb2c1d34320db9019f2b7ace6009a67e997", "b35ac1b64368513d215c57d2ed01d62d910df8da"),
+    LAYERS: (None,),
+    CONVERT_UTILS: ("03961722f65265573cad179baca3bc5fe8c03f76",),
+}
 WEIGHT_ONLY_CLASSES = (
     "WeightOnlyQuantLinear",
     "WeightOnlyQuantRowLinear",
@@ -39,68 +47,145 @@ WEIGHT_ONLY_CLASSES = (
 )
 
 
+class UnrecognizedSource(ValueError):
+    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
+
+
+# ---------------------------------------------------------------- formulas
+
+OPERATORS = {
+    ast.Mult: "multiply",
+    ast.FloorDiv: "floor_divide",
+    ast.Div: "divide",
+    ast.Add: "add",
+    ast.Sub: "subtract",
+    ast.Eq: "equal",
+    ast.NotEq: "not_equal",
+    ast.Lt: "less",
+    ast.LtE: "at_most",
+    ast.Gt: "greater",
+    ast.GtE: "at_least",
+    ast.In: "in",
+    ast.NotIn: "not_in",
+    ast.Is: "is",
+    ast.IsNot: "is_not",
+    ast.And: "all",
+    ast.Or: "any",
+}
+
+
+def dotted_name(node: ast.expr) -> str | None:
+    """`a.b.c` for a name or attribute chain, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def formula(node: ast.expr):
+    """A shape, size or condition as data: a literal as itself, a name as {"name": ...}, a tuple as a list, and each
+    operation as {operation: operands} (e.g. {"multiply": [{"name": "tp_size"}, 64]}, {"not": ...},
+    {"call": "f", "args": [...]})."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Name, ast.Attribute)) and dotted_name(node):
+        return {"name": dotted_name(node)}
+    if isinstance(node, ast.Attribute):
+        return {"attribute": node.attr, "of": formula(node.value)}
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return [formula(element) for element in node.elts]
+    if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+        return {OPERATORS[type(node.op)]: [formula(node.left), formula(node.right)]}
+    if isinstance(node, ast.BoolOp):
+        return {OPERATORS[type(node.op)]: [formula(value) for value in node.values]}
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return {"not": formula(node.operand)}
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return -node.operand.value
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in OPERATORS:
+        return {OPERATORS[type(node.ops[0])]: [formula(node.left), formula(node.comparators[0])]}
+    if isinstance(node, ast.IfExp):
+        return {"if": formula(node.test), "then": formula(node.body), "else": formula(node.orelse)}
+    if isinstance(node, ast.Subscript):
+        return {"item": formula(node.slice), "of": formula(node.value)}
+    if isinstance(node, ast.Call):
+        function = dotted_name(node.func)
+        called = {"call": function} if function else {"call_method": node.func.attr, "of": formula(node.func.value)}
+        if node.args:
+            called["args"] = [formula(argument) for argument in node.args]
+        if node.keywords:
+            called["keywords"] = {k.arg: formula(k.value) for k in node.keywords}
+        return called
+    if isinstance(node, ast.ListComp) and len(node.generators) == 1 and not node.generators[0].ifs:
+        loop = node.generators[0]
+        return {"each": formula(node.elt), "for": formula(loop.target), "in": formula(loop.iter)}
+    raise UnrecognizedSource(f"no formula for a {type(node).__name__}")
+
+
+def conjunction(conditions: list):
+    """One condition from the formulas of several that all hold; None for none."""
+    if not conditions:
+        return None
+    return conditions[0] if len(conditions) == 1 else {"all": conditions}
+
+
+def literal(node: ast.expr | None):
+    if node is None:
+        return None
+    try:
+        return ast.literal_eval(node)
+    except ValueError as error:
+        raise UnrecognizedSource("a default that is not a literal") from error
+
+
 def method(cls: ast.ClassDef | None, name: str) -> ast.FunctionDef | None:
     return find_def(cls.body, name) if cls is not None else None
 
 
-def where(node: ast.AST, offset: int) -> dict:
-    """The position of a node: its line in the file when the text read starts at offset 0, else its line
-    within the slice that starts at `offset` characters."""
-    return {"line": node.lineno} if offset == 0 else {"slice_offset": offset, "line_in_slice": node.lineno}
-
-
-def calls_with_star_kwargs(function: ast.FunctionDef | None) -> list[str]:
-    """Calls in `function` that pass a dict as **kwargs, e.g. ["cls(**config)"]."""
-    if function is None:
-        return []
-    return [
-        ast.unparse(n) for n in ast.walk(function) if isinstance(n, ast.Call) and any(k.arg is None for k in n.keywords)
-    ]
+def passes_every_key(function: ast.FunctionDef | None) -> bool:
+    """Whether `function` passes a dict on as **kwargs (so a key the callee lacks raises)."""
+    return function is not None and any(
+        isinstance(n, ast.Call) and any(k.arg is None for k in n.keywords) for n in ast.walk(function)
+    )
 
 
 # ---------------------------------------------------------------- modeling_utils.py
 
 
-def quant_config(statements: list[ast.stmt], offset: int) -> dict | None:
-    """QuantConfig's dataclass fields and how from_dict builds it; None when the text has no QuantConfig."""
+def quant_config(statements: list[ast.stmt]) -> dict | None:
+    """QuantConfig's dataclass fields and how from_dict builds it; None when the file has no QuantConfig."""
     cls = find_def(statements, "QuantConfig")
     if cls is None:
         return None
-    decorators = [ast.unparse(d) for d in cls.decorator_list]
     fields = [
-        {"name": f.target.id, "annotation": ast.unparse(f.annotation), "default": value(f.value)}
+        {"name": f.target.id, "type": ast.unparse(f.annotation), "default": literal(f.value)}
         for f in cls.body
         if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
     ]
     return {
-        "decorators": decorators,
+        "dataclass": any(dotted_name(d) in ("dataclass", "dataclasses.dataclass") for d in cls.decorator_list),
         "fields": fields,
-        "from_dict_calls": calls_with_star_kwargs(method(cls, "from_dict")),
-        **where(cls, offset),
+        "from_dict_passes_every_key": passes_every_key(method(cls, "from_dict")),
     }
 
 
-def pretrained_config(statements: list[ast.stmt], offset: int) -> dict | None:
-    """How PretrainedConfig turns the checkpoint's `mapping` and `quantization` dicts into objects.
-
-    In a slice that starts inside the class, the class is recognised by its from_dict popping 'architecture'."""
-    cls, inferred = find_def(statements, "PretrainedConfig"), False
+def pretrained_config(statements: list[ast.stmt]) -> dict | None:
+    """How PretrainedConfig turns the checkpoint's `mapping` and `quantization` dicts into objects."""
+    cls = find_def(statements, "PretrainedConfig")
     if cls is None:
-        cut = find_def(statements, CUT_CLASS)
-        reader = method(cut, "from_dict")
-        if reader is None or "config.pop('architecture')" not in ast.unparse(reader):
-            return None
-        cls, inferred = cut, True
-    out = {"class_recognised_by": "from_dict pops 'architecture'"} if inferred else {}
+        return None
+    out = {"from_dict_passes_every_key": passes_every_key(method(cls, "from_dict"))}
     for key in ("mapping", "quantization"):  # the dicts' parameter names in __init__ / from_dict
         built_by = sorted(
             {
-                ast.unparse(n.func)
+                dotted_name(n.func)
                 for n in ast.walk(cls)
                 if isinstance(n, ast.Call)
                 and isinstance(n.func, ast.Attribute)
                 and n.func.attr == "from_dict"
-                and [ast.unparse(a) for a in n.args] == [key]
+                and [dotted_name(a) for a in n.args] == [key]
             }
         )
         picked = sorted(
@@ -110,54 +195,62 @@ def pretrained_config(statements: list[ast.stmt], offset: int) -> dict | None:
                 if isinstance(n, ast.Call)
                 and isinstance(n.func, ast.Attribute)
                 and n.func.attr == "get"
-                and ast.unparse(n.func.value) == key
+                and dotted_name(n.func.value) == key
                 and n.args
                 and isinstance(n.args[0], ast.Constant)
             }
         )
         out[key] = {"built_by": built_by, "keys_picked_with_get": picked}
-    keys = ("mapping", "quantization")
-    out["from_dict_calls"] = calls_with_star_kwargs(method(cls, "from_dict"))
-    if not out["from_dict_calls"] and not any(out[k]["built_by"] or out[k]["keys_picked_with_get"] for k in keys):
-        return None  # the class is there, but not the part that reads the dicts
-    return out | where(cls, offset)
+    return out
 
 
-def load_rules(statements: list[ast.stmt], offset: int) -> dict | None:
-    """What PretrainedModel.load does when the checkpoint lacks or adds tensors: {condition: "raise X" | call}."""
+def outcome(body: list[ast.stmt]) -> dict | None:
+    """What a branch does: {"raises": "<exception>"} or {"calls": "<function>"} (its first statement)."""
+    raises = [n for n in ast.walk(ast.Module(body=body, type_ignores=[])) if isinstance(n, ast.Raise)]
+    if raises and isinstance(raises[0].exc, ast.Call):
+        return {"raises": dotted_name(raises[0].exc.func)}
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Call):
+        return {"calls": dotted_name(first.value.func)}
+    return None
+
+
+def load_rules(statements: list[ast.stmt]) -> list[dict] | None:
+    """What PretrainedModel.load does when the checkpoint lacks or adds tensors: [{"when": formula, ...outcome}]."""
     load = method(find_def(statements, "PretrainedModel"), "load")
     if load is None:
         return None
-    outcomes = {}
+    rules = []
     for node in ast.walk(load):
-        if isinstance(node, ast.If) and "provided_names" in ast.unparse(node.test):
-            body = ast.Module(body=node.body, type_ignores=[])
-            raises = [n for n in ast.walk(body) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)]
-            first = node.body[0]
-            if raises:
-                outcomes[ast.unparse(node.test)] = f"raise {ast.unparse(raises[0].exc.func)}"
-            elif isinstance(first, ast.Expr) and isinstance(first.value, ast.Call):
-                outcomes[ast.unparse(node.test)] = ast.unparse(first.value.func)
-    return {"on": outcomes} | where(load, offset)
+        if isinstance(node, ast.If) and "provided_names" in {
+            n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)
+        }:
+            then = outcome(node.body)
+            if then is not None:
+                rules.append({"when": formula(node.test)} | then)
+    return rules
 
 
-def w8a16_preprocessing(statements: list[ast.stmt], offset: int) -> dict | None:
-    """The branch of preprocess_perlayer_weights that handles W8A16, and the call it makes."""
+def w8a16_preprocessing(statements: list[ast.stmt]) -> dict | None:
+    """The branch of preprocess_perlayer_weights that handles W8A16, and the weight_only_quantize_dict call in it."""
     function = find_def(statements, "preprocess_perlayer_weights")
     if function is None:
         return None
     for node in ast.walk(function):
-        if isinstance(node, ast.If) and "QuantAlgo.W8A16" in ast.unparse(node.test):
-            calls = [ast.unparse(n) for n in ast.walk(ast.Module(body=node.body, type_ignores=[]))]
-            calls = [c for c in calls if c.startswith("weight_only_quantize_dict(")]
-            return {"condition": ast.unparse(node.test), "calls": calls} | where(node, offset)
+        if isinstance(node, ast.If) and "QuantAlgo.W8A16" in {dotted_name(n) for n in ast.walk(node.test)}:
+            calls = [
+                formula(n)
+                for n in ast.walk(ast.Module(body=node.body, type_ignores=[]))
+                if isinstance(n, ast.Call) and dotted_name(n.func) == "weight_only_quantize_dict"
+            ]
+            return {"condition": formula(node.test), "calls": calls}
     return {"condition": None, "calls": []}
 
 
 # ---------------------------------------------------------------- convert_utils.py
 
 
-def weight_only_quantize_dict(statements: list[ast.stmt], offset: int) -> dict | None:
+def weight_only_quantize_dict(statements: list[ast.stmt]) -> dict | None:
     """Which weights the loader quantizes itself for W8A16/W4A16, and what it writes in their place."""
     function = find_def(statements, "weight_only_quantize_dict")
     helper = find_def(statements, "weight_only_quantize")
@@ -165,41 +258,37 @@ def weight_only_quantize_dict(statements: list[ast.stmt], offset: int) -> dict |
         return None
     arguments = function.args
     defaults = dict(zip([a.arg for a in arguments.args][-len(arguments.defaults) :], arguments.defaults))
-    loop_conditions = [
-        ast.unparse(n.test)
+    conditions = [
+        formula(n.test)
         for n in ast.walk(function)
-        if isinstance(n, ast.If) and "weights[name].dtype" in ast.unparse(n.test)
+        if isinstance(n, ast.If) and any(isinstance(s, ast.Attribute) and s.attr == "dtype" for s in ast.walk(n.test))
     ]
     writes = [
-        ast.unparse(t)
+        formula(t)
         for n in ast.walk(function)
         if isinstance(n, ast.Assign)
         for t in n.targets
-        if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "weights"
+        if isinstance(t, ast.Subscript) and dotted_name(t.value) == "weights"
     ]
-    ops = (
-        sorted(
-            {
-                ast.unparse(n.func)
-                for n in ast.walk(helper)
-                if isinstance(n, ast.Call) and "torch.ops" in ast.unparse(n.func)
-            }
-        )
-        if helper is not None
-        else []
+    ops = sorted(
+        {
+            dotted_name(n.func)
+            for n in ast.walk(helper or function)
+            if isinstance(n, ast.Call) and (dotted_name(n.func) or "").startswith("torch.ops.")
+        }
     )
     return {
-        "quant_weights_default": value(defaults.get("quant_weights")),
-        "quantizes_when": loop_conditions,
+        "quant_weights_default": literal(defaults.get("quant_weights")),
+        "quantizes_when": conditions,
         "writes": writes,
         "quantizer_ops": ops,
-    } | where(function, offset)
+    }
 
 
 # ---------------------------------------------------------------- mapping.py
 
 
-def mapping_rules(statements: list[ast.stmt], offset: int) -> dict | None:
+def mapping_rules(statements: list[ast.stmt]) -> dict | None:
     """Mapping.__init__'s parameter names, how from_dict calls it, what to_dict writes, and when __init__ raises."""
     classes = {s.name: s for s in statements if isinstance(s, ast.ClassDef)}
     cls = classes.get("Mapping")
@@ -210,19 +299,18 @@ def mapping_rules(statements: list[ast.stmt], offset: int) -> dict | None:
     def inherited(name):
         return next((m for m in (method(c, name) for c in lineage) if m is not None), None)
 
-    init = inherited("__init__")
-    arguments = init.args
+    arguments = inherited("__init__").args
     params = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs if a.arg != "self"]
     # __init__ may only forward to the base class; its conditions live where the work is done
-    raising = [m for m in (method(c, "__init__") for c in lineage) if m is not None]
     raises_if = [
-        ast.unparse(n.test)
-        for m in raising
+        formula(n.test)
+        for m in (method(c, "__init__") for c in lineage)
+        if m is not None
         for n in ast.walk(m)
         if isinstance(n, ast.If) and any(isinstance(b, ast.Raise) for b in n.body)
     ]
-    to_dict = inherited("to_dict")
     written = []
+    to_dict = inherited("to_dict")
     if to_dict is not None:
         for n in ast.walk(to_dict):
             if isinstance(n, ast.Dict):
@@ -230,17 +318,26 @@ def mapping_rules(statements: list[ast.stmt], offset: int) -> dict | None:
     return {
         "class_lineage": [c.name for c in lineage],
         "init_params": params,
-        "from_dict_calls": calls_with_star_kwargs(inherited("from_dict")),
+        "from_dict_passes_every_key": passes_every_key(inherited("from_dict")),
         "to_dict_keys": written,
-        "init_raises_if": list(dict.fromkeys(raises_if)),
-    } | where(init, offset)
+        "init_raises_if": [c for i, c in enumerate(raises_if) if c not in raises_if[:i]],
+    }
 
 
 # ---------------------------------------------------------------- layers.py
 
 
-def weight_only_layers(statements: list[ast.stmt], offset: int) -> dict:
-    """For each weight-only linear wholly in the text: its registered parameters and its padding rule."""
+def walk_with_conditions(body: list[ast.stmt], conditions: list):
+    """(statement, formulas of its enclosing if-conditions) for every statement in `body`, recursively."""
+    for node in body:
+        yield node, conditions
+        if isinstance(node, ast.If):
+            yield from walk_with_conditions(node.body, [*conditions, formula(node.test)])
+            yield from walk_with_conditions(node.orelse, [*conditions, {"not": formula(node.test)}])
+
+
+def weight_only_layers(statements: list[ast.stmt]) -> dict:
+    """For each weight-only linear: its registered parameters and the multiple it pads its sizes to."""
     out = {}
     aliases = {
         s.targets[0].id: s.value.id
@@ -251,25 +348,22 @@ def weight_only_layers(statements: list[ast.stmt], offset: int) -> dict:
         init = method(find_def(statements, name), "__init__")
         if init is None:
             continue
-        params, padding = {}, None
+        statements_in_init = list(walk_with_conditions(init.body, []))
         local = defaultdict(list)  # local names a shape or dtype may use, e.g. scale_shape, pack_ratio
-        for n, conditions in walk_with_conditions(init.body, []):
-            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name):
-                condition = " and ".join(conditions)
-                local[n.targets[0].id].append(ast.unparse(n.value) + (f"  (if {condition})" if condition else ""))
-        for node, conditions in walk_with_conditions(init.body, []):
-            if (
-                isinstance(node, ast.Assign)
-                and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id == "multiple"
-            ):
-                padding = {"multiple": ast.unparse(node.value)} | where(node, offset)
-            if (
-                isinstance(node, ast.Assign)
-                and isinstance(node.value, ast.Call)
-                and ast.unparse(node.value.func) == "Parameter"
-                and isinstance(node.targets[0], ast.Attribute)
-            ):
+        for node, conditions in statements_in_init:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                condition = conjunction(conditions)
+                local[node.targets[0].id].append(
+                    {"value": formula(node.value)} | ({"if": condition} if condition is not None else {})
+                )
+        params, multiple = {}, None
+        for node, conditions in statements_in_init:
+            if not isinstance(node, ast.Assign):
+                continue
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id == "multiple":
+                multiple = formula(node.value)
+            if isinstance(node.value, ast.Call) and dotted_name(node.value.func) == "Parameter":
                 keywords = {k.arg: k.value for k in node.value.keywords}
                 used = sorted(
                     {
@@ -281,121 +375,69 @@ def weight_only_layers(statements: list[ast.stmt], offset: int) -> dict:
                     }
                     & set(local)
                 )
-                params[node.targets[0].attr] = {
-                    "shape": ast.unparse(keywords["shape"]) if "shape" in keywords else None,
-                    "dtype": ast.unparse(keywords["dtype"]) if "dtype" in keywords else None,
-                    "only_if": " and ".join(conditions) or None,
+                params[target.attr] = {
+                    "shape": formula(keywords["shape"]) if "shape" in keywords else None,
+                    "dtype": formula(keywords["dtype"]) if "dtype" in keywords else None,
+                    "only_if": conjunction(conditions),
                     "where": {n: local[n] for n in used},
-                } | where(node, offset)
+                }
         padded = [
-            ast.unparse(n.targets[0])
-            for n, _ in walk_with_conditions(init.body, [])
+            n.targets[0].id
+            for n, _ in statements_in_init
             if isinstance(n, ast.Assign)
-            and ast.unparse(n.value).startswith("math.ceil(")
             and isinstance(n.targets[0], ast.Name)
+            and any(isinstance(c, ast.Call) and dotted_name(c.func) == "math.ceil" for c in ast.walk(n.value))
         ]
         out[name] = {
             "parameters": params,
-            "padding": padding | {"padded": padded} if padding else None,
+            "padding": {"multiple": multiple, "padded": padded} if multiple is not None else None,
             "aliases": sorted(a for a, target in aliases.items() if target == name),
-            "base": [ast.unparse(b) for b in find_def(statements, name).bases],
-        } | where(init, offset)
+            "base": [dotted_name(b) for b in find_def(statements, name).bases],
+        }
     return out
-
-
-def walk_with_conditions(body: list[ast.stmt], conditions: list[str]):
-    """(statement, enclosing if-conditions) for every statement in `body`, recursively."""
-    for node in body:
-        yield node, conditions
-        if isinstance(node, ast.If):
-            yield from walk_with_conditions(node.body, conditions + [ast.unparse(node.test)])
-            yield from walk_with_conditions(node.orelse, conditions + [f"not ({ast.unparse(node.test)})"])
 
 
 # ---------------------------------------------------------------- the table
 
 
-def per_version(cache: Path, path: str, readers: dict) -> dict[str, dict]:
-    """{version: {fact: value}} from all cached slices of `path`, each read with every reader."""
-    facts: dict[str, dict] = defaultdict(dict)
-    for cached in cached_versions(cache, path):
-        version, offset = cached["version"], cached["offset"]
-        statements = complete_statements(cached["text"], cached["cut_start"], cached["cut_end"])
-        for fact, reader in readers.items():
-            result = reader(statements, offset)
-            if result:
-                facts[version][fact] = result
-        facts[version].setdefault("_read", [])
-    return {v: {k: f for k, f in facts[v].items() if k != "_read"} for v in sorted(facts)}
-
-
-def tabulate(cache: Path) -> dict:
-    modeling = per_version(
-        cache,
-        MODELING_UTILS,
-        {
-            "quant_config": quant_config,
-            "pretrained_config": pretrained_config,
-            "load": load_rules,
-            "w8a16_preprocessing": w8a16_preprocessing,
-        },
-    )
-    mappings = per_version(cache, MAPPING, {"mapping": mapping_rules})
-    layers = per_version(cache, LAYERS, {"weight_only_layers": weight_only_layers})
-    converters = per_version(cache, CONVERT_UTILS, {"weight_only_quantize_dict": weight_only_quantize_dict})
-
-    with_quant_config = {v: f["quant_config"] for v, f in modeling.items() if "quant_config" in f}
-    field_sets = [{f["name"] for f in q["fields"]} for q in with_quant_config.values()]
-    param_sets = [set(f["mapping"]["init_params"]) for f in mappings.values() if "mapping" in f]
-    sources = [
-        source_record(cache, version, path)
-        for path, table in (
-            (MODELING_UTILS, modeling),
-            (MAPPING, mappings),
-            (LAYERS, layers),
-            (CONVERT_UTILS, converters),
-        )
-        for version in table
+def versions(upstream: Upstream, path: str, reader) -> list[tuple[dict, object]]:
+    """(citation, what `reader` finds) for every commit of `path` read."""
+    return [
+        (cite(REPO, path, commit, pinned=False), reader(complete_statements(upstream.read(REPO, path, commit))))
+        for commit in COMMITS[path]
     ]
-    first = next(iter(with_quant_config.values()))
+
+
+def tabulate(upstream: Upstream) -> dict:
+    quant = versions(upstream, MODELING_UTILS, quant_config)
+    pretrained = versions(upstream, MODELING_UTILS, pretrained_config)
+    load = versions(upstream, MODELING_UTILS, load_rules)
+    preprocess = versions(upstream, MODELING_UTILS, w8a16_preprocessing)
+    mappings = versions(upstream, MAPPING, mapping_rules)
+    ((layers_source, layers),) = versions(upstream, LAYERS, weight_only_layers)
+    quantizers = versions(upstream, CONVERT_UTILS, weight_only_quantize_dict)
+
+    with_quant_config = [q for _, q in quant if q]
+    field_sets = [{f["name"] for f in q["fields"]} for q in with_quant_config]
+    param_sets = [set(m["init_params"]) for _, m in mappings if m]
     return {
-        "sources": sources,
         "quant_config": {
-            "source": MODELING_UTILS,
-            "by_version": {v: q for v, q in with_quant_config.items()},
-            "versions_without_quant_config_in_text_read": sorted(set(modeling) - set(with_quant_config)),
+            "versions": [{"source": source} | q for source, q in quant if q],
+            "not_defined_in": [source for source, q in quant if not q],
             "accepted_in_every_version": [
-                f["name"] for f in first["fields"] if all(f["name"] in s for s in field_sets)
+                f["name"] for f in with_quant_config[0]["fields"] if all(f["name"] in s for s in field_sets)
             ],
         },
-        "pretrained_config": {
-            "source": MODELING_UTILS,
-            "by_version": {v: f["pretrained_config"] for v, f in modeling.items() if "pretrained_config" in f},
-        },
-        "load": {"source": MODELING_UTILS, "by_version": {v: f["load"] for v, f in modeling.items() if "load" in f}},
+        "pretrained_config": {"versions": [{"source": source} | p for source, p in pretrained if p]},
+        "load": {"versions": [{"source": source, "on": rules} for source, rules in load if rules]},
         "mapping": {
-            "source": MAPPING,
-            "by_version": {v: f["mapping"] for v, f in mappings.items() if "mapping" in f},
+            "versions": [{"source": source} | m for source, m in mappings if m],
             "accepted_in_every_version": sorted(set.intersection(*param_sets)),
             "accepted_in_some_version_only": sorted(set.union(*param_sets) - set.intersection(*param_sets)),
         },
-        "weight_only_layers": {
-            "source": LAYERS,
-            "by_version": {v: f["weight_only_layers"] for v, f in layers.items() if "weight_only_layers" in f},
-        },
+        "weight_only_layers": {"source": layers_source, "classes": layers},
         "w8a16_loader": {
-            "preprocess_perlayer_weights": {
-                "source": MODELING_UTILS,
-                "by_version": {v: f["w8a16_preprocessing"] for v, f in modeling.items() if "w8a16_preprocessing" in f},
-            },
-            "weight_only_quantize_dict": {
-                "source": CONVERT_UTILS,
-                "by_version": {v: f["weight_only_quantize_dict"] for v, f in converters.items() if f},
-            },
+            "preprocess_perlayer_weights": {"versions": [{"source": source} | p for source, p in preprocess if p]},
+            "weight_only_quantize_dict": {"versions": [{"source": source} | q for source, q in quantizers if q]},
         },
     }
-
-
-if __name__ == "__main__":
-    cache, out = Path(sys.argv[1]), Path(sys.argv[2])
-    out.write_text(json.dumps(tabulate(cache), indent=1, sort_keys=True) + "\n")

@@ -3,8 +3,6 @@ output must be plain greedy decoding's, stop conditions included; plus the trtll
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -13,7 +11,7 @@ from pipeline.errors import ConfigError
 from pipeline.runtime.model_runner import Batch, ModelRunner, Request, SamplingParams
 from pipeline.runtime.scheduler import Scheduler
 from pipeline.runtime.speculative import NGram, accept, ngram_drafts
-from tests.conftest import REPO, write_config
+from tests.conftest import write_config
 from tests.runtime.conftest import finish_engine_dir
 
 NGRAM = NGram(max_draft_len=4, max_matching_ngram_size=2)
@@ -209,10 +207,10 @@ def test_max_draft_len_is_required(tmp_path, tiny_llama):
 
 
 def test_the_engine_backend_refuses_it_and_names_the_backend_that_reads_it(tmp_path, tiny_llama):
-    flags = json.loads((REPO / "pipeline/upstream/trtllm_build_flags.json").read_text())["flags"][
-        "--speculative_decoding_mode"
-    ]
-    modes = {mode for facts in flags["by_version"].values() for mode in facts["choices"]}
+    from pipeline.upstream import facts
+
+    flag = facts("trtllm_build_flags")["flags"]["--speculative_decoding_mode"]
+    modes = {*flag["choices"], *(m for v in flag.get("by_version", {}).values() for m in v.get("choices") or ())}
     assert not any("ngram" in mode or "lookup" in mode for mode in modes)  # trtllm-build has no n-gram mode
     with pytest.raises(ConfigError) as info:
         load_config(trtllm_config(tmp_path, tiny_llama, "tensorrt", "1.2"))

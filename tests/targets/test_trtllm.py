@@ -223,9 +223,6 @@ def _edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
-BUILD_FLAGS = Path(__file__).parents[2] / "pipeline" / "upstream" / "trtllm_build_flags.json"
-
-
 def build_flag_problems(command: list[str], table: dict) -> list[str]:
     """Flags of `command` absent from some version of the file that defines them (as tabulated from
     TensorRT-LLM's source), or given a value outside that flag's choices or type there."""
@@ -236,7 +233,7 @@ def build_flag_problems(command: list[str], table: dict) -> list[str]:
         if entry is None:
             problems.append(f"{flag}: defined by no version of build.py or plugin.py tabulated")
             continue
-        absent = sorted(set(table["versions_read"][entry["defined_in"]]) - set(entry["in_versions"]))
+        absent = entry.get("absent_from")
         if absent:
             problems.append(f"{flag}: absent from {entry['defined_in']} at {absent}")
         if entry["choices"] is not None and value not in entry["choices"]:
@@ -265,10 +262,11 @@ def test_trtllm_build_flags_exist_in_the_targeted_release(tmp_path, tiny_llama):
     version of them tabulated from TensorRT-LLM's source, and every value we can pass is within its choices."""
     from pipeline.errors import ConfigError
     from pipeline.targets.trtllm_engine import trtllm_build_command
+    from pipeline.upstream import facts
 
     # settings the config only accepts together (no attention plugin / padding means the V1 batching)
     companions = ["build.kv_cache_type=continuous", "build.remove_input_padding=false", "runtime.batching_strategy=V1"]
-    table, problems, built = json.loads(BUILD_FLAGS.read_text()), {}, 0
+    table, problems, built = facts("trtllm_build_flags"), {}, 0
     for quantization, override in build_variants():
         for overrides in ([override], [*companions, override]):
             try:
