@@ -204,7 +204,7 @@ def launcher_facts(text: str) -> dict:
 
 
 def triton_command(text: str, world_size: int = 2, model_name: str = "tensorrt_llm") -> dict:
-    """The mpirun command get_cmd builds, evaluated from the cached source (helpers stubbed: no GPU query)."""
+    """The mpirun command get_cmd builds, evaluated from the source (helpers stubbed: no GPU query)."""
     statements = [s for s in complete_statements(text) if isinstance(s, ast.FunctionDef)]
     namespace = {
         "args": SimpleNamespace(multi_model=False, disable_spawn_processes=False),
