@@ -1,44 +1,139 @@
-"""scripts/dev/tabulate_trtllm_backend.py on stored snapshots of its upstream inputs (tests/fixtures/upstream:
-verbatim tensorrtllm_backend v0.19.0 files and excerpts, docs/model_config.md excerpts, an excerpt of the stored
-NVIDIA/TensorRT-LLM tensorrt_llm template), and the committed table it wrote."""
+"""scripts/dev/tabulate_trtllm_backend.py and tabulate_sampling_checks.py on short inputs written here in the
+upstream syntax (config.pbtxt, C++, markdown), and the committed tables they write."""
 
 import json
 import re
-from pathlib import Path
 
+import pytest
+
+from pipeline.upstream import TABLES, facts
 from tests.conftest import dev_script
 
-ROOT = Path(__file__).resolve().parent.parent
-UPSTREAM = Path(__file__).parent / "fixtures" / "upstream"
-TABLE = ROOT / "pipeline" / "triton" / "tensorrt_llm_templates.json"
-
 tab = dev_script("tabulate_trtllm_backend")
+sampling = dev_script("tabulate_sampling_checks")
+
+SECTIONS = [
+    "source",
+    "models",
+    "required_parameters",
+    "optional_parameters",
+    "variable_parameter_reads",
+    "renamed_from_docs",
+    "docs_disagreements",
+]
+
+# ---------------------------------------------------------------- parsing, on inputs written here
+
+CONFIG = """
+name: "demo"
+backend: "${backend_name}"
+max_batch_size: ${max_batch}
+input [
+  {
+    name: "token_ids"
+    data_type: TYPE_INT32
+    dims: [ -1 ]
+    optional: true
+    allow_ragged_batch: true
+  },
+  {
+    name: "budget"
+    data_type: TYPE_INT32
+    dims: [ 1 ]
+    reshape: { shape: [ ] }
+  }
+]
+output [
+  {
+    name: "scores"
+    data_type: ${scores_type}
+    dims: [ -1, -1 ]
+  }
+]
+parameters: {
+  key: "zeta_path"
+  value: { string_value: "${zeta_path}" }
+}
+parameters: {
+  key: "alpha_mode"
+  value: { string_value: "${alpha_mode}" }
+}
+"""
 
 
-def reads(name: str):
-    return tab.parameter_reads((UPSTREAM / name).read_text(), name)
-
-
-def test_v019_guided_decoding_parameters_are_required():
-    # getGuidedDecodingConfigFromParams reads them outside any try: a config without them does not load
-    required, optional = tab.classify(reads("tensorrtllm_backend-v0.19.0-model_instance_state-guided.cc"))
-    assert required == {
-        "guided_decoding_backend": "std::string",
-        "tokenizer_dir": "std::string",
-        "xgrammar_tokenizer_info_path": "std::string",
+def test_a_template_config_gives_its_tensors_and_parameter_keys():
+    assert tab.template_interface(CONFIG) == {
+        "inputs": [
+            {
+                "name": "token_ids",
+                "data_type": "TYPE_INT32",
+                "dims": [-1],
+                "optional": True,
+                "allow_ragged_batch": True,
+            },
+            {
+                "name": "budget",
+                "data_type": "TYPE_INT32",
+                "dims": [1],
+                "optional": False,
+                "allow_ragged_batch": False,
+                "reshape": [],
+            },
+        ],
+        "outputs": [{"name": "scores", "data_type": "${scores_type}", "dims": [-1, -1]}],  # the variable is kept
+        "parameters": ["alpha_mode", "zeta_path"],
     }
-    assert optional == ["batch_scheduler_policy"]  # read inside try { ... } catch
 
 
-def test_v019_names_passed_through_a_variable_are_resolved_and_guarded():
-    found = reads("tensorrtllm_backend-v0.19.0-model_instance_state-peft.cc")
-    assert [(r.variable, r.name, r.cpp_type, r.guarded) for r in found] == [
-        ("fieldName", "lora_cache_max_adapter_size", "SizeType32", True),
-        ("fieldName", "lora_cache_optimal_adapter_size", "SizeType32", True),
+def test_an_ensemble_config_gives_its_steps_with_sorted_maps():
+    ensemble = """
+name: "pipe"
+platform: "ensemble"
+input [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "reply" data_type: TYPE_STRING dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "tokenize"
+      model_version: -1
+      input_map { key: "RAW" value: "text" }
+      input_map { key: "LIMIT" value: "text" }
+      output_map { key: "IDS" value: "_ids" }
+    }
+  ]
+}
+"""
+    spec = tab.template_interface(ensemble)
+    assert spec["steps"] == [
+        {"model_name": "tokenize", "input_map": {"LIMIT": "text", "RAW": "text"}, "output_map": {"IDS": "_ids"}}
     ]
+    assert spec["parameters"] == []
 
 
-def test_a_read_in_a_catch_handler_is_unguarded_and_an_outer_try_guards():
+def test_a_read_outside_a_try_is_required_and_one_inside_a_try_optional():
+    source = """
+    void Holder::setUp()
+    {
+        auto mode = model_state->GetParameter<std::string>("x");
+        try
+        {
+            depth = model_state->GetParameter<int32_t>("y");
+        }
+        catch (std::exception const& e)
+        {
+            depth = 4;
+        }
+    }
+    """
+    reads = tab.parameter_reads(source, "holder.cc")
+    assert [(r.function, r.name, r.cpp_type, r.guarded) for r in reads] == [
+        ("Holder::setUp", "x", "std::string", False),
+        ("Holder::setUp", "y", "int32_t", True),
+    ]
+    assert tab.classify(reads) == ({"x": "std::string"}, ["y"])
+
+
+def test_a_read_in_a_catch_handler_or_a_lambda_is_unguarded_and_an_outer_try_guards():
     source = """
     void f() {
         try { a = GetParameter<int32_t>("in_try"); }
@@ -53,105 +148,77 @@ def test_a_read_in_a_catch_handler_is_unguarded_and_an_outer_try_guards():
     assert optional == ["in_try", "nested_catch"]
 
 
-def test_the_stored_v019_template_tabulates_to_the_committed_entry():
-    committed = json.loads(TABLE.read_text())["0.19"]["models"]["tensorrt_llm"]
-    tabulated = tab.tabulate((UPSTREAM / "tensorrtllm_backend-v0.19.0-tensorrt_llm-config.pbtxt").read_text())
-    assert tabulated["inputs"] == committed["inputs"]
-    assert tabulated["outputs"] == committed["outputs"]
-    assert tabulated["parameters"] == committed["parameters"]
-    assert {"guided_decoding_backend", "xgrammar_tokenizer_info_path"} <= set(tabulated["parameters"])
-    row = next(t for t in tabulated["outputs"] if t["name"] == "context_logits")
-    assert row["data_type"] == "${logits_datatype}"
-
-
-def test_committed_table_layout_and_v019_required_parameters():
-    table = json.loads(TABLE.read_text())
-    assert list(table) == ["0.18", "0.19", "0.20", "0.21", "1.0", "1.1", "1.2"]
-    for release, facts in table.items():
-        assert set(facts) == {
-            "source",
-            "models",
-            "required_parameters",
-            "optional_parameters",
-            "variable_parameter_reads",
-            "renamed_from_docs",
-            "docs_disagreements",
-        }
-        assert facts["source"]["docs"]["path"] == "docs/model_config.md", release
-        assert re.fullmatch(r"[0-9a-f]{40}", facts["source"]["docs"]["commit"]), release
-        assert set(facts["models"]) == set(tab.MODELS)
-        assert all(re.fullmatch(r"[0-9a-f]{40}", f["commit"]) for f in facts["source"]["files"]), release
-        assert not tab.consistency_problems(facts["models"]), release
-        assert set(facts["required_parameters"]) <= set(facts["models"]["tensorrt_llm"]["parameters"]), release
-    assert table["0.19"]["source"]["commit"] == "c1e19638304d287f554f738c1411746555ed348c"
-    assert table["0.19"]["required_parameters"] == {
-        "gpt_model_type": "std::string",
-        "guided_decoding_backend": "std::string",
-        "tokenizer_dir": "std::string",
-        "xgrammar_tokenizer_info_path": "std::string",
+def test_a_name_passed_in_a_variable_is_resolved_and_a_delegating_specialisation_skipped():
+    source = """
+    template <>
+    int32_t State::GetParameter<int32_t>(std::string const& name)
+    {
+        return std::stoi(GetParameter<std::string>(name));
     }
-    assert table["0.18"]["required_parameters"] == {"gpt_model_type": "std::string"}
+
+    void Cache::configure()
+    {
+        std::string key = "first_size";
+        try { one = model_state->GetParameter<SizeType32>(key); } catch (...) {}
+        key = "second_size";
+        two = model_state->GetParameter<SizeType32>(key);
+    }
+    """
+    reads = tab.parameter_reads(source, "cache.cc")
+    assert [(r.function, r.variable, r.name, r.guarded) for r in reads] == [
+        ("Cache::configure", "key", "first_size", True),
+        ("Cache::configure", "key", "second_size", False),
+    ]
+    assert tab.variable_reads(reads) == [
+        {"file": "cache.cc", "function": "Cache::configure", "variable": "key", "resolved": name, "guarded": guarded}
+        for name, guarded in (("first_size", True), ("second_size", False))
+    ]
 
 
-def test_trtllm_target_reads_the_table():
-    from pipeline.targets import trtllm_engine as trtllm
+DOCS = """
+## Intro
 
-    for version in trtllm.SUPPORTED_VERSIONS:
-        spec = trtllm.template(version)
-        assert {"inputs", "outputs", "parameters"} <= set(spec)
-        variables = {t["data_type"] for t in spec["inputs"] + spec["outputs"] if t["data_type"].startswith("${")}
-        # every ${var} data type is one triton_llm_model fills
-        assert variables <= {
-            "${logits_datatype}",
-            "${encoder_input_features_data_type}",
-            "${prompt_embedding_table_data_type}",
-        }
-    assert trtllm.required_parameters("0.19")["guided_decoding_backend"] == "std::string"
+| Name | Shape | Type | Description |
+| :--- | :---: | :--- | :---------- |
+| `count_floor` | [1] | `int32_t` | Sampling Config param: `countFloor` |
+| `noise_seed` | [1] | `uint64_t` | Sampling Config param: `noiseSeed` |
+| `weights` | [-1, 2] | The model data type | Per-row weights |
+"""
 
 
-def test_docs_tables_are_read_by_heading():
-    docs = tab.documented_inputs((UPSTREAM / "tensorrtllm_backend-v0.20.0-model_config.md").read_text())
-    common = ["end_id", "pad_id", "temperature", "repetition_penalty", "min_length"]
-    common += ["presence_penalty", "frequency_penalty", "random_seed"]
-    assert list(docs["tensorrt_llm_bls"]) == common
-    assert list(docs["tensorrt_llm"]) == [*common, "early_stopping", "beam_search_diversity_rate"]
-    row = docs["tensorrt_llm"]["random_seed"]
-    assert (row.dims, row.data_type, row.description) == ([1], "TYPE_UINT64", "Sampling Config param: `randomSeed`")
-    assert docs["tensorrt_llm"]["min_length"].data_type == "TYPE_INT32"  # spelled `int32_t`
+def test_documented_inputs_are_read_from_the_input_tables_by_heading():
+    common = tab.documented_inputs(DOCS.replace("Intro", "Common Inputs"))
+    assert list(common) == ["tensorrt_llm", "tensorrt_llm_bls"]
+    assert list(common["tensorrt_llm"]) == list(common["tensorrt_llm_bls"]) == ["count_floor", "noise_seed", "weights"]
+    row = common["tensorrt_llm"]["noise_seed"]
+    assert (row.dims, row.data_type, row.description) == ([1], "TYPE_UINT64", "Sampling Config param: `noiseSeed`")
+    assert common["tensorrt_llm"]["count_floor"].data_type == "TYPE_INT32"
+    weights = common["tensorrt_llm"]["weights"]
+    assert (weights.dims, weights.data_type) == ([-1, 2], None)  # the model's own data type: none to compare
+    unique = tab.documented_inputs(DOCS.replace("Intro", "Unique Inputs for tensorrt_llm_bls model"))
+    assert unique["tensorrt_llm"] == {} and list(unique["tensorrt_llm_bls"]) == ["count_floor", "noise_seed", "weights"]
+    assert tab.documented_inputs(DOCS) == {"tensorrt_llm": {}, "tensorrt_llm_bls": {}}  # no input table
+    with pytest.raises(ValueError, match="unknown heading"):
+        tab.documented_inputs(DOCS.replace("Intro", "Unique Inputs for other model"))
 
 
-def test_stored_template_is_reconciled_with_the_v020_docs():
-    # the stored template says min_tokens/seed; v0.20.0's docs list min_length/random_seed instead. The stored
-    # names are described by the release/1.2 docs ("Sampling Config param: `minTokens`" / "`seed`"): not the same
-    # text, but the same dims and type and a related Sampling Config param -- and only one candidate each
-    template = tab.tabulate((UPSTREAM / "TensorRT-LLM-2a9abd95-tensorrt_llm-config-excerpt.pbtxt").read_text())
-    docs = tab.documented_inputs((UPSTREAM / "tensorrtllm_backend-v0.20.0-model_config.md").read_text())
-    later = tab.documented_inputs((UPSTREAM / "tensorrtllm_backend-release1.2-model_config.md").read_text())
-    described = {name: row.description for name, row in later["tensorrt_llm"].items()}
-    models = {"tensorrt_llm": template}
+def _inputs(*names_dims_types):
+    return {"inputs": [{"name": n, "dims": d, "data_type": t} for n, d, t in names_dims_types], "outputs": []}
+
+
+def test_template_inputs_are_renamed_to_the_documented_name_of_the_same_or_a_related_sampling_param():
+    docs = tab.documented_inputs(DOCS.replace("Intro", "Common Inputs"))
+    models = {"tensorrt_llm": _inputs(("floor_count", [1], "TYPE_INT32"), ("seed", [1], "TYPE_UINT64"))}
+    described = {"floor_count": "Sampling Config param: `countFloor`", "seed": "Sampling Config param: `seed`"}
     renamed, disagreements = tab.reconcile(models, docs, described)
-    assert renamed == {"tensorrt_llm": {"min_tokens": "min_length", "seed": "random_seed"}}
-    assert disagreements == {
-        "tensorrt_llm": {
-            "documented_not_in_template": ["end_id", "pad_id", "temperature"],
-            "template_not_documented": [],
-        }
-    }
-    tab.apply_renames(models, renamed)
-    assert [t["name"] for t in template["inputs"]][1:3] == ["repetition_penalty", "min_length"]
-    # without a description of the stored name there is no evidence: nothing is renamed
-    assert (
-        tab.reconcile(
-            {
-                "tensorrt_llm": tab.tabulate(
-                    (UPSTREAM / "TensorRT-LLM-2a9abd95-tensorrt_llm-config-excerpt.pbtxt").read_text()
-                )
-            },
-            docs,
-            {},
-        )[0]
-        == {}
-    )
+    # floor_count: the same description; seed: same dims and type, and noiseSeed shares the word "seed"
+    assert renamed == {"tensorrt_llm": {"floor_count": "count_floor", "seed": "noise_seed"}}
+    assert disagreements == {"tensorrt_llm": {"documented_not_in_template": ["weights"], "template_not_documented": []}}
+    assert [t["name"] for t in models["tensorrt_llm"]["inputs"]] == ["floor_count", "seed"]  # not applied
+    # another type, or no description at all: no evidence, nothing renamed
+    other_type = {"tensorrt_llm": _inputs(("seed", [1], "TYPE_INT32"))}
+    assert tab.reconcile(other_type, docs, described)[0] == {}
+    assert tab.reconcile(models, docs, {})[0] == {}
 
 
 def test_renames_follow_into_the_ensemble_steps():
@@ -167,10 +234,97 @@ def test_renames_follow_into_the_ensemble_steps():
     tab.apply_renames(models, {"tensorrt_llm": {"seed": "random_seed"}, "ensemble": {"seed": "random_seed"}})
     assert models["ensemble"]["steps"][0]["input_map"] == {"random_seed": "random_seed"}
     assert not tab.consistency_problems(models)
+    models["ensemble"]["steps"][0]["input_map"]["missing"] = "random_seed"
+    assert tab.consistency_problems(models) == ["ensemble -> tensorrt_llm: no input missing"]
 
 
-def test_committed_tensor_names_follow_the_release_docs():
-    table = json.loads(TABLE.read_text())
+class Files:
+    """An Upstream serving texts written here by the end of the file's path, recording what was read."""
+
+    def __init__(self, texts: dict[str, str]):
+        self.texts, self.read_at = texts, []
+
+    def read(self, repo: str, path: str, commit: str) -> str:
+        self.read_at.append((repo, path, commit))
+        return next((text for end, text in self.texts.items() if path.endswith(end)), "")
+
+
+def test_tabulate_reads_every_file_through_upstream_and_stores_shared_releases_once():
+    config = 'name: "m"\ninput [ { name: "count_floor" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    step = '{ model_name: "tensorrt_llm" input_map { key: "count_floor" value: "count_floor" } }'
+    steps = f"ensemble_scheduling {{ step [ {step} ] }}"
+    cpp = 'void S::f() { auto x = model_state->GetParameter<bool>("switch"); }'
+    texts = {"ensemble/config.pbtxt": config + steps, "config.pbtxt": config, "model_state.cc": cpp}
+    upstream = Files(texts | {"model_config.md": DOCS.replace("Intro", "Common Inputs")})
+    table = tab.tabulate(upstream)
+    assert all(re.fullmatch(r"[0-9a-f]{40}", commit) for _, _, commit in upstream.read_at)
+    stored = table["releases"]
+    assert list(stored) == list(tab.RELEASES)
+    assert stored["0.18"]["required_parameters"] == {"switch": "bool"}
+    assert stored["0.18"]["models"]["ensemble"]["inputs"] == [
+        {"name": "count_floor", "data_type": "TYPE_INT32", "dims": [1], "optional": False, "allow_ragged_batch": False}
+    ]
+    for release in ("0.19", "0.21", "1.0", "1.1", "1.2"):  # every other release differs in its sources only
+        assert {op["path"].split("/")[1] for op in stored[release]["patch"]} == {"source"}, release
+    files = stored["0.18"]["source"]["files"]
+    assert {(f["repo"], f["pinned"]) for f in files} == {(tab.BACKEND_REPO, True)}
+    assert stored["0.20"]["source"]["release_commit"] == tab.RELEASES["0.20"].release_commit
+    assert {(f["repo"], f["pinned"]) for f in stored["0.20"]["source"]["files"]} == {(tab.TRTLLM_REPO, False)}
+
+
+# ---------------------------------------------------------------- the committed tensorrtllm_backend table
+
+TABLE = facts("tensorrtllm_backend")["releases"]
+
+
+def _cited(record: dict) -> bool:
+    return {"repo", "path", "commit", "pinned"} <= set(record) and re.fullmatch(r"[0-9a-f]{40}", record["commit"])
+
+
+def test_every_release_has_every_section_model_and_a_cited_source():
+    assert list(TABLE) == list(tab.RELEASES)
+    for release, block in TABLE.items():
+        assert list(block) == SECTIONS, release
+        assert set(block["models"]) == set(tab.MODELS), release
+        assert not tab.consistency_problems(block["models"]), release
+        assert set(block["required_parameters"]) <= set(block["models"]["tensorrt_llm"]["parameters"]), release
+        source = block["source"]
+        assert all(set(f) == {"repo", "path", "commit", "pinned"} and _cited(f) for f in source["files"]), release
+        assert _cited(source["docs"]) and source["docs"]["commit"] == tab.RELEASES[release].backend_commit, release
+        tagged = tab.RELEASES[release].tag is not None
+        assert all(f["pinned"] == tagged for f in source["files"]), release  # from 0.20 on, not the release commit
+        if not tagged:
+            assert source["release_commit"] == tab.RELEASES[release].release_commit, release
+            assert _cited(source["release_commit_from"]), release
+
+
+def test_the_names_the_pipeline_looks_up_are_in_every_release():
+    from pipeline.targets.trtllm_engine import FEATURES_OFF
+    from pipeline.triton.repo import LLM_INPUT_ALIASES
+
+    for release, block in TABLE.items():
+        llm = block["models"]["tensorrt_llm"]
+        variables = {t["data_type"] for t in llm["inputs"] + llm["outputs"] if t["data_type"].startswith("${")}
+        # every ${var} data type is one trtllm_engine.triton_llm_model fills
+        assert variables <= {
+            "${logits_datatype}",
+            "${encoder_input_features_data_type}",
+            "${prompt_embedding_table_data_type}",
+        }, release
+        names = {t["name"] for t in llm["inputs"]}
+        assert all({ours, theirs} & names for ours, theirs in LLM_INPUT_ALIASES.items()), release
+        assert set(FEATURES_OFF) & set(block["required_parameters"]) <= set(llm["parameters"]), release
+        assert block["models"]["ensemble"]["inputs"], release
+
+
+def test_committed_required_parameters_and_tensor_names_per_release():
+    assert TABLE["0.18"]["required_parameters"] == {"gpt_model_type": "std::string"}
+    assert TABLE["0.19"]["required_parameters"] == {
+        "gpt_model_type": "std::string",
+        "guided_decoding_backend": "std::string",
+        "tokenizer_dir": "std::string",
+        "xgrammar_tokenizer_info_path": "std::string",
+    }
     for release, (min_tokens, seed) in {
         "0.19": ("min_length", "random_seed"),
         "0.20": ("min_length", "random_seed"),
@@ -179,11 +333,69 @@ def test_committed_tensor_names_follow_the_release_docs():
         "1.2": ("min_tokens", "seed"),
     }.items():
         for model in tab.RECONCILED:
-            names = {t["name"] for t in table[release]["models"][model]["inputs"]}
+            names = {t["name"] for t in TABLE[release]["models"][model]["inputs"]}
             assert {min_tokens, seed} <= names, (release, model)
             assert not {"min_tokens", "seed", "min_length", "random_seed"} - {min_tokens, seed} & names
-    assert table["1.0"]["source"]["docs"]["commit"] == "efb8a497eac3e16acf6f3ad250565465c80e6f0a"  # tag v1.0.0
-    assert table["1.0"]["renamed_from_docs"]["tensorrt_llm"] == {"min_tokens": "min_length", "seed": "random_seed"}
-    assert table["1.2"]["renamed_from_docs"] == {} == table["0.19"]["renamed_from_docs"]
-    steps = {s["model_name"]: s for s in table["1.0"]["models"]["ensemble"]["steps"]}
+    assert TABLE["1.0"]["renamed_from_docs"]["tensorrt_llm"] == {"min_tokens": "min_length", "seed": "random_seed"}
+    assert TABLE["1.2"]["renamed_from_docs"] == {} == TABLE["0.19"]["renamed_from_docs"]
+    steps = {s["model_name"]: s for s in TABLE["1.0"]["models"]["ensemble"]["steps"]}
     assert steps["tensorrt_llm"]["input_map"]["min_length"] == "min_length"
+
+
+def test_releases_0_20_to_1_1_store_their_templates_once():
+    stored = json.loads((TABLES / "tensorrtllm_backend.json").read_text())["releases"]
+    assert "models" in stored["0.20"]
+    for release in ("0.21", "1.0", "1.1"):
+        assert {op["path"].split("/")[1] for op in stored[release]["patch"]} == {"source"}, release
+
+
+# ---------------------------------------------------------------- sampling_checks
+
+CHECKERS = """
+Width SamplingConfig::checkWidth(Width width)
+{
+    TLLM_CHECK(width > 0 && width <= static_cast<Width const>(limits::kMaxWidth));
+    return width;
+}
+
+OptFloat const& SamplingConfig::checkSharpness(OptFloat const& sharpness)
+{
+    if (sharpness.has_value())
+    {
+        TLLM_CHECK(sharpness.value() >= 0.5f);
+        TLLM_CHECK(sharpness.value() <= 2.f);
+    }
+    return sharpness;
+}
+
+OptSize32 const& SamplingConfig::checkCopies(OptSize32 const& copies, Width width)
+{
+    if (copies.has_value())
+    {
+        TLLM_CHECK(copies.value().size() < width);
+    }
+    return copies;
+}
+"""
+
+
+def test_sampling_checks_give_each_checker_its_bounds():
+    # numbers lose their float suffix, a named bound keeps its bare name; a checker comparing no bound is left out
+    assert sampling.checks(CHECKERS) == {
+        "Width": [[">", 0], ["<=", "kMaxWidth"]],
+        "Sharpness": [[">=", 0.5], ["<=", 2]],
+    }
+
+
+def test_sampling_checks_table_is_cited_and_holds_the_bounds_the_runner_checks():
+    from pipeline.runtime.model_runner import SAMPLING_SETTINGS
+
+    table = facts("sampling_checks")
+    assert table["source"] == {
+        "repo": sampling.REPO,
+        "path": sampling.PATH,
+        "commit": sampling.COMMIT,
+        "pinned": False,
+    }
+    assert {checker for checker in SAMPLING_SETTINGS.values() if checker} <= set(table["checks"])
+    assert table["checks"]["TopP"] == [[">", 0], ["<=", 1]]

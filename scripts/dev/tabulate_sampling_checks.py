@@ -1,49 +1,50 @@
-"""Tabulate the bounds TensorRT-LLM's executor puts on sampling settings, as JSON facts.
+"""Tabulate the bounds TensorRT-LLM's executor puts on sampling settings into pipeline/upstream/sampling_checks.json
+(run by scripts/dev/tabulate.py), so the onnxruntime engine rejects the values a TensorRT-LLM deployment rejects.
 
-Maintainer tool, not run by the pipeline: it reads the `SamplingConfig::check*` functions of one release's
-`cpp/tensorrt_llm/executor/samplingConfig.cpp` and writes `pipeline/runtime/sampling_checks.json`, from which the
-onnxruntime engine rejects the same values a TensorRT-LLM deployment rejects (each `TLLM_CHECK(x OP bound)`
-becomes `[OP, bound]`; a bound that is a named constant stays a string). Usage:
-    git -C TensorRT-LLM show <commit>:cpp/tensorrt_llm/executor/samplingConfig.cpp > samplingConfig.cpp
-    python scripts/dev/tabulate_sampling_checks.py samplingConfig.cpp <commit> pipeline/runtime/sampling_checks.json
+Reads the `SamplingConfig::check<Setting>` functions of samplingConfig.cpp at `COMMIT`: each `TLLM_CHECK` comparison
+of the setting with a bound becomes `[operator, bound]` under `<Setting>`; a bound that is a named constant is kept as
+its name, without namespace or cast. `COMMIT` is the one read, not known to be a release's own commit: cited unpinned.
 """
 
-import json
+from __future__ import annotations
+
 import re
-import sys
-from pathlib import Path
+
+from upstream_source import Upstream, cite
+
+REPO = "NVIDIA/TensorRT-LLM"
+PATH = "cpp/tensorrt_llm/executor/samplingConfig.cpp"
+COMMIT = "3585984b32cded5cc002d3087d3da4b0fd9fb8a5"
 
 CHECKER = re.compile(r"SamplingConfig::check(\w+)\((?:[^()]|\([^()]*\))*\)\s*\{(.*?)\n\}", re.S)
 CHECK = re.compile(r"TLLM_CHECK\((.*)\);")
 COMPARISON = re.compile(r"^\s*\w+(?:\.value\(\))?\s*(<=|>=|<|>|==)\s*(.+?)\s*$")
 
 
-def bound(text: str):
+def tabulate(upstream: Upstream) -> dict:
+    return {"source": cite(REPO, PATH, COMMIT, pinned=False), "checks": checks(upstream.read(REPO, PATH, COMMIT))}
+
+
+def bound(text: str) -> int | float | str:
+    """A number as itself (1.0f -> 1), a named constant as its bare name (static_cast<T>(ns::kMax) -> "kMax")."""
     number = re.fullmatch(r"(-?\d+(?:\.\d*)?)f?", text.strip())
     if number:
         value = float(number.group(1))
         return int(value) if value.is_integer() else value
-    return re.sub(r".*::", "", text.strip().rstrip(")"))  # e.g. static_cast<...>(kernels::kMaxBeamWidth)
+    return re.sub(r".*::", "", text.strip().rstrip(")"))
 
 
-def tabulate(source: str) -> dict[str, list]:
-    checks = {}
+def checks(source: str) -> dict[str, list]:
+    """{setting: [[operator, bound], ...]} of the checker functions in `source`; a comparison with another
+    setting (not a bound) is left out, and so is a checker with no bound."""
+    found = {}
     for name, body in CHECKER.findall(source):
         rules = []
         for condition in CHECK.findall(body):
             for part in condition.split("&&"):
                 match = COMPARISON.match(part)
-                if match:  # comparisons against other settings (e.g. numReturnSequences vs beamWidth) are skipped
+                if match:
                     rules.append([match.group(1), bound(match.group(2))])
         if rules:
-            checks[name] = rules
-    return checks
-
-
-if __name__ == "__main__":
-    source_file, commit, output = sys.argv[1:4]
-    facts = {
-        "source": f"NVIDIA/TensorRT-LLM@{commit}:cpp/tensorrt_llm/executor/samplingConfig.cpp",
-        "checks": tabulate(Path(source_file).read_text()),
-    }
-    Path(output).write_text(json.dumps(facts, indent=2) + "\n")
+            found[name] = rules
+    return found

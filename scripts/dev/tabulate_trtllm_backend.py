@@ -1,102 +1,85 @@
-"""Tabulate, from the real upstream sources, the facts of the C++ `tensorrtllm` Triton backend and its
-`inflight_batcher_llm` model templates for each TensorRT-LLM release, into
-`pipeline/triton/tensorrt_llm_templates.json`.
+"""Tabulate the C++ `tensorrtllm` Triton backend and its `inflight_batcher_llm` model templates, per TensorRT-LLM
+release, into pipeline/upstream/tensorrtllm_backend.json (run by scripts/dev/tabulate.py; needs the `dev` extra:
+tree-sitter, tree-sitter-cpp).
 
-Maintainer tool, not run by the pipeline (it needs the `dev` extra: tree-sitter, tree-sitter-cpp). One entry
-per release:
+Each release's facts:
+- `models`: for each template config.pbtxt of `MODELS`, its inputs (name, data_type, dims, optional,
+  allow_ragged_batch, reshape), outputs and parameter keys; the ensemble also gets its steps. A data type that is a
+  template variable stays that variable ("${logits_datatype}"): the consumer fills it.
+- `required_parameters` (name -> C++ type the backend reads it as): parameters some `GetParameter` call reads
+  outside the body of any `try` (a read in a `catch` handler is unguarded). The backend throws when such a key is
+  absent, so a config lacking one does not load. `optional_parameters`: read only inside a `try`.
+  `variable_parameter_reads`: reads whose name is a variable, resolved to the string literal last assigned to it in
+  the same function (the `GetParameter` specialisations' own delegating calls are skipped).
+- `renamed_from_docs`, `docs_disagreements`: the template input names reconciled with the release's
+  docs/model_config.md (`reconcile`); renames are applied from 0.20 on only, where the templates were not read at
+  the release's own commit.
+- `source`: every file read, as `cite` records.
 
-- `source`: the repository, the release's tag or submodule commit, a note on how the files tie to the release,
-  and every file read with the exact commit it was read at.
-- `models`: for `tensorrt_llm`, `preprocessing`, `postprocessing`, `ensemble`, `tensorrt_llm_bls`: the inputs
-  (name, data_type, dims, optional, allow_ragged_batch, reshape), outputs and parameter keys of the template
-  `config.pbtxt`; a `${var}` data type is kept as written ("${logits_datatype}"); the ensemble also gets its
-  steps (model_name, input_map, output_map).
-- `required_parameters` (name -> C++ type of the `GetParameter<T>` template argument): every parameter the
-  backend (model_instance_state.cc, model_state.cc, utils.cc) reads with a `GetParameter` call whose first
-  argument is a string literal, and that is not lexically inside the body of a `try` (a call inside a `catch`
-  handler counts as unguarded). `ModelState::GetParameter` throws "Cannot find parameter with name" when the
-  key is absent, so a config without one of these fails to load. `optional_parameters`: read only inside `try`.
-  Reads whose name is a variable are resolved to the string literal last assigned to it in the same function
-  (printed, and listed in `variable_parameter_reads`); the `GetParameter` specialisations' own delegating calls
-  are skipped.
-
-Sources:
-- 0.18, 0.19: triton-inference-server/tensorrtllm_backend at tags v0.18.2 and v0.19.0, read with `git show`
-  from a local clone or bare mirror (`--git`).
-- 0.20 and later: the backend moved to NVIDIA/TensorRT-LLM `triton_backend/`. That repository is too large
-  to clone here; its files were read through a search index that stores several versions of each file, but
-  not at the release commits (the commits tensorrtllm_backend's `tensorrt_llm` submodule points to at its
-  release tags answer "stored, but not at that commit"). The versions read are cached by commit under
-  `--cache` (`<cache>/<commit>/<path>`; PROVENANCE-triton-backend.md there says how each was read; two
-  model_instance_state.cc versions are verbatim excerpts, chars 0-32000, holding every GetParameter call).
-  `STORED` below names them. Every release >= 0.20 therefore gets the same entry, built from those versions:
-  `required_parameters` is the UNION over every stored backend version read (a superset is safe: the backend
-  ignores parameters it does not read), and the models come from one consistent set of stored templates
-  (checked by `consistency_problems`: every ensemble step maps only tensors its model declares). The release's
-  own commit (from the submodule pointer) is recorded for reference. See `STORED_NOTE`.
-
-Tensor names reconciled with the release's docs (every release; renames applied only for >= 0.20):
-- `docs/model_config.md` of tensorrtllm_backend at the release's commit (the tag, or the commit the submodule
-  pointer was read at; `source.docs`) lists, under "Model Input and Output", the input tensors of the
-  `tensorrt_llm` and `tensorrt_llm_bls` models in markdown tables (Name | Shape | Type | Description): "Common
-  Inputs" (with the LoRA table below it) for both, "Unique Inputs for tensorrt_llm model", "Unique Inputs for
-  tensorrt_llm_bls model". No table lists the ensemble's inputs; the ensemble is compared with the
-  `tensorrt_llm_bls` lists (both are the client-facing interface: text_input, max_tokens, top_k, ...).
-- For each input of the `tensorrt_llm`, `ensemble`, `tensorrt_llm_bls` templates that the release's docs do not
-  list, the documented inputs the template lacks are candidates. A template input has no description of its
-  own; it is given the description of the newest docs (of all releases, `descriptions`) that list its name.
-  It is renamed to the candidate whose description is the same text, when exactly one is; failing that, to the
-  candidate with the same dims and data type whose description is "Sampling Config param: `X`" with X sharing
-  a camelCase word with the template input's own "Sampling Config param" (`minTokens` ~ `minLength`, `seed` ~
-  `randomSeed`), when exactly one is. Renames are applied to the inputs and to the ensemble steps' input_map
-  (keys for a renamed model input, values for a renamed ensemble tensor), recorded in `renamed_from_docs`
-  {model: {template name: docs name}}; `docs_disagreements` lists, per model, the documented inputs still
-  absent from the template (`documented_not_in_template`) and the template inputs still absent from the docs
-  (`template_not_documented`). For 0.18/0.19 (templates read at the release tag, exact) the comparison is only
-  a check: nothing is renamed, and a rename it would make is printed.
-
-Usage:
-    python scripts/dev/tabulate_trtllm_backend.py --git <tensorrtllm_backend clone or bare mirror> \\
-        --cache <NVIDIA/TensorRT-LLM files by commit> --out pipeline/triton/tensorrt_llm_templates.json [RELEASE...]
+Where the files are read: 0.18 and 0.19 from tensorrtllm_backend at the release tag. From 0.20 on the backend
+lives in NVIDIA/TensorRT-LLM triton_backend/, whose release commits (`RELEASES`, the tensorrtllm_backend submodule
+pointer) were not readable when this was tabulated: the files were read at the commits in `READ_FROM_0_20`, cited
+unpinned, and every release >= 0.20 shares those templates and the union of the required parameters of every
+backend version read (a superset is safe: the backend ignores parameters it does not read).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+
+from upstream_source import Upstream, cite, stored_releases
 
 MODELS = ("tensorrt_llm", "preprocessing", "postprocessing", "ensemble", "tensorrt_llm_bls")
 CPP_FILES = ("model_instance_state.cc", "model_state.cc", "utils.cc")
 BACKEND_REPO = "triton-inference-server/tensorrtllm_backend"
 TRTLLM_REPO = "NVIDIA/TensorRT-LLM"
-# releases tabulated from tensorrtllm_backend tags
-TAGS = {"0.18": "v0.18.2", "0.19": "v0.19.0"}
-# releases >= 0.20: how tensorrtllm_backend's `tensorrt_llm` submodule pointer names the release commit
-RELEASE_POINTERS = {
-    "0.20": ("tag", "v0.20.0"),
-    "0.21": ("tag", "v0.21.0"),
-    "1.0": ("tag", "v1.0.0"),
-    "1.1": ("subject", "TensorRT-LLM Backend v1.1.0 release"),
-    "1.2": ("subject", "Update TensorRT-LLM submodule to release/1.2@"),
+TEMPLATES = "all_models/inflight_batcher_llm"
+BACKEND_SOURCES = "inflight_batcher_llm/src"
+MOVED_TO = "triton_backend/"  # where NVIDIA/TensorRT-LLM keeps the backend from 0.20 on
+DOC_PATH = "docs/model_config.md"
+SUBMODULE = "tensorrt_llm"  # tensorrtllm_backend's submodule pointing to the NVIDIA/TensorRT-LLM release commit
+
+
+@dataclass(frozen=True)
+class Release:
+    backend_commit: str  # tensorrtllm_backend: the release tag's commit, or the commit whose submodule is the release
+    tag: str | None = None  # the tensorrtllm_backend tag the templates and backend are read at (up to 0.19)
+    release_commit: str | None = None  # NVIDIA/TensorRT-LLM's release commit, the submodule pointer (0.20 on)
+
+
+RELEASES = {
+    "0.18": Release("c575d8cb980883efca12fe89ba918499c29459be", tag="v0.18.2"),
+    "0.19": Release("c1e19638304d287f554f738c1411746555ed348c", tag="v0.19.0"),
+    "0.20": Release(
+        "40ab7b32e539d410cf29bc3f0463cb17be3fe50b", release_commit="7965842954628b0b5456a2f7d59786d3dcd41647"
+    ),
+    "0.21": Release(
+        "2710a1ff62a700dbe01ae67f56d200102c249c46", release_commit="b4b1185af320f109f4cb73b1505832dbc63042d7"
+    ),
+    "1.0": Release(
+        "efb8a497eac3e16acf6f3ad250565465c80e6f0a", release_commit="ae8270b713446948246f16fadf4e2a32e35d0f62"
+    ),
+    "1.1": Release(
+        "4688330ae9f308467bbe75970650c3c423c4c12a", release_commit="48b7b5d8b7ed1e6bff57aecc6ff7d1533288bed8"
+    ),
+    "1.2": Release(
+        "854b3493d19db5391b5e183f05c4a27df7d4986d", release_commit="36e34eeffce6af28b60719a0be7dff7c7ebe01a7"
+    ),
 }
-# the stored NVIDIA/TensorRT-LLM versions used for every release >= 0.20 (commit each file was read at)
-PREFIX = "triton_backend/"
-STORED = {
-    "models": {
-        # 2a9abd95 rather than the other stored tensorrt_llm template 0c8de69a: their tensors are identical, and
-        # 0c8de69a only adds an uncommented `enable_trt_overlap` key, which every backend version reads in a try.
+# The NVIDIA/TensorRT-LLM commits the files of every release >= 0.20 were read at (not the release commits). The
+# tensorrt_llm template of 2a9abd95 rather than of 0c8de69a: same tensors, and 0c8de69a only adds a parameter key
+# that every backend version reads inside a try.
+READ_FROM_0_20 = {
+    "templates": {
         "tensorrt_llm": "2a9abd9536aa62ad3e4b9314be9286b1b1be523b",
         "preprocessing": "08dc37e368e4718ae680bdb9be8da24ebd420a53",
         "postprocessing": "89fd9b74ab7ae753b4c6b3db25a400dca7ea54a0",
         "ensemble": "2a9abd9536aa62ad3e4b9314be9286b1b1be523b",
         "tensorrt_llm_bls": "0193dbd4189221d0fd5e9f20cdb384d3da8dbc24",
     },
-    "cpp": {
+    "backend": {
         "model_instance_state.cc": [
             "0c8de69a1ca6213eebb20a51873890ff128666c2",
             "c8c6df08bd0ead54cd47f7973e1e425c28a174cd",
@@ -104,24 +87,75 @@ STORED = {
         "model_state.cc": ["5cdd69218f8815d6c8c101ca1facf2ec4ac4b622"],
     },
 }
-STORED_NOTE = (
-    "The backend and templates live in NVIDIA/TensorRT-LLM triton_backend/ from 0.20 on. The release commit "
-    "(release_commit, tensorrtllm_backend's tensorrt_llm submodule pointer: {pointer}) is NOT stored in the search "
-    "index this was read from, which holds other versions of each file; their history is not available, so no "
-    "stored version could be tied to a release. Every release >= 0.20 gets this same entry. required_parameters "
-    "is the UNION over every stored backend version read (model_instance_state.cc at 0c8de69a and c8c6df08, "
-    "verbatim excerpts chars 0-32000 holding every GetParameter call; model_state.cc at 5cdd6921) -- a superset "
-    "is safe, the backend ignores parameters it does not read. The models are the stored templates listed in "
-    "files (one consistent set: every ensemble step maps only tensors its model declares). Their input tensor "
-    "names (tensorrt_llm, ensemble, tensorrt_llm_bls) were reconciled with the release's own docs: "
-    "tensorrtllm_backend docs/model_config.md at the release's backend commit (source.docs), the only per-release "
-    "evidence of tensor names read; renamed_from_docs lists the stored names renamed to the documented ones "
-    "(the stored templates use min_tokens and seed, which the docs list only from the release/1.2 submodule "
-    "update on; before, min_length and random_seed, as in tensorrtllm_backend v0.19.0), docs_disagreements "
-    "what still differs; the ensemble steps follow the renames. utils.cc "
-    "(stored version 19290813, first 16000 chars read) reads no model parameters; v0.18.2/v0.19.0 utils.cc has "
-    "no GetParameter call."
-)
+
+
+def tabulate(upstream: Upstream) -> dict:
+    """The whole table, releases stored once where they share their facts."""
+    described, described_at = descriptions(upstream)
+    blocks = {release: release_block(upstream, release, described, described_at) for release in RELEASES}
+    return {"releases": stored_releases(blocks)}
+
+
+def release_files(release: str) -> tuple[dict[str, dict], list[dict]]:
+    """A release's template sources {model: cite} and backend sources [cite]."""
+    facts = RELEASES[release]
+    if facts.tag is not None:
+        templates = {m: cite(BACKEND_REPO, f"{TEMPLATES}/{m}/config.pbtxt", facts.backend_commit) for m in MODELS}
+        backend = [cite(BACKEND_REPO, f"{BACKEND_SOURCES}/{name}", facts.backend_commit) for name in CPP_FILES]
+        return templates, backend
+    templates = {
+        model: cite(TRTLLM_REPO, f"{MOVED_TO}{TEMPLATES}/{model}/config.pbtxt", commit, pinned=False)
+        for model, commit in READ_FROM_0_20["templates"].items()
+    }
+    backend = [
+        cite(TRTLLM_REPO, f"{MOVED_TO}{BACKEND_SOURCES}/{name}", commit, pinned=False)
+        for name, commits in READ_FROM_0_20["backend"].items()
+        for commit in commits
+    ]
+    return templates, backend
+
+
+def _read(upstream: Upstream, source: dict) -> str:
+    return upstream.read(source["repo"], source["path"], source["commit"])
+
+
+def release_block(upstream: Upstream, release: str, described: dict[str, str], described_at: dict[str, str]) -> dict:
+    """One release's facts (see the module docstring)."""
+    facts = RELEASES[release]
+    templates, backend = release_files(release)
+    models = {model: template_interface(_read(upstream, source)) for model, source in templates.items()}
+    reads = [r for source in backend for r in parameter_reads(_read(upstream, source), source["path"].split("/")[-1])]
+    required, optional = classify(reads)
+    docs = documented_inputs(upstream.read(BACKEND_REPO, DOC_PATH, facts.backend_commit))
+    renamed, disagreements = reconcile(models, docs, described)
+    docs_source = cite(BACKEND_REPO, DOC_PATH, facts.backend_commit)
+    used = sorted({name for renames in renamed.values() for name in renames})
+    if used:
+        docs_source["template_names_described_by"] = {name: described_at[name] for name in used}
+    if facts.tag is not None:  # templates read at the release itself: the docs are only a check
+        for model, renames in renamed.items():
+            print(f"{release}: the docs would rename {model} {renames} (not applied)", file=sys.stderr)
+        renamed = {}
+    apply_renames(models, renamed)
+    for problem in consistency_problems(models):
+        print(f"{release}: inconsistent templates: {problem}", file=sys.stderr)
+    if facts.tag is not None:
+        source = {"tag": facts.tag}
+    else:
+        source = {
+            "release_commit": facts.release_commit,
+            "release_commit_from": cite(BACKEND_REPO, SUBMODULE, facts.backend_commit),
+        }
+    source |= {"files": [*templates.values(), *backend], "docs": docs_source}
+    return {
+        "source": source,
+        "models": models,
+        "required_parameters": required,
+        "optional_parameters": optional,
+        "variable_parameter_reads": variable_reads(reads),
+        "renamed_from_docs": renamed,
+        "docs_disagreements": disagreements,
+    }
 
 
 # ---------------------------------------------------------------- templates (config.pbtxt)
@@ -130,13 +164,12 @@ PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 TYPED = re.compile(r'name:\s*"(\w+)"\s*,?\s*data_type:\s*(\$\{\w+\})')
 
 
-def tabulate(text: str) -> dict:
+def template_interface(text: str) -> dict:
     """The interface of one template config.pbtxt: inputs, outputs, parameter keys (and ensemble steps)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    # data types that are template variables keep the variable, e.g. "${logits_datatype}"
-    typed = dict(TYPED.findall(text))
+    typed = dict(TYPED.findall(text))  # data types that are template variables keep the variable
     config = mc.ModelConfig()
     text_format.Parse(PLACEHOLDER.sub("1", re.sub(r"data_type:\s*\$\{\w+\}", "data_type: TYPE_FP32", text)), config)
 
@@ -196,7 +229,6 @@ def consistency_problems(models: dict) -> list[str]:
 @dataclass
 class Read:
     file: str
-    line: int
     function: str
     cpp_type: str | None
     name: str | None  # the parameter name, when known
@@ -308,7 +340,7 @@ def parameter_reads(source: str, file: str) -> list[Read]:
             if "GetParameter" in function_name:  # a specialisation delegating to GetParameter<std::string>(name)
                 continue
             name = _resolve(variable, node, function)
-        reads.append(Read(file, node.start_point[0] + 1, function_name, cpp_type, name, variable, _guarded(node)))
+        reads.append(Read(file, function_name, cpp_type, name, variable, _guarded(node)))
     return reads
 
 
@@ -322,125 +354,19 @@ def classify(reads: list[Read]) -> tuple[dict[str, str], list[str]]:
     return {k: " | ".join(sorted(v)) for k, v in sorted(required.items())}, optional
 
 
-# ---------------------------------------------------------------- sources and entries
-
-
-def git_show(git_dir: Path, rev: str, path: str) -> str | None:
-    result = subprocess.run(["git", "-C", str(git_dir), "show", f"{rev}:{path}"], capture_output=True, text=True)
-    return result.stdout if result.returncode == 0 else None
-
-
-def git_commit(git_dir: Path, rev: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(git_dir), "rev-parse", f"{rev}^{{commit}}"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
-def backend_commit(git_dir: Path, release: str) -> str:
-    """The tensorrtllm_backend commit of a release >= 0.20: its tag, or the oldest commit with that subject."""
-    kind, value = RELEASE_POINTERS[release]
-    if kind == "tag":
-        return git_commit(git_dir, value)
-    log = subprocess.run(
-        ["git", "-C", str(git_dir), "log", "--all", "--format=%H %s", f"--grep={value}", "--fixed-strings"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
-    return log[-1].split()[0]
-
-
-def release_pointer(git_dir: Path, release: str) -> dict:
-    """The NVIDIA/TensorRT-LLM commit tensorrtllm_backend's submodule points to for a release >= 0.20."""
-    kind, value = RELEASE_POINTERS[release]
-    commit = backend_commit(git_dir, release)
-    if kind == "tag":
-        how = f"tensorrtllm_backend tag {value} ({commit})"
-    else:
-        how = f"tensorrtllm_backend commit {commit} '{value}...'"
-    tree = subprocess.run(
-        ["git", "-C", str(git_dir), "ls-tree", commit, "tensorrt_llm"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    return {"release_commit": tree[2], "release_commit_from": how}
-
-
-def entry(files: dict[str, tuple[str, str]], cpp: list[tuple[str, str, str]], source: dict) -> dict:
-    """One release's entry from its templates {model: (path, text)} and backend sources [(path, commit, text)]."""
-    models = {model: tabulate(text) for model, (_, text) in files.items()}
-    reads = [r for path, commit, text in cpp for r in parameter_reads(text, f"{path}@{commit[:8]}")]
-    required, optional = classify(reads)
-    for r in reads:
-        if r.variable is not None:
-            print(f"  {r.file}:{r.line} {r.function}: GetParameter({r.variable}) -> {r.name or 'UNRESOLVED'}")
-    for problem in consistency_problems(models):
-        print(f"  inconsistent templates: {problem}", file=sys.stderr)
-    variable_reads = sorted(
-        {
-            (r.file.split("@")[0].rsplit("/", 1)[-1], r.function, r.variable, r.name or "", r.guarded)
-            for r in reads
-            if r.variable is not None
-        }
-    )
-    return {
-        "source": source,
-        "models": models,
-        "required_parameters": required,
-        "optional_parameters": optional,
-        "variable_parameter_reads": [
-            {"file": f, "function": fn, "variable": v, "resolved": n or None, "guarded": g}
-            for f, fn, v, n, g in variable_reads
-        ],
-    }
-
-
-def tagged_entry(git_dir: Path, release: str) -> dict:
-    """A release <= 0.19 from tensorrtllm_backend at its tag."""
-    tag = TAGS[release]
-    commit = git_commit(git_dir, tag)
-    files, cpp, read = {}, [], []
-    for model in MODELS:
-        path = f"all_models/inflight_batcher_llm/{model}/config.pbtxt"
-        files[model] = (path, git_show(git_dir, commit, path))
-        read.append({"path": path, "commit": commit})
-    for name in CPP_FILES:
-        path = f"inflight_batcher_llm/src/{name}"
-        text = git_show(git_dir, commit, path)
-        if text is not None:
-            cpp.append((path, commit, text))
-            read.append({"path": path, "commit": commit})
-    source = {"repo": BACKEND_REPO, "tag": tag, "commit": commit, "files": read}
-    return entry(files, cpp, source)
-
-
-def stored_entry(cache: Path, git_dir: Path, release: str) -> dict:
-    """A release >= 0.20 from the stored NVIDIA/TensorRT-LLM versions (see STORED_NOTE)."""
-    files, cpp, read = {}, [], []
-    for model, commit in STORED["models"].items():
-        path = f"{PREFIX}all_models/inflight_batcher_llm/{model}/config.pbtxt"
-        files[model] = (path, (cache / commit / path).read_text())
-        read.append({"path": path, "commit": commit})
-    for name, commits in STORED["cpp"].items():
-        path = f"{PREFIX}inflight_batcher_llm/src/{name}"
-        for commit in commits:
-            cpp.append((path, commit, (cache / commit / path).read_text()))
-            read.append(
-                {"path": path, "commit": commit, **({"excerpt": "chars 0-32000"} if "instance" in name else {})}
-            )
-    pointer = release_pointer(git_dir, release)
-    source = {
-        "repo": TRTLLM_REPO,
-        **pointer,
-        "note": STORED_NOTE.format(pointer=pointer["release_commit_from"]),
-        "files": read,
-    }
-    return entry(files, cpp, source)
+def variable_reads(reads: list[Read]) -> list[dict]:
+    """The reads whose parameter name is a variable: where, which variable, the name it resolves to, and guard."""
+    found = sorted({(r.file, r.function, r.variable, r.name or "", r.guarded) for r in reads if r.variable is not None})
+    return [
+        {"file": file, "function": function, "variable": variable, "resolved": name or None, "guarded": guarded}
+        for file, function, variable, name, guarded in found
+    ]
 
 
 # ---------------------------------------------------------------- docs/model_config.md (documented inputs)
 
-DOC_PATH = "docs/model_config.md"
 RECONCILED = ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")
-# which docs lists describe a template's inputs: the docs have none for the ensemble (see the module docstring)
+# which docs lists describe a template's inputs: none lists the ensemble's, whose client-facing inputs are the BLS's
 DOC_MODEL = {"tensorrt_llm": "tensorrt_llm", "ensemble": "tensorrt_llm_bls", "tensorrt_llm_bls": "tensorrt_llm_bls"}
 DOC_TYPES = {
     "int32": "TYPE_INT32",
@@ -523,7 +449,13 @@ def _words(camel: str) -> set[str]:
 def reconcile(models: dict, docs: dict[str, dict[str, DocInput]], described: dict[str, str]) -> tuple[dict, dict]:
     """(renamed {model: {template name: docs name}}, disagreements {model: {...}}) of the templates `models`
     against the documented inputs `docs` (from `documented_inputs`); `described`: name -> the description
-    some docs read give it, for the template inputs these docs do not list. Does not change `models`."""
+    some docs read give it, for the template inputs these docs do not list. Does not change `models`.
+
+    A template input these docs do not list is renamed to the documented input the template lacks whose description
+    is the same text, when exactly one is; failing that, to the one with the same dims and data type whose
+    description names a sampling config parameter sharing a camelCase word with the one its own description names
+    (minTokens ~ minLength), when exactly one is. A template input has no description of its own: `described`
+    lends it the one newer docs give its name."""
     renamed, disagreements = {}, {}
     for model in RECONCILED:
         if model not in models:
@@ -577,69 +509,14 @@ def apply_renames(models: dict, renamed: dict) -> None:
         step["output_map"] = dict(sorted((k, own.get(v, v)) for k, v in step["output_map"].items()))
 
 
-def docs_commits(git_dir: Path) -> dict[str, str]:
-    """release -> the tensorrtllm_backend commit whose docs/model_config.md describes it."""
-    commits = {release: git_commit(git_dir, tag) for release, tag in TAGS.items()}
-    return commits | {release: backend_commit(git_dir, release) for release in RELEASE_POINTERS}
-
-
-def descriptions(git_dir: Path, commits: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """(name -> description, name -> commit): every documented input's description in the newest docs (of
-    `commits`, in release order) that list it."""
-    described, where = {}, {}
-    for commit in reversed(list(commits.values())):
-        for rows in documented_inputs(git_show(git_dir, commit, DOC_PATH)).values():
+def descriptions(upstream: Upstream) -> tuple[dict[str, str], dict[str, str]]:
+    """(name -> description, name -> tensorrtllm_backend commit): every documented input's description in the
+    newest release docs that list it."""
+    described, described_at = {}, {}
+    for release in reversed(RELEASES):
+        commit = RELEASES[release].backend_commit
+        for rows in documented_inputs(upstream.read(BACKEND_REPO, DOC_PATH, commit)).values():
             for name, row in rows.items():
                 if name not in described:
-                    described[name], where[name] = row.description, commit
-    return described, where
-
-
-def with_docs(facts: dict, git_dir: Path, release: str, apply: bool) -> dict:
-    """The entry `facts` with its tensor names reconciled with the release's docs (see the module docstring)."""
-    commits = docs_commits(git_dir)
-    described, where = descriptions(git_dir, commits)
-    docs = documented_inputs(git_show(git_dir, commits[release], DOC_PATH))
-    renamed, disagreements = reconcile(facts["models"], docs, described)
-    used = sorted({name for renames in renamed.values() for name in renames})
-    facts["source"]["docs"] = {
-        "repo": BACKEND_REPO,
-        "path": DOC_PATH,
-        "commit": commits[release],
-        **({"template_names_described_by": {name: where[name] for name in used}} if used else {}),
-    }
-    if not apply:
-        for model, renames in renamed.items():
-            print(f"  check: the docs would rename {model} {renames} (not applied)", file=sys.stderr)
-        renamed = {}
-    apply_renames(facts["models"], renamed)
-    for problem in consistency_problems(facts["models"]):
-        print(f"  inconsistent templates after renames: {problem}", file=sys.stderr)
-    for model, renames in renamed.items():
-        print(f"  renamed from docs: {model} {renames}")
-    return facts | {"renamed_from_docs": renamed, "docs_disagreements": disagreements}
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--git", type=Path, required=True, help="a clone or bare mirror of tensorrtllm_backend")
-    parser.add_argument("--cache", type=Path, help="<cache>/<commit>/<path> of the stored NVIDIA/TensorRT-LLM files")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("releases", nargs="*", help="default: all of " + ", ".join([*TAGS, *RELEASE_POINTERS]))
-    args = parser.parse_args(argv)
-    table = json.loads(args.out.read_text()) if args.out.exists() else {}
-    for release in args.releases or [*TAGS, *RELEASE_POINTERS]:
-        print(f"{release}:")
-        if release in TAGS:
-            table[release] = with_docs(tagged_entry(args.git, release), args.git, release, apply=False)
-        else:
-            if args.cache is None:
-                parser.error(f"{release} needs --cache")
-            table[release] = with_docs(stored_entry(args.cache, args.git, release), args.git, release, apply=True)
-    order = [*TAGS, *RELEASE_POINTERS]
-    table = dict(sorted(table.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
-    args.out.write_text(json.dumps(table, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+                    described[name], described_at[name] = row.description, commit
+    return described, described_at
