@@ -9,8 +9,8 @@ from the bindings' value names (build.py looks a name up upper-cased) or from `K
 then compares literals); no `ast` for C++, the two patterns are matched.
 
 A flag's facts are stored once; a version that differs from the others is named in `absent_from` or `by_version`.
-None of the copies read is at a release's own commit (`pinned` false); three were read from a copy with no known
-commit (`commit` null).
+None of the copies read is at a release's own commit (`pinned` false); one plugin.py and the C++ files were read from
+copies with no known commit (`commit` null).
 """
 
 from __future__ import annotations
