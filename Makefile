@@ -87,4 +87,4 @@ clean:
 # Maintainers: regenerate-and-compare every table in pipeline/upstream/ from the upstream sources it cites (needs
 # those files, downloaded from GitHub or put under --sources); `make test` never reads upstream sources.
 tables: $(STAMP)
-	$(VENV)/bin/python scripts/dev/tabulate.py --check
+	$(VENV)/bin/python scripts/dev/tabulate_all.py --check

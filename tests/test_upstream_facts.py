@@ -120,7 +120,7 @@ def test_a_release_not_tabulated_is_refused_naming_the_table_and_what_it_has():
         release_facts("llm_args", "0.9", "The LLM-API options")
     message = str(refused.value)
     assert "The LLM-API options is not tabulated for TensorRT-LLM 0.9" in message
-    assert ", ".join(releases("llm_args")) in message and "scripts/dev/tabulate.py --only llm_args" in message
+    assert ", ".join(releases("llm_args")) in message and "scripts/dev/tabulate_all.py --only llm_args" in message
 
 
 def test_a_citation_refuses_what_is_not_a_commit():

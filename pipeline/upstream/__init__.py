@@ -1,6 +1,6 @@
 """Facts read from upstream sources: names, types, defaults, what a consumer requires; one JSON table per subject.
 
-`scripts/dev/tabulate.py` writes every table from the sources it cites by repository, path and commit; none of
+`scripts/dev/tabulate_all.py` writes every table from the sources it cites by repository, path and commit; none of
 them holds upstream text. A table keyed by release (`releases`) stores a block that several releases share once:
 a release is then `{"same_as": R}` or `{"based_on": R, "patch": [...]}`, an RFC 6902 JSON Patch of R's facts.
 """
@@ -16,7 +16,7 @@ import jsonpatch
 from pipeline.errors import PipelineError
 
 TABLES = Path(__file__).parent
-TABULATE = "scripts/dev/tabulate.py"
+TABULATE = "scripts/dev/tabulate_all.py"  # not tabulate.py: on sys.path it would shadow the tabulate package
 
 
 class NotTabulated(PipelineError):

@@ -4,8 +4,8 @@ Maintainer tool: `make test` never runs it, and the pipeline never reads upstrea
 reads the files it cites (repository, path, commit) through `Upstream`: from --sources DIR
 (<DIR>/<owner>/<name>/<commit>/<path>), else downloaded from raw.githubusercontent.com into it.
 
-    python scripts/dev/tabulate.py --check          # every table: each difference, or what it could not read
-    python scripts/dev/tabulate.py --only llm_args  # rewrite one table
+    python scripts/dev/tabulate_all.py --check          # every table: each difference, or what it could not read
+    python scripts/dev/tabulate_all.py --only llm_args  # rewrite one table
     make tables                                     # the same as the first line
 
 Exit status: 0 when every table checked equals its regeneration, 1 when one differs, 2 when a source was missing.
