@@ -1,5 +1,5 @@
 """Tabulate the bounds TensorRT-LLM's executor puts on sampling settings into pipeline/upstream/sampling_checks.json
-(run by scripts/dev/tabulate.py), so the onnxruntime engine rejects the values a TensorRT-LLM deployment rejects.
+(run by scripts/dev/tabulate_all.py), so the onnxruntime engine rejects the values a TensorRT-LLM deployment rejects.
 
 Reads the `SamplingConfig::check<Setting>` functions of samplingConfig.cpp at `COMMIT`: each `TLLM_CHECK` comparison
 of the setting with a bound becomes `[operator, bound]` under `<Setting>`; a bound that is a named constant is kept as

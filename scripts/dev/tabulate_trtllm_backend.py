@@ -1,5 +1,5 @@
 """Tabulate the C++ `tensorrtllm` Triton backend and its `inflight_batcher_llm` model templates, per TensorRT-LLM
-release, into pipeline/upstream/tensorrtllm_backend.json (run by scripts/dev/tabulate.py; needs the `dev` extra:
+release, into pipeline/upstream/tensorrtllm_backend.json (run by scripts/dev/tabulate_all.py; needs the `dev` extra:
 tree-sitter, tree-sitter-cpp).
 
 Each release's facts:
