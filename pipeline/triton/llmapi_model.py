@@ -1,6 +1,6 @@
 """What Triton's `llmapi` python model (NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm) declares
 and reads, per TensorRT-LLM release, as tabulated from the upstream sources by
-scripts/dev/tabulate.py into pipeline/upstream/llmapi_model.json (each release records the files and commits it was
+scripts/dev/tabulate_all.py into pipeline/upstream/llmapi_model.json (each release records the files and commits it was
 read from).
 
 Its model.py reads model.yaml's `triton_config` in `auto_complete_config` (max_batch_size -> set_max_batch_size,

@@ -1,5 +1,5 @@
 """Tabulate the LeaderWorkerSet (leaderworkerset.x-k8s.io/v1) facts the Kubernetes manifests rely on, from
-kubernetes-sigs/lws at `COMMIT`, into `pipeline/upstream/leaderworkerset.json` (run by scripts/dev/tabulate.py).
+kubernetes-sigs/lws at `COMMIT`, into `pipeline/upstream/leaderworkerset.json` (run by scripts/dev/tabulate_all.py).
 
 - group / version / kind / plural / scope ...: from the generated CRD.
 - `schema`: the v1 `openAPIV3Schema` without its prose (`description`), each pod template in it reduced to

@@ -1,5 +1,5 @@
 """Tabulate the keys of prometheus-adapter's discovery config (kubernetes-sigs/prometheus-adapter pkg/config/config.go
-at `COMMIT`) into `pipeline/upstream/prometheus_adapter.json` (run by scripts/dev/tabulate.py), so the rule
+at `COMMIT`) into `pipeline/upstream/prometheus_adapter.json` (run by scripts/dev/tabulate_all.py), so the rule
 `trtllm-pipeline deploy` writes is checked against them: per struct, each field's YAML key, Go type and whether it
 is `omitempty`.
 """

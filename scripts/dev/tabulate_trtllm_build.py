@@ -1,6 +1,6 @@
 """Tabulate the flags `trtllm-build` accepts, from TensorRT-LLM's own source (upstream/trtllm_build_flags.json).
 
-Maintainer tool, run by scripts/dev/tabulate.py. It reads, with `ast`, each version of
+Maintainer tool, run by scripts/dev/tabulate_all.py. It reads, with `ast`, each version of
 `tensorrt_llm/commands/build.py` (`parse_arguments`: each `add_argument` with its type, choices, default, action,
 aliases) and of `tensorrt_llm/plugin/plugin.py` (the `PluginConfig` fields that `add_plugin_argument` turns into
 flags: dtype plugins get the plugin's dtype options with None spelled "disable", bool features get enable/disable,

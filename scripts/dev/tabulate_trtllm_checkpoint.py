@@ -1,6 +1,6 @@
 """Tabulate what TensorRT-LLM's checkpoint loader accepts, from its own source (upstream/trtllm_checkpoint.json).
 
-Maintainer tool, run by scripts/dev/tabulate.py. Reads with `ast`:
+Maintainer tool, run by scripts/dev/tabulate_all.py. Reads with `ast`:
 - tensorrt_llm/models/modeling_utils.py: the fields of the `QuantConfig` dataclass and whether its `from_dict` passes
   every key on as a keyword (a key that is not a field then raises); how `PretrainedConfig` consumes the checkpoint's
   `mapping` and `quantization` dicts (built by `Mapping.from_dict` / `QuantConfig.from_dict`, or legacy keys picked

@@ -1,7 +1,7 @@
 """Tabulate which model families TensorRT-LLM's engine workflow builds and what their checkpoints must hold, and what
 ModelOpt's TensorRT-LLM checkpoint exporter does per family (pipeline/upstream/trtllm_engine_models.json).
 
-Maintainer tool, run by scripts/dev/tabulate.py. Reads with `ast` (never runs):
+Maintainer tool, run by scripts/dev/tabulate_all.py. Reads with `ast` (never runs):
 - NVIDIA/TensorRT-LLM: `tensorrt_llm/models/__init__.py` MODEL_MAP (HF architecture -> TensorRT-LLM class) of each
   version read, with gemma/config.py's architecture constants it keys on; for the classes the pipeline builds, the
   config class (`config_class = ...`), its `__init__` defaults (attn_bias, mlp_bias: what a config.json without them

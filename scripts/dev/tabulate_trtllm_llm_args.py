@@ -1,6 +1,6 @@
 """Tabulate the LLM-API options (TorchLlmArgs and its nested configs) and `trtllm-serve`'s flags, per release.
 
-Maintainer tool, run by scripts/dev/tabulate.py. It reads, with `ast`, `tensorrt_llm/llmapi/llm_args.py` (every
+Maintainer tool, run by scripts/dev/tabulate_all.py. It reads, with `ast`, `tensorrt_llm/llmapi/llm_args.py` (every
 pydantic model: its fields merged over its bases, their kinds, defaults, aliases and stability status, and `extra`
 from `model_config` / `class Config`; every StrEnum/Enum; the `speculative_config` discriminator: `decoding_type`
 Literals, or the keys of `DecodingBaseConfig.from_dict` before 1.2) and `tensorrt_llm/commands/serve.py` (the

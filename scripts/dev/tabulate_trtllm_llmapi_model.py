@@ -2,7 +2,7 @@
 `triton_backend/all_models/llmapi/tensorrt_llm/`: config.pbtxt, 1/model.yaml, 1/model.py, 1/helpers.py) for each
 TensorRT-LLM release with a PyTorch-backend (LLM API) path.
 
-Maintainer tool, run by scripts/dev/tabulate.py. One entry per release:
+Maintainer tool, run by scripts/dev/tabulate_all.py. One entry per release:
 
 - `source`: every file read, with its commit (none is a release's own: `release_commit` says which to read).
 - `config`: config.pbtxt parsed with Triton's ModelConfig protobuf (backend, max_batch_size if set,

@@ -1,6 +1,6 @@
 """Tabulate how TensorRT-LLM 1.0, 1.1 and 1.2 are served, for the Kubernetes manifests (issue #16).
 
-Maintainer tool, run by scripts/dev/tabulate.py. One entry per release:
+Maintainer tool, run by scripts/dev/tabulate_all.py. One entry per release:
 
 - `trtllm_serve` (PyTorch backend): the HTTP routes OpenAIServer registers (path, methods, handler method,
   condition), the Prometheus mount, and the `serve` command's CLI options (name, aliases, default).
