@@ -13,7 +13,6 @@ checkpoint itself: pipeline/trtllm_reference.py load_unified_reference (checkpoi
 
 from __future__ import annotations
 
-import ast
 import json
 import operator
 from dataclasses import asdict
@@ -35,7 +34,9 @@ VANILLA = ("o_proj", "down_proj")
 FUSED_PARTS = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj": ("gate_proj", "up_proj")}
 # The Llama decoder layer's norms: what a family whose decoder layer was not tabulated (Llama, Mistral) holds.
 LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
-OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+# The operations of a tabulated formula (upstream/trtllm_torch_models.json bindings, split_rows_at), and their signs.
+OPS = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "floor_divide": operator.floordiv}
+SIGNS = {"add": "+", "subtract": "-", "multiply": "*", "floor_divide": "//"}
 INT = ("I8", "U8")  # int4 pairs packed in a byte (ModelOpt writes U8; the loader takes .to(torch.int8))
 FLOAT = ("F32", "F16", "BF16")
 DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -93,21 +94,33 @@ def linear_shapes(config: dict, fused: dict | None = None) -> dict[str, tuple[in
     }
 
 
-def evaluate(expr: str, config: dict, bindings: dict) -> int:
-    """A tabulated integer expression of load_weights (`hidden_size + num_kv_heads * head_dim`, with its local
-    bindings such as `head_dim = hidden_size // num_heads` and `self.config.X`) on config.json."""
+def evaluate(formula, config: dict, bindings: dict) -> int:
+    """A tabulated integer formula of load_weights on config.json: an integer, {"config": key}, {"name": local} (one
+    of load_weights' `bindings`, itself a formula) or {operation: [left, right]}."""
+    if isinstance(formula, int):
+        return formula
+    if "config" in formula:
+        return config[formula["config"]]
+    if "name" in formula:
+        return evaluate(bindings[formula["name"]], config, bindings)
+    ((operation, (left, right)),) = formula.items()
+    return OPS[operation](evaluate(left, config, bindings), evaluate(right, config, bindings))
 
-    def value(node):
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.BinOp):
-            return OPS[type(node.op)](value(node.left), value(node.right))
-        text = ast.unparse(node)
-        if text.startswith("self.config."):
-            return config[text.removeprefix("self.config.")]
-        return value(ast.parse(bindings[text], mode="eval").body)
 
-    return value(ast.parse(expr, mode="eval").body)
+def shown(formula) -> str:
+    """A formula as arithmetic, for a message (`hidden_size // num_heads`)."""
+    if isinstance(formula, int):
+        return str(formula)
+    if "config" in formula or "name" in formula:
+        return formula.get("config") or formula["name"]
+    ((operation, (left, right)),) = formula.items()
+    return f"{shown(left)} {SIGNS[operation]} {shown(right)}"
+
+
+def cited(source: dict) -> str:
+    """A tabulated source file for a message: its name at the commit read, or that the commit is not known."""
+    name = source["path"].rsplit("/", 1)[1]
+    return f"{name}@{source['commit'][:8]}" if source["commit"] else f"{name}, a copy of unknown commit"
 
 
 def ignored_window(model: dict, release: str, window: int | None, max_seq_len: int | None) -> str | None:
@@ -118,7 +131,7 @@ def ignored_window(model: dict, release: str, window: int | None, max_seq_len: i
     attention = model["attention"] or {}
     if not window or attention.get("attention_window") is not None or (max_seq_len and max_seq_len <= window):
         return None
-    where = f"TensorRT-LLM {release}'s {model['class']} ({model['source']['path']}@{model['source']['index_id']})"
+    where = f"TensorRT-LLM {release}'s {model['class']} ({cited(model['source'])})"
     read = "never names sliding_window" if "sliding_window" in model["never_names"] else "takes no window from it"
     return (
         f"config.json sets sliding_window {window} (below max_seq_len {max_seq_len}), but {where} {read}: its "
@@ -130,7 +143,7 @@ def ignored_window(model: dict, release: str, window: int | None, max_seq_len: i
 def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len: int | None) -> list[str]:
     """What `model` (the family row of upstream/trtllm_torch_models) reads from config.json that it lacks or ignores.
     `loaded` is the transformers config object (class defaults count as present)."""
-    where = f"TensorRT-LLM {release}'s {model['class']} ({model['source']['path']}@{model['source']['index_id']})"
+    where = f"TensorRT-LLM {release}'s {model['class']} ({cited(model['source'])})"
     problems = [
         f"config.json has no {key}, which {where} reads without a fallback (AttributeError, or whatever default the "
         "release's own transformers gives it)"
@@ -138,13 +151,14 @@ def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len
         if key not in config and not hasattr(loaded, key)
     ]
     attention = model["attention"] or {}
-    schedule = model["sliding_schedule"] or ""
-    pattern, kinds = config.get("sliding_window_pattern"), config.get("layer_types")
-    if "sliding_window_pattern" in schedule and pattern and kinds:
+    period = (model["sliding_schedule"] or {}).get("full_every", {}).get("config")
+    pattern, kinds = config.get(period) if period else None, config.get("layer_types")
+    if pattern and kinds:
         derived = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(len(kinds))]
         if derived != kinds:
             problems.append(
-                f"{where} picks sliding layers as {schedule} = {derived}, but config.json's layer_types is {kinds}"
+                f"{where} makes every {period}-th layer ({pattern}) full attention and the others sliding: "
+                f"{derived}, but config.json's layer_types is {kinds}"
             )
     theta = attention.get("sliding_rope_theta")
     if isinstance(theta, (int, float)) and config.get("rope_local_base_freq") not in (None, theta):
@@ -189,9 +203,14 @@ def family_tensors(config: dict, model: dict, tied: bool) -> dict[str, tuple[str
             # tabulated)
             flag = attention.get("dense_bias") if module.endswith("o_proj") else None
             flag = attention.get("bias") if flag is None else flag
-            if flag is True or (isinstance(flag, str) and config.get(flag.removeprefix("config."))):
-                out[f"{module}.bias"] = (f"{attention['class']} (bias={flag})", [rows])
+            if flag is True or (isinstance(flag, dict) and config.get(flag["config"])):
+                out[f"{module}.bias"] = (f"{attention['class']} (bias={bias_text(flag)})", [rows])
     return out
+
+
+def bias_text(flag) -> str:
+    """A tabulated `bias=` of an attention class for a message: a literal, or the config.json key it is read from."""
+    return f"config.json's {flag['config']}" if isinstance(flag, dict) else str(flag)
 
 
 def split_problems(
@@ -209,10 +228,11 @@ def split_problems(
             f"{dropped} (KeyError); exclude {module.rsplit('.', 1)[1]} from quantization or target a newer release"
         )
     bindings = split["bindings"]
-    if "head_dim" in bindings and evaluate("head_dim", config, bindings) != facts.head_size:
+    head_dim = evaluate(bindings["head_dim"], config, bindings) if "head_dim" in bindings else facts.head_size
+    if head_dim != facts.head_size:
         problems.append(
-            f"{module}: {where} splits at head_dim = {bindings['head_dim']} = "
-            f"{evaluate('head_dim', config, bindings)}, but config.json's head_dim is {facts.head_size}"
+            f"{module}: {where} splits at head_dim = {shown(bindings['head_dim'])} = {head_dim}, but config.json's "
+            f"head_dim is {facts.head_size}"
         )
     weight = tensors.get(f"{module}.weight")
     if weight is not None and weight[1][0] != out:
@@ -224,8 +244,8 @@ def split_problems(
     scale = tensors.get(f"{module}.weight_scale")
     if "weight_scale" in split["passes"] and weight and scale and scale[1] and scale[1][0] == out != weight[1][0]:
         problems.append(
-            f"{module}.weight_scale has {out} rows, not the weight's {weight[1][0]}: {where} "
-            f"({split['weight_scale_split_when']} is false) gives every part the whole scale"
+            f"{module}.weight_scale has {out} rows, not the weight's {weight[1][0]}: {where} (which splits it only "
+            "when its rows are the weight's) gives every part the whole scale"
         )
     return problems
 
@@ -281,8 +301,7 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
         return [f"{unified_dir}: no *.safetensors"]
     loaded = AutoConfig.from_pretrained(unified_dir)
     problems = config_problems(config, loaded, model, release, max_seq_len)
-    source = model["source"]
-    where = f"TensorRT-LLM {release}'s {model['class']}.load_weights ({source['path']}@{source['index_id']})"
+    where = f"TensorRT-LLM {release}'s {model['class']}.load_weights ({cited(model['source'])})"
     wanted = family_tensors(config, model, loaded.tie_word_embeddings)
     for name, (reader, shape) in wanted.items():
         have = tensors.get(name)
@@ -295,7 +314,8 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
         ):
             problems.append(f"{name} is {have[0]} {have[1]}, {reader} expects a float tensor of shape {shape}")
     problems += [
-        f"{name}: {model['attention']['class']} has no such bias (bias={model['attention']['bias']}), so TensorRT-LLM "
+        f"{name}: {model['attention']['class']} has no such bias (bias={bias_text(model['attention']['bias'])}), so "
+        f"TensorRT-LLM "
         f"{release} would compute without it"
         for name in tensors
         if name.endswith(".bias") and name not in wanted
@@ -313,7 +333,8 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
     elif (config.get("quantization_config") or {}).get("quant_method") == "modelopt":
         problems.append(
             "config.json declares a ModelOpt quantization_config but there is no hf_quant_config.json: TensorRT-LLM "
-            f"{release} reads ModelOpt configs only from hf_quant_config.json ({facts['quant_config_source'][0]})"
+            f"{release} reads ModelOpt configs only from hf_quant_config.json "
+            f"({facts['quant_config_source'][0]['reader']})"
         )
     algo, kv = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
     group = quant.get("group_size")
@@ -352,8 +373,8 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
         reads = row["tensors"]
         required = {
             name
-            for name, why in reads["required"].items()
-            if not why.startswith("load_weights_vanilla") or name == "weight_scale" or short in VANILLA
+            for name, read in reads["required"].items()
+            if read["function"] != "load_weights_vanilla" or name == "weight_scale" or short in VANILLA
         }
         split = fused.get(module.split(".", 3)[3])
         if split is not None:
@@ -364,7 +385,8 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
                 continue
             if full not in tensors:
                 if name in required or name == "weight":
-                    why = reads["required"].get(name, "the linear's weight")
+                    read = reads["required"].get(name)
+                    why = f"{read['function']}, without a fallback" if read else "the linear's weight"
                     problems.append(f"missing {full}, which TensorRT-LLM {release}'s {row['method']} reads ({why})")
                 continue
             dtypes, shape = expected(algo, name, out, inp, group)
@@ -376,11 +398,10 @@ def torch_loader_problems(unified_dir: Path, release: str, max_seq_len: int | No
                 len(s) == len(have_shape) and all(a in (b, None) for a, b in zip(s, have_shape)) for s in shapes
             ):
                 problems.append(f"{full} has shape {have_shape}, expected {' or '.join(map(str, shapes))}")
-            assertion = reads["dtypes"].get(name)
-            if assertion and "module.dtype" in assertion and model_dtype and have_dtype != model_dtype:
+            if reads["asserted_dtypes"].get(name) == "module_dtype" and model_dtype and have_dtype != model_dtype:
                 problems.append(
-                    f"{full} is {have_dtype} but the model dtype is {model_dtype}: {row['method']} asserts "
-                    f"`{assertion}`"
+                    f"{full} is {have_dtype} but the model dtype is {model_dtype}: {row['method']} asserts that they "
+                    "are the same"
                 )
     return problems
 
@@ -397,7 +418,7 @@ def fused_split_refusal(
     row = TABLE.get(release, {}).get("quant_algos", {}).get(algo) or {}
     if model is None or not row.get("method"):
         return None
-    where = f"{model['class']}.load_weights ({model['source']['path']}@{model['source']['index_id']})"
+    where = f"{model['class']}.load_weights ({cited(model['source'])})"
     layers = range(facts.num_hidden_layers if facts else 1)
     for module, split in model["fused_checkpoint_linears"].items():
         if all(excluded(f"model.layers.{i}.{module}", exclude) for i in layers):

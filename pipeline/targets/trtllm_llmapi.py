@@ -36,6 +36,7 @@ from pipeline.triton.validate import recorded_release
 from pipeline.trtllm_torch_checkpoint import MODELS as TORCH_MODELS
 from pipeline.trtllm_torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
 from pipeline.trtllm_torch_checkpoint import (
+    cited,
     fused_split_refusal,
     ignored_window,
     torch_loader_problems,
@@ -445,11 +446,7 @@ class LlmApiBackend:
         if release not in TORCH_MODELS:
             return {name: f"TensorRT-LLM {release}: no PyTorch-backend model table" for name in ARCHITECTURES}
         table = TORCH_MODELS[release]
-        files = ", ".join(
-            f"{f['path'].rsplit('/', 1)[1]}@{f['index_id']}"
-            for f in table["source"]["files"]
-            if "/models/modeling_" in f["path"]
-        )
+        files = "; ".join(cited(f) for f in table["source"]["files"] if "/models/modeling_" in f["path"])
         out = {}
         facts = cfg.model_facts()
         for name in ARCHITECTURES:
