@@ -1,7 +1,7 @@
 """Tabulate what TensorRT-LLM's PyTorch backend requires of a ModelOpt unified HF checkpoint, from its own source
 (upstream/trtllm_torch_loader.json).
 
-Maintainer tool, run by scripts/dev/tabulate.py. Reads with `ast` (never runs) whole files:
+Maintainer tool, run by scripts/dev/tabulate_all.py. Reads with `ast` (never runs) whole files:
 - tensorrt_llm/_torch/model_config.py: which file `from_pretrained` takes the quantization config from
   (hf_quant_config.json before config.json's `quantization_config`), and which keys `load_modelopt_quant_config`
   reads by subscript (required: KeyError when absent) or `.get` (optional);

@@ -1,7 +1,7 @@
 """Tabulate, per TensorRT-LLM release, which HF architectures the PyTorch backend registers and what each family's
 model reads from a unified HF checkpoint beyond Llama's, from its own source (upstream/trtllm_torch_models.json).
 
-Maintainer tool, run by scripts/dev/tabulate.py. Reads with `ast` (never runs) whole files:
+Maintainer tool, run by scripts/dev/tabulate_all.py. Reads with `ast` (never runs) whole files:
 tensorrt_llm/_torch/models/modeling_{llama,mistral,qwen,qwen3,gemma3,phi3}.py, modules/qk_norm_attention.py,
 models/checkpoints/hf/gemma3_weight_mapper.py, models/__init__.py (the import order) and modeling_utils.py
 (register_auto_model):
