@@ -105,12 +105,12 @@ def test_releases_shared_by_blocks_come_back_whole_and_in_order():
     changed = json.loads(json.dumps(base))
     changed["fields"]["b"]["c"].append(3)
     changed["source"]["commit"] = "2" * 40
-    reordered = {"source": base["source"], "fields": base["fields"]}  # a patch would not give this key order back
+    reordered = {"source": changed["source"], "fields": base["fields"]}  # jsonpatch's own diff loses this key order
     table = {"0.1": base, "0.2": same, "0.3": changed, "0.4": reordered}
     stored = stored_releases(table)
     assert stored["0.2"] == {"same_as": "0.1"}
     assert stored["0.3"]["based_on"] == "0.2" and len(stored["0.3"]["patch"]) == 2
-    assert stored["0.4"] == reordered
+    assert stored["0.4"]["based_on"] == "0.3"
     back = resolved_releases(stored)
     assert json.dumps(back) == json.dumps(table)
 
