@@ -18,7 +18,16 @@ from __future__ import annotations
 import ast
 import re
 
-from upstream_source import REPO, Upstream, cite, complete_statements, find_def, module_literals
+from upstream_source import (
+    REPO,
+    UnrecognizedSource,
+    Upstream,
+    cite,
+    complete_statements,
+    dotted_name,
+    find_def,
+    module_literals,
+)
 
 BUILD = "tensorrt_llm/commands/build.py"
 PLUGIN = "tensorrt_llm/plugin/plugin.py"
@@ -32,20 +41,6 @@ PLUGIN_COMMITS = ("c20322ffd3dc0740ca530c9fad989b22e64f6e06", None)
 KV_CACHE_TYPE_READS = ((PYBIND, None), (PYBIND, None), (NANOBIND, None), (MODEL_CONFIG_H, None), (MODEL_CONFIG_H, None))
 
 UPPER_CASED_NAME, FROM_STRING_LOOKUP = "upper_cased_name", "from_string"
-
-
-class UnrecognizedSource(ValueError):
-    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
-
-
-def dotted_name(node: ast.expr) -> str | None:
-    """`a.b.c` for a name or attribute chain, else None."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = dotted_name(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
 
 
 def default_facts(node: ast.expr | None) -> dict:

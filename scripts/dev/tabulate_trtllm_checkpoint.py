@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 from collections import defaultdict
 
-from upstream_source import REPO, Upstream, cite, complete_statements, find_def
+from upstream_source import REPO, UnrecognizedSource, Upstream, cite, complete_statements, dotted_name, find_def
 
 MODELING_UTILS = "tensorrt_llm/models/modeling_utils.py"
 MAPPING = "tensorrt_llm/mapping.py"
@@ -47,10 +47,6 @@ WEIGHT_ONLY_CLASSES = (
 )
 
 
-class UnrecognizedSource(ValueError):
-    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
-
-
 # ---------------------------------------------------------------- formulas
 
 OPERATORS = {
@@ -72,16 +68,6 @@ OPERATORS = {
     ast.And: "all",
     ast.Or: "any",
 }
-
-
-def dotted_name(node: ast.expr) -> str | None:
-    """`a.b.c` for a name or attribute chain, else None."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = dotted_name(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
 
 
 def formula(node: ast.expr):

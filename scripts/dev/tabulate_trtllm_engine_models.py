@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 import re
 
-from upstream_source import REPO, Upstream, cite, find_def
+from upstream_source import REPO, UnrecognizedSource, Upstream, cite, dotted_name, find_def
 
 MODELOPT_REPO = "NVIDIA/Model-Optimizer"
 MODELOPT_VERSION = "0.47.0"
@@ -48,19 +48,6 @@ PRETRAINED_CONFIG = ("tensorrt_llm/models/modeling_utils.py", "01ea6d79d454bb3ab
 RELEASE_NOTES = ("docs/source/release-notes.md", None)
 RELEASE_HEADING = re.compile(r"## TensorRT-LLM Release (\d+\.\d+)\.\d+")
 ADDED = re.compile(r"\s*- Added (\w+)\b")
-
-
-class UnrecognizedSource(ValueError):
-    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
-
-
-def dotted_name(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = dotted_name(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
 
 
 def module_constants(tree: ast.Module) -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-from upstream_source import REPO, Upstream, cite, complete_statements, find_def, stored_releases
+from upstream_source import REPO, UnrecognizedSource, Upstream, cite, complete_statements, find_def, stored_releases
 
 LLM_ARGS = "tensorrt_llm/llmapi/llm_args.py"
 SERVE = "tensorrt_llm/commands/serve.py"
@@ -66,10 +66,6 @@ SCALARS = {
 }
 CONTAINERS = {"List": "list", "list": "list", "Set": "list", "set": "list", "Dict": "dict", "dict": "dict"}
 OPAQUE = {"object", "Any"}
-
-
-class UnrecognizedSource(ValueError):
-    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
 
 
 # ---------------------------------------------------------------- llm_args.py

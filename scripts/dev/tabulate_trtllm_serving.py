@@ -22,7 +22,7 @@ import re
 from types import SimpleNamespace
 
 from tabulate_trtllm_llm_args import flag_type
-from upstream_source import REPO, Upstream, cite, complete_statements, stored_releases
+from upstream_source import REPO, UnrecognizedSource, Upstream, cite, complete_statements, stored_releases
 
 BACKEND_REPO = "triton-inference-server/tensorrtllm_backend"
 TRITON_REPO = "triton-inference-server/server"
@@ -64,10 +64,6 @@ NOTE = (
     "Approximate: the TensorRT-LLM files were read at main-line commits near the releases, the same for all three "
     "except serve.py (1.1 uses 1.0's)."
 )
-
-
-class UnrecognizedSource(ValueError):
-    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
 
 
 # ---------------------------------------------------------------- trtllm-serve

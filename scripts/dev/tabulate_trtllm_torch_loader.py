@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 import json
 
-from upstream_source import REPO, Upstream, cite, find_def, stored_releases
+from upstream_source import REPO, UnrecognizedSource, Upstream, cite, find_def, stored_releases
 
 MODEL_CONFIG = "tensorrt_llm/_torch/model_config.py"
 LINEAR = "tensorrt_llm/_torch/modules/linear.py"
@@ -75,10 +75,6 @@ EXCLUDE_MODULES_MATCHING = (
     "fnmatch patterns against the PyTorch module names, which are the HF names (model.layers.N.self_attn.q_proj, "
     "lm_head) as ModelOpt writes them; the matching code was not tabulated"
 )
-
-
-class UnrecognizedSource(ValueError):
-    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
 
 
 def function(source: str, name: str) -> ast.FunctionDef:

@@ -30,7 +30,7 @@ import ast
 import json
 import re
 
-from upstream_source import REPO, Upstream, cite, stored_releases
+from upstream_source import REPO, UnrecognizedSource, Upstream, cite, stored_releases
 
 MODELS = "tensorrt_llm/_torch/models"
 INIT = f"{MODELS}/__init__.py"
@@ -93,10 +93,6 @@ RELEASES = {
     },
 }
 OPERATIONS = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply", ast.FloorDiv: "floor_divide"}
-
-
-class UnrecognizedSource(ValueError):
-    """The upstream code no longer has the shape this tabulator interprets: read it and update the tool."""
 
 
 def refers_to(node: ast.expr):

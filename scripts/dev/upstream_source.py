@@ -24,6 +24,20 @@ RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 DEFAULT_SOURCES = Path.home() / ".cache" / "trtllm-pipeline" / "upstream-sources"
 
 
+class UnrecognizedSource(ValueError):
+    """The upstream code no longer has the shape a tabulator interprets: read it and update the tool."""
+
+
+def dotted_name(node: ast.expr) -> str | None:
+    """`a.b.c` for a name or attribute chain, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted_name(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
 class SourceMissing(Exception):
     """An upstream file the tabulator needs is neither in the sources directory nor downloadable."""
 
