@@ -299,9 +299,9 @@ def test_the_cpu_manifest_serves_as_written(smollm2_build, tmp_path):
 
     from pipeline.build import cache_dir
     from pipeline.memory import MiB
-    from pipeline.triton.server import free_port
+    from pipeline.triton.server import free_ports
 
-    ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
+    ports = dict(zip(("http", "grpc", "metrics", "openai"), free_ports(4)))
     cfg, dep, objects = rendered(
         CPU_CONFIG, *(f"deploy.ports.{name}={port}" for name, port in ports.items()), "deploy.api_key_secret=llm-key"
     )

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,10 +234,18 @@ def _exited(process: psutil.Process) -> bool:
         return True
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free now. Every socket stays bound until all are chosen: closed one at a time,
+    the kernel may hand the same port out twice (tritonserver then refuses HTTP and gRPC on one port)."""
+    with ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for held_socket in sockets:
+            held_socket.bind(("127.0.0.1", 0))
+        return [held_socket.getsockname()[1] for held_socket in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass
@@ -248,7 +256,9 @@ class Ports:
 
     @classmethod
     def pick(cls, http: int = 0, grpc: int = 0, metrics: int = 0) -> "Ports":
-        return cls(http or free_port(), grpc or free_port(), metrics or free_port())
+        chosen = (http, grpc, metrics)
+        fresh = iter(free_ports(chosen.count(0)))
+        return cls(*(port or next(fresh) for port in chosen))
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

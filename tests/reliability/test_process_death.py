@@ -25,7 +25,16 @@ import httpx
 import psutil
 import pytest
 
-from pipeline.triton.server import OWNER, SHM_PREFIX, STUB, WORK_PREFIX, Ports, dial_address, free_port, reclaim_orphans
+from pipeline.triton.server import (
+    OWNER,
+    SHM_PREFIX,
+    STUB,
+    WORK_PREFIX,
+    Ports,
+    dial_address,
+    free_ports,
+    reclaim_orphans,
+)
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -39,7 +48,8 @@ class Serve:
     """`python -m pipeline.cli serve REPO --openai` in a session of its own (a test kills it alone), output kept."""
 
     def __init__(self, repo: Path, log_file: Path, host: str = "127.0.0.1"):
-        self.host, self.ports, self.openai_port = host, Ports.pick(), free_port()
+        http, grpc, metrics, self.openai_port = free_ports(4)
+        self.host, self.ports = host, Ports(http, grpc, metrics)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "serve", str(repo), "--host", host, "--log-file", str(log_file),
              "--http-port", str(self.ports.http), "--grpc-port", str(self.ports.grpc),
