@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from pipeline.targets.llm_api_args import LLM_API_RELEASES, TABLE, options_problems, serve_options_flag
-from pipeline.upstream import NotTabulated
+from pipeline.targets.llm_api_args import LLM_API_RELEASES, options_problems, serve_options_flag
+from pipeline.upstream import NotTabulated, facts
 from tests.conftest import dev_script
 
 tab = dev_script("tabulate_trtllm_llm_args")
+TABLE = facts("llm_args")
 
 # What the trtllm target's PyTorch path writes into the options YAML: (key path, kind).
 EMITTED = [

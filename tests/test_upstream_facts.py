@@ -23,8 +23,10 @@ LICENCE_HEADER = re.compile(
     r"c[o]pyright\s*(\(c\)|©|\d{4})|l[i]censed under the|spdx-l[i]cense-identifier|nvidia c[o]rporation", re.I
 )
 # Fields that held upstream text or citations nobody else can follow: the tables keep facts, not sources' words.
-TEXT_FIELDS = {"comment", "excerpt", "expr", "index_id", "ranges", "total_chars", "line_in_slice", "slice_offset"}
-SEARCH_INDEX_CITATION = re.compile(r"index\s+id\b", re.I)  # ids of a search index only this machine resolves
+TEXT_FIELDS = {"comment", "excerpt", "expr", "ranges", "total_chars", "line_in_slice", "slice_offset"}
+# What a source record may say: anything else (an identifier that only one machine resolves) cannot be followed.
+CITATION_KEYS = {"repo", "path", "commit", "pinned", "release_commit", "read_for", "template_names_described_by"}
+BARE_NUMBER_ID = re.compile(r"\b\d{9,}\b")  # a long number standing for a source, where a commit belongs
 SIZE_BUDGET = 400_000  # bytes of all tables together (1.15 MB pretty-printed with repeated releases before)
 
 
@@ -78,8 +80,11 @@ def test_each_table_is_stored_compact_and_holds_facts_not_upstream_text(name):
     stored = json.loads(path.read_text())
     assert path.read_text() == compact(stored), f"{path} is not as pipeline.upstream.compact writes it"
     text_fields = [(p, key) for p, key, _ in walk(stored) if key in TEXT_FIELDS]
-    assert text_fields == [], f"{name}: fields that held upstream text or index citations"
-    assert not SEARCH_INDEX_CITATION.search(path.read_text())
+    assert text_fields == [], f"{name}: fields that held upstream text"
+    numbers = [
+        (p, key, value) for p, key, value in walk(stored) if isinstance(value, str) and BARE_NUMBER_ID.search(value)
+    ]
+    assert numbers == [], f"{name}: sources named by a number instead of a commit"
 
 
 @pytest.mark.parametrize("name", TABLE_NAMES)
@@ -89,6 +94,7 @@ def test_every_source_is_cited_by_repository_path_and_commit(name):
     for _, _, record in walk(json.loads((TABLES / f"{name}.json").read_text())):
         if isinstance(record, dict) and "commit" in record and "repo" in record:
             assert record["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", record["commit"]), record
+            assert set(record) <= CITATION_KEYS, f"{name}: {record} cites by more than repository, path and commit"
             assert record.get("pinned") in (True, False), f"{name}: {record} says not whether it is pinned"
             assert not (record["pinned"] and record["commit"] is None), record
 

@@ -22,8 +22,6 @@ from pipeline.k8s.manifests import LWS_API, LWS_NAME_LABEL, LWS_WORKER_INDEX_LAB
 from pipeline.k8s_names import CONFIGMAP_KEY, DNS1123_LABEL, LABEL_VALUE, label_key_problem, object_name_problem
 from pipeline.upstream import facts
 
-HERE = Path(__file__).parent
-
 
 def where(obj: dict, path) -> str:
     """`Kind/name: a.b[0].c` for a field of an object."""
@@ -48,11 +46,6 @@ def _core_problems(obj: dict, version: str, prefix: tuple = ()) -> list[str]:
     return []
 
 
-@functools.cache
-def lws_facts() -> dict:
-    return facts("leaderworkerset")
-
-
 def _strict(schema: dict) -> dict:
     """The CRD schema refusing unknown fields where it lists properties (the API server would prune them silently)."""
     if isinstance(schema, dict):
@@ -69,7 +62,7 @@ def _strict(schema: dict) -> dict:
 def _lws_validator():
     from jsonschema import Draft202012Validator
 
-    return Draft202012Validator(_strict(lws_facts()["schema"]))
+    return Draft202012Validator(_strict(facts("leaderworkerset")["schema"]))
 
 
 def _lws_problems(obj: dict, version: str) -> list[str]:
@@ -78,7 +71,8 @@ def _lws_problems(obj: dict, version: str) -> list[str]:
         for error in sorted(_lws_validator().iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
     ]
     name = obj.get("metadata", {}).get("name")
-    for path in lws_facts()["pod_templates"]:  # the CRD leaves them to the core schema, as strict as a Deployment's
+    # the CRD leaves the pod templates to the core schema, as strict as a Deployment's
+    for path in facts("leaderworkerset")["pod_templates"]:
         template = obj
         for key in path.split("."):
             template = template.get(key) if isinstance(template, dict) else None
@@ -139,14 +133,9 @@ def name_problems(objects: list[dict]) -> list[str]:
     return problems
 
 
-@functools.cache
-def _adapter_structs() -> dict:
-    return facts("prometheus_adapter")["structs"]
-
-
 def adapter_problems(config: dict, struct: str = "MetricsDiscoveryConfig", path: str = "") -> list[str]:
     """Keys of the adapter config that its Go structs do not have (it would ignore them)."""
-    fields = _adapter_structs()[struct]
+    fields = facts("prometheus_adapter")["structs"][struct]
     problems = []
     for key, value in config.items():
         if key not in fields:
@@ -157,7 +146,7 @@ def adapter_problems(config: dict, struct: str = "MetricsDiscoveryConfig", path:
             go_type, items = go_type.removeprefix("map[string]"), list(value.values())
         else:
             items = value if isinstance(value, list) else [value]
-        if go_type in _adapter_structs():
+        if go_type in facts("prometheus_adapter")["structs"]:
             for item in items:
                 problems += adapter_problems(item, go_type, f"{path}{key}.")
     return problems

@@ -8,9 +8,8 @@ right for one release fails to load on another.
 
 from __future__ import annotations
 
-from pipeline.upstream import facts, release_facts, releases
+from pipeline.upstream import release_facts, releases
 
-TABLE = facts("llm_args")
 LLM_API_RELEASES = releases("llm_args")
 # `trtllm-serve`'s names for the options-file flag, newest first (1.2 added --config).
 OPTIONS_FLAG_NAMES = ("--config", "--extra_llm_api_options")
