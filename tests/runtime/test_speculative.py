@@ -181,8 +181,9 @@ def trtllm_config(tmp_path, tiny_llama, backend: str, release: str, runtime: str
 
 
 def test_the_pytorch_backend_writes_speculative_config_each_release_accepts(tmp_path, tiny_llama):
-    from pipeline.targets.llm_api_args import LLM_API_RELEASES, TABLE, options_problems
+    from pipeline.targets.llm_api_args import LLM_API_RELEASES, options_problems
     from pipeline.targets.trtllm_llmapi import RELEASES, release_options
+    from pipeline.upstream import facts
 
     for release in RELEASES:
         options, problems = release_options(load_config(trtllm_config(tmp_path, tiny_llama, "pytorch", release)))
@@ -193,7 +194,7 @@ def test_the_pytorch_backend_writes_speculative_config_each_release_accepts(tmp_
             "max_matching_ngram_size": 3,
         }
     for release in LLM_API_RELEASES:  # the table checks what we write: a wrong key or type is named
-        fields = TABLE["releases"][release]["models"]["NGramDecodingConfig"]["fields"]
+        fields = facts("llm_args")["releases"][release]["models"]["NGramDecodingConfig"]["fields"]
         assert fields["max_draft_len"]["default"] is None  # no usable default upstream: required in ours
         bad = {"speculative_config": {"decoding_type": "NGram", "max_draft_len": "5", "max_ngram": 3}}
         assert {path[-1] for path, _ in options_problems(bad, release)} == {"max_draft_len", "max_ngram"}
