@@ -5,7 +5,7 @@
 #                     --build-arg=CONFIG=build_configs/smollm2-135m-fp8.yaml --tag=trtllm-pipeline:gpu-1.2 .
 #                   docker run --rm --gpus all -p 8000-8002:8000-8002 trtllm-pipeline:gpu-1.2
 # `trtllm-pipeline plan CONFIG` prints the GPU command for a config: TRITON_TAG is the newest NVIDIA Triton
-# container holding its target.trtllm_version (pipeline/targets/trtllm.py TRITON_CONTAINERS), and the build stops
+# container holding its target.trtllm_version (pipeline/targets/trtllm/adapter.py TRITON_CONTAINERS), and the build stops
 # if the container's TensorRT-LLM is another release. The build runs when the container starts (an engine needs
 # the GPU), then `serve`: trtllm-serve for the PyTorch backend (OpenAI API on port 8000), tritonserver for engines.
 # On Kubernetes, `trtllm-pipeline deploy CONFIG` writes the manifests running either image (README "Kubernetes").

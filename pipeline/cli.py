@@ -417,7 +417,8 @@ def run(
     from transformers import AutoTokenizer
 
     from pipeline.build import default_output
-    from pipeline.runtime.batch import load_runner, read_prompts, run_batches, write_jsonl
+    from pipeline.runtime.batch import read_prompts, run_batches, write_jsonl
+    from pipeline.targets import load_runner
 
     engine_dir = source if source.is_dir() else (output or default_output(source)) / "engine"
     prompts = read_prompts(input_file, prompt or [], max_tokens)
@@ -532,7 +533,7 @@ def serve(
     """
     from pipeline.build import cache_dir, default_output
     from pipeline.openai_gateway import configured_key
-    from pipeline.targets.trtllm_llmapi import llmapi_model_name, serve_llm_api
+    from pipeline.targets.trtllm.llmapi import llmapi_model_name, serve_llm_api
     from pipeline.triton.server import Ports, TritonServer, host_port, tensorrtllm_world_size
     from pipeline.triton.validate import validate_repo as check
 
@@ -684,8 +685,8 @@ def validate_repo(
     Example: trtllm-pipeline validate-repo triton_model_repo --trtllm-version 1.2
     """
     if trtllm_version is not None:
-        from pipeline.targets.llm_api_args import LLM_API_RELEASES
-        from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS
+        from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES
+        from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS
 
         known = sorted(set(SUPPORTED_VERSIONS) | set(LLM_API_RELEASES), key=lambda v: tuple(map(int, v.split("."))))
         if trtllm_version not in known:
@@ -824,7 +825,7 @@ def bench_architectures(
     from pipeline.architectures import ARCHITECTURES
     from pipeline.architectures import architecture as registered
     from pipeline.bench import report
-    from pipeline.bench.architectures import run_architectures, table
+    from pipeline.bench.family_decode import run_architectures, table
     from pipeline.runtime.model_runner import default_threads
 
     for name in architecture or []:

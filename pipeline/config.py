@@ -62,23 +62,29 @@ class ModelSection(Section):
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the checkpoint directory.")
 
 
+def registered_backend(name: str) -> str:
+    """A `target.trtllm_backend` the trtllm adapter registers (checked when a config is read, not at import, so the
+    schema does not load the adapter)."""
+    backends = TARGETS["trtllm"].backends
+    if name not in backends:
+        raise ValueError(f"must be {' or '.join(map(repr, backends))}, got {shown(name)}")
+    return name
+
+
 class TargetSection(Section):
-    name: Literal[tuple(TARGETS)] = Field(
-        "onnxruntime", description="; ".join(f"{name}: {target.summary}" for name, target in TARGETS.items()) + "."
+    name: Literal[tuple(TARGETS.names())] = Field(
+        "onnxruntime", description="The target to build for; `trtllm-pipeline targets` says what each builds."
     )
     trtllm_version: str = Field(
         "1.2",
         description="trtllm: the TensorRT-LLM release targeted (picks the LLM-API options, flags and templates "
         'checked against it), e.g. "1.2"; `validate` names the supported ones.',
     )
-    trtllm_backend: Literal[tuple(TARGETS["trtllm"].backends)] = Field(
+    trtllm_backend: Annotated[str, AfterValidator(registered_backend)] = Field(
         "pytorch",
-        description="trtllm: "
-        + "; ".join(
-            f"{name}: {backend.summary}, TensorRT-LLM {', '.join(backend.releases)}"
-            for name, backend in TARGETS["trtllm"].backends.items()
-        )
-        + ".",
+        description="trtllm: the TensorRT-LLM backend: pytorch (the LLM-API options for trtllm-serve and Triton's "
+        "llmapi model) or tensorrt (a trtllm-build engine for Triton's tensorrtllm backend); `trtllm-pipeline "
+        "targets` names the releases of each.",
     )
     onnx_graph: Literal["auto", "fused", "optimum"] = Field(
         "auto",

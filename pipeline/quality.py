@@ -153,7 +153,7 @@ def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
 def session_logits_fn(session) -> LogitsFn:
     """Logits of every position of a whole-prompt forward pass (no cache) of an exported decoder."""
     names = {i.name for i in session.get_inputs()}
-    fused = "seqlens_k" in names  # the graph of pipeline/targets/fused_onnx.py
+    fused = "seqlens_k" in names  # the graph of pipeline/targets/onnxruntime/graph.py
 
     def logits(ids: np.ndarray) -> np.ndarray:
         batch, length = ids.shape

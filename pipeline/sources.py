@@ -19,7 +19,7 @@ from pathlib import Path
 
 PACKAGE = "pipeline"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-REGISTRIES = frozenset({"pipeline.targets", "pipeline.stages"})
+REGISTRIES = frozenset({"pipeline.stages", "pipeline.targets.trtllm.backends"})
 UPSTREAM_TABLES = Path(__file__).resolve().parent / "upstream"
 UPSTREAM_READERS = frozenset({"facts", "release_facts", "releases"})
 
@@ -47,7 +47,7 @@ def imported_modules(path: Path) -> set[str]:
             and node.module.split(".")[0] == PACKAGE
         ):
             found.add(node.module)
-            # `from pipeline.targets import trtllm` imports the module pipeline.targets.trtllm
+            # `from pipeline.targets import trtllm` imports the module pipeline.targets.trtllm.adapter
             found |= {
                 f"{node.module}.{alias.name}" for alias in node.names if module_file(f"{node.module}.{alias.name}")
             }

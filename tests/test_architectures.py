@@ -17,7 +17,7 @@ def tiny_gemma3(tmp_path_factory):
 
 
 def test_every_registered_architecture_has_a_tiny_checkpoint_and_a_fused_graph():
-    from pipeline.targets.fused_onnx import FAMILIES
+    from pipeline.targets.onnxruntime.graph import FAMILIES
 
     assert set(TINY_FAMILIES) == set(ARCHITECTURES) == set(FAMILIES)
 

@@ -277,7 +277,7 @@ def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios
 
 
 def test_architectures_bench_compares_families_with_llama_and_reuses_only_matching_builds(tmp_path):
-    from pipeline.bench.architectures import run_architectures
+    from pipeline.bench.family_decode import run_architectures
 
     tiny = {
         "hidden_size": 64,

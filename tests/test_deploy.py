@@ -391,14 +391,15 @@ def test_only_the_deploy_stage_hashes_the_deployment_code(config):
     cfg = load_config(REPO / config)
     for name, stage in STAGES.items():
         code = stage_inputs(stage, cfg, None, {})["code"]
-        deployment = sorted(path for path in code if "/k8s/" in path or path.endswith("_serving.py"))
+        deployment = sorted(path for path in code if "/k8s/" in path or path.endswith("/serving.py"))
         assert bool(deployment) == (name == "deploy"), (name, deployment)
         if name == "deploy":
-            assert "pipeline/targets/trtllm_serving.py" in code and "pipeline/upstream/leaderworkerset.json" in code
+            serving = f"pipeline/targets/{cfg.target.name}/serving.py"
+            assert serving in code and "pipeline/upstream/leaderworkerset.json" in code
 
 
 def test_tabulated_deployment_facts_name_the_upstream_commit_they_were_read_at():
-    from pipeline.targets.llm_api_args import LLM_API_RELEASES
+    from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES
     from pipeline.upstream import facts, releases
 
     commit = re.compile(r"[0-9a-f]{40}")

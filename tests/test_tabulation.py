@@ -299,13 +299,13 @@ def test_every_release_has_every_section_model_and_a_cited_source():
 
 
 def test_the_names_the_pipeline_looks_up_are_in_every_release():
-    from pipeline.targets.trtllm_engine import FEATURES_OFF
+    from pipeline.targets.trtllm.engine import FEATURES_OFF
     from pipeline.triton.repo import LLM_INPUT_ALIASES
 
     for release, block in TABLE.items():
         llm = block["models"]["tensorrt_llm"]
         variables = {t["data_type"] for t in llm["inputs"] + llm["outputs"] if t["data_type"].startswith("${")}
-        # every ${var} data type is one trtllm_engine.triton_llm_model fills
+        # every ${var} data type is one engine.triton_llm_model fills
         assert variables <= {
             "${logits_datatype}",
             "${encoder_input_features_data_type}",

@@ -86,7 +86,7 @@ KV_CACHE_TYPE_PARSER = """
 @pytest.fixture(scope="module")
 def emitted(tmp_path_factory, tiny_llama) -> dict[str, str]:
     """flag -> value of the trtllm-build command the pipeline prints for an FP8 build with FP8 context FMHA."""
-    from pipeline.targets.trtllm_engine import trtllm_build_command
+    from pipeline.targets.trtllm.engine import trtllm_build_command
 
     path = write_config(
         tmp_path_factory.mktemp("cfg") / "gpu.yaml",
@@ -435,7 +435,7 @@ def test_a_formula_refuses_what_it_cannot_represent():
 
 
 def test_the_checker_accepts_exactly_the_quant_config_keys_of_every_version():
-    from pipeline.trtllm_checkpoint import QUANT_CONFIG_KEYS
+    from pipeline.targets.trtllm.checkpoint import QUANT_CONFIG_KEYS
 
     versions = RULES["quant_config"]["versions"]
     assert all(v["from_dict_passes_every_key"] for v in versions)
@@ -450,7 +450,7 @@ def test_the_checker_accepts_exactly_the_quant_config_keys_of_every_version():
 
 
 def test_the_checker_takes_the_mapping_keys_of_every_version_and_names_the_others():
-    from pipeline.trtllm_checkpoint import MAPPING_KEYS, mapping_problems
+    from pipeline.targets.trtllm.checkpoint import MAPPING_KEYS, mapping_problems
 
     versions = RULES["mapping"]["versions"]
     assert MAPPING_KEYS == set.intersection(*(set(v["init_params"]) for v in versions))
@@ -471,7 +471,7 @@ def test_the_checker_takes_the_mapping_keys_of_every_version_and_names_the_other
 
 
 def test_the_tabulated_padding_and_w8a16_rules_are_the_checkers():
-    from pipeline.trtllm_checkpoint import padding_multiple
+    from pipeline.targets.trtllm.checkpoint import padding_multiple
 
     classes = RULES["weight_only_layers"]["classes"]
     assert classes["WeightOnlyQuantLinear"]["padding"]["multiple"] == {"multiply": [64, name("tp_size")]}

@@ -153,7 +153,7 @@ def test_every_model_map_is_cited_and_the_families_split_as_read():
 
 
 def test_every_class_the_engine_backend_checks_is_tabulated():
-    from pipeline.trtllm_checkpoint import CHECKED_LAYOUTS
+    from pipeline.targets.trtllm.checkpoint import CHECKED_LAYOUTS
 
     for architecture in CHECKED_LAYOUTS:
         trtllm_class = TABLE["model_map"][0]["classes"][architecture]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.targets.trtllm_serving import HEALTH_ROUTE, parse_series
+from pipeline.targets.trtllm.serving import HEALTH_ROUTE, parse_series
 from pipeline.upstream import facts, releases
 from tests.conftest import dev_script
 

@@ -15,8 +15,8 @@ import pytest
 from pipeline.architectures import ARCHITECTURES
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
-from pipeline.trtllm_torch_checkpoint import MODELS as TABLE
-from pipeline.trtllm_torch_checkpoint import evaluate, shown
+from pipeline.targets.trtllm.torch_checkpoint import MODELS as TABLE
+from pipeline.targets.trtllm.torch_checkpoint import evaluate, shown
 from pipeline.upstream import releases
 from tests.conftest import dev_script, make_tiny, write_config
 
@@ -330,7 +330,7 @@ def test_phi3_exclude_patterns_match_full_module_names_as_modelopt_does(tmp_path
 @pytest.mark.parametrize("exclude", [["qkv_proj"], ["model.layers.0.*"]])
 def test_phi3_int4_with_a_fused_linear_left_quantized_names_evaluated_rows(tmp_path, tiny_phi3, exclude):
     """gate_up_proj left quantized, or excluded in layer 0 only: refused, naming the rows its split is at."""
-    from pipeline.trtllm_torch_checkpoint import evaluate
+    from pipeline.targets.trtllm.torch_checkpoint import evaluate
 
     awq = "{weights: int4, method: awq, group_size: 32, calibration: {num_samples: 4, seq_len: 32}"
     with pytest.raises(ConfigError) as info:

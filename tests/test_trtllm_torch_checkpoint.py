@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.trtllm_checkpoint import EXPECTED_ALGO
-from pipeline.trtllm_torch_checkpoint import (
+from pipeline.targets.trtllm.checkpoint import EXPECTED_ALGO
+from pipeline.targets.trtllm.torch_checkpoint import (
     RELEASES,
     TABLE,
     torch_loader_problems,

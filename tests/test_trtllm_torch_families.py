@@ -16,8 +16,8 @@ import torch
 
 from pipeline.build import cache_dir
 from pipeline.config import load_config
-from pipeline.trtllm_reference import checkpoint_report
-from pipeline.trtllm_torch_checkpoint import RELEASES, family, linear_shapes, torch_loader_problems
+from pipeline.targets.trtllm.reference import checkpoint_report
+from pipeline.targets.trtllm.torch_checkpoint import RELEASES, family, linear_shapes, torch_loader_problems
 from tests.conftest import TINY_FAMILIES, make_tiny, write_config
 
 FAMILIES = list(TINY_FAMILIES)
@@ -39,8 +39,8 @@ def export(hf: Path, name: str, out: Path, exclude: list[str] = ()) -> tuple[lis
     first verify window of WORDS: the bar the reference of the exported checkpoint is held to)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.targets.trtllm import calibrate, quiet_modelopt
-    from pipeline.trtllm_torch_checkpoint import export_unified
+    from pipeline.targets.trtllm.modelopt import calibrate, quiet_modelopt
+    from pipeline.targets.trtllm.torch_checkpoint import export_unified
     from pipeline.verify import WINDOW
 
     q = SimpleNamespace(
@@ -219,7 +219,7 @@ def test_the_reference_computes_what_the_release_reads_not_what_transformers_doe
     """Mistral's sliding window is never read (full attention past it); Qwen3's own q/k norms use eps 1e-6."""
     from transformers import AutoModelForCausalLM
 
-    from pipeline.trtllm_reference import load_unified_reference
+    from pipeline.targets.trtllm.reference import load_unified_reference
 
     hf = tmp_path / "hf"
     shutil.copytree(exports["MistralForCausalLM", "none"][0], hf)

@@ -14,9 +14,9 @@ import torch
 
 from pipeline.build import cache_dir
 from pipeline.config import load_config
-from pipeline.trtllm_reference import checkpoint_report, load_unified_reference
-from pipeline.trtllm_torch_checkpoint import RELEASES as TORCH_RELEASES
-from pipeline.trtllm_torch_checkpoint import export_unified, torch_loader_problems
+from pipeline.targets.trtllm.reference import checkpoint_report, load_unified_reference
+from pipeline.targets.trtllm.torch_checkpoint import RELEASES as TORCH_RELEASES
+from pipeline.targets.trtllm.torch_checkpoint import export_unified, torch_loader_problems
 from tests.conftest import run_cli
 from tests.targets.test_trtllm import gpu_config
 
@@ -114,7 +114,7 @@ def test_the_fp8_kv_cache_is_at_scale_one_whatever_k_scale_says(builds, tmp_path
 def test_export_unified_writes_the_model_dtype(builds, reports, tmp_path):
     from safetensors import safe_open
 
-    from pipeline.targets.trtllm import load_calibrated, quiet_modelopt
+    from pipeline.targets.trtllm.modelopt import load_calibrated, quiet_modelopt
 
     root = builds["int4-awq"]
     model = load_calibrated(root / "out" / "import", root / "out" / "quantize")

@@ -126,7 +126,7 @@ def run_offline(
 ) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.runtime.batch import load_runner
+    from pipeline.targets import load_runner
 
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)

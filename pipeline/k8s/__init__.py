@@ -1,18 +1,22 @@
 """Kubernetes manifests for a build config, validated offline before they are written (`trtllm-pipeline deploy`).
 
-A target describes how its output is served in a container (`Serving`, registered per target with `serves` by
-`pipeline/targets/*_serving.py`: modules of their own, so that the build stages' lock entries, which hash the
-adapters and what they import, do not change with the deployment); `manifests` turns that and the config's `deploy`
-section into objects, and `checks` validates every object against the Kubernetes
-OpenAPI schemas of `deploy.kubernetes_version` (kubernetes-validate) or, for LeaderWorkerSet, the CRD schema
-tabulated from kubernetes-sigs/lws (`upstream/leaderworkerset.json`), then cross-checks them against each other and the
-config: ports, probes, GPUs per group, memory against the plan, and the build config the pods will build.
+A target describes how its output is served in a container (`Serving`, declared per target under the
+`trtllm_pipeline.serving` entry points by `pipeline/targets/*/serving.py`: modules of their own, so that the build
+stages' lock entries, which hash the adapters and what they import, do not change with the deployment);
+`manifests` turns that and the config's `deploy` section into objects, and `checks` validates every object against
+the Kubernetes OpenAPI schemas of `deploy.kubernetes_version` (kubernetes-validate) or, for LeaderWorkerSet, the
+CRD schema tabulated from kubernetes-sigs/lws (`upstream/leaderworkerset.json`), then cross-checks them against each
+other and the config: ports, probes, GPUs per group, memory against the plan, and the build config the pods will build.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Callable
+
+from pipeline.errors import PipelineError
 
 # Inside the containers. Both images of our Dockerfile install the pipeline in APP_DIR's virtualenv.
 APP_DIR = "/opt/trtllm-pipeline"
@@ -152,26 +156,19 @@ exec {mpirun} --allow-run-as-root -mca plm_rsh_agent {KUBESSH} --host "$hosts" {
 
 # ---------------------------------------------------------------- the registry
 
-SERVINGS: dict[str, Callable] = {}
+SERVING_ENTRY_POINTS = "trtllm_pipeline.serving"  # target name -> function(cfg) -> Serving (pyproject.toml)
 
 
-def serves(target: str):
-    """Decorator: register the function giving a target's Serving for a config."""
-
-    def register(fn: Callable) -> Callable:
-        SERVINGS[target] = fn
-        return fn
-
-    return register
+@functools.cache
+def _servings() -> dict[str, Callable]:
+    return {entry.name: entry.load() for entry in entry_points(group=SERVING_ENTRY_POINTS)}
 
 
 def serving_of(cfg) -> Serving:
-    from pipeline.errors import PipelineError
-
+    """How the config's target serves its output, from the function its entry point names."""
     try:
-        return SERVINGS[cfg.target.name](cfg)
+        return _servings()[cfg.target.name](cfg)
     except KeyError:
-        raise PipelineError(f"target {cfg.target.name} has no deployment (registered: {', '.join(SERVINGS)})") from None
-
-
-from pipeline.targets import onnxruntime_serving, trtllm_serving  # noqa: E402,F401  (they register themselves)
+        raise PipelineError(
+            f"target {cfg.target.name} has no deployment (registered: {', '.join(_servings())})"
+        ) from None

@@ -59,21 +59,6 @@ def read_prompts(path: Path | None, inline: list[str], default_max_tokens: int) 
     return prompts
 
 
-def load_runner(engine_dir: Path, num_threads: int | None = None, runtime=None, thread_spinning: bool | None = None):
-    """The runner of the target that built the engine (ours for onnxruntime, ModelRunnerCpp for trtllm).
-
-    `runtime` (the config's RuntimeSection, when known) passes the target's runtime settings (KV cache and CUDA
-    graphs to ModelRunnerCpp, thread spinning to ours unless `thread_spinning` is given).
-    """
-    from pipeline.targets import engine_target, get_target
-
-    config_file = engine_dir / "config.json"
-    if not config_file.is_file():
-        raise PipelineError(f"{config_file} not found: build the engine first (trtllm-pipeline build CONFIG)")
-    target = get_target(engine_target(json.loads(config_file.read_text())))
-    return target.load_runner(engine_dir, num_threads=num_threads, runtime=runtime, thread_spinning=thread_spinning)
-
-
 def run_batches(
     runner,
     tokenizer,

@@ -32,6 +32,8 @@ import numpy as np
 
 from pipeline.upstream import facts
 
+ENGINE_TARGET = "onnxruntime"  # the engines this runner reads: the onnxruntime target's (config.json `target`)
+
 ENGINE_CONFIG = "config.json"
 ONNX_FILE = "model.onnx"
 # Upper bound on the prefill logits buffer ([rows, chunk, vocab] float32): bounds the chunk width.
@@ -361,13 +363,9 @@ class ModelRunner:
             raise FileNotFoundError(f"{config_file} not found: build the engine first (trtllm-pipeline build CONFIG)")
         config = json.loads(config_file.read_text())
         built = config.get("build_config", {})
-        from pipeline.targets import engine_target
-        from pipeline.targets.onnxruntime import OnnxRuntimeTarget
-
-        target = engine_target(config)
-        if target != OnnxRuntimeTarget.name:
+        if config.get("target") != ENGINE_TARGET:  # trtllm-build's config.json names no target
             raise ValueError(
-                f"{config_file}: target is {target!r}; this runner serves onnxruntime engines "
+                f"{config_file}: target is {config.get('target', 'trtllm')!r}; this runner serves onnxruntime engines "
                 "(use tensorrt_llm.runtime.ModelRunnerCpp for TensorRT-LLM engines)"
             )
         unsupported = sorted(
@@ -815,7 +813,7 @@ class ConcatCache:
 
 
 class SharedCache:
-    """The fused graph (`pipeline/targets/fused_onnx.py`): GroupQueryAttention writes each step's keys
+    """The fused graph (`pipeline/targets/onnxruntime/graph.py`): GroupQueryAttention writes each step's keys
     and values in place into a buffer the batch owns, [rows, kv_heads, capacity, head_size].
 
     Rows need no padding: each has its own length (seqlens_k), so decoding copies nothing; only a

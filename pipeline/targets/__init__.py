@@ -9,6 +9,10 @@ output, so the build lock sees all the code a stage executes.
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
@@ -88,8 +92,6 @@ class Target(Protocol):
         """Extra lines for `plan` (e.g. the exact engine command, a memory plan)."""
 
 
-TARGETS: dict[str, Target] = {}
-
 # Fields every target honours: the model, the engine's limits, the Triton repository and the quality gate.
 COMMON_FIELDS = frozenset(
     {
@@ -150,17 +152,44 @@ TRITON_DEPLOY_FIELDS = frozenset(
 )
 
 
-def register_target(cls: type) -> type:
-    """Class decorator: add one instance of the adapter to the registry under its `name`."""
-    if cls.name in TARGETS:
-        raise ValueError(
-            f"target {cls.name!r} registered twice ({type(TARGETS[cls.name]).__qualname__}, {cls.__qualname__})"
-        )
-    missing = [attr for attr in ("summary", "honours", "sources", "tools") if not hasattr(cls, attr)]
-    if missing:  # fail at import, not in the middle of a build
-        raise TypeError(f"target {cls.__qualname__} lacks {', '.join(missing)}")
-    TARGETS[cls.name] = cls()
-    return cls
+class _Registry(Mapping[str, "Target"]):
+    """The targets declared under the `trtllm_pipeline.targets` entry points (pyproject.toml), loaded on first use.
+
+    Loading by entry point, not by import, keeps the registry below the adapters: the config asks it which
+    targets exist without importing any adapter, and an adapter imports the config, never the other way round.
+    """
+
+    @functools.cached_property
+    def _loaded(self) -> dict[str, Target]:
+        loaded = {}
+        for entry in sorted(entry_points(group=ENTRY_POINTS), key=lambda entry: entry.name):
+            cls = entry.load()
+            missing = [attr for attr in ("name", "summary", "honours", "sources", "tools") if not hasattr(cls, attr)]
+            if missing:  # fail on first use, not in the middle of a build
+                raise TypeError(f"target {cls.__qualname__} lacks {', '.join(missing)}")
+            if cls.name != entry.name:
+                raise TypeError(
+                    f"entry point {entry.name!r} names target {cls.__qualname__}, whose name is {cls.name!r}"
+                )
+            loaded[entry.name] = cls()
+        return loaded
+
+    def names(self) -> list[str]:
+        """The declared names, without loading any adapter (what the config schema offers)."""
+        return sorted({entry.name for entry in entry_points(group=ENTRY_POINTS)})
+
+    def __getitem__(self, name: str) -> Target:
+        return self._loaded[name]
+
+    def __iter__(self):
+        return iter(self._loaded)
+
+    def __len__(self) -> int:
+        return len(self._loaded)
+
+
+ENTRY_POINTS = "trtllm_pipeline.targets"
+TARGETS = _Registry()
 
 
 def get_target(name: str) -> Target:
@@ -222,7 +251,14 @@ def unhonoured_problems(cfg: BuildConfig) -> list[Problem]:
     return problems
 
 
-# The registry: importing an adapter registers it (adapters import their heavy libraries only inside functions);
-# trtllm's backends register with it, here rather than in trtllm.py, so a stage that runs one backend's code does
-# not hash the other's (pipeline.sources does not follow this registry).
-from pipeline.targets import onnxruntime, trtllm, trtllm_engine, trtllm_llmapi  # noqa: E402,F401
+def load_runner(engine_dir: Path, num_threads: int | None = None, runtime=None, thread_spinning: bool | None = None):
+    """The runner of the target that built the engine (ours for onnxruntime, ModelRunnerCpp for trtllm).
+
+    `runtime` (the config's RuntimeSection, when known) passes the target's runtime settings (KV cache and CUDA
+    graphs to ModelRunnerCpp, thread spinning to ours unless `thread_spinning` is given).
+    """
+    config_file = engine_dir / "config.json"
+    if not config_file.is_file():
+        raise PipelineError(f"{config_file} not found: build the engine first (trtllm-pipeline build CONFIG)")
+    target = get_target(engine_target(json.loads(config_file.read_text())))
+    return target.load_runner(engine_dir, num_threads=num_threads, runtime=runtime, thread_spinning=thread_spinning)

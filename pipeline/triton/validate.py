@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.paths import inside, model_name_problem
-from pipeline.triton.tensorrtllm_backend import required_parameters
+from pipeline.targets.trtllm.tensorrtllm_backend import required_parameters
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 
@@ -205,8 +205,8 @@ def check_model_files(
 def check_llmapi_model(model_yaml: Path, report: RepoReport, trtllm_version: str | None) -> None:
     """model.yaml against what the release's llmapi model.py reads and its LLM API accepts, and the model directory
     it names. The release is `trtllm_version`, else the one recorded next to that directory by our build."""
-    from pipeline.targets.llm_api_args import LLM_API_RELEASES, options_problems
-    from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
+    from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, options_problems
+    from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
 
     where = str(model_yaml)
     try:

@@ -65,7 +65,7 @@ def every_release(config: Path, extra: list[str], output: Path) -> None:
     from pipeline.config import load_config
     from pipeline.errors import PipelineError
     from pipeline.stages import triton_repo
-    from pipeline.targets.trtllm_llmapi import options_yaml, release_options
+    from pipeline.targets.trtllm.llmapi import options_yaml, release_options
 
     cfg = load_config(REPO / config, extra)
     if cfg.target.name != "trtllm":

@@ -27,7 +27,7 @@ from upstream_source import REPO, UnrecognizedSource, Upstream, cite, find_def, 
 MODEL_CONFIG = "tensorrt_llm/_torch/model_config.py"
 LINEAR = "tensorrt_llm/_torch/modules/linear.py"
 MODE = "tensorrt_llm/quantization/mode.py"
-# The quant_algo values this pipeline's trtllm target declares (pipeline/trtllm_checkpoint.py EXPECTED_ALGO).
+# The quant_algo values this pipeline's trtllm target declares (pipeline/targets/trtllm/checkpoint.py EXPECTED_ALGO).
 OUR_ALGOS = ("FP8", "W8A16", "W8A8_SQ_PER_CHANNEL", "W4A16_AWQ", "W4A8_AWQ")
 KV_CACHE_SCALES = ("k_scale", "v_scale", "kv_scale")
 READ_FOR = {

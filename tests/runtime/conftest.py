@@ -17,7 +17,7 @@ def finish_engine_dir(hf_dir: Path, engine: Path, max_batch_size: int) -> Path:
     """Make a directory holding a graph (model.onnx) an engine: the onnxruntime target's config.json for a small
     build and the checkpoint's tokenizer files, without the CLI build the tests that need one graph can skip."""
     from pipeline.config import load_config
-    from pipeline.targets.onnxruntime import engine_config
+    from pipeline.targets.onnxruntime.adapter import engine_config
 
     cfg = load_config(
         write_config(

@@ -14,8 +14,8 @@ from tests.runtime.conftest import finish_engine_dir
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, tiny_llama):
     """The fused graph quantized as the default config quantizes it (int8 weights, int8 compute)."""
-    from pipeline.targets import fused_onnx
-    from pipeline.targets.onnxruntime import build_engine
+    from pipeline.targets.onnxruntime import graph as fused_onnx
+    from pipeline.targets.onnxruntime.adapter import build_engine
 
     work = tmp_path_factory.mktemp("batch-invariant-engine")
     export, engine = work / "export", work / "engine"

@@ -21,7 +21,7 @@ NO_END = -1
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, tiny_llama):
     """The fused graph and the engine's config.json written directly (no CLI build: a second is enough)."""
-    from pipeline.targets import fused_onnx
+    from pipeline.targets.onnxruntime import graph as fused_onnx
 
     engine = tmp_path_factory.mktemp("speculative-engine") / "engine"
     engine.mkdir()
@@ -181,8 +181,8 @@ def trtllm_config(tmp_path, tiny_llama, backend: str, release: str, runtime: str
 
 
 def test_the_pytorch_backend_writes_speculative_config_each_release_accepts(tmp_path, tiny_llama):
-    from pipeline.targets.llm_api_args import LLM_API_RELEASES, options_problems
-    from pipeline.targets.trtllm_llmapi import RELEASES, release_options
+    from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, options_problems
+    from pipeline.targets.trtllm.llmapi import RELEASES, release_options
     from pipeline.upstream import facts
 
     for release in RELEASES:
@@ -235,7 +235,7 @@ def test_onnxruntime_with_the_optimum_graph_refuses_it(tmp_path, tiny_llama):
 
 def test_the_onnxruntime_target_passes_the_setting_to_run_and_to_the_triton_model(tmp_path, tiny_llama, engine):
     from pipeline.runtime import speculative
-    from pipeline.targets.onnxruntime import OnnxRuntimeTarget
+    from pipeline.targets.onnxruntime.adapter import OnnxRuntimeTarget
 
     cfg = load_config(write_config(tmp_path / "ort.yaml", f"model: {{source: hf, path: {tiny_llama}}}\n" + SPECULATIVE))
     want = NGram(max_draft_len=5, max_matching_ngram_size=3)

@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from pipeline.config import load_config
 from pipeline.errors import BuildStepError
 from pipeline.stages import triton_repo
-from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS, backend_facts, required_parameters, template
+from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, backend_facts, required_parameters, template
 from pipeline.triton.validate import validate_repo
 from tests.conftest import run_cli, write_config
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline import quality
-from pipeline.targets import onnxruntime as target
+from pipeline.targets.onnxruntime import adapter as target
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16  # the conftest tiny Llama: hidden 64, 4 heads, 2 kv heads
 MATMULS = LAYERS * 7 + 1  # q, k, v, o, gate, up, down per layer + lm_head

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.trtllm_checkpoint import check_checkpoint
+from pipeline.targets.trtllm.checkpoint import check_checkpoint
 from tests.conftest import llama_shape, make_tiny_llama, run_cli, trtllm_config
 
 # (quantization YAML, parallel, quant_algo, kv_cache_quant_algo, max perplexity increase on the tiny model)
@@ -261,7 +261,7 @@ def test_trtllm_build_flags_exist_in_the_targeted_release(tmp_path, tiny_llama):
     """Every flag we pass is defined by tensorrt_llm/commands/build.py or plugin.py (add_plugin_argument) in every
     version of them tabulated from TensorRT-LLM's source, and every value we can pass is within its choices."""
     from pipeline.errors import ConfigError
-    from pipeline.targets.trtllm_engine import trtllm_build_command
+    from pipeline.targets.trtllm.engine import trtllm_build_command
     from pipeline.upstream import facts
 
     # settings the config only accepts together (no attention plugin / padding means the V1 batching)
@@ -341,8 +341,8 @@ def test_every_supported_release_has_a_container_and_the_dockerfile_default_matc
     TRITON_TAG and TRTLLM_VERSION must be one such pair, or its own version check stops the build."""
     import re
 
-    from pipeline.targets.trtllm import TRITON_CONTAINERS
-    from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS
+    from pipeline.targets.trtllm.backend import TRITON_CONTAINERS
+    from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS
 
     assert set(TRITON_CONTAINERS) == set(SUPPORTED_VERSIONS)
     dockerfile = (Path(__file__).parents[2] / "Dockerfile").read_text()

@@ -12,9 +12,9 @@ import yaml
 
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
-from pipeline.targets.llm_api_args import options_problems
-from pipeline.targets.trtllm_llmapi import OPTIONS_FILE, cuda_graph_batch_sizes, release_options
-from pipeline.triton.llmapi_model import llmapi_model
+from pipeline.targets.trtllm.llm_api_args import options_problems
+from pipeline.targets.trtllm.llmapi import OPTIONS_FILE, cuda_graph_batch_sizes, release_options
+from pipeline.targets.trtllm.llmapi_model import llmapi_model
 from pipeline.triton.validate import validate_repo
 from tests.conftest import run_cli, write_config
 

@@ -22,26 +22,25 @@ import yaml
 
 from pipeline.errors import BuildStepError, PipelineError, TargetUnavailable
 from pipeline.targets import Problem, given_fields
-from pipeline.targets.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
-from pipeline.targets.trtllm import (
+from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
     TRITON_CONTAINERS,
     gpu_image_command,
     lacking,
-    register_backend,
 )
-from pipeline.triton.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
-from pipeline.triton.validate import recorded_release
-from pipeline.trtllm_torch_checkpoint import MODELS as TORCH_MODELS
-from pipeline.trtllm_torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
-from pipeline.trtllm_torch_checkpoint import (
+from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
+from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
+from pipeline.targets.trtllm.torch_checkpoint import MODELS as TORCH_MODELS
+from pipeline.targets.trtllm.torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
+from pipeline.targets.trtllm.torch_checkpoint import (
     cited,
     fused_split_refusal,
     ignored_window,
     torch_loader_problems,
     unsupported_quantization,
 )
+from pipeline.triton.validate import recorded_release
 
 # The releases all three of the backend's tables cover: LLM-API options, the llmapi model, the PyTorch loader.
 RELEASES = tuple(r for r in LLM_API_RELEASES if r in LLMAPI_RELEASES and r in TORCH_LOADER_RELEASES)
@@ -209,7 +208,7 @@ def llmapi_ensemble(cfg, llm):
     if missing:
         raise BuildStepError(
             f"the llmapi model of TensorRT-LLM {cfg.target.trtllm_version} has no input {', '.join(missing)}; "
-            "update CLIENT_TO_LLMAPI in pipeline/targets/trtllm_llmapi.py"
+            "update CLIENT_TO_LLMAPI in pipeline/targets/trtllm/llmapi.py"
         )
     inputs = [row for row in interface.CLIENT_INPUTS if row[0] in CLIENT_TO_LLMAPI]
     outputs = [row for row in interface.CLIENT_OUTPUTS if row[0] in LLMAPI_TO_CLIENT_OUTPUTS]
@@ -401,7 +400,6 @@ def serve_llm_api(repo: Path, host: str, port: int) -> None:
 # ---------------------------------------------------------------- the backend
 
 
-@register_backend
 class LlmApiBackend:
     name = "pytorch"
     summary = "the PyTorch backend (unified checkpoint + LLM-API options: trtllm-serve, Triton llmapi model)"

@@ -265,7 +265,7 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
     from transformers import AutoConfig
 
     from pipeline.models import ModelFacts
-    from pipeline.trtllm_torch_checkpoint import RELEASES, family, loader_groups
+    from pipeline.targets.trtllm.torch_checkpoint import RELEASES, family, loader_groups
 
     config = json.loads((unified_dir / "config.json").read_text())
     release = release or RELEASES[-1]

@@ -1,6 +1,6 @@
 """The `onnxruntime` target (CPU): an ONNX decoder quantized by ONNX Runtime, served by Triton's python backend.
 
-export: the fused graph of `fused_onnx` (every registered family) or optimum-onnx's export
+export: the fused graph of `graph.py` (every registered family) or optimum-onnx's export
 (`target.onnx_graph`), checked against transformers' logits; engine: ORT weight-only quantization
 (MatMulNBits) and the perplexity gate; Triton: a decoupled python model running
 `pipeline.runtime.scheduler` over the ModelRunner.
@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from pipeline.errors import BuildStepError
-from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS, register_target
+from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS
 
 ONNX_NAME = "model.onnx"
-LLM_MODEL_FILE = Path(__file__).resolve().parents[1] / "triton" / "models" / "onnxruntime_llm.py"
+LLM_MODEL_FILE = Path(__file__).resolve().parents[2] / "triton" / "models" / "onnxruntime_llm.py"
 INT8_BLOCK = 32  # int8 MatMulNBits block: with accuracy_level 4 it also sets the activation quantization block
 BLOCK_SIZES = (32, 64, 128)  # MatMulNBits blocks measured here (docs/research/onnx-export-study.md)
 # Short, varied prompts for the export check: plain prose, code-like text and the chat template's special tokens.
@@ -36,7 +36,7 @@ CHECK_PROMPTS = (
 
 def choose_graph(hf_dir: Path, wanted: str) -> tuple[str, str | None]:
     """('fused' or 'optimum', why not fused) for target.onnx_graph ('auto': fused when the checkpoint allows it)."""
-    from pipeline.targets import fused_onnx
+    from pipeline.targets.onnxruntime import graph as fused_onnx
 
     why_not = fused_onnx.supports(hf_dir)
     if wanted == "fused" and why_not:
@@ -50,7 +50,7 @@ def export_decoder(hf_dir: Path, out_dir: Path, graph: str = "optimum") -> dict:
 
     started = time.perf_counter()
     if graph == "fused":
-        from pipeline.targets import fused_onnx
+        from pipeline.targets.onnxruntime import graph as fused_onnx
 
         fused_onnx.build(hf_dir, out_dir / ONNX_NAME)
     else:
@@ -366,7 +366,6 @@ def engine_config(cfg, hf_config: dict, generation: dict) -> dict:
     }
 
 
-@register_target
 class OnnxRuntimeTarget:
     name = "onnxruntime"
     summary = "CPU: fused ONNX Runtime decoder, int8/int4 weight-only, served by Triton's python backend"
@@ -384,9 +383,10 @@ class OnnxRuntimeTarget:
         *TRITON_DEPLOY_FIELDS,
     }
     sources = {
-        "export": ("pipeline.targets.onnxruntime", "pipeline.targets.fused_onnx", "pipeline.quality"),
-        "engine": ("pipeline.targets.onnxruntime", "pipeline.verify", "pipeline.quality"),
-        "triton_repo": ("pipeline.targets.onnxruntime", LLM_MODEL_FILE),
+        "export": ("pipeline.targets.onnxruntime.adapter", "pipeline.targets.onnxruntime.graph", "pipeline.quality"),
+        "engine": ("pipeline.targets.onnxruntime.adapter", "pipeline.verify", "pipeline.quality"),
+        "triton_repo": ("pipeline.targets.onnxruntime.adapter", LLM_MODEL_FILE),
+        "deploy": ("pipeline.targets.onnxruntime.serving",),  # its entry point (pyproject.toml)
     }
     tools = {
         "export": ("torch", "transformers", "onnx", "onnxruntime", "optimum-onnx"),
@@ -404,7 +404,7 @@ class OnnxRuntimeTarget:
 
     def architecture_support(self, cfg) -> dict[str, str | None]:
         from pipeline.architectures import ARCHITECTURES
-        from pipeline.targets.fused_onnx import FAMILIES
+        from pipeline.targets.onnxruntime.graph import FAMILIES
 
         return {name: None if name in FAMILIES else "the fused graph has no Family for it" for name in ARCHITECTURES}
 
@@ -412,7 +412,7 @@ class OnnxRuntimeTarget:
         """What an HF checkpoint's config.json rules out before any export: the fused graph asked for but not
         buildable, or a max_seq_len past the length a fixed RoPE table is exact for (GGUF and built-in models are
         checked at export, once imported)."""
-        from pipeline.targets import fused_onnx
+        from pipeline.targets.onnxruntime import graph as fused_onnx
 
         if cfg.model.source != "hf" or cfg.model_facts() is None:
             return []

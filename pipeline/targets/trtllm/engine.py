@@ -2,7 +2,7 @@
 `tensorrtllm` backend (the engine workflow TensorRT-LLM 0.18 to 1.2 ship; removed from main in 2026).
 
 The families it builds are those every stored version of TensorRT-LLM's MODEL_MAP gives a class whose checkpoint
-layout is tabulated and ModelOpt 0.47 exports (pipeline/trtllm_checkpoint.py engine_family, from
+layout is tabulated and ModelOpt 0.47 exports (pipeline/targets/trtllm/checkpoint.py engine_family, from
 upstream/trtllm_engine_models.json): Llama, Mistral (LLaMAForCausalLM; its sliding window is the runtime's
 max_attention_window_size) and Qwen2 (QWenForCausalLM); `architecture_support` names the source ruling out the rest.
 
@@ -19,17 +19,16 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS, Problem
-from pipeline.targets.trtllm import (
+from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
-    LOADER_QUANTIZED,
     gpu_image_command,
     lacking,
     multi_node,
-    register_backend,
 )
-from pipeline.triton.tensorrtllm_backend import SUPPORTED_VERSIONS, required_parameters, template
-from pipeline.trtllm_checkpoint import EXPECTED_ALGO, padding_problems
+from pipeline.targets.trtllm.checkpoint import EXPECTED_ALGO, padding_problems
+from pipeline.targets.trtllm.modelopt import LOADER_QUANTIZED
+from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, required_parameters, template
 
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 # Parameters naming a feature this pipeline does not build, which the backend reads without a fallback: an empty
@@ -252,7 +251,6 @@ def runner_options(engine_dir: Path, runtime) -> dict:
 # ---------------------------------------------------------------- the backend
 
 
-@register_backend
 class EngineBackend:
     name = "tensorrt"
     summary = "TensorRT engines (trtllm-build, Triton tensorrtllm backend)"
@@ -283,7 +281,7 @@ class EngineBackend:
         """Supported: the architectures every stored MODEL_MAP gives a class whose checkpoint layout is tabulated
         and ModelOpt exports (trtllm_checkpoint.engine_family); the rest name the source that rules them out."""
         from pipeline.architectures import ARCHITECTURES
-        from pipeline.trtllm_checkpoint import NotBuildable, engine_family
+        from pipeline.targets.trtllm.checkpoint import NotBuildable, engine_family
 
         support: dict[str, str | None] = {}
         for name in ARCHITECTURES:
@@ -372,7 +370,7 @@ class EngineBackend:
         }.get(stage, "")
 
     def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:
-        from pipeline.trtllm_checkpoint import check_checkpoint
+        from pipeline.targets.trtllm.checkpoint import check_checkpoint
 
         return check_checkpoint(export_dir / "trtllm_checkpoint", hf_dir, cfg)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.k8s import QueueMetric, Serving, serves, triton_health, triton_port_flags, triton_serve_command
+from pipeline.k8s import QueueMetric, Serving, triton_health, triton_port_flags, triton_serve_command
 from pipeline.k8s_names import ascii_name
 from pipeline.memory import cpu_build_bytes, plan_cpu_serving
 from pipeline.runtime.scheduler import METRIC_PREFIX
@@ -20,7 +20,6 @@ from pipeline.runtime.scheduler import METRIC_PREFIX
 CPU_SHM_BYTES = 256 << 20
 
 
-@serves("onnxruntime")
 def serving(cfg) -> Serving:
     facts = cfg.model_facts()
     plan = plan_cpu_serving(cfg, facts) if facts else None

