@@ -15,7 +15,7 @@ GENAI_SPEC ?= onnxruntime-genai==0.18.0
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
 GENAI_MODEL ?= $(OUTPUT)/genai-int4
 
-.PHONY: setup build-engine run-batch bench bench-architectures genai-peer serve plan validate deploy test format clean tables
+.PHONY: setup build-engine run-batch bench bench-family-decode genai-peer serve plan validate deploy test test-fast format clean tables
 
 setup: $(STAMP)
 
@@ -58,8 +58,8 @@ bench: build-engine genai-peer
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --workload shared-prefix --workload grounded --concurrency 1 --concurrency 8 --requests 8 --output-len 64
 
 # The fused graph's decode speed per registered family, as ratios to Llama of SmolLM2-135M's size (int8 engines).
-bench-architectures: $(STAMP)
-	$(VENV)/bin/trtllm-pipeline bench architectures --batch 1 --batch 4
+bench-family-decode: $(STAMP)
+	$(VENV)/bin/trtllm-pipeline bench family-decode --batch 1 --batch 4
 
 plan: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline plan $(CONFIG)
@@ -71,10 +71,18 @@ validate: $(STAMP)
 deploy: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline deploy $(CONFIG)
 
+# The whole suite (CI's); the 15 slowest tests are listed at the end.
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=15
+
+# The edit loop: every test that needs neither the real SmolLM2 build nor a server on it (tests/conftest.py marks
+# the others `slow` from the fixtures they use).
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q -m "not slow" --durations=15
 
 # ruff formats the tree and fixes what it can (imports); `make test` checks both.
 format: $(STAMP)

@@ -15,12 +15,21 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+# The fast tier (`make test-fast`) runs every test that needs neither the real SmolLM2 build nor a server started on
+# it: a test is `slow` when it uses one of these fixtures, directly or through other fixtures, so the marker follows
+# what the test needs and cannot be forgotten or left behind.
+SLOW_FIXTURES = frozenset({"smollm2_build", "smollm2_gguf"})
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need TensorRT-LLM and a GPU; `no_gpu` tests check what happens without them."""
+    """Mark `slow` tests by their fixtures; `gpu` tests need TensorRT-LLM and a GPU, `no_gpu` ones check what
+    happens without them."""
     from pipeline.targets import TARGETS
 
     missing = TARGETS["trtllm"].unavailable()
     for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
         if missing and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"this machine cannot build TensorRT-LLM engines: {missing}"))
         if not missing and "no_gpu" in item.keywords:

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.conftest import run_cli
-
-pytestmark = pytest.mark.slow
 
 
 def test_default_engine_passes_its_quality_gate_and_records_it(smollm2_build):

@@ -59,7 +59,8 @@ def greedy_gaps(smollm2_build):
     """
     from transformers import AutoTokenizer
 
-    from pipeline.runtime.model_runner import ModelRunner, Request, SamplingParams
+    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.runtime.sampling import Request, SamplingParams
 
     engine = smollm2_build / "engine"
     tokenizer = AutoTokenizer.from_pretrained(engine)

@@ -18,7 +18,6 @@ from pipeline.triton.server import free_port
 from tests.conftest import run_cli
 from tests.serving.test_serving import metric
 
-pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-cpu"
 QUESTION = [
     {"role": "user", "content": "What is the capital of France? Answer in one sentence."}

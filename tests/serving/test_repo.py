@@ -42,7 +42,6 @@ def read_config(path: Path) -> mc.ModelConfig:
     return text_format.Parse(path.read_text(), mc.ModelConfig())
 
 
-@pytest.mark.slow
 def test_generated_repo_is_valid_and_takes_its_limits_from_the_engine(smollm2_build):
     repo = smollm2_build / "triton_repo"
     result = run_cli("validate-repo", str(repo))
@@ -64,7 +63,6 @@ def test_generated_repo_is_valid_and_takes_its_limits_from_the_engine(smollm2_bu
     assert sorted(p.name for p in (repo / "tensorrt_llm" / "1").iterdir() if p.is_file()) == ["model.py"]
 
 
-@pytest.mark.slow
 def test_validate_repo_reports_every_hand_edit_mistake_with_file_and_line(smollm2_build, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(smollm2_build / "triton_repo", repo)
@@ -410,7 +408,6 @@ def test_the_writer_refuses_a_name_leading_outside_before_writing_anything(tmp_p
     assert sorted(tmp_path.rglob("*")) == before and not (tmp_path / "repo" / name).exists()
 
 
-@pytest.mark.slow
 def test_a_build_whose_tokenizer_was_deleted_fails_validate_repo_and_serve_at_once(smollm2_build, tmp_path):
     """Issue #14 item 7: serve used to fail after 30 s with a log tail that lacked the cause. Works on a copy
     (the weights linked, not copied) so the shared build stays intact."""

@@ -24,8 +24,6 @@ from pipeline.triton.client import stream_text
 from pipeline.triton.server import TritonServer
 from tests.serving.conftest import BATCHED_LOGIT_TOLERANCE, PROMPT
 
-pytestmark = pytest.mark.slow
-
 
 def metric(server, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()

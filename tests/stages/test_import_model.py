@@ -72,7 +72,6 @@ def test_hf_import_keeps_logits_and_converts_dtype(tmp_path, tiny_llama):
         assert torch.equal(imported(ids).logits, original(ids).logits)
 
 
-@pytest.mark.slow
 def test_gguf_import_matches_transformers_loading_the_gguf(smollm2_build, smollm2_gguf):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
