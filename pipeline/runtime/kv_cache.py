@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline.runtime.model_runner import Request
+from pipeline.runtime.sampling import Request
 
 
 @dataclass(eq=False)

@@ -7,10 +7,8 @@ engine directory built by the `onnxruntime` target, so examples, benchmarks and 
 need one code path for both targets.
 
 How:
-* The KV cache is bound with ONNX Runtime I/O binding and never round-trips through numpy between
-  steps. Two graph layouts are served: the fused graph (GroupQueryAttention writes in place into
-  a buffer the batch owns; rows of any length, no padding, nothing copied per step: `SharedCache`)
-  and the optimum-onnx graph (present = concat(past, new); rows left-padded: `ConcatCache`).
+* The KV cache is kept in one of two layouts, as the engine's graph needs (`pipeline.runtime.kv_layouts`:
+  `SharedCache` for the fused graph, `ConcatCache` for the optimum-onnx graph).
 * Decoding is split into steps on a `Batch` whose row i is request i's KV slot: `prefill` (new
   requests -> a batch holding next-token logits), `merge` (requests join a running batch),
   `sample` (one token per row, stop checks), `retire` (finished rows leave, freeing their slot) and
@@ -22,22 +20,31 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeline.upstream import facts
+from pipeline.runtime.kv_layouts import Batch, ConcatCache, SharedCache
+from pipeline.runtime.sampling import (
+    OPS,
+    SAMPLING_CHECKS,
+    SAMPLING_SETTINGS,
+    Request,
+    SamplingParams,
+    append,
+    choose,
+    greedy_log_probs,
+    to_words_list,
+    unset_as,
+)
+from pipeline.runtime.speculative import speculate_step
 
 ENGINE_TARGET = "onnxruntime"  # the engines this runner reads: the onnxruntime target's (config.json `target`)
 
 ENGINE_CONFIG = "config.json"
 ONNX_FILE = "model.onnx"
-# Upper bound on the prefill logits buffer ([rows, chunk, vocab] float32): bounds the chunk width.
-PREFILL_LOGITS_BYTES = 128 << 20
 MAX_DEFAULT_THREADS = 16
 # ModelRunnerCpp.from_dir options without a CPU meaning, accepted at these (their default) values.
 GPU_OPTION_DEFAULTS = {
@@ -47,225 +54,6 @@ GPU_OPTION_DEFAULTS = {
     "multi_block_mode": True,
     "use_runtime_defaults": True,
 }
-
-
-# ---------------------------------------------------------------- requests and sampling
-
-# TensorRT-LLM's bounds on sampling settings (scripts/dev/tabulate_sampling_checks.py): {checker: [[op, bound]]}
-SAMPLING_CHECKS: dict[str, list] = {
-    name: [rule for rule in rules if not isinstance(rule[1], str)]  # named bounds (kMaxBeamWidth) are checked apart
-    for name, rules in facts("sampling_checks")["checks"].items()
-}
-# SamplingParams field -> its SamplingConfig checker; the penalties have none upstream and are only kept finite
-SAMPLING_SETTINGS = {
-    "temperature": "Temperature",
-    "top_k": "TopK",
-    "top_p": "TopP",
-    "repetition_penalty": "RepetitionPenalty",
-    "min_length": "MinTokens",
-    "presence_penalty": "",
-    "frequency_penalty": "",
-}
-
-
-def unset_as(value, default):
-    """`default` for None only: 0 is a value to check (`value or default` would turn repetition_penalty 0 into 1)."""
-    return default if value is None else value
-
-
-OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
-
-
-@dataclass
-class SamplingParams:
-    """Per-request decoding settings, with TensorRT-LLM's defaults (top_k=1: greedy)."""
-
-    max_new_tokens: int
-    end_id: int
-    temperature: float = 1.0
-    top_k: int = 1
-    top_p: float = 0.0
-    repetition_penalty: float = 1.0
-    random_seed: int = 0  # TensorRT-LLM's default seed is 0 as well: sampling is reproducible unless asked
-    stop_words: list[list[int]] = field(default_factory=list)
-    bad_words: list[list[int]] = field(default_factory=list)
-    min_length: int = 0  # end_id is blocked until this many tokens were generated
-    presence_penalty: float = 0.0  # subtracted once from every token already generated
-    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
-
-    @property
-    def greedy(self) -> bool:
-        # top_k=0 with top_p=0 is greedy in TensorRT-LLM too (no filter chosen)
-        return self.temperature == 0.0 or self.top_k == 1 or (self.top_k == 0 and not self.top_p)
-
-    @property
-    def plain_greedy(self) -> bool:
-        """Greedy with nothing that depends on the sequence: the batch's argmax can be shared."""
-        return (
-            self.greedy
-            and self.repetition_penalty == 1.0
-            and not self.bad_words
-            and not self.min_length
-            and not self.presence_penalty
-            and not self.frequency_penalty
-        )
-
-
-@dataclass
-class Request:
-    """One sequence: its prompt, what it generated (end_id excluded, like TensorRT-LLM) and its state."""
-
-    prompt: list[int]
-    params: SamplingParams
-    output: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    cum_log_prob: float = 0.0
-    finish_reason: str | None = None  # "end_id", "stop_words" or "length" once finished
-    draft_misses: int = 0  # speculative decoding: verifications in a row that accepted no draft (drafting backs off)
-    rng: np.random.Generator | None = None
-
-    def __post_init__(self):
-        self.rng = np.random.default_rng(self.params.random_seed)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
-
-    @property
-    def last_token(self) -> int:
-        return self.output[-1] if self.output else self.prompt[-1]
-
-
-@dataclass
-class Batch:
-    """Rows decoding together. Row i of every KV tensor is requests[i]'s slot; `logits` holds each
-    row's next-token logits, waiting for `sample`. How the cache is laid out is the graph's business
-    (see ConcatCache and SharedCache); `length` is the longest row's cache length."""
-
-    requests: list[Request]
-    past: dict  # input name -> OrtValue or ndarray [rows, kv_heads, positions, head_size]
-    logits: np.ndarray  # float32 [rows, vocab]
-    mask: np.ndarray | None = None  # ConcatCache: int64 [rows, length], 1 where a position holds a real token
-    lengths: np.ndarray | None = None  # SharedCache: int [rows], tokens in each row's cache
-    bindings: dict = field(default_factory=dict)  # SharedCache: rows bound -> I/O binding of `past`, reused
-    row_bindings: dict = field(default_factory=dict)  # SharedCache: row -> binding of its 1-row view (speculation)
-
-    @property
-    def length(self) -> int:
-        return self.mask.shape[1] if self.mask is not None else int(self.lengths.max(initial=0))
-
-    def __len__(self) -> int:
-        return len(self.requests)
-
-
-def to_words_list(words, batch_size: int | None = None) -> list[list[list[int]]]:
-    """Stop/bad words per batch entry.
-
-    Accepts ModelRunnerCpp's format (per entry, a list of words, each a list of token ids) or the
-    `[batch, 2, len]` offsets format of `tensorrt_llm.runtime.to_word_list_format` (tokens row, then
-    cumulative end offsets padded with -1) as a numpy array or tensor.
-    """
-    if words is None:
-        return [[] for _ in range(batch_size or 0)]
-    if not isinstance(words, (list, tuple)):
-        array = np.asarray(words.cpu() if hasattr(words, "cpu") else words)
-        if array.ndim != 3 or array.shape[1] != 2:
-            raise ValueError(f"words list array must have shape [batch, 2, len], got {list(array.shape)}")
-        rows = []
-        for tokens, offsets in array.tolist():
-            ends = [o for o in offsets if o > 0]
-            rows.append([tokens[s:e] for s, e in zip([0] + ends[:-1], ends)])
-        words = rows
-    rows = [[[int(t) for t in word] for word in (entry or []) if len(word)] for entry in words]
-    if batch_size is not None and len(rows) != batch_size:
-        raise ValueError(
-            f"words list has {len(rows)} entries for a batch of {batch_size}; give one list of words per prompt"
-        )
-    return rows
-
-
-def choose(request: Request, logits: np.ndarray) -> tuple[int, float]:
-    """The next token for one row and its log-probability under the final (filtered) distribution."""
-    p = request.params
-    logits = logits.astype(np.float64)  # a copy: penalties below must not touch the batch's logits
-    if p.repetition_penalty != 1.0:
-        seen = np.unique(np.asarray(request.tokens, dtype=np.int64))
-        values = logits[seen]
-        logits[seen] = np.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-    if (p.presence_penalty or p.frequency_penalty) and request.output:
-        generated, counts = np.unique(np.asarray(request.output, dtype=np.int64), return_counts=True)
-        logits[generated] -= p.presence_penalty + p.frequency_penalty * counts
-    if len(request.output) < p.min_length and 0 <= p.end_id < len(logits):
-        logits[p.end_id] = -np.inf
-    tokens = request.tokens
-    for word in p.bad_words:
-        if len(word) == 1 or tokens[len(tokens) - len(word) + 1 :] == word[:-1]:
-            logits[word[-1]] = -np.inf
-    if p.greedy:
-        token = int(np.argmax(logits))
-        return token, float(logits[token] - _logsumexp(logits))
-    logits /= p.temperature
-    if 0 < p.top_k < len(logits):
-        kth = np.partition(logits, -p.top_k)[-p.top_k]
-        logits[logits < kth] = -np.inf
-    probs = np.exp(logits - logits.max())
-    probs /= probs.sum()
-    if 0.0 < p.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        keep = int(np.searchsorted(np.cumsum(probs[order]), p.top_p)) + 1  # smallest prefix reaching top_p
-        probs[order[keep:]] = 0.0
-        probs /= probs.sum()
-    token = int(np.searchsorted(np.cumsum(probs), request.rng.random() * probs.sum(), side="right"))
-    token = min(token, len(probs) - 1)
-    return token, float(np.log(probs[token]))
-
-
-def _logsumexp(x: np.ndarray) -> float:
-    top = x.max()
-    return float(top + np.log(np.exp(x - top).sum()))
-
-
-def finish_reason(request: Request, token: int) -> str | None:
-    """Why taking `token` would finish the request, or None: end_id, a stop word it completes, max_new_tokens."""
-    p = request.params
-    if token == p.end_id:
-        return "end_id"
-    if p.stop_words:
-        keep = max(len(w) for w in p.stop_words) - 1  # tokens before `token` a stop word can reach back to
-        source = request.output if len(request.output) >= keep else request.prompt + request.output
-        tail = [*source[max(0, len(source) - keep) :], token]
-        if any(tail[len(tail) - len(w) :] == w for w in p.stop_words):
-            return "stop_words"
-    if len(request.output) + 1 >= p.max_new_tokens:
-        return "length"
-    return None
-
-
-def append(request: Request, token: int, log_prob: float) -> None:
-    """Record a sampled token and decide whether the request is done.
-
-    As in TensorRT-LLM: end_id finishes the sequence without becoming part of it (its log-prob still
-    counts in cum_log_prob); a stop word stays in the output.
-    """
-    request.cum_log_prob += log_prob
-    request.finish_reason = finish_reason(request, token)
-    if request.finish_reason != "end_id":
-        request.output.append(token)
-        request.log_probs.append(log_prob)
-
-
-def greedy_log_probs(logits: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """Log-softmax of each row's argmax `chosen` ([rows, vocab] logits); one formula for sampling and
-    speculative acceptance, so both report the same log-probs."""
-    top = logits[np.arange(len(logits)), chosen]
-    return top - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))
-
-
-# ---------------------------------------------------------------- the runner
 
 
 class ModelRunner:
@@ -470,10 +258,6 @@ class ModelRunner:
         """Whether a row can start from stored prefix K/V (`seed`, `export`): the fused graph's layout only."""
         return isinstance(self.cache, SharedCache)
 
-    def _empty_row(self, request: Request) -> Batch:
-        """A 1-row batch for `request` with an empty cache of the capacity it needs."""
-        return Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
-
     def seed(self, request: Request, prefix: np.ndarray) -> Batch:
         """A 1-row batch holding `prefix`'s K/V for `request`; continue it with `prefill_chunk`."""
         return self.cache.seed(request, prefix)
@@ -491,8 +275,6 @@ class ModelRunner:
         if self.speculative is None:
             self.decode_step(batch)
             return 0, 0
-        from pipeline.runtime.speculative import speculate_step
-
         return speculate_step(self, batch, self.speculative)
 
     @staticmethod
@@ -704,306 +486,6 @@ class ModelRunner:
         return result()
 
 
-# ---------------------------------------------------------------- the two KV-cache layouts
-
-
-class ConcatCache:
-    """The optimum-onnx graph: present = concat(past, new), so every step returns a longer cache.
-
-    Rows are left-padded together (attention_mask 0, position_ids = cumsum(mask) - 1); the cache
-    stays in ORT-allocated OrtValues between steps (I/O binding). Long prompts are prefilled in
-    column chunks so the [rows, chunk, vocab] logits stay small.
-    """
-
-    def __init__(
-        self, session, *, num_kv_heads: int, head_size: int, vocab_size: int, max_num_tokens: int, max_seq_len: int
-    ):
-        self.session = session
-        self.num_kv_heads, self.head_size, self.vocab_size, self.max_num_tokens = (
-            num_kv_heads,
-            head_size,
-            vocab_size,
-            max_num_tokens,
-        )
-        self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-        self.output_names = [o.name for o in session.get_outputs()]
-        # optimum's Gemma 2/3 graphs have no position_ids: they derive positions from attention_mask
-        self.takes_positions = any(i.name == "position_ids" for i in session.get_inputs())
-
-    def _forward(self, input_ids: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
-        """Run the graph on new tokens given the cache; returns last-position logits and the new cache (OrtValues)."""
-        binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
-        if self.takes_positions:
-            positions = mask.cumsum(axis=1)[:, -input_ids.shape[1] :] - 1
-            binding.bind_cpu_input("position_ids", np.ascontiguousarray(np.maximum(positions, 0), dtype=np.int64))
-        for name in self.past_names:
-            value = past[name]
-            if isinstance(value, np.ndarray):
-                binding.bind_cpu_input(name, value)
-            else:
-                binding.bind_ortvalue_input(name, value)
-        for name in self.output_names:
-            binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(binding)
-        outputs = dict(zip(self.output_names, binding.get_outputs()))
-        logits = np.array(outputs["logits"].numpy()[:, -1, :])
-        return logits, {name: outputs[name.replace("past_key_values.", "present.")] for name in self.past_names}
-
-    def prefill(self, requests: list[Request]) -> Batch:
-        length = max(len(r.prompt) for r in requests)
-        ids = np.zeros((len(requests), length), dtype=np.int64)  # padding ids are masked out: any valid id does
-        mask = np.zeros((len(requests), length), dtype=np.int64)
-        for row, request in enumerate(requests):
-            ids[row, length - len(request.prompt) :] = request.prompt
-            mask[row, length - len(request.prompt) :] = 1
-        budget = min(self.max_num_tokens, max(1, PREFILL_LOGITS_BYTES // (4 * self.vocab_size)))
-        chunk = max(1, budget // len(requests))
-        past = {
-            name: np.zeros((len(requests), self.num_kv_heads, 0, self.head_size), dtype=np.float32)
-            for name in self.past_names
-        }
-        start = 0
-        while start < length:
-            end = min(length, start + chunk)
-            logits, past = self._forward(ids[:, start:end], mask[:, :end], past)
-            start = end
-        return Batch(list(requests), past, logits, mask=mask)
-
-    def extend(self, partial: Batch | None, request: Request, budget: int) -> Batch:
-        """Up to `budget` more prompt tokens of one request into its own 1-row batch (chunked context)."""
-        if partial is None:
-            empty = {
-                name: np.zeros((1, self.num_kv_heads, 0, self.head_size), dtype=np.float32) for name in self.past_names
-            }
-            partial = Batch([request], empty, None, mask=np.zeros((1, 0), dtype=np.int64))
-        start = partial.length
-        chunk = request.prompt[start : start + budget]
-        partial.mask = np.ones((1, start + len(chunk)), dtype=np.int64)
-        partial.logits, partial.past = self._forward(np.array([chunk]), partial.mask, partial.past)
-        return partial
-
-    def decode_step(self, batch: Batch) -> None:
-        last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
-        batch.mask = np.concatenate([batch.mask, np.ones((len(batch), 1), dtype=np.int64)], axis=1)
-        batch.logits, batch.past = self._forward(last, batch.mask, batch.past)
-
-    @staticmethod
-    def select(batch: Batch, rows: list[int]) -> Batch:
-        """Keep `rows`, trimming the left padding no kept row needs."""
-        mask = batch.mask[rows]
-        start = int(np.argmax(mask.any(axis=0))) if rows else batch.length
-        past = {name: np.ascontiguousarray(_numpy(value)[rows, :, start:]) for name, value in batch.past.items()}
-        return Batch([batch.requests[i] for i in rows], past, batch.logits[rows], mask=mask[:, start:])
-
-    @staticmethod
-    def merge(a: Batch, b: Batch) -> Batch:
-        """The shorter cache is left-padded to the longer one."""
-        length = max(a.length, b.length)
-
-        def pad(batch: Batch, value) -> np.ndarray:
-            return np.pad(_numpy(value), ((0, 0), (0, 0), (length - batch.length, 0), (0, 0)))
-
-        past = {name: np.concatenate([pad(a, a.past[name]), pad(b, b.past[name])]) for name in a.past}
-        mask = np.concatenate(
-            [np.pad(a.mask, ((0, 0), (length - a.length, 0))), np.pad(b.mask, ((0, 0), (length - b.length, 0)))]
-        )
-        return Batch(a.requests + b.requests, past, np.concatenate([a.logits, b.logits]), mask=mask)
-
-
-class SharedCache:
-    """The fused graph (`pipeline/targets/onnxruntime/graph.py`): GroupQueryAttention writes each step's keys
-    and values in place into a buffer the batch owns, [rows, kv_heads, capacity, head_size].
-
-    Rows need no padding: each has its own length (seqlens_k), so decoding copies nothing; only a
-    request joining or leaving copies the buffers once. The capacity is the longest row's prompt +
-    max_new_tokens, so memory follows what the batch can need, not max_seq_len. Prompts are
-    prefilled together right-padded when they fit in max_num_tokens, else row by row, in chunks of
-    max_num_tokens when one prompt is longer (chunked context).
-    """
-
-    CAPACITY_STEP = 64  # capacities are rounded up to this: fewer distinct shapes, fewer re-pads on merge
-
-    def __init__(
-        self,
-        session,
-        *,
-        num_kv_heads: int,
-        head_size: int,
-        vocab_size: int,
-        max_num_tokens: int,
-        max_seq_len: int,
-        batch_invariant: bool = False,
-    ):
-        self.session = session
-        self.num_kv_heads, self.head_size, self.max_num_tokens, self.max_seq_len = (
-            num_kv_heads,
-            head_size,
-            max_num_tokens,
-            max_seq_len,
-        )
-        self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
-        self.spare_rows = int(batch_invariant)  # the dummy row of batch-invariant passes (see _forward)
-
-    def bind(self, past: dict):
-        """An I/O binding with the cache buffers as both past and present (GQA writes in place)."""
-        import onnxruntime as ort
-
-        binding = self.session.io_binding()
-        binding.bind_output("logits", "cpu")  # first: get_outputs()[0]; ORT allocates it on each run
-        for name, buffer in past.items():
-            value = ort.OrtValue.ortvalue_from_numpy(buffer)  # wraps the buffer, no copy
-            binding.bind_ortvalue_input(name, value)
-            binding.bind_ortvalue_output(name.replace("past_key_values.", "present."), value)
-        return binding
-
-    def _forward(
-        self,
-        batch: Batch,
-        input_ids: np.ndarray,
-        lengths: np.ndarray,
-        logits_index: np.ndarray,
-        prompt: bool = True,
-        row: int | None = None,
-    ) -> np.ndarray:
-        """Run new tokens on the batch's first len(input_ids) buffer rows (or on row `row` alone); `lengths` are
-        those rows' cache lengths after them. Returns logits [len(logits_index), vocab].
-
-        Batch-invariant: ONNX Runtime's MatMulNBits int8-compute kernel gives the token in a pass's single-row
-        remainder (odd row counts) other bits than the rows it takes in pairs, so every pass gets an even number of
-        rows. A decode step gets a dummy row (the spare buffer row, 1 token); a prompt pass of one row a dummy
-        token after its tokens, so a 1-token chunk takes GroupQueryAttention's prompt path as the whole prompt
-        does (the dummy's K/V lands past the row's length and is overwritten later); the logits rows, which the
-        graph gathers before lm_head, are doubled when odd.
-        """
-        rows, width = input_ids.shape
-        wanted = len(logits_index)
-        if self.spare_rows and rows * width % 2:
-            if rows == 1 and prompt:
-                input_ids, lengths = np.pad(input_ids, ((0, 0), (0, 1))), lengths + 1
-            else:
-                input_ids, lengths = np.pad(input_ids, ((0, 1), (0, 0))), np.append(lengths, 1)
-        if self.spare_rows and wanted % 2:
-            logits_index = np.append(logits_index, logits_index[-1])
-        binding = self._binding(batch, len(input_ids), row)
-        binding.bind_output("logits", "cpu")  # a fresh output: ORT reuses an allocated one only at its own shape
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
-        binding.bind_cpu_input("total_sequence_length", np.array(lengths.max(), dtype=np.int32))
-        binding.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
-        self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()[:wanted]
-
-    def _binding(self, batch: Batch, rows: int, row: int | None):
-        """The I/O binding of the batch's first `rows` buffer rows, or of row `row` alone; kept, so the next steps
-        bind only their four small inputs."""
-        bindings, key = (batch.bindings, rows) if row is None else (batch.row_bindings, row)
-        if key not in bindings:
-            window = slice(0, rows) if row is None else slice(row, row + 1)  # contiguous: wrapped, not copied
-            bindings[key] = self.bind({name: buffer[window] for name, buffer in batch.past.items()})
-        return bindings[key]
-
-    def _buffers(self, rows: int, capacity: int) -> dict:
-        return {
-            name: np.zeros((rows + self.spare_rows, self.num_kv_heads, capacity, self.head_size), dtype=np.float32)
-            for name in self.past_names
-        }
-
-    def _capacity(self, requests: list[Request]) -> int:
-        # + spare_rows: a batch-invariant prefill chunk may write one dummy token past the prompt
-        need = max(len(r.prompt) + r.params.max_new_tokens for r in requests) + self.spare_rows
-        return max(need, min(self.max_seq_len, -(-need // self.CAPACITY_STEP) * self.CAPACITY_STEP))
-
-    def prefill(self, requests: list[Request]) -> Batch:
-        lengths = np.array([len(r.prompt) for r in requests])
-        width = int(lengths.max())
-        if width * len(requests) <= self.max_num_tokens:
-            batch = Batch(list(requests), self._buffers(len(requests), self._capacity(requests)), None, lengths=lengths)
-            ids = np.zeros((len(requests), width), dtype=np.int64)
-            for row, request in enumerate(requests):
-                ids[row, : lengths[row]] = request.prompt
-            batch.logits = self._forward(batch, ids, lengths, np.arange(len(requests)) * width + lengths - 1)
-            return batch
-        rows = []
-        for request in requests:  # one at a time, each in pieces of max_num_tokens when longer
-            row = None
-            while row is None or row.length < len(request.prompt):
-                row = self.extend(row, request, self.max_num_tokens)
-            rows.append(row)
-        return self.merge(*rows)
-
-    def extend(self, partial: Batch | None, request: Request, budget: int) -> Batch:
-        """Up to `budget` more prompt tokens of one request into its own 1-row batch (chunked context;
-        GroupQueryAttention takes several tokens after a cache only at batch size 1)."""
-        partial = self._empty_row(request) if partial is None else partial
-        start = int(partial.lengths[0])
-        chunk = request.prompt[start : start + budget]
-        partial.lengths = np.array([start + len(chunk)])
-        partial.logits = self._forward(partial, np.array([chunk]), partial.lengths, np.array([len(chunk) - 1]))
-        return partial
-
-    def _empty_row(self, request: Request) -> Batch:
-        """A 1-row batch for `request` with an empty cache of the capacity it needs."""
-        return Batch([request], self._buffers(1, self._capacity([request])), None, lengths=np.array([0]))
-
-    def seed(self, request: Request, prefix: np.ndarray) -> Batch:
-        """A 1-row batch whose cache starts with `prefix` ([past inputs, kv_heads, tokens, head_size], stored by
-        `pipeline.runtime.kv_cache`): `extend` prefills the rest of the prompt after it."""
-        partial = self._empty_row(request)
-        for name, kv in zip(self.past_names, prefix):
-            partial.past[name][0, :, : kv.shape[1]] = kv
-        partial.lengths = np.array([prefix.shape[2]])
-        return partial
-
-    def export(self, batch: Batch, row: int, start: int, stop: int) -> np.ndarray:
-        """A copy of row `row`'s K/V at positions [start, stop), [past inputs, kv_heads, positions, head_size]."""
-        return np.stack([batch.past[name][row, :, start:stop] for name in self.past_names])
-
-    def decode_step(self, batch: Batch) -> None:
-        batch.lengths = batch.lengths + 1
-        last = np.array([[r.last_token] for r in batch.requests], dtype=np.int64)
-        batch.logits = self._forward(batch, last, batch.lengths, np.arange(len(batch)), prompt=False)
-
-    def room(self, batch: Batch, row: int) -> int:
-        """Positions left in the row's cache buffer (less the batch-invariant dummy token's)."""
-        return next(iter(batch.past.values())).shape[2] - int(batch.lengths[row]) - self.spare_rows
-
-    def verify(self, batch: Batch, row: int, tokens: list[int]) -> np.ndarray:
-        """Run several tokens of one row after its cache (speculative drafts), on a 1-row view of the batch's
-        buffers (row i of a C-contiguous [rows, ...] buffer is contiguous: wrapped, not copied); returns the
-        logits after each token, [len(tokens), vocab]. The row's length grows by len(tokens)."""
-        lengths = batch.lengths[row : row + 1] + len(tokens)
-        logits = self._forward(batch, np.array([tokens]), lengths, np.arange(len(tokens)), row=row)
-        batch.lengths[row] = lengths[0]
-        return logits
-
-    def select(self, batch: Batch, rows: list[int]) -> Batch:
-        spare = [len(batch)] * self.spare_rows  # the spare row's content is never read: any row will do
-        past = {name: buffer[rows + spare] for name, buffer in batch.past.items()}
-        return Batch([batch.requests[i] for i in rows], past, batch.logits[rows], lengths=batch.lengths[rows])
-
-    def merge(self, *batches: Batch) -> Batch:
-        """Rows of all, in buffers of the largest capacity: one copy of each row, however many batches."""
-        capacity = max(buffer.shape[2] for batch in batches for buffer in batch.past.values())
-        merged = Batch(
-            [r for batch in batches for r in batch.requests],
-            self._buffers(sum(len(batch) for batch in batches), capacity),
-            np.concatenate([batch.logits for batch in batches]),
-            lengths=np.concatenate([batch.lengths for batch in batches]),
-        )
-        for name, buffer in merged.past.items():
-            start = 0
-            for batch in batches:
-                source = batch.past[name]
-                buffer[start : start + len(batch), :, : source.shape[2]] = source[: len(batch)]
-                start += len(batch)
-        return merged
-
-
-# ---------------------------------------------------------------- helpers
-
-
 def default_threads() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cpus, MAX_DEFAULT_THREADS))
@@ -1045,7 +527,3 @@ def _special_ids(engine_dir: Path, config: dict) -> tuple[int | None, int | None
     end_id = first(built.get("end_id"), config.get("end_id"), generation.get("eos_token_id"))
     pad_id = first(built.get("pad_id"), config.get("pad_id"), generation.get("pad_token_id"), end_id)
     return end_id, pad_id
-
-
-def _numpy(value) -> np.ndarray:
-    return value if isinstance(value, np.ndarray) else value.numpy()

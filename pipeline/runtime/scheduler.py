@@ -33,7 +33,9 @@ from typing import Callable, Mapping, Protocol
 import numpy as np
 
 from pipeline.runtime.kv_cache import BlockManager
-from pipeline.runtime.model_runner import Batch, ModelRunner, Request, SamplingParams, to_words_list
+from pipeline.runtime.kv_layouts import Batch
+from pipeline.runtime.model_runner import ModelRunner
+from pipeline.runtime.sampling import Request, SamplingParams, to_words_list
 
 # The scheduler's metrics, name -> description (the Triton model exports them as METRIC_PREFIX + name).
 METRIC_PREFIX = "trtllm_pipeline_"

@@ -26,7 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
-from pipeline.runtime.model_runner import append, finish_reason, greedy_log_probs
+from pipeline.runtime.sampling import append, finish_reason, greedy_log_probs
 
 # After m verifications in a row that accepted nothing, a request drafts only every 2**min(m, MAX_BACKOFF)-th token:
 # text that does not repeat itself then costs (nearly) plain decoding's passes. Output does not depend on it.
@@ -35,7 +35,7 @@ MAX_BACKOFF = 4
 
 @dataclass(frozen=True)
 class NGram:
-    """runtime.speculative with type ngram (pipeline/config.py SpeculativeSection)."""
+    """runtime.speculative with type ngram (pipeline/config/sections.py SpeculativeSection)."""
 
     max_draft_len: int
     max_matching_ngram_size: int
@@ -46,7 +46,7 @@ PARAMETERS = ("speculative_max_draft_len", "speculative_max_matching_ngram_size"
 
 
 def from_config(section) -> NGram | None:
-    """runtime.speculative (pipeline.config.SpeculativeSection or None) for the runtime."""
+    """runtime.speculative (pipeline.config.sections.SpeculativeSection or None) for the runtime."""
     return NGram(section.max_draft_len, section.max_matching_ngram_size) if section is not None else None
 
 

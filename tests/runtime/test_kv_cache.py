@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.runtime.kv_cache import BlockManager, chain_keys
-from pipeline.runtime.model_runner import Request, SamplingParams
+from pipeline.runtime.sampling import Request, SamplingParams
 from pipeline.runtime.scheduler import Scheduler
 from tests.runtime.test_scheduler import NO_END, Recorder, generate_alone, inputs, prompt
 

@@ -470,7 +470,7 @@ def test_sampling_settings_tensorrt_llm_rejects_are_rejected_naming_the_setting(
 
 
 def test_sampling_bounds_are_the_tabulated_upstream_ones_and_top_p_zero_means_unset(runner):
-    from pipeline.runtime.model_runner import SAMPLING_CHECKS
+    from pipeline.runtime.sampling import SAMPLING_CHECKS
 
     assert SAMPLING_CHECKS["TopP"] == [[">", 0], ["<=", 1]] and SAMPLING_CHECKS["Temperature"] == [[">=", 0]]
     for top_p in (0.0, -1.0, 1.0):  # tensorrtllm_backend resets top_p <= 0 to "no top-p"

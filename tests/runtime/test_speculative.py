@@ -8,7 +8,9 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
-from pipeline.runtime.model_runner import Batch, ModelRunner, Request, SamplingParams
+from pipeline.runtime.kv_layouts import Batch
+from pipeline.runtime.model_runner import ModelRunner
+from pipeline.runtime.sampling import Request, SamplingParams
 from pipeline.runtime.scheduler import Scheduler
 from pipeline.runtime.speculative import NGram, accept, ngram_drafts
 from tests.conftest import write_config

@@ -13,7 +13,7 @@ windows per layer (`layer_types` / `sliding_window` -> GQA local_window_size), p
 narrower cos/sin cache), fused HF projections (Phi-3 qkv_proj, gate_up_proj), GELU-tanh, norms after
 attention and MLP, attention scale and final logit soft-capping (Gemma 3); `FAMILIES` holds the rest.
 
-Interface (see `pipeline.runtime.model_runner.SharedCache`, the runner side):
+Interface (see `pipeline.runtime.kv_layouts.SharedCache`, the runner side):
   input_ids              int64 [batch, seq]          new tokens, right-padded
   seqlens_k              int32 [batch]               per row: tokens in the cache after this step - 1
   total_sequence_length  int32 []                    max over rows of seqlens_k + 1
