@@ -72,7 +72,8 @@ def make_engine(
     """An engine directory as the export and engine stages write it (weights: none, int8, int4 with their
     default blocks; no perplexity gate)."""
     from pipeline.config import BuildConfig
-    from pipeline.targets.onnxruntime.adapter import build_engine, engine_config, export_decoder
+    from pipeline.targets.onnxruntime.adapter import engine_config, export_decoder
+    from pipeline.targets.onnxruntime.quantize import quantize_graph
 
     if not (engine_dir / "config.json").is_file():
         cfg = BuildConfig.model_validate(
@@ -90,7 +91,7 @@ def make_engine(
         export = engine_dir.with_name(engine_dir.name + "-export")
         export_decoder(hf_dir, export, graph)
         q = cfg.quantization
-        build_engine(export, engine_dir, weights=q.weights, method=q.method, group_size=q.group_size)
+        quantize_graph(export, engine_dir, weights=q.weights, method=q.method, group_size=q.group_size)
         hf_config = json.loads((hf_dir / "config.json").read_text())
         (engine_dir / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, {}), indent=1))
     return engine_dir

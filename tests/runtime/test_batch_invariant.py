@@ -16,13 +16,13 @@ from tests.runtime.conftest import finish_engine_dir
 def engine(tmp_path_factory, tiny_llama):
     """The fused graph quantized as the default config quantizes it (int8 weights, int8 compute)."""
     from pipeline.targets.onnxruntime import graph as fused_onnx
-    from pipeline.targets.onnxruntime.adapter import build_engine
+    from pipeline.targets.onnxruntime.quantize import quantize_graph
 
     work = tmp_path_factory.mktemp("batch-invariant-engine")
     export, engine = work / "export", work / "engine"
     export.mkdir()
     fused_onnx.build(tiny_llama, export / "model.onnx")
-    assert build_engine(export, engine, weights="int8", group_size=32)["accuracy_level"] == 4
+    assert quantize_graph(export, engine, weights="int8", group_size=32)["accuracy_level"] == 4
     return finish_engine_dir(tiny_llama, engine, max_batch_size=8)
 
 

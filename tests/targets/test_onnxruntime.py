@@ -12,6 +12,7 @@ import pytest
 
 from pipeline import quality
 from pipeline.targets.onnxruntime import adapter as target
+from pipeline.targets.onnxruntime import quantize
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16  # the conftest tiny Llama: hidden 64, 4 heads, 2 kv heads
 MATMULS = LAYERS * 7 + 1  # q, k, v, o, gate, up, down per layer + lm_head
@@ -131,7 +132,9 @@ def test_weight_only_engine_quantizes_every_matmul_including_tied_lm_head(
     exported, ids, tmp_path, weights, group_size, bits
 ):
     out, metrics = exported
-    built = target.build_engine(out, tmp_path, weights=weights, method="rtn", group_size=group_size, exclude_modules=[])
+    built = quantize.quantize_graph(
+        out, tmp_path, weights=weights, method="rtn", group_size=group_size, exclude_modules=[]
+    )
     assert built["quantized_matmuls"] == MATMULS and built["lm_head_untied"] and built["bits"] == bits
     assert built["accuracy_level"] == 4
     assert node_types(tmp_path / "model.onnx").count("Linear") == 0
@@ -148,7 +151,7 @@ def test_weight_only_engine_quantizes_every_matmul_including_tied_lm_head(
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_excluded_modules_stay_fp32_and_embedding_is_quantized_at_the_weight_bits(exported, ids, tmp_path, weights):
     out, _ = exported
-    built = target.build_engine(
+    built = quantize.quantize_graph(
         out, tmp_path, weights=weights, group_size=32, exclude_modules=["*.down_proj"], quantize_embedding=True
     )
     assert built["quantized_matmuls"] == MATMULS - LAYERS and built["embedding_bits"] == (8 if weights == "int8" else 4)
@@ -165,7 +168,7 @@ def test_int4_engine_can_keep_lm_head_at_8_bits_or_fp32(exported, tmp_path):
     import onnx
 
     out, _ = exported
-    built = target.build_engine(out, tmp_path / "mixed", weights="int4", group_size=32, int8_modules=["lm_head"])
+    built = quantize.quantize_graph(out, tmp_path / "mixed", weights="int4", group_size=32, int8_modules=["lm_head"])
     bits = {
         n.name: next(a.i for a in n.attribute if a.name == "bits")
         for n in onnx.load(str(tmp_path / "mixed" / "model.onnx"), load_external_data=False).graph.node
@@ -173,18 +176,18 @@ def test_int4_engine_can_keep_lm_head_at_8_bits_or_fp32(exported, tmp_path):
     }
     assert built["quantized_matmuls"] == MATMULS and [b for name, b in bits.items() if "lm_head" in name] == [8]
     assert sorted(set(bits.values())) == [4, 8] and list(bits.values()).count(4) == MATMULS - 1
-    kept = target.build_engine(out, tmp_path / "kept", weights="int4", group_size=32, exclude_modules=["lm_head"])
+    kept = quantize.quantize_graph(out, tmp_path / "kept", weights="int4", group_size=32, exclude_modules=["lm_head"])
     assert kept["quantized_matmuls"] == MATMULS - 1 and not kept["lm_head_untied"]
     assert node_types(tmp_path / "kept" / "model.onnx").count("Transpose") == node_types(out / "model.onnx").count(
         "Transpose"
     )
 
 
-def test_build_engine_rejects_unsupported_weights(exported, tmp_path):
+def test_quantize_graph_rejects_unsupported_weights(exported, tmp_path):
     from pipeline.errors import BuildStepError
 
     with pytest.raises(BuildStepError, match="fp8"):
-        target.build_engine(exported[0], tmp_path, weights="fp8", method="rtn", group_size=128, exclude_modules=[])
+        quantize.quantize_graph(exported[0], tmp_path, weights="fp8", method="rtn", group_size=128, exclude_modules=[])
 
 
 def perplexity(logits_fn, ids, window, stride=None, prefix=()) -> float:
