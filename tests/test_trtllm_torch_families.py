@@ -1,7 +1,7 @@
 """Every registered family through ModelOpt's unified export, checked against what TensorRT-LLM's PyTorch model for
 it reads (trtllm_torch_models.json): tiny random checkpoints calibrated and exported in-process (no fp8 / int4 AWQ
 preset differs from the CLI's: pipeline.targets.trtllm.calibrate with the quantization section's values), the
-conformance check per release, the CPU reference's perplexity / top-1 against fp32 through checkpoint_report, and
+conformance check per release, the CPU reference's perplexity / top-1 against fp32 through quality.measure, and
 each family-specific tensor or config key dropped or changed is named."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipeline import quality
 from pipeline.build import cache_dir
 from pipeline.config import load_config
-from pipeline.targets.trtllm.reference import checkpoint_report
+from pipeline.targets.trtllm.reference import checkpoint_model
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES, family, linear_shapes, torch_loader_problems
 from tests.conftest import TINY_FAMILIES, make_tiny, write_config
 
@@ -41,7 +42,6 @@ def export(hf: Path, name: str, out: Path, exclude: list[str] = ()) -> tuple[lis
 
     from pipeline.targets.trtllm.modelopt import calibrate, quiet_modelopt
     from pipeline.targets.trtllm.torch_checkpoint import export_unified
-    from pipeline.verify import WINDOW
 
     q = SimpleNamespace(
         **QUANT[name],
@@ -52,7 +52,7 @@ def export(hf: Path, name: str, out: Path, exclude: list[str] = ()) -> tuple[lis
     )
     fp32 = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
     model = fp32 if name == "none" else calibrate(hf, q, WORDS, lambda items, *_, **__: items)
-    window = AutoTokenizer.from_pretrained(hf)(WORDS, return_tensors="pt")["input_ids"][:, :WINDOW]
+    window = AutoTokenizer.from_pretrained(hf)(WORDS, return_tensors="pt")["input_ids"][:, : quality.WINDOW]
     with torch.no_grad():
         fake_top1 = (fp32(window).logits.argmax(-1) == model(window).logits.argmax(-1)).float().mean().item()
     with quiet_modelopt():
@@ -117,7 +117,9 @@ def report(exports, arch: str, case: str, tmp_path: Path) -> dict:
         verify: {{eval_text: eval.txt, eval_tokens: 256}}
         """,
     )
-    return checkpoint_report(load_config(config), hf, unified, cache_dir(), log=lambda *_: None, kind="unified")
+    cfg, quiet = load_config(config), lambda *_: None
+    model = checkpoint_model(cfg, hf, unified, "unified", quiet)
+    return quality.measure(cfg, model, quality.transformers_reference(hf), hf, cache_dir(), quiet)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

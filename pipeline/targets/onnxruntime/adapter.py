@@ -2,8 +2,8 @@
 
 export: the fused graph of `graph.py` (every registered family) or optimum-onnx's export
 (`target.onnx_graph`), checked against transformers' logits; engine: ORT weight-only quantization
-(MatMulNBits, `quantize.py`) and the perplexity gate; Triton: a decoupled python model running
-`pipeline.runtime.scheduler` over the ModelRunner.
+(MatMulNBits, `quantize.py`), quality-gated against the exported fp32 graph (`scoring.py`); Triton: a decoupled
+python model running `pipeline.runtime.scheduler` over the ModelRunner.
 
 Why these tools (measured, see docs/research/onnx-export-study.md): optimum-onnx 0.1.0 runs with the
 transformers 4.57 that the GGUF import and ModelOpt need, and its graph keeps the standard
@@ -82,7 +82,8 @@ def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pipeline.quality import hf_logits_fn, ort_logits_fn
+    from pipeline.quality import hf_logits_fn
+    from pipeline.targets.onnxruntime.scoring import ort_logits_fn
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     reference, engine = hf_logits_fn(hf_dir), ort_logits_fn(onnx_path)
@@ -159,10 +160,11 @@ class OnnxRuntimeTarget:
     }
     sources = {
         "export": ("pipeline.targets.onnxruntime.adapter", "pipeline.targets.onnxruntime.graph", "pipeline.quality"),
-        "engine": ("pipeline.targets.onnxruntime.adapter", "pipeline.verify", "pipeline.quality"),
+        "engine": ("pipeline.targets.onnxruntime.adapter", "pipeline.targets.onnxruntime.scoring", "pipeline.quality"),
         "triton_repo": ("pipeline.targets.onnxruntime.adapter", LLM_MODEL_FILE),
         "deploy": ("pipeline.targets.onnxruntime.serving",),  # its entry point (pyproject.toml)
     }
+    gated_stage = "engine"
     tools = {
         "export": ("torch", "transformers", "onnx", "onnxruntime", "optimum-onnx"),
         "engine": ("onnx", "onnxruntime", "onnx-ir", "torch", "transformers"),
@@ -350,8 +352,6 @@ class OnnxRuntimeTarget:
     def build_engine(self, cfg, ctx) -> dict:
         import json
 
-        from pipeline.verify import gate_problem, quality_report, report_line
-
         hf_dir, export_dir = ctx.upstream("import"), ctx.upstream("export")
         q = cfg.quantization
         ctx.log(
@@ -372,13 +372,7 @@ class OnnxRuntimeTarget:
         generation_file = hf_dir / "generation_config.json"
         generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
         (ctx.out_dir / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, generation), indent=2) + "\n")
-
-        report = quality_report(cfg, hf_dir, ctx.out_dir, ctx.cache, ctx.log)
-        ctx.log(report_line(report))
-        problem = gate_problem(cfg, report)
-        if problem:
-            raise BuildStepError(problem)
-        return {**metrics, **report}
+        return metrics
 
     def fields_read(self, cfg) -> frozenset[str]:
         return self.honours
@@ -436,14 +430,13 @@ class OnnxRuntimeTarget:
             batch_invariant=runtime is not None and runtime.batch_invariant,
         )
 
-    def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
+    def scored(self, cfg, output: Path, built: Path, log):
         from pipeline.errors import PipelineError
-        from pipeline.verify import quality_report
+        from pipeline.targets.onnxruntime.scoring import scored
 
-        engine = output / "engine"
-        if not (engine / "config.json").is_file():
-            raise PipelineError(f"no engine in {engine}; build it first: trtllm-pipeline build CONFIG")
-        return engine, quality_report(cfg, output / "import", engine, cache, log)
+        if not (built / "config.json").is_file():
+            raise PipelineError(f"no engine in {built}; build it first: trtllm-pipeline build CONFIG")
+        return scored(cfg, built, output / "export" / ONNX_NAME)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         return []

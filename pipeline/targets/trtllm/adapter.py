@@ -41,7 +41,6 @@ class TrtllmTarget:
             "pipeline.targets.trtllm.adapter",
             "pipeline.targets.trtllm.checkpoint",
             "pipeline.targets.trtllm.torch_checkpoint",
-            "pipeline.verify",
             "pipeline.targets.trtllm.reference",
             "pipeline.quality",
             *BACKEND_MODULES,  # export_problems and deployed_checkpoint
@@ -56,6 +55,7 @@ class TrtllmTarget:
         "deploy": ("pipeline.targets.trtllm.serving",),  # its entry point (pyproject.toml)
     }
     backends = BACKENDS  # the config's target.trtllm_backend choices
+    gated_stage = "export"  # the checkpoint, by a CPU reference forward: the engine needs a GPU
     tools = {
         "quantize": ("nvidia-modelopt", "torch", "transformers"),
         "export": ("nvidia-modelopt", "torch", "transformers", "safetensors"),
@@ -223,10 +223,8 @@ class TrtllmTarget:
         return {"calibration_seconds": round(time.perf_counter() - started, 1), "recipe": q.modelopt_recipe or "preset"}
 
     def export(self, cfg, ctx) -> dict:
-        """The checkpoint the backend deploys (and the unified one), its conformance, then the quality gate."""
-        from pipeline.targets.trtllm.reference import checkpoint_report
-        from pipeline.verify import gate_problem, report_line
-
+        """The checkpoint the backend deploys (and the unified one), checked for conformance (the stage then gates
+        its quality)."""
         quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / "modelopt_state.pth").is_file() else None
         hf_dir = ctx.upstream("import")
         dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
@@ -256,15 +254,7 @@ class TrtllmTarget:
                 + "\n  ".join(problems)
             )
         ctx.log(f"{deployed.name} conforms to what TensorRT-LLM {release}'s {backend.name} backend loads")
-        report = checkpoint_report(cfg, hf_dir, deployed, ctx.cache, ctx.log, kind=kind)
-        ctx.log(
-            f"checkpoint {report_line(report)}; max |logits diff| {report['max_abs_logits_diff']:.3g}; "
-            f"greedy: {report['greedy_sample']!r}"
-        )
-        problem = gate_problem(cfg, report)
-        if problem:
-            raise BuildStepError(f"{deployed.name} checkpoint " + problem)
-        return report
+        return {}
 
     def build_engine(self, cfg, ctx) -> dict:
         backend = backend_of(cfg)
@@ -281,16 +271,21 @@ class TrtllmTarget:
         engine = json.loads((engine_dir / "config.json").read_text())
         return engine_backend(engine).load_runner(engine_dir, engine, runtime)
 
-    def verify(self, cfg, output: Path, cache: Path, log) -> tuple[Path, dict]:
-        """The checkpoint the backend deploys, read back and run by a CPU reference forward with its semantics."""
-        from pipeline.targets.trtllm.reference import checkpoint_report
+    def scored(self, cfg, output: Path, built: Path, log):
+        """The checkpoint the backend deploys, read back and run by a CPU reference forward with its semantics,
+        against the fp32 model run by transformers (its chat answers kept in the cache per imported checkpoint)."""
+        from pipeline import quality
+        from pipeline.lock import read_lock
+        from pipeline.targets.trtllm.reference import checkpoint_model
 
-        checkpoint, kind = backend_of(cfg).deployed_checkpoint(output / "export")
+        checkpoint, kind = backend_of(cfg).deployed_checkpoint(built)
         if not (checkpoint / "config.json").is_file():
             raise PipelineError(
                 f"no exported checkpoint in {checkpoint}; build it first: trtllm-pipeline build CONFIG --until export"
             )
-        return checkpoint, checkpoint_report(cfg, output / "import", checkpoint, cache, log, kind=kind)
+        hf_dir = output / "import"
+        imported = read_lock(output)["stages"].get("import", {}).get("output_hash")
+        return checkpoint_model(cfg, hf_dir, checkpoint, kind, log), quality.transformers_reference(hf_dir, imported)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         backend = backend_of(cfg)

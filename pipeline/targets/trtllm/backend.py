@@ -79,7 +79,7 @@ class TrtllmBackend(Protocol):
         """What makes the exported checkpoint this backend deploys differ from what the release loads."""
 
     def deployed_checkpoint(self, export_dir: Path) -> tuple[Path, str]:
-        """(the exported checkpoint this backend deploys, its `trtllm_reference.checkpoint_report` kind): the one
+        """(the exported checkpoint this backend deploys, its `reference.checkpoint_model` kind): the one
         the quality gate scores."""
 
     def build_engine(self, cfg, ctx) -> dict:

@@ -14,7 +14,7 @@ hand: no library reads TensorRT-LLM checkpoints without a GPU.
 `load_unified_reference` does the same for ModelOpt's unified HF checkpoint (`export/hf_unified/`) with the
 semantics of TensorRT-LLM's PyTorch backend, which deploys that checkpoint: its LinearMethods' loaders
 (tensorrt_llm/_torch/modules/linear.py, the versions tabulated in upstream/trtllm_torch_loader.json) and its TRTLLM
-attention backend. `checkpoint_report(..., kind=)` scores either kind the same way.
+attention backend. `checkpoint_model(..., kind=)` runs either kind for the quality gate the same way.
 """
 
 from __future__ import annotations
@@ -334,28 +334,29 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
     return model
 
 
-def checkpoint_report(cfg, hf_dir: Path, checkpoint: Path, cache: Path, log=print, kind: str = "trtllm") -> dict:
-    """A checkpoint's reference forward vs the fp32 HF model: `pipeline.verify`'s report (perplexity, KL
-    divergence, top-1 agreement, logits difference, the chat set) and a greedy sample. `kind`: "trtllm" (a
-    TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's unified HF checkpoint, as
-    TensorRT-LLM's PyTorch backend runs it)."""
+def checkpoint_model(cfg, hf_dir: Path, checkpoint: Path, kind: str = "trtllm", log=print):
+    """A checkpoint's reference forward as the quality gate (`pipeline.quality`) runs it, with a greedy sample of it
+    in its notes. `kind`: "trtllm" (a TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's
+    unified HF checkpoint, as TensorRT-LLM's PyTorch backend runs it)."""
     from functools import partial
 
     from transformers import AutoTokenizer
 
     from pipeline import quality
-    from pipeline.verify import compare_with_fp32
 
     log(f"loading the {kind} checkpoint's reference forward")
     if kind == "unified":  # as the targeted release's model reads it
         reference = load_unified_reference(checkpoint, hf_dir, cfg.target.trtllm_version)
     else:
         reference = load_reference(checkpoint, hf_dir)
-    report, _ = compare_with_fp32(
-        cfg, hf_dir, cache, log, quality.torch_logits_fn(reference), partial(quality.torch_greedy, reference)
-    )
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     prompt = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         sample = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-    return {**report, "greedy_sample": tokenizer.decode(sample[0, prompt.shape[1] :], skip_special_tokens=True)}
+    return quality.Model(
+        f"{checkpoint.name} checkpoint",
+        checkpoint,
+        quality.torch_logits_fn(reference),
+        partial(quality.torch_greedy, reference),
+        notes={"greedy_sample": tokenizer.decode(sample[0, prompt.shape[1] :], skip_special_tokens=True)},
+    )

@@ -1,0 +1,105 @@
+"""How this machine runs an onnxruntime build for the quality gate (`pipeline.quality`): the engine through the
+ModelRunner users get, against the fp32 ONNX graph the export stage wrote and held to transformers' logits
+(`verify.max_export_logits_diff`). That graph is the fp32 model with a KV cache, so its greedy chat answers take
+seconds where transformers' generate took minutes, and both sides decode the same way.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.quality import LogitsFn, Model
+
+
+def scored(cfg, engine_dir: Path, exported: Path) -> tuple[Model, Model]:
+    """(the engine in `engine_dir`, its fp32 reference: the exported graph `exported`)."""
+    from pipeline.runtime import speculative
+    from pipeline.runtime.model_runner import ModelRunner
+
+    threads = cfg.runtime.cpu_threads
+    engine = ModelRunner.from_dir(  # with the runtime settings that shape greedy tokens: users get those
+        engine_dir,
+        num_threads=threads,
+        batch_invariant=cfg.runtime.batch_invariant,
+        speculative=speculative.from_config(cfg.runtime.speculative),
+    )
+    built = engine.config["build_config"]
+    fp32 = ModelRunner(  # the engine's limits and end token over the exported graph, one prompt at a time
+        engine_dir,
+        engine.config,
+        ort_session(exported, threads),
+        max_batch_size=1,
+        max_input_len=built["max_input_len"],
+        max_seq_len=built["max_seq_len"],
+        max_beam_width=1,
+    )
+    return runner_model("engine", engine_dir, engine), runner_model("fp32 ONNX graph", exported, fp32)
+
+
+def runner_model(name: str, path: Path, runner) -> Model:
+    return Model(name, path, session_logits_fn(runner.session), partial(runner_greedy, runner), runner.end_id)
+
+
+def runner_greedy(runner, prompt: list[int], max_new_tokens: int, end_id: int) -> list[int]:
+    """A ModelRunner's greedy continuation as `quality.torch_greedy` reports it (the runner leaves end_id out).
+    Batch size 1, so that the answer does not depend on which prompts share the batch."""
+    out = runner.generate([prompt], max_new_tokens=max_new_tokens, end_id=end_id, return_dict=True)
+    answer = out["output_ids"][0, 0, len(prompt) : int(out["sequence_lengths"][0, 0])].tolist()
+    return answer + [end_id] if len(answer) < max_new_tokens else answer
+
+
+def ort_session(onnx_path: Path, threads: int | None = None):
+    """An ONNX Runtime CPU session that does not spin idle threads (spinning starves co-located work)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or 0
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+
+
+def empty_past(session, batch: int) -> dict[str, np.ndarray]:
+    """Zero-length KV-cache inputs, for a forward pass over a whole prompt."""
+    feeds = {}
+    for spec in session.get_inputs():
+        if spec.name.startswith("past_key_values."):
+            kv_heads, head_size = spec.shape[1], spec.shape[3]
+            feeds[spec.name] = np.zeros((batch, kv_heads, 0, head_size), dtype=np.float32)
+    return feeds
+
+
+def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
+    return session_logits_fn(ort_session(onnx_path, threads))
+
+
+def session_logits_fn(session) -> LogitsFn:
+    """Logits of every position of a whole-prompt forward pass (no cache) of an exported decoder."""
+    names = {i.name for i in session.get_inputs()}
+    fused = "seqlens_k" in names  # the graph of pipeline/targets/onnxruntime/graph.py
+
+    def logits(ids: np.ndarray) -> np.ndarray:
+        batch, length = ids.shape
+        if fused:
+            feeds = {
+                "input_ids": ids,
+                "seqlens_k": np.full(batch, length - 1, dtype=np.int32),
+                "total_sequence_length": np.array(length, dtype=np.int32),
+                "logits_index": np.arange(batch * length),
+                **empty_past(session, batch),
+            }
+            return session.run(["logits"], feeds)[0].reshape(batch, length, -1)
+        feeds = {
+            "input_ids": ids,
+            "attention_mask": np.ones((batch, length), dtype=np.int64),
+            **empty_past(session, batch),
+        }
+        if "position_ids" in names:  # optimum's Gemma 2/3 graphs derive positions from the mask
+            feeds["position_ids"] = np.broadcast_to(np.arange(length, dtype=np.int64), (batch, length)).copy()
+        return session.run(["logits"], feeds)[0]
+
+    return logits
