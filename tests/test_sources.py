@@ -87,7 +87,7 @@ def test_target_sources_exist_and_registries_are_not_followed():
             files = source_files(roots)
             assert len(files) >= len(roots), (target.name, stage)
             adapters = {f.parent.name for f in files if f.name == "adapter.py"}  # the shared Triton checks read
-            assert adapters == {target.name}, (target.name, stage, adapters)  # facts of others, not their adapters
+            assert adapters <= {target.name}, (target.name, stage, adapters)  # facts of others, not their adapters
 
 
 def _json_names(path) -> set[str]:
