@@ -8,7 +8,7 @@
 # container holding its target.trtllm_version (pipeline/targets/trtllm/adapter.py TRITON_CONTAINERS), and the build stops
 # if the container's TensorRT-LLM is another release. The build runs when the container starts (an engine needs
 # the GPU), then `serve`: trtllm-serve for the PyTorch backend (OpenAI API on port 8000), tritonserver for engines.
-# On Kubernetes, `trtllm-pipeline deploy CONFIG` writes the manifests running either image (README "Kubernetes").
+# On Kubernetes, `trtllm-pipeline deploy CONFIG` writes the manifests running either image (docs/kubernetes.md).
 ARG TRITON_TAG=26.07
 
 FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-trtllm-python-py3 AS gpu

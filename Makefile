@@ -67,7 +67,7 @@ plan: $(STAMP)
 validate: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline validate $(CONFIG)
 
-# Kubernetes manifests for CONFIG in $(OUTPUT)/deploy/k8s/, validated offline (README "Kubernetes").
+# Kubernetes manifests for CONFIG in $(OUTPUT)/deploy/k8s/, validated offline (docs/kubernetes.md).
 deploy: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline deploy $(CONFIG)
 

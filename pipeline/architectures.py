@@ -20,7 +20,7 @@ class Architecture:
     family: str  # short name, used in tables and messages
     model_type: str  # config.json model_type
     gguf: tuple[str, ...]  # GGUF general.architecture values that import as this architecture
-    traits: str  # what sets the family apart from Llama, for `trtllm-pipeline architectures` and the README
+    traits: str  # what sets the family apart from Llama, for `trtllm-pipeline architectures` and docs/architectures.md
 
 
 ARCHITECTURES: dict[str, Architecture] = {}

@@ -5,7 +5,7 @@ request continues (a summary, a rewrite, code under edit) often repeats its own 
 to `max_draft_len` tokens from the request itself, runs them with its last token in one forward pass and keeps
 the longest prefix greedy decoding agrees with: plain greedy decoding's output in fewer passes, up to the
 numerics of a several-token pass (identical on fp32 engines; int8-compute engines round it differently and may
-part after a near tie: README "Speculative decoding"). No
+part after a near tie: docs/serving.md "Speculative decoding"). No
 draft model: as TensorRT-LLM's NGram mode (NGramDecodingConfig), whose setting names runtime.speculative uses.
 
 How: `ngram_drafts` finds the latest earlier occurrence of the request's last n tokens (n from
