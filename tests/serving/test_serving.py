@@ -136,8 +136,7 @@ def test_greedy_guarantees_alone_reproducible_together_within_the_batching_toler
     Guaranteed: a request served alone gives the same text every time, the runner's text for it. Not guaranteed:
     the same text when it shares the batch with others; the int8 kernels round differently with the batch's
     shape (docs/serving.md "Determinism"), so 16 identical requests sent together may differ from one another and
-    from the
-    request alone. What holds for each of them: every token is within BATCHED_LOGIT_TOLERANCE of the best.
+    from the request alone. What holds for each of them: every token is within BATCHED_LOGIT_TOLERANCE of the best.
     """
     alone = ["".join(stream_text(url, "ensemble", PROMPT, 16, temperature=0.0)) for _ in range(2)]
     assert alone[0] == alone[1] == runner_text(PROMPT, 16)
