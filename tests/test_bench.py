@@ -275,8 +275,8 @@ def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios
     assert missing.returncode != 0 and "no genai_config.json" in missing.stderr
 
 
-def test_architectures_bench_compares_families_with_llama_and_reuses_only_matching_builds(tmp_path):
-    from pipeline.bench.family_decode import run_architectures
+def test_family_decode_bench_compares_families_with_llama_and_reuses_only_matching_builds(tmp_path):
+    from pipeline.bench.family_decode import decode_speed_per_family
 
     tiny = {
         "hidden_size": 64,
@@ -290,7 +290,7 @@ def test_architectures_bench_compares_families_with_llama_and_reuses_only_matchi
     }
 
     def run(size):
-        return run_architectures(
+        return decode_speed_per_family(
             tmp_path, ["Qwen3ForCausalLM"], [1], 8, 4, 2, 1, False, "none", log=lambda m: None, size=size
         )
 

@@ -97,7 +97,7 @@ def make_engine(
     return engine_dir
 
 
-def run_architectures(
+def decode_speed_per_family(
     work: Path,
     architectures: list[str],
     batches: list[int],

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import torch
 
+# Recorded in results.json as skipped: no llama.cpp peer is driven, whether or not llama-cpp-python is installed.
+PEERS_NOT_MEASURED = {"llama.cpp": "not measured yet: bench offline has no llama.cpp peer"}
+
 
 @contextmanager
 def peak_rss():

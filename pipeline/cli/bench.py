@@ -1,0 +1,300 @@
+"""`trtllm-pipeline bench`: the benchmark sub-commands (offline, family-decode, serve, compare), each writing a
+report folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pipeline.architectures import ARCHITECTURES
+from pipeline.architectures import architecture as registered
+from pipeline.cli.common import ConfigArg, OutputOpt, console, load, reports_errors
+from pipeline.errors import PipelineError
+
+bench_app = typer.Typer(
+    help="Benchmarks: offline (ModelRunner vs transformers), family-decode (fused graph per family), serve (load on "
+    "Triton), compare.",
+    no_args_is_help=True,
+)
+BenchOut = typer.Option(
+    Path("bench_results"),
+    "--out",
+    help="Reports go to OUT/TIME-KIND/ (results.json, summary.md, plots where the kind has them); "
+    "OUT/latest-KIND links the newest.",
+)
+
+
+@bench_app.command("offline")
+@reports_errors
+def bench_offline(
+    config: Path = ConfigArg,
+    output: Optional[Path] = OutputOpt,
+    batch: Optional[list[int]] = typer.Option(
+        None, "--batch", help="Batch sizes to sweep (repeat the flag); default 1 and 8."
+    ),
+    shape: Optional[list[str]] = typer.Option(
+        None, "--shape", help="INPUTxOUTPUT token lengths (repeat); default 128x64."
+    ),
+    repeats: int = typer.Option(2, help="Runs per point; the median is reported."),
+    threads: Optional[int] = typer.Option(
+        None, help="CPU threads for our engine and transformers (default: all usable cores)."
+    ),
+    genai_model: Optional[Path] = typer.Option(
+        None,
+        "--genai-model",
+        help="An onnxruntime-genai model directory (genai_config.json) "
+        "to measure as a peer, e.g. built by `make genai-peer`; needs `pip install onnxruntime-genai`.",
+    ),
+    both_spinning: bool = typer.Option(
+        False,
+        "--both-spinning",
+        help="Measure our engine with sleeping and with spinning ONNX Runtime "
+        "threads (default: as runtime.cpu_thread_spinning says; onnxruntime-genai spins by default).",
+    ),
+    out: Path = BenchOut,
+):
+    """Drive the built engine through its ModelRunner (no server), Hugging Face transformers and, with
+    --genai-model, onnxruntime-genai on the same token ids: TTFT, decode tokens/s per sequence, total
+    tokens/s, peak RSS, and our ratios to each peer.
+
+    Example: trtllm-pipeline bench offline build_configs/smollm2-135m-cpu.yaml --batch 1 --batch 8 --shape 128x64
+    """
+    from pipeline.bench import report
+    from pipeline.bench.offline import PEERS_NOT_MEASURED, run_offline
+    from pipeline.build import cache_dir, default_output
+    from pipeline.fetch import load_text
+    from pipeline.runtime.model_runner import default_threads
+
+    cfg = load(config, [])
+    output = output or default_output(config)
+    shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (shape or ["128x64"])]
+    text = load_text(cfg.verify.eval_text, cfg.resolve_path("."), cache_dir())
+    if genai_model is not None and not (genai_model / "genai_config.json").is_file():
+        raise PipelineError(
+            f"--genai-model {genai_model}: no genai_config.json there; build one with `make genai-peer`"
+        )
+    rows = run_offline(
+        output / "engine",
+        output / "import",
+        text,
+        batch or [1, 8],
+        shapes,
+        repeats,
+        threads or default_threads(),
+        genai_dir=genai_model,
+        thread_spinning=(False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",),
+        log=lambda m: console.print(f"  measuring {m}", highlight=False),
+        runtime=cfg.runtime,  # runtime.speculative applies to our engine
+    )
+    table = report.offline_table(rows)
+    results = {
+        "name": config.stem,
+        "build": report.build_info(output),
+        "rows": rows,
+        "peers_skipped": PEERS_NOT_MEASURED,
+    }
+    folder = report.write_report(
+        out,
+        "offline",
+        f"offline benchmark: {config}",
+        results,
+        table,
+        lambda path: report.plot_offline(rows, path),
+        "tokens_per_s.png",
+    )
+    console.print(table, highlight=False, soft_wrap=True)
+    console.print(f"report: {folder}")
+
+
+@bench_app.command("family-decode")
+@reports_errors
+def bench_family_decode(
+    architecture: Optional[list[str]] = typer.Option(
+        None, "--architecture", help="Families to compare with Llama (repeat); default every registered one."
+    ),
+    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes (repeat); default 1 and 4."),
+    shape: str = typer.Option("128x32", help="INPUTxOUTPUT token lengths."),
+    repeats: int = typer.Option(12, help="Rounds (every family once per round); medians are reported."),
+    threads: Optional[int] = typer.Option(None, help="ONNX Runtime threads (default: all usable cores)."),
+    spinning: bool = typer.Option(
+        False, help="Spinning ONNX Runtime threads: faster on idle cores, far slower when other work shares them."
+    ),
+    weights: str = typer.Option("int8", help="Engine weights: none (fp32), int8 (the default build's) or int4."),
+    work: Path = typer.Option(
+        Path("bench_results/family-decode-work"), help="Where the random checkpoints and engines are kept."
+    ),
+    out: Path = BenchOut,
+):
+    """Decode speed of the fused graph of every registered family as ratios to Llama of the same size:
+    random SmolLM2-135M-sized checkpoints with each family's features, engines (int8 by default) driven
+    through the ModelRunner, families interleaved in every round.
+
+    Example: trtllm-pipeline bench family-decode --batch 1 --batch 4 --repeats 12
+    """
+    from pipeline.bench import report
+    from pipeline.bench.family_decode import decode_speed_per_family, table
+    from pipeline.runtime.model_runner import default_threads
+
+    for name in architecture or []:
+        registered(name)  # names the registered ones when unknown
+    try:
+        input_len, output_len = (int(x) for x in shape.lower().split("x"))
+    except ValueError:
+        raise typer.BadParameter(f"{shape!r} is not INPUTxOUTPUT, e.g. 128x32", param_hint="--shape") from None
+    rows = decode_speed_per_family(
+        work,
+        architecture or list(ARCHITECTURES),
+        batch or [1, 4],
+        input_len,
+        output_len,
+        repeats,
+        threads or default_threads(),
+        spinning,
+        weights,
+        log=lambda m: console.print(f"  {m}", highlight=False),
+    )
+    text = table(rows)
+    folder = report.write_report(
+        out, "family-decode", "fused graph decode speed per family", {"rows": rows}, text, lambda path: None, ""
+    )
+    console.print(text, highlight=False, soft_wrap=True)
+    console.print(f"report: {folder}")
+
+
+@bench_app.command("serve")
+@reports_errors
+def bench_serve(
+    source: Path = typer.Argument(
+        ...,
+        help="A build config or repository (a server is started on it), unless --grpc/--http points at a running one.",
+        show_default=False,
+    ),
+    output: Optional[Path] = OutputOpt,
+    grpc: Optional[str] = typer.Option(
+        None, "--grpc", help="Use a running server's gRPC address, e.g. 127.0.0.1:8001."
+    ),
+    http: Optional[str] = typer.Option(None, "--http", help="Use a running server's HTTP base URL (protocol http)."),
+    metrics: Optional[str] = typer.Option(
+        None,
+        "--metrics",
+        help="A running server's Prometheus metrics URL, e.g. http://127.0.0.1:8002/metrics, for the server-side "
+        "columns (prefix-cache hit rate, reused tokens, draft acceptance); a started server's is read by default.",
+    ),
+    protocol: str = typer.Option("grpc", help="grpc (streaming) or http (/generate_stream SSE)."),
+    model: str = typer.Option("ensemble", help="ensemble or tensorrt_llm_bls."),
+    concurrency: Optional[list[int]] = typer.Option(
+        None, "--concurrency", help="Closed-loop client counts to sweep (repeat); default 1, 4, 16."
+    ),
+    rate: Optional[list[float]] = typer.Option(
+        None, "--rate", help="Poisson request rates (req/s) to sweep instead of concurrency (repeat)."
+    ),
+    workload: Optional[list[str]] = typer.Option(
+        None,
+        "--workload",
+        help="Prompts (repeat for several; default synthetic): synthetic = raw cuts of the eval text; shared-prefix = "
+        "chats under one long system prompt with short different questions (prefix caching); grounded = chats "
+        "asking to summarise, extract or quote from a given passage (prompt-lookup speculation). Seeded.",
+    ),
+    requests: int = typer.Option(32, help="Requests per load level."),
+    input_len: int = typer.Option(128, help="synthetic: mean prompt length in tokens (cut from the eval text)."),
+    input_spread: float = typer.Option(0.25, help="synthetic: prompt lengths vary uniformly by +-this fraction."),
+    prefix_len: int = typer.Option(
+        900,
+        help="shared-prefix: tokens of the shared system prompt (a short policy, then the eval text); with the "
+        "question, prompts stay under the default build's max_input_len 1024.",
+    ),
+    system_prompt_file: Optional[Path] = typer.Option(
+        None, help="shared-prefix: a text file to use as the shared system prompt instead."
+    ),
+    passage_len: int = typer.Option(300, help="grounded: tokens of the eval text in each request's passage."),
+    output_len: int = typer.Option(64, help="max_tokens per request."),
+    ignore_eos: bool = typer.Option(
+        True, help="Generate exactly output_len tokens (end_id -1: never end), so levels compare equal work."
+    ),
+    prompts_file: Optional[Path] = typer.Option(
+        None, help="Prompts instead of a workload's (.txt lines or .jsonl {prompt}); reported as workload 'file'."
+    ),
+    slo_ttft_ms: float = typer.Option(2000, help="Goodput objective: time to first token."),
+    slo_itl_ms: float = typer.Option(250, help="Goodput objective: mean inter-token latency."),
+    time_limit: float = typer.Option(300, help="Seconds per level at most."),
+    out: Path = BenchOut,
+):
+    """Load a served repository: per workload, a concurrency sweep (or Poisson rates) of streaming requests, with
+    TTFT, inter-token and end-to-end latency percentiles, request and token throughput, errors, goodput, and the
+    server's prefix-cache hit rate, reused tokens and draft acceptance over each level (n/a when not exported).
+
+    Example: trtllm-pipeline bench serve build_configs/smollm2-135m-cpu.yaml --workload synthetic
+    --workload shared-prefix --concurrency 1 --concurrency 16
+    """
+    from pipeline.bench import report
+    from pipeline.bench.serve import LoadSettings, benchmark_serving
+
+    settings = LoadSettings(
+        protocol=protocol,
+        model=model,
+        requests=requests,
+        input_len=input_len,
+        input_spread=input_spread,
+        prefix_len=prefix_len,
+        system_prompt_file=system_prompt_file,
+        passage_len=passage_len,
+        output_len=output_len,
+        ignore_eos=ignore_eos,
+    )
+    results = benchmark_serving(
+        source,
+        output,
+        settings,
+        workloads=workload or [],
+        prompts_file=prompts_file,
+        loads=rate or concurrency or [1, 4, 16],
+        by_rate=bool(rate),
+        grpc=grpc,
+        http=http,
+        metrics=metrics,
+        slo_ttft_ms=slo_ttft_ms,
+        slo_itl_ms=slo_itl_ms,
+        time_limit_s=time_limit,
+        log=lambda m: console.print(f"  {m}", highlight=False),
+        server_log=lambda m: console.print(f"[dim]{m}[/]"),
+    )
+    levels = results["levels"]
+    table = report.serve_table(levels)
+    folder = report.write_report(
+        out,
+        "serve",
+        f"serving benchmark: {source}",
+        results,
+        table,
+        lambda path: report.plot_serve(levels, path),
+        "throughput_vs_latency.png",
+    )
+    console.print(table, highlight=False, soft_wrap=True)
+    console.print(f"report: {folder}")
+
+
+@bench_app.command("compare")
+@reports_errors
+def bench_compare(
+    a: Path = typer.Argument(..., help="results.json of run A (or its folder)."),
+    b: Path = typer.Argument(..., help="results.json of run B (or its folder)."),
+):
+    """Two benchmark runs side by side (two quantizations, two configs), with B/A ratios.
+
+    Example: trtllm-pipeline bench compare bench_results/int8/results.json bench_results/fp32/results.json
+    """
+    from pipeline.bench.report import compare
+
+    def read(path: Path) -> dict:
+        path = path / "results.json" if path.is_dir() else path
+        if not path.is_file():
+            raise PipelineError(f"{path} not found: pass a bench results.json or its folder")
+        return json.loads(path.read_text())
+
+    first, second = read(a), read(b)
+    if first["kind"] != second["kind"]:
+        raise PipelineError(f"cannot compare a {first['kind']} run with a {second['kind']} run")
+    console.print(compare(first, second), highlight=False, soft_wrap=True)

@@ -1,0 +1,175 @@
+"""A served repository's lifecycle, as `serve` runs it: the checks before anything starts, the OpenAI gateway and
+tritonserver started in that order, then both stopped together however serving ends (Ctrl-C, SIGTERM, a model
+process that died, an error). A repository of TensorRT-LLM's PyTorch backend is handed to trtllm-serve instead.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.openai_gateway import create_app
+from pipeline.targets.trtllm.llmapi import llmapi_model_name, serve_llm_api
+from pipeline.triton.server import STOP_SIGNALS, Ports, TritonServer, dial_address, host_port, tensorrtllm_world_size
+from pipeline.triton.validate import RepoReport, validate_repo
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    """How the OpenAI-compatible gateway in front of tritonserver is served."""
+
+    port: int
+    api_key: str | None
+    max_body_mb: float
+
+
+def loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def refuse_open_gateway(gateway: GatewayOptions, host: str, allow_unauthenticated: bool) -> None:
+    """A gateway without an API key only on a loopback host, unless allowed explicitly."""
+    if not gateway.api_key and not allow_unauthenticated and not loopback(host):
+        raise PipelineError(
+            f"--host {host} would let anyone who reaches port {gateway.port} use the OpenAI gateway: set "
+            "TRTLLM_PIPELINE_API_KEY (or --api-key), or pass --allow-unauthenticated to serve it without a key"
+        )
+
+
+def checked_repository(repo: Path, source: Path) -> RepoReport:
+    """The validation report of the repository to serve (built from `source`); an error when it is missing or
+    invalid."""
+    if not repo.is_dir():
+        raise PipelineError(f"{repo} does not exist: build it first (trtllm-pipeline build {source})")
+    report = validate_repo(repo)
+    if report.problems:
+        raise ConfigError(repo, report.problems)
+    return report
+
+
+def serve_pytorch_backend(repo: Path, host: str, port: int, gateway: GatewayOptions | None) -> None:
+    """A repository of TensorRT-LLM's PyTorch backend is served by trtllm-serve, OpenAI API included: this process
+    becomes it (or stops with the commands for NVIDIA's container). Any other repository returns at once."""
+    if not llmapi_model_name(repo):
+        return
+    if gateway:
+        raise PipelineError(
+            f"{repo} is served by trtllm-serve, which serves the OpenAI API (/v1) itself; drop --openai"
+        )
+    serve_llm_api(repo, host, port)
+
+
+def start_gateway(report: RepoReport, repo: Path, host: str, grpc_port: int, gateway: GatewayOptions):
+    """uvicorn serving the OpenAI gateway on a thread; returns (its Server, the thread).
+
+    Stopping takes two steps around tritonserver's stop: `should_exit` first (no new requests), `join`
+    after, so streams cut by the stop still send their error event and [DONE] before the process exits.
+    """
+    import uvicorn
+
+    # the BLS is the model naming its preprocessing model; names come from the config (triton.*_name)
+    bls, config = next(
+        ((name, c) for name, c in report.models.items() if "preprocessing_model_name" in c.parameters), (None, None)
+    )
+    if bls is None:
+        raise PipelineError(f"{repo} has no BLS model (tensorrt_llm_bls), which --openai forwards to; rebuild it")
+    preprocessing = config.parameters["preprocessing_model_name"].string_value
+    app = create_app(
+        dial_address(host, grpc_port),
+        report.models[preprocessing].parameters["tokenizer_dir"].string_value,
+        served_name=served_name(repo),
+        triton_model=bls,
+        api_key=gateway.api_key,
+        max_body_bytes=int(gateway.max_body_mb * 1_000_000),
+    )
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=gateway.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="openai-gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise PipelineError(
+                f"the OpenAI gateway did not start on {host_port(host, gateway.port)} (is the port free?)"
+            )
+        time.sleep(0.05)
+    return server, thread
+
+
+def served_name(repo: Path) -> str:
+    """The model name the gateway serves a repository under: its build's output directory's."""
+    return repo.resolve().parent.name
+
+
+def _interrupt(*_) -> None:
+    """SIGTERM (docker stop, systemd) shuts down as cleanly as Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+class Serving:
+    """tritonserver on a checked repository and, given GatewayOptions, the OpenAI gateway in front of it. A context
+    manager: SIGTERM counts as Ctrl-C from entry on (a stop during start-up must clean up too), and leaving it
+    stops the gateway and tritonserver together, ignoring further stop signals meanwhile."""
+
+    def __init__(
+        self,
+        repo: Path,
+        report: RepoReport,
+        cache: Path,
+        *,
+        ports: Ports,
+        host: str,
+        log_file: Path | None,
+        gateway: GatewayOptions | None,
+        log=print,
+    ):
+        gpu_model, world_size = tensorrtllm_world_size(report)
+        self.repo, self.report, self.host, self.gateway = repo, report, host, gateway
+        self.server = TritonServer(
+            repo,
+            cache,
+            ports=ports,
+            host=host,
+            gpu_world_size=world_size,
+            llm_model_name=gpu_model or "tensorrt_llm",
+            log_file=log_file or repo.parent / "tritonserver.log",
+            log=log,
+        )
+        self._uvicorn = self._uvicorn_thread = None
+
+    def __enter__(self) -> "Serving":
+        signal.signal(signal.SIGTERM, _interrupt)
+        return self
+
+    def start(self, timeout: float) -> None:
+        """The gateway first, listening before tritonserver is ready, so a readiness probe on tritonserver covers it
+        too; then tritonserver, waiting up to `timeout` seconds for its models to load."""
+        if self.gateway:
+            self._uvicorn, self._uvicorn_thread = start_gateway(
+                self.report, self.repo, self.host, self.server.ports.grpc, self.gateway
+            )
+        self.server.start(timeout=timeout)
+
+    def wait(self) -> NoReturn:
+        """Until tritonserver exits, which is a failure: serving ends on Ctrl-C or SIGTERM only."""
+        self.server.process.wait()
+        raise PipelineError(
+            f"{self.server.exit_reason()}\nserve exits so that its supervisor (e.g. Kubernetes) restarts it"
+        )
+
+    def __exit__(self, *exc) -> None:
+        for stop_signal in STOP_SIGNALS:  # a second Ctrl-C must not orphan the server mid-stop
+            signal.signal(stop_signal, signal.SIG_IGN)
+        if self._uvicorn:
+            self._uvicorn.should_exit = True
+        self.server.stop()
+        if self._uvicorn_thread:
+            self._uvicorn_thread.join(timeout=10)
