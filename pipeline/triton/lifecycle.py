@@ -29,7 +29,7 @@ class GatewayOptions:
     max_body_mb: float
 
 
-def loopback(host: str) -> bool:
+def _loopback(host: str) -> bool:
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: it may resolve to anything
@@ -38,7 +38,7 @@ def loopback(host: str) -> bool:
 
 def refuse_open_gateway(gateway: GatewayOptions, host: str, allow_unauthenticated: bool) -> None:
     """A gateway without an API key only on a loopback host, unless allowed explicitly."""
-    if not gateway.api_key and not allow_unauthenticated and not loopback(host):
+    if not gateway.api_key and not allow_unauthenticated and not _loopback(host):
         raise PipelineError(
             f"--host {host} would let anyone who reaches port {gateway.port} use the OpenAI gateway: set "
             "TRTLLM_PIPELINE_API_KEY (or --api-key), or pass --allow-unauthenticated to serve it without a key"
@@ -68,7 +68,7 @@ def serve_pytorch_backend(repo: Path, host: str, port: int, gateway: GatewayOpti
     serve_llm_api(repo, host, port)
 
 
-def start_gateway(report: RepoReport, repo: Path, host: str, grpc_port: int, gateway: GatewayOptions):
+def _start_gateway(report: RepoReport, repo: Path, host: str, grpc_port: int, gateway: GatewayOptions):
     """uvicorn serving the OpenAI gateway on a thread; returns (its Server, the thread).
 
     Stopping takes two steps around tritonserver's stop: `should_exit` first (no new requests), `join`
@@ -153,7 +153,7 @@ class Serving:
         """The gateway first, listening before tritonserver is ready, so a readiness probe on tritonserver covers it
         too; then tritonserver, waiting up to `timeout` seconds for its models to load."""
         if self.gateway:
-            self._uvicorn, self._uvicorn_thread = start_gateway(
+            self._uvicorn, self._uvicorn_thread = _start_gateway(
                 self.report, self.repo, self.host, self.server.ports.grpc, self.gateway
             )
         self.server.start(timeout=timeout)
