@@ -8,7 +8,7 @@ family's model reads beyond Llama's (biases, q/k norms, Gemma's extra norms, Phi
 how its load_weights splits them, config.json keys read without a fallback) is tabulated per release by
 scripts/dev/tabulate_trtllm_torch_models.py into upstream/trtllm_torch_models.json. The shapes are ModelOpt's layout,
 derived from config.json and group_size. Whether the deployed values are good is measured on the unified
-checkpoint itself: pipeline/targets/trtllm/reference.py load_unified_reference (checkpoint_report kind="unified").
+checkpoint itself: pipeline/targets/trtllm/reference.py load_unified_reference (checkpoint_model kind="unified").
 """
 
 from __future__ import annotations
