@@ -1,4 +1,5 @@
-"""The documentation stays true to the code: the configuration reference is the schema's, and every relative link
+"""The documentation stays true to the code: the configuration reference is the schema's, the layout the modules',
+and every relative link
 between README.md and docs/ reaches an existing file (and heading, where it names one)."""
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
 
-def test_configuration_reference_matches_the_schema():
+@pytest.mark.parametrize("generator", ["config_reference.py", "layout.py"])
+def test_generated_pages_are_current(generator):
+    """docs/configuration.md is the schema's and docs/layout.md the modules' docstrings, regenerated on change."""
     checked = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "dev" / "config_reference.py"), "--check"],
-        capture_output=True,
-        text=True,
+        [sys.executable, str(REPO / "scripts" / "dev" / generator), "--check"], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
