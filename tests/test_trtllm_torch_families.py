@@ -19,7 +19,7 @@ from pipeline.build import cache_dir
 from pipeline.config import load_config
 from pipeline.targets.trtllm.reference import checkpoint_model
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES, family, linear_shapes, torch_loader_problems
-from tests.conftest import TINY_FAMILIES, make_tiny, write_config
+from tests.conftest import TINY_FAMILIES, make_tiny, slow_fixture, write_config
 
 FAMILIES = list(TINY_FAMILIES)
 # The tiny checkpoints as a release deploys them: a sliding window TensorRT-LLM's Mistral model never reads, and a
@@ -59,7 +59,7 @@ def export(hf: Path, name: str, out: Path, exclude: list[str] = ()) -> tuple[lis
         return export_unified(model, torch.float16, out), fake_top1
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def exports(tmp_path_factory) -> dict:
     """(family, case) -> (hf_dir, hf_unified dir, what export_unified repaired, fake-quantized top-1)."""
     out = {}

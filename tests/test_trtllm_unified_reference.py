@@ -18,7 +18,7 @@ from pipeline.config import load_config
 from pipeline.targets.trtllm.reference import checkpoint_model, load_unified_reference
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES as TORCH_RELEASES
 from pipeline.targets.trtllm.torch_checkpoint import export_unified, torch_loader_problems
-from tests.conftest import run_cli
+from tests.conftest import run_cli, slow_fixture
 from tests.targets.test_trtllm import gpu_config
 
 CASES = {
@@ -28,7 +28,7 @@ CASES = {
 KEYS = ("engine_perplexity", "reference_perplexity", "top1_agreement", "max_abs_logits_diff")
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def builds(tmp_path_factory, tiny_llama) -> dict[str, Path]:
     """Each case built by the real CLI up to the engine stage, which stops for want of a GPU."""
     out = {}

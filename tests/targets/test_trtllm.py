@@ -12,7 +12,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.targets.trtllm.checkpoint import check_checkpoint
-from tests.conftest import llama_shape, make_tiny_llama, run_cli, trtllm_config
+from tests.conftest import llama_shape, make_tiny_llama, run_cli, slow_fixture, trtllm_config
 
 # (quantization YAML, parallel, quant_algo, kv_cache_quant_algo, max perplexity increase on the tiny model)
 CASES = {
@@ -62,7 +62,7 @@ def gpu_config(tmp_path: Path, tiny_llama: Path, quantization: str, parallel: st
 WIDE_CASES = {"w4a8-awq"}
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def built(tmp_path_factory, tiny_llama):
     """Every case built by the real CLI up to the engine stage, which must stop for want of a GPU."""
     wide_llama = make_tiny_llama(tmp_path_factory.mktemp("tiny-llama-128"), hidden_size=128)

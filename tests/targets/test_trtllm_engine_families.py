@@ -16,7 +16,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.targets.trtllm.checkpoint import check_checkpoint
-from tests.conftest import TINY_SLIDING_WINDOW, make_tiny, run_cli, trtllm_config
+from tests.conftest import TINY_SLIDING_WINDOW, make_tiny, run_cli, slow_fixture, trtllm_config
 
 CALIBRATION = "calibration: {num_samples: 8, seq_len: 64}"
 # case -> (quantization YAML, parallel YAML, quant_algo)
@@ -40,7 +40,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {arch: make_tiny(arch, tmp_path_factory.mktemp(arch)) for arch in FAMILIES}
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def built(tmp_path_factory, models):
     """Every (family, quantization) built through export: CLI_CASE by the real CLI (in a subprocess, meanwhile),
     the rest in-process by the same pipeline.build.build the CLI calls (stages, lock and metrics alike)."""

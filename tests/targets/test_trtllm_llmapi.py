@@ -16,7 +16,7 @@ from pipeline.targets.trtllm.llm_api_args import options_problems
 from pipeline.targets.trtllm.llmapi import OPTIONS_FILE, cuda_graph_batch_sizes, release_options
 from pipeline.targets.trtllm.llmapi_model import llmapi_model
 from pipeline.triton.validate import validate_repo
-from tests.conftest import run_cli, write_config
+from tests.conftest import run_cli, slow_fixture, write_config
 
 RELEASES = ("1.0", "1.2")
 
@@ -36,7 +36,7 @@ def pytorch_config(tmp_path: Path, tiny_llama: Path, release: str, extra: str = 
     )
 
 
-@pytest.fixture(scope="module")
+@slow_fixture(scope="module")
 def built(tmp_path_factory, tiny_llama):
     """The tiny Llama built by the real CLI for 1.0 and 1.2: FP8 weights and KV cache, to the end."""
     out = {}
