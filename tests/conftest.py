@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -206,6 +207,12 @@ def run_cli(
         timeout=timeout,
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
+
+
+@slow_fixture(scope="session")
+def cli_build():
+    """`trtllm-pipeline build ARGS...` through the real CLI, for a test that builds a model (making it `slow`)."""
+    return functools.partial(run_cli, "build")
 
 
 @slow_fixture(scope="session")

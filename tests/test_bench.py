@@ -232,7 +232,7 @@ def test_bench_serve_runs_against_the_real_server_and_writes_a_report(smollm2_bu
     assert (tmp_path / "latest-serve" / "throughput_vs_latency.png").is_file() and data["build"]["engine"]["metrics"]
 
 
-def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios(tiny_llama, tmp_path):
+def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios(tiny_llama, tmp_path, cli_build):
     from tests.conftest import write_config
 
     config = write_config(
@@ -240,7 +240,7 @@ def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios
         f"model:\n  source: hf\n  path: {tiny_llama}\nverify:\n  eval_text: {tmp_path / 'text.txt'}\n",
     )
     (tmp_path / "text.txt").write_text(" ".join(f"w{i % 200}" for i in range(500)))
-    assert run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "engine").returncode == 0
+    assert cli_build(str(config), "--output", str(tmp_path / "out"), "--until", "engine").returncode == 0
     result = run_cli(
         "bench",
         "offline",

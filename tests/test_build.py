@@ -86,10 +86,10 @@ def test_quantization_change_reruns_from_quantize_on_trtllm(tmp_path, tiny_llama
     ]
 
 
-def test_import_output_is_trusted_only_while_unmodified(tmp_path, tiny_llama):
+def test_import_output_is_trusted_only_while_unmodified(tmp_path, tiny_llama, cli_build):
     output = tmp_path / "out"
     config = tiny_config(tmp_path, tiny_llama)
-    assert run_cli("build", str(config), "--output", str(output), "--until", "import").returncode == 0
+    assert cli_build(str(config), "--output", str(output), "--until", "import").returncode == 0
     cfg = load_config(config)
     assert statuses(cfg, output)["import"] == UP_TO_DATE
     (output / "import" / "tokenizer.json").write_text("{}")
@@ -97,7 +97,7 @@ def test_import_output_is_trusted_only_while_unmodified(tmp_path, tiny_llama):
     assert decision.status == WILL_RUN and "modified" in decision.reasons[0]
 
 
-def test_killed_stage_leaves_nothing_trusted(tmp_path, tiny_llama):
+def test_killed_stage_leaves_nothing_trusted(tmp_path, tiny_llama, cli_build):
     output = tmp_path / "out"
     config = tiny_config(tmp_path, tiny_llama)
     proc = subprocess.Popen(
@@ -118,19 +118,19 @@ def test_killed_stage_leaves_nothing_trusted(tmp_path, tiny_llama):
 
     # what a kill between mkstemp and rename in write_json_atomic leaves (the window is too short to hit reliably)
     (output / ".build.lock.json.k1ll3d").write_text('{"format": 1')
-    result = run_cli("build", str(config), "--output", str(output), "--until", "import")
+    result = cli_build(str(config), "--output", str(output), "--until", "import")
     assert result.returncode == 0, result.stderr
     assert not list(output.glob(".tmp-*")), "leftovers of the killed run were not cleaned"
     assert not list(output.glob(".build.lock.json.*")), "a killed lock write's temp file was not cleaned"
     assert statuses(cfg, output)["import"] == UP_TO_DATE
 
 
-def test_second_build_on_same_output_is_refused(tmp_path, tiny_llama):
+def test_second_build_on_same_output_is_refused(tmp_path, tiny_llama, cli_build):
     output = tmp_path / "out"
     output.mkdir()
     with open(output / ".lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        result = run_cli("build", str(tiny_config(tmp_path, tiny_llama)), "--output", str(output))
+        result = cli_build(str(tiny_config(tmp_path, tiny_llama)), "--output", str(output))
     assert result.returncode == 1
     assert "another build is running" in result.stderr
 
@@ -156,9 +156,9 @@ def read_only_dir(tmp_path):
 
 
 @pytest.mark.parametrize("inside", [False, True], ids=["is-read-only", "under-read-only"])
-def test_a_read_only_output_directory_is_named_with_the_fix(tmp_path, tiny_llama, read_only_dir, inside):
+def test_a_read_only_output_directory_is_named_with_the_fix(tmp_path, tiny_llama, read_only_dir, inside, cli_build):
     output = read_only_dir / "out" if inside else read_only_dir
-    result = run_cli("build", str(tiny_config(tmp_path, tiny_llama)), "--output", str(output))
+    result = cli_build(str(tiny_config(tmp_path, tiny_llama)), "--output", str(output))
     assert result.returncode == 1, result.stdout + result.stderr
     message = " ".join(result.stderr.split())
     assert (

@@ -42,7 +42,7 @@ def test_chat_answer_is_english_and_stops_at_end_of_turn(smollm2_build, tmp_path
     assert "<|im" not in row["text"]
 
 
-def test_rebuild_of_default_config_does_nothing(smollm2_build):
-    result = run_cli("build", "build_configs/smollm2-135m-cpu.yaml", "--output", str(smollm2_build))
+def test_rebuild_of_default_config_does_nothing(smollm2_build, cli_build):
+    result = cli_build("build_configs/smollm2-135m-cpu.yaml", "--output", str(smollm2_build))
     assert result.returncode == 0
     assert "nothing to do" in result.stdout and "running" not in result.stdout

@@ -71,9 +71,9 @@ def test_editing_another_target_reruns_nothing(built_tree):
     assert {row["status"] for row in rows.values()} <= {"up to date", "skipped"}
 
 
-def test_an_unchanged_tree_is_up_to_date(built_tree):
+def test_an_unchanged_tree_is_up_to_date(built_tree, cli_build):
     root, config = built_tree
-    result = run_cli("build", str(config), "--output", str(root / "out"), cwd=root)
+    result = cli_build(str(config), "--output", str(root / "out"), cwd=root)
     assert result.returncode == 0 and "nothing to do" in result.stdout, result.stdout + result.stderr
 
 

@@ -89,14 +89,16 @@ def test_prompts_beyond_max_num_tokens_together_are_prefilled_in_pieces_and_stil
 
 
 @pytest.mark.parametrize("graph", ["fused", "optimum"])
-def test_chunked_context_prefills_long_prompts_in_max_num_tokens_pieces_exactly(tmp_path, tiny_llama, hf, graph):
+def test_chunked_context_prefills_long_prompts_in_max_num_tokens_pieces_exactly(
+    tmp_path, tiny_llama, hf, graph, cli_build
+):
     config = write_config(
         tmp_path / "chunked.yaml",
         f"model:\n  source: hf\n  path: {tiny_llama}\ntarget:\n  onnx_graph: {graph}\n"
         "build:\n  max_input_len: 64\n  max_seq_len: 128\n  max_num_tokens: 8\n"
         "runtime:\n  enable_chunked_context: true\n",
     )
-    result = run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "engine")
+    result = cli_build(str(config), "--output", str(tmp_path / "out"), "--until", "engine")
     assert result.returncode == 0, result.stdout + result.stderr
     runner = ModelRunner.from_dir(tmp_path / "out" / "engine", num_threads=1)
     model, tokenizer = hf

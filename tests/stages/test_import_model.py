@@ -46,23 +46,23 @@ def test_unsupported_architecture_is_named(tmp_path, tiny_llama):
     assert any("architectures[0] is 'BertModel'" in p for p in check_hf_dir(model))
 
 
-def test_tokenizer_larger_than_vocab_fails_the_stage(tmp_path):
+def test_tokenizer_larger_than_vocab_fails_the_stage(tmp_path, cli_build):
     """Weights and config.json agree on 100 rows (validate checks that), the tokenizer has 253 tokens."""
     model = make_tiny("LlamaForCausalLM", tmp_path / "m", vocab_size=100)
     config_file = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {model}\n")
-    result = run_cli("build", str(config_file), "--output", str(tmp_path / "out"))
+    result = cli_build(str(config_file), "--output", str(tmp_path / "out"))
     assert result.returncode == 3
     assert "vocab_size is 100" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out" / "import").exists()
 
 
-def test_hf_import_keeps_logits_and_converts_dtype(tmp_path, tiny_llama):
+def test_hf_import_keeps_logits_and_converts_dtype(tmp_path, tiny_llama, cli_build):
     from transformers import AutoModelForCausalLM
 
     config = write_config(
         tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\n  dtype: bfloat16\ntarget:\n  name: trtllm\n"
     )
-    result = run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "import")
+    result = cli_build(str(config), "--output", str(tmp_path / "out"), "--until", "import")
     assert result.returncode == 0, result.stderr
     imported = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "import", dtype="auto")
     assert imported.dtype == torch.bfloat16
@@ -137,7 +137,7 @@ def test_a_truncated_safetensors_is_named_with_its_cut_tensor_by_validate_and_bu
     assert check_hf_dir(model) and "truncated" in check_hf_dir(model)[0]
 
 
-def test_a_tensor_shaped_unlike_the_config_fails_the_import_naming_file_and_tensor(tmp_path, tiny_llama):
+def test_a_tensor_shaped_unlike_the_config_fails_the_import_naming_file_and_tensor(tmp_path, tiny_llama, cli_build):
     from safetensors.numpy import load_file, save_file
 
     model = copy_model(tiny_llama, tmp_path / "m")
@@ -147,7 +147,7 @@ def test_a_tensor_shaped_unlike_the_config_fails_the_import_naming_file_and_tens
     save_file(tensors, weights, metadata={"format": "pt"})
     config = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {model}\n")
     assert run_cli("validate", str(config)).returncode == 0  # headers are fine; shapes need the model's layout
-    result = run_cli("build", str(config), "--output", str(tmp_path / "out"), "--until", "import")
+    result = cli_build(str(config), "--output", str(tmp_path / "out"), "--until", "import")
     assert result.returncode == 3, result.stdout + result.stderr
     message = " ".join(result.stderr.split())
     assert (
