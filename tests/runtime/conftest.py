@@ -7,10 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 from pipeline.runtime.model_runner import ModelRunner
-from tests.conftest import run_cli, write_config
+from tests.conftest import run_cli, slow_fixture, write_config
 
 
 def finish_engine_dir(hf_dir: Path, engine: Path, max_batch_size: int) -> Path:
@@ -36,7 +34,7 @@ def finish_engine_dir(hf_dir: Path, engine: Path, max_batch_size: int) -> Path:
 MAX_BATCH_SIZE, MAX_INPUT_LEN, MAX_SEQ_LEN, MAX_NUM_TOKENS = 8, 64, 128, 16
 
 
-@pytest.fixture(scope="session")
+@slow_fixture(scope="session")
 def runner(tmp_path_factory, tiny_llama) -> ModelRunner:
     """The fused graph (SharedCache), fp32, with a small max_num_tokens, so long prompts are prefilled in pieces
     (test_model_runner overrides it with its own engines)."""

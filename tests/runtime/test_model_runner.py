@@ -11,12 +11,12 @@ import torch
 
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.sampling import to_words_list
-from tests.conftest import REPO, run_cli, write_config
+from tests.conftest import REPO, run_cli, slow_fixture, write_config
 
 PROMPTS = ["w1 w5 w9 w33", "w7", "w100 w2 w3 w4 w5 w6 w7 w8 w9", "w42 w43"]
 
 
-@pytest.fixture(scope="module", params=["fused", "optimum"])
+@slow_fixture(scope="module", params=["fused", "optimum"])
 def tiny_engine(request, tmp_path_factory, tiny_llama):
     """Both graph layouts: the fused one (SharedCache) and optimum-onnx's (ConcatCache)."""
     work = tmp_path_factory.mktemp(f"tiny-engine-{request.param}")
