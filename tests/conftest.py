@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -213,6 +215,26 @@ def run_cli(
 def cli_build():
     """`trtllm-pipeline build ARGS...` through the real CLI, for a test that builds a model (making it `slow`)."""
     return functools.partial(run_cli, "build")
+
+
+@slow_fixture(scope="session")
+def calibrated(tmp_path_factory):
+    """`calibrated(config, output)` seeds `output` with the config's build through the quantize stage, made once per
+    session for each (model, quantization): builds that differ only downstream of ModelOpt's calibration (release,
+    backend, parallelism; the quantize stage reads neither) start from a copy, and the lock keeps the copy."""
+    done: dict[tuple[str, str], Path] = {}
+
+    def seed(config: Path, output: Path) -> None:
+        settings = yaml.safe_load(config.read_text())
+        key = (str(settings["model"]["path"]), json.dumps(settings.get("quantization"), sort_keys=True))
+        if key not in done:
+            work = tmp_path_factory.mktemp("calibrated") / "out"
+            result = run_cli("build", str(config), "--output", str(work), "--until", "quantize")
+            assert result.returncode == 0, result.stdout + result.stderr
+            done[key] = work
+        shutil.copytree(done[key], output)
+
+    return seed
 
 
 @slow_fixture(scope="session")

@@ -316,12 +316,14 @@ def test_unsupported_quantization_names_the_release():
 
 
 @slow_fixture(scope="module")
-def exports(tmp_path_factory, tiny_llama) -> dict[str, Path]:
+def exports(tmp_path_factory, tiny_llama, calibrated) -> dict[str, Path]:
     """`export/` of each case built by the real CLI, which stops at the engine stage for want of a GPU."""
     out = {}
     for name, quantization in CASES.items():
         root = tmp_path_factory.mktemp(name)
-        result = run_cli("build", str(gpu_config(root, tiny_llama, quantization)), "--output", str(root / "out"))
+        config = gpu_config(root, tiny_llama, quantization)
+        calibrated(config, root / "out")
+        result = run_cli("build", str(config), "--output", str(root / "out"))
         assert (root / "out" / "export" / "hf_unified" / "config.json").is_file(), result.stdout + result.stderr
         out[name] = root / "out" / "export"
     return out

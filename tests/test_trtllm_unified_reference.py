@@ -29,12 +29,13 @@ KEYS = ("engine_perplexity", "reference_perplexity", "top1_agreement", "max_abs_
 
 
 @slow_fixture(scope="module")
-def builds(tmp_path_factory, tiny_llama) -> dict[str, Path]:
+def builds(tmp_path_factory, tiny_llama, calibrated) -> dict[str, Path]:
     """Each case built by the real CLI up to the engine stage, which stops for want of a GPU."""
     out = {}
     for name, quantization in CASES.items():
         root = tmp_path_factory.mktemp(name)
         config = gpu_config(root, tiny_llama, quantization)
+        calibrated(config, root / "out")
         result = run_cli("build", str(config), "--output", str(root / "out"))
         assert (root / "out" / "export" / "hf_unified" / "config.json").is_file(), result.stdout + result.stderr
         out[name] = root

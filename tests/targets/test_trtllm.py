@@ -63,14 +63,16 @@ WIDE_CASES = {"w4a8-awq"}
 
 
 @slow_fixture(scope="module")
-def built(tmp_path_factory, tiny_llama):
+def built(tmp_path_factory, tiny_llama, calibrated):
     """Every case built by the real CLI up to the engine stage, which must stop for want of a GPU."""
     wide_llama = make_tiny_llama(tmp_path_factory.mktemp("tiny-llama-128"), hidden_size=128)
     results = {}
     for name, (quantization, parallel, _, _) in CASES.items():
         root = tmp_path_factory.mktemp(name)
         model = wide_llama if name in WIDE_CASES else tiny_llama
-        result = run_cli("build", str(gpu_config(root, model, quantization, parallel)), "--output", str(root / "out"))
+        config = gpu_config(root, model, quantization, parallel)
+        calibrated(config, root / "out")
+        result = run_cli("build", str(config), "--output", str(root / "out"))
         results[name] = (root, result)
     return results
 

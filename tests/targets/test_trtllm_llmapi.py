@@ -37,12 +37,14 @@ def pytorch_config(tmp_path: Path, tiny_llama: Path, release: str, extra: str = 
 
 
 @slow_fixture(scope="module")
-def built(tmp_path_factory, tiny_llama):
+def built(tmp_path_factory, tiny_llama, calibrated):
     """The tiny Llama built by the real CLI for 1.0 and 1.2: FP8 weights and KV cache, to the end."""
     out = {}
     for release in RELEASES:
         root = tmp_path_factory.mktemp(f"pytorch-{release}")
-        result = run_cli("build", str(pytorch_config(root, tiny_llama, release)), "--output", str(root / "out"))
+        config = pytorch_config(root, tiny_llama, release)
+        calibrated(config, root / "out")
+        result = run_cli("build", str(config), "--output", str(root / "out"))
         out[release] = (root / "out", result)
     return out
 
