@@ -97,26 +97,9 @@ class Target(Protocol):
         """Extra lines for `plan` (e.g. the exact engine command, a memory plan)."""
 
 
-# Fields every target honours: the model, the engine's limits, the Triton repository and the quality gate.
-COMMON_FIELDS = frozenset(
+# The quality gate's fields (pipeline.quality), honoured by every target, which gates one of its stages.
+VERIFY_FIELDS = frozenset(
     {
-        "model",
-        "target.name",
-        "triton",
-        "quantization.weights",
-        "quantization.method",
-        "quantization.group_size",
-        "quantization.exclude_modules",
-        "build.max_batch_size",
-        "build.max_input_len",
-        "build.max_seq_len",
-        "build.max_num_tokens",
-        "build.max_beam_width",
-        "runtime.batch_scheduler_policy",
-        "runtime.enable_chunked_context",
-        "runtime.max_queue_delay_microseconds",
-        "runtime.exclude_input_in_output",
-        "runtime.max_tokens_in_paged_kv_cache",
         "verify.eval_text",
         "verify.eval_tokens",
         "verify.max_perplexity_increase",
@@ -125,6 +108,31 @@ COMMON_FIELDS = frozenset(
         "verify.min_chat_answer_match",
         "verify.chat_max_new_tokens",
     }
+)
+# Fields every target honours: the model, the engine's limits, the Triton repository and the quality gate.
+COMMON_FIELDS = (
+    frozenset(
+        {
+            "model",
+            "target.name",
+            "triton",
+            "quantization.weights",
+            "quantization.method",
+            "quantization.group_size",
+            "quantization.exclude_modules",
+            "build.max_batch_size",
+            "build.max_input_len",
+            "build.max_seq_len",
+            "build.max_num_tokens",
+            "build.max_beam_width",
+            "runtime.batch_scheduler_policy",
+            "runtime.enable_chunked_context",
+            "runtime.max_queue_delay_microseconds",
+            "runtime.exclude_input_in_output",
+            "runtime.max_tokens_in_paged_kv_cache",
+        }
+    )
+    | VERIFY_FIELDS
 )
 # Deploy fields every target honours (`trtllm-pipeline deploy`).
 DEPLOY_FIELDS = frozenset(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from pipeline.targets import DEPLOY_FIELDS, Problem
+from pipeline.targets import DEPLOY_FIELDS, VERIFY_FIELDS, Problem
 from pipeline.upstream import TABLES
 
 # The newest NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release, from NVIDIA's Triton
@@ -114,28 +114,24 @@ def lacking(*requirements: tuple[str, object]) -> list[str]:
 
 
 # Fields every backend reads: the model, quantization and the verified checkpoint.
-CHECKPOINT_FIELDS = frozenset(
-    {
-        "model",
-        "target.name",
-        "target.trtllm_version",
-        "target.trtllm_backend",
-        "target.gpu",
-        "quantization.weights",
-        "quantization.method",
-        "quantization.group_size",
-        "quantization.exclude_modules",
-        "quantization.kv_cache",
-        "quantization.calibration",
-        "quantization.modelopt_recipe",
-        "parallel",
-        "verify.eval_text",
-        "verify.eval_tokens",
-        "verify.max_perplexity_increase",
-        "verify.max_kl_divergence",
-        "verify.min_top1_agreement",
-        "verify.min_chat_answer_match",
-        "verify.chat_max_new_tokens",
-    }
+CHECKPOINT_FIELDS = (
+    frozenset(
+        {
+            "model",
+            "target.name",
+            "target.trtllm_version",
+            "target.trtllm_backend",
+            "target.gpu",
+            "quantization.weights",
+            "quantization.method",
+            "quantization.group_size",
+            "quantization.exclude_modules",
+            "quantization.kv_cache",
+            "quantization.calibration",
+            "quantization.modelopt_recipe",
+            "parallel",
+        }
+    )
+    | VERIFY_FIELDS
 )
 GPU_DEPLOY_FIELDS = DEPLOY_FIELDS | {"deploy.gpus_per_node"}
