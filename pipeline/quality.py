@@ -21,6 +21,7 @@ import numpy as np
 from pipeline.errors import BuildStepError
 from pipeline.fetch import load_text
 from pipeline.lock import sha256_json, write_json_atomic
+from pipeline.targets import target_of
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
@@ -72,8 +73,6 @@ def gate(cfg: BuildConfig, model: Model, reference: Model, ctx) -> dict:
 def verify_output(cfg: BuildConfig, output: Path, cache: Path, log=print) -> tuple[Path, dict]:
     """(what was scored, its report) for the build in `output`: what its target's gated stage built, as the `verify`
     command scores it."""
-    from pipeline.targets import target_of
-
     target = target_of(cfg)
     model, reference = target.scored(cfg, output, output / target.gated_stage, log)
     return model.path, measure(cfg, model, reference, output / "import", cache, log)
