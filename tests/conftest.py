@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -197,7 +201,34 @@ def write_config(path: Path, body: str) -> Path:
     return path
 
 
-def run_cli(
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The command line run in this process, as `trtllm-pipeline ARGS...` would run (exit code, stdout, stderr),
+    without the seconds each new process spends importing torch, transformers and ModelOpt. `cwd` and `env` apply
+    for the call only. Verbs that serve or tests that kill the process use `spawn_cli`."""
+    from pipeline.cli import app
+    from pipeline.cli.common import console, err_console
+
+    assert threading.current_thread() is threading.main_thread(), "run_cli changes the process's cwd and streams"
+    stdout, stderr, saved_env = io.StringIO(), io.StringIO(), dict(os.environ)
+    os.environ.update({"COLUMNS": "200", **(env or {})})  # typer's help reads it; the consoles are made already
+    console.width = err_console.width = 200  # as COLUMNS=200 sets it for a subprocess
+    try:
+        with contextlib.chdir(cwd or REPO), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                app(list(args), prog_name="trtllm-pipeline")
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            except Exception:  # what the console script would print before exiting with 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["trtllm-pipeline", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
+def spawn_cli(
     *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 900
 ) -> subprocess.CompletedProcess:
     """The real console script in a subprocess, as users run it."""

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, spawn_cli
 
 
 @pytest.mark.parametrize(
@@ -19,7 +19,7 @@ def test_every_verb_has_help_with_an_example(verb):
 
 
 def test_targets_lists_each_target_its_availability_and_the_fields_it_refuses():
-    result = run_cli("targets")
+    result = spawn_cli("targets")  # the console script itself, once
     assert result.returncode == 0, result.stderr
     onnxruntime, trtllm = result.stdout.split("\ntrtllm: ")
     assert "on this machine: available" in onnxruntime and "runtime.cuda_graph_mode" in onnxruntime

@@ -7,7 +7,7 @@ import json
 import shutil
 
 from pipeline.sources import source_files
-from tests.conftest import REPO, run_cli, slow_fixture, write_config
+from tests.conftest import REPO, slow_fixture, spawn_cli, write_config
 
 
 @slow_fixture(scope="module")
@@ -23,7 +23,7 @@ def built_tree(tmp_path_factory, tiny_llama):
         verify: {{eval_tokens: 128}}
     """,
     )
-    result = run_cli(
+    result = spawn_cli(
         "build", str(config), "--output", str(root / "out"), cwd=root
     )  # cwd first on sys.path: the copy runs
     assert result.returncode == 0, result.stdout + result.stderr
@@ -36,7 +36,7 @@ def plan_after_editing(built_tree, relative: str) -> dict[str, dict]:
     original = path.read_bytes()
     path.write_bytes(original + (b"\n# edited\n" if path.suffix == ".py" else b"\n"))
     try:
-        result = run_cli("plan", str(config), "--output", str(root / "out"), "--json", cwd=root)
+        result = spawn_cli("plan", str(config), "--output", str(root / "out"), "--json", cwd=root)
     finally:
         path.write_bytes(original)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -71,9 +71,9 @@ def test_editing_another_target_reruns_nothing(built_tree):
     assert {row["status"] for row in rows.values()} <= {"up to date", "skipped"}
 
 
-def test_an_unchanged_tree_is_up_to_date(built_tree, cli_build):
+def test_an_unchanged_tree_is_up_to_date(built_tree):
     root, config = built_tree
-    result = cli_build(str(config), "--output", str(root / "out"), cwd=root)
+    result = spawn_cli("build", str(config), "--output", str(root / "out"), cwd=root)
     assert result.returncode == 0 and "nothing to do" in result.stdout, result.stdout + result.stderr
 
 

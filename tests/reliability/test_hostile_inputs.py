@@ -16,7 +16,7 @@ import pytest
 from pipeline.config import DeploySection, load_config
 from pipeline.errors import ConfigError
 from pipeline.models import checkpoint_problems
-from tests.conftest import run_cli, write_config
+from tests.conftest import run_cli, spawn_cli, write_config
 
 # A CLI start (imports, the config, the checks) takes seconds on a loaded machine; a hang or a minute-long parse is
 # what these tests catch.
@@ -25,7 +25,7 @@ PROMPT_SECONDS = 30
 
 def timed_cli(*args: str):
     start = time.monotonic()
-    result = run_cli(*args, timeout=120)
+    result = spawn_cli(*args, timeout=120)  # a subprocess: a hang is caught by the timeout
     return result, time.monotonic() - start
 
 

@@ -35,7 +35,7 @@ from pipeline.triton.server import (
     free_ports,
     reclaim_orphans,
 )
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, spawn_cli
 
 PROMPT = "Once upon a time"
 ERROR_WITHIN = 5.0  # seconds from a kill to every in-flight client's error (measured 0.1 s)
@@ -356,6 +356,8 @@ def test_serve_on_another_address_gets_ready_and_answers_there(repo, tmp_path, h
     ],
 )
 def test_serve_names_an_api_key_that_protects_nothing(tmp_path, key, expected):
-    result = run_cli("serve", str(tmp_path / "no-repo"), "--openai", env={"TRTLLM_PIPELINE_API_KEY": key}, timeout=120)
+    result = spawn_cli(
+        "serve", str(tmp_path / "no-repo"), "--openai", env={"TRTLLM_PIPELINE_API_KEY": key}, timeout=120
+    )
     output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode != 0 and expected in output, output

@@ -17,7 +17,7 @@ from pipeline.errors import BuildStepError
 from pipeline.stages import triton_repo
 from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, backend_facts, required_parameters, template
 from pipeline.triton.validate import validate_repo
-from tests.conftest import run_cli, write_config
+from tests.conftest import run_cli, spawn_cli, write_config
 
 REAL_CLIENT_INPUTS = {
     "text_input",
@@ -352,7 +352,7 @@ def test_serving_a_trtllm_repository_without_gpu_names_what_is_missing(tmp_path,
     triton_repo.write(
         cfg, trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0"), tmp_path / "repo", log=lambda _: None
     )
-    result = run_cli("serve", str(tmp_path / "repo"))
+    result = spawn_cli("serve", str(tmp_path / "repo"))
     assert result.returncode == 4
     message = " ".join(result.stderr.split())
     assert (
@@ -431,6 +431,6 @@ def test_a_build_whose_tokenizer_was_deleted_fails_validate_repo_and_serve_at_on
     assert result.returncode == 2 and expected in " ".join(result.stderr.split()), result.stderr
     assert "tensorrt_llm/config.pbtxt: parameter 'engine_dir'" in " ".join(result.stderr.split())
     started = time.monotonic()
-    result = run_cli("serve", str(repo), timeout=60)
+    result = spawn_cli("serve", str(repo), timeout=60)
     assert result.returncode == 2 and expected in " ".join(result.stderr.split()), result.stderr
     assert time.monotonic() - started < 20 and "Traceback" not in result.stderr

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.targets.trtllm.checkpoint import check_checkpoint
-from tests.conftest import TINY_SLIDING_WINDOW, make_tiny, run_cli, slow_fixture, trtllm_config
+from tests.conftest import TINY_SLIDING_WINDOW, make_tiny, run_cli, slow_fixture, spawn_cli, trtllm_config
 
 CALIBRATION = "calibration: {num_samples: 8, seq_len: 64}"
 # case -> (quantization YAML, parallel YAML, quant_algo)
@@ -59,7 +59,7 @@ def built(tmp_path_factory, models):
     try:
         with ThreadPoolExecutor(1) as pool:
             cli = pool.submit(
-                run_cli,
+                spawn_cli,
                 *("build", str(cli_root / "gpu.yaml"), "--output", str(cli_root / "out"), "--until", "export"),
                 env={"OMP_NUM_THREADS": "1"},
             )

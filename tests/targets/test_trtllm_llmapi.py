@@ -16,7 +16,7 @@ from pipeline.targets.trtllm.llm_api_args import options_problems
 from pipeline.targets.trtllm.llmapi import OPTIONS_FILE, cuda_graph_batch_sizes, release_options
 from pipeline.targets.trtllm.llmapi_model import llmapi_model
 from pipeline.triton.validate import validate_repo
-from tests.conftest import run_cli, slow_fixture, write_config
+from tests.conftest import run_cli, slow_fixture, spawn_cli, write_config
 
 RELEASES = ("1.0", "1.2")
 
@@ -123,7 +123,7 @@ def test_validate_repo_catches_a_key_the_release_lacks(built, tmp_path):
 @pytest.mark.no_gpu
 def test_serve_stops_with_exit_4_and_the_exact_commands(built):
     output, _ = built["1.2"]
-    result = run_cli("serve", str(output / "triton_repo"))
+    result = spawn_cli("serve", str(output / "triton_repo"))
     assert result.returncode == 4, result.stderr
     message = result.stdout + result.stderr
     assert "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in message
