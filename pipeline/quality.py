@@ -178,14 +178,25 @@ def text_windows(ids: np.ndarray, window: int, stride: int | None = None, prefix
 
 
 def kl_divergence(reference_logits: np.ndarray, engine_logits: np.ndarray) -> np.ndarray:
-    """KL(reference || engine) in nats for each row of [n, vocab] logits; in float64 blocks of rows, so that
-    small divergences are not rounding noise and memory stays bounded at any vocabulary."""
-    out = np.empty(len(reference_logits))
-    for start in range(0, len(out), 64):
-        ref = log_softmax(reference_logits[start : start + 64].astype(np.float64))
-        eng = log_softmax(engine_logits[start : start + 64].astype(np.float64))
-        out[start : start + 64] = (np.exp(ref) * (ref - eng)).sum(-1)
-    return out
+    """KL(reference || engine) in nats for each row of [n, vocab] logits."""
+    return row_measures(reference_logits, engine_logits)[0]
+
+
+def row_measures(reference_logits: np.ndarray, engine_logits: np.ndarray, targets: np.ndarray | None = None):
+    """(KL(reference || engine), the reference's and the engine's negative log-likelihood of `targets`) for each row
+    of [n, vocab] logits, from one log-softmax of each; in float64 blocks of rows, so that small divergences are not
+    rounding noise and memory stays bounded at any vocabulary."""
+    n = len(reference_logits)
+    kl, reference_nll, engine_nll = np.empty(n), np.empty(n), np.empty(n)
+    for start in range(0, n, 64):
+        block = slice(start, start + 64)
+        ref = log_softmax(reference_logits[block].astype(np.float64))
+        eng = log_softmax(engine_logits[block].astype(np.float64))
+        kl[block] = (np.exp(ref) * (ref - eng)).sum(-1)
+        if targets is not None:
+            rows, wanted = np.arange(len(ref)), targets[block]
+            reference_nll[block], engine_nll[block] = -ref[rows, wanted], -eng[rows, wanted]
+    return kl, reference_nll, engine_nll
 
 
 def compare(reference_fn: LogitsFn, engine_fn: LogitsFn, sequences) -> dict[str, np.ndarray]:
@@ -196,10 +207,10 @@ def compare(reference_fn: LogitsFn, engine_fn: LogitsFn, sequences) -> dict[str,
     for ids, scored in sequences:
         ref = reference_fn(ids[None, :])[0, scored]
         eng = engine_fn(ids[None, :])[0, scored]
-        rows, targets = np.arange(len(scored)), ids[scored + 1]
-        parts["reference_nll"].append(-log_softmax(ref.astype(np.float64))[rows, targets])
-        parts["engine_nll"].append(-log_softmax(eng.astype(np.float64))[rows, targets])
-        parts["kl"].append(kl_divergence(ref, eng))
+        kl, reference_nll, engine_nll = row_measures(ref, eng, ids[scored + 1])
+        parts["reference_nll"].append(reference_nll)
+        parts["engine_nll"].append(engine_nll)
+        parts["kl"].append(kl)
         parts["same_top1"].append(ref.argmax(-1) == eng.argmax(-1))
         parts["abs_diff"].append(np.abs(ref - eng).max(-1))
     return {k: np.concatenate(v) for k, v in parts.items()}

@@ -432,11 +432,13 @@ class OnnxRuntimeTarget:
 
     def scored(self, cfg, output: Path, built: Path, log):
         from pipeline.errors import PipelineError
+        from pipeline.lock import read_lock
         from pipeline.targets.onnxruntime.scoring import scored
 
         if not (built / "config.json").is_file():
             raise PipelineError(f"no engine in {built}; build it first: trtllm-pipeline build CONFIG")
-        return scored(cfg, built, output / "export" / ONNX_NAME)
+        exported = read_lock(output)["stages"].get("export", {}).get("output_hash")
+        return scored(cfg, built, output / "export" / ONNX_NAME, exported)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         return []
