@@ -40,7 +40,11 @@ def slow_fixture(fn=None, **kwargs):
 
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` tests by their fixtures; `gpu` tests need TensorRT-LLM and a GPU, `no_gpu` ones check what
-    happens without them."""
+    happens without them.
+
+    Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) each test file runs in one process, so its module
+    fixtures are made once, and every test that starts a tritonserver runs in the same process, one at a time: they
+    check what the machine holds afterwards (processes, /dev/shm regions, ports) and time their servers."""
     from pipeline.targets import TARGETS
     from tests import conftest as imported  # pytest loads this file as `conftest`, test modules as `tests.conftest`
 
@@ -49,6 +53,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if slow.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        group = "tritonserver" if item.get_closest_marker("tritonserver") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
         if missing and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"this machine cannot build TensorRT-LLM engines: {missing}"))
         if not missing and "no_gpu" in item.keywords:
@@ -270,9 +276,11 @@ def calibrated(tmp_path_factory):
 
 @slow_fixture(scope="session")
 def smollm2_build(tmp_path_factory) -> Path:
-    """The default config built by the real CLI (as far as the implemented stages go); shared by slow tests."""
-    output = tmp_path_factory.mktemp("smollm2-build")
-    result = run_cli("build", "build_configs/smollm2-135m-cpu.yaml", "--output", str(output))
+    """The default config built by the real CLI, once per run: the test processes of pytest-xdist share one output
+    (their temp directories' parent); the first builds it, the others queue behind it (`--wait`) and find it built."""
+    shared = tmp_path_factory.getbasetemp()
+    output = (shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared) / "smollm2-build"
+    result = run_cli("build", "build_configs/smollm2-135m-cpu.yaml", "--output", str(output), "--wait")
     assert result.returncode == 0, result.stdout + result.stderr
     return output
 

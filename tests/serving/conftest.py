@@ -16,10 +16,9 @@ BATCHED_LOGIT_TOLERANCE = 4.0
 
 
 @pytest.fixture(scope="session")
-def server(smollm2_build):
-    with TritonServer(
-        smollm2_build / "triton_repo", cache_dir(), log_file=smollm2_build / "tritonserver-test.log"
-    ) as running:
+def server(smollm2_build, tmp_path_factory):
+    log_file = tmp_path_factory.mktemp("tritonserver") / "tritonserver.log"
+    with TritonServer(smollm2_build / "triton_repo", cache_dir(), log_file=log_file) as running:
         yield running
 
 

@@ -15,8 +15,10 @@ import pytest
 
 from pipeline.triton.client import stream_text
 from pipeline.triton.server import free_port
-from tests.conftest import run_cli
+from tests.conftest import spawn_cli
 from tests.serving.test_serving import metric
+
+pytestmark = pytest.mark.tritonserver  # run with the other server tests (tests/conftest.py)
 
 MODEL = "smollm2-135m-cpu"
 QUESTION = [
@@ -336,7 +338,7 @@ def test_an_empty_key_is_no_key(server, smollm2_build):
     ],
 )
 def test_serve_refuses_an_open_gateway_on_a_public_address(tmp_path, args, env, error):
-    result = run_cli(
+    result = spawn_cli(
         "serve", str(tmp_path / "absent.yaml"), "--openai", "--host", "0.0.0.0", *args, env=env, timeout=60
     )
     assert result.returncode == 1 and error in result.stderr, result.stderr

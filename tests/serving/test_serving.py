@@ -24,6 +24,8 @@ from pipeline.triton.client import stream_text
 from pipeline.triton.server import TritonServer
 from tests.serving.conftest import BATCHED_LOGIT_TOLERANCE, PROMPT
 
+pytestmark = pytest.mark.tritonserver  # run with the other server tests (tests/conftest.py)
+
 
 def metric(server, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
@@ -201,6 +203,13 @@ def processes_using(path) -> list[str]:
     return [line for line in found if "pgrep" not in line]
 
 
+def server_regions() -> set[str]:
+    """The /dev/shm regions of servers `serve` started (other programs' regions come and go meanwhile)."""
+    from pipeline.triton.server import SHM_PREFIX
+
+    return {name for name in os.listdir("/dev/shm") if name.startswith(SHM_PREFIX)}
+
+
 @pytest.fixture
 def private_repo(smollm2_build, tmp_path):
     """A copy of the built repository (its models point at the same engine), so the processes serving it are ours."""
@@ -213,10 +222,7 @@ def test_serve_stopped_at_any_point_of_start_up_leaves_no_process_or_shm_region(
     `serve` exits and no tritonserver, python stub, /dev/shm region or temporary directory of it remains."""
     from pipeline.triton.server import Ports
 
-    regions_before, temp_before = (
-        set(os.listdir("/dev/shm")),
-        set(Path(tempfile.gettempdir()).glob("trtllm-pipeline-*")),
-    )
+    regions_before, temp_before = server_regions(), set(Path(tempfile.gettempdir()).glob("trtllm-pipeline-*"))
     ports = Ports.pick()
     serve = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "serve", str(private_repo), "--http-port", str(ports.http),
@@ -249,7 +255,7 @@ def test_serve_stopped_at_any_point_of_start_up_leaves_no_process_or_shm_region(
     if delay == "serving":
         assert serve.returncode == 0 and "serving" in output and f"127.0.0.1:{ports.grpc}" in output
     assert not processes_using(private_repo), output
-    assert not set(os.listdir("/dev/shm")) - regions_before
+    assert not server_regions() - regions_before
     assert not set(Path(tempfile.gettempdir()).glob("trtllm-pipeline-*")) - temp_before  # (orphans may be reclaimed)
 
 
