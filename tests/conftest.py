@@ -38,6 +38,7 @@ def slow_fixture(fn=None, **kwargs):
     return declare(fn) if fn else declare
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` tests by their fixtures; `gpu` tests need TensorRT-LLM and a GPU, `no_gpu` ones check what
     happens without them.

@@ -204,10 +204,16 @@ def processes_using(path) -> list[str]:
 
 
 def server_regions() -> set[str]:
-    """The /dev/shm regions of servers `serve` started (other programs' regions come and go meanwhile)."""
-    from pipeline.triton.server import SHM_PREFIX
+    """The /dev/shm regions of servers but those running already (the session's server makes regions as it
+    serves; other programs' regions come and go meanwhile)."""
+    from pipeline.triton.server import SHM_PREFIX, WORK_PREFIX
 
-    return {name for name in os.listdir("/dev/shm") if name.startswith(SHM_PREFIX)}
+    running = {p.name.removeprefix(WORK_PREFIX) for p in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*")}
+    return {
+        name
+        for name in os.listdir("/dev/shm")
+        if name.startswith(SHM_PREFIX) and name.removeprefix(SHM_PREFIX).split("_")[0] not in running
+    }
 
 
 @pytest.fixture
