@@ -71,20 +71,20 @@ validate: $(STAMP)
 deploy: $(STAMP)
 	$(VENV)/bin/trtllm-pipeline deploy $(CONFIG)
 
-# The whole suite (CI's) in TEST_WORKERS processes (pytest-xdist; a test file stays in one, see tests/conftest.py);
-# the 15 slowest tests are listed at the end.
+# The whole suite (CI's) in TEST_WORKERS processes (pytest-xdist; each test file runs in one, so its module fixtures
+# are made once; see tests/conftest.py for the order); the 15 slowest tests are listed at the end.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The edit loop: every test that needs neither the real SmolLM2 build nor a server on it (tests/conftest.py marks
 # the others `slow` from the fixtures they use).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(VENV)/bin/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # ruff formats the tree and fixes what it can (imports); `make test` checks both.
 format: $(STAMP)

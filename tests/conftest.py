@@ -38,14 +38,10 @@ def slow_fixture(fn=None, **kwargs):
     return declare(fn) if fn else declare
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` tests by their fixtures; `gpu` tests need TensorRT-LLM and a GPU, `no_gpu` ones check what
-    happens without them.
-
-    Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) each test file runs in one process, so its module
-    fixtures are made once, and every test that starts a tritonserver runs in the same process, one at a time: they
-    check what the machine holds afterwards (processes, /dev/shm regions, ports) and time their servers."""
+    happens without them. Files with a test on the real SmolLM2 build run last: under pytest-xdist (`make test`:
+    `-n 2 --dist loadfile`) the first process to reach one builds it while the other runs the rest meanwhile."""
     from pipeline.targets import TARGETS
     from tests import conftest as imported  # pytest loads this file as `conftest`, test modules as `tests.conftest`
 
@@ -54,12 +50,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if slow.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        group = "tritonserver" if item.get_closest_marker("tritonserver") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
         if missing and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"this machine cannot build TensorRT-LLM engines: {missing}"))
         if not missing and "no_gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="this machine has a GPU and trtllm-build"))
+    on_smollm2 = {item.path for item in items if "smollm2_build" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.path in on_smollm2)  # stable: the order within a file stays
 
 
 # Per architecture: the transformers config class and what makes the family itself at tiny size (a feature the
@@ -275,13 +271,43 @@ def calibrated(tmp_path_factory):
     return seed
 
 
+SMOLLM2_CONFIG = "build_configs/smollm2-135m-cpu.yaml"
+
+
+def smollm2_output(tmp_path_factory) -> Path:
+    """Where the SmolLM2 build of this run goes: pytest-xdist's processes share their temp directories' parent."""
+    own = tmp_path_factory.getbasetemp()
+    return (own.parent if os.environ.get("PYTEST_XDIST_WORKER") else own) / "smollm2-build"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def smollm2_build_started(request, tmp_path_factory):
+    """When a selected test needs the SmolLM2 build, one test process starts it at once in a subprocess, so that it
+    runs while the tests before those do (their files run last); `smollm2_build` queues behind it."""
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or not any(
+        "smollm2_build" in item.fixturenames for item in request.session.items
+    ):
+        yield
+        return
+    output = smollm2_output(tmp_path_factory)
+    output.mkdir(parents=True, exist_ok=True)
+    with open(output.parent / "smollm2-build.log", "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "build", SMOLLM2_CONFIG, "--output", str(output), "--wait"],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    yield
+    process.wait()
+
+
 @slow_fixture(scope="session")
 def smollm2_build(tmp_path_factory) -> Path:
-    """The default config built by the real CLI, once per run: the test processes of pytest-xdist share one output
-    (their temp directories' parent); the first builds it, the others queue behind it (`--wait`) and find it built."""
-    shared = tmp_path_factory.getbasetemp()
-    output = (shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared) / "smollm2-build"
-    result = run_cli("build", "build_configs/smollm2-135m-cpu.yaml", "--output", str(output), "--wait")
+    """The default config built by the real CLI, once per run: test processes queue behind the build running
+    (`--wait`) and find it built; a failed build fails here with its output."""
+    output = smollm2_output(tmp_path_factory)
+    result = run_cli("build", SMOLLM2_CONFIG, "--output", str(output), "--wait")
     assert result.returncode == 0, result.stdout + result.stderr
     return output
 

@@ -196,7 +196,6 @@ def test_server_metrics_are_parsed_and_reported_as_deltas_or_absent():
     assert set(server_deltas(None, None).values()) == {None}  # no metrics endpoint
 
 
-@pytest.mark.tritonserver
 def test_bench_serve_runs_against_the_real_server_and_writes_a_report(smollm2_build, tmp_path):
     result = run_cli(
         "bench",

@@ -288,7 +288,6 @@ def _probe(port: int, path: str) -> int:
         return getattr(exc, "code", 0)
 
 
-@pytest.mark.tritonserver
 def test_the_cpu_manifest_serves_as_written(smollm2_build, tmp_path):
     """The Deployment's container run here as the kubelet would run it: its command (the image's paths mapped onto
     this machine), its env (the Secret's key), its probes, the Service's ports, its memory

@@ -37,8 +37,6 @@ from pipeline.triton.server import (
 )
 from tests.conftest import REPO, spawn_cli
 
-pytestmark = pytest.mark.tritonserver  # run with the other server tests (tests/conftest.py)
-
 PROMPT = "Once upon a time"
 ERROR_WITHIN = 5.0  # seconds from a kill to every in-flight client's error (measured 0.1 s)
 EXIT_WITHIN = 10.0  # ... to serve's exit (measured 1.4-1.8 s)

@@ -10,8 +10,6 @@ import pytest
 
 from tests.serving.test_openai import MODEL, running
 
-pytestmark = pytest.mark.tritonserver  # run with the other server tests (tests/conftest.py)
-
 OCEAN = [{"role": "user", "content": "Write one sentence about the ocean."}]
 PROMPT = "The ocean is"  # greedy: " a vast, interconnected ecosystem that supports life on Earth. The ocean is home"
 

@@ -15,8 +15,6 @@ from tests.conftest import REPO, run_cli
 from tests.serving.conftest import BATCHED_LOGIT_TOLERANCE, PROMPT
 from tests.serving.test_serving import metric
 
-pytestmark = pytest.mark.tritonserver  # run with the other server tests (tests/conftest.py)
-
 MAX_NUM_TOKENS = 64
 
 

@@ -18,8 +18,6 @@ from pipeline.triton.server import free_port
 from tests.conftest import spawn_cli
 from tests.serving.test_serving import metric
 
-pytestmark = pytest.mark.tritonserver  # run with the other server tests (tests/conftest.py)
-
 MODEL = "smollm2-135m-cpu"
 QUESTION = [
     {"role": "user", "content": "What is the capital of France? Answer in one sentence."}

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipeline.build import cache_dir
@@ -23,8 +24,6 @@ from pipeline.errors import PipelineError
 from pipeline.triton.client import stream_text
 from pipeline.triton.server import TritonServer
 from tests.serving.conftest import BATCHED_LOGIT_TOLERANCE, PROMPT
-
-pytestmark = pytest.mark.tritonserver  # run with the other server tests (tests/conftest.py)
 
 
 def metric(server, name: str) -> float:
@@ -203,17 +202,26 @@ def processes_using(path) -> list[str]:
     return [line for line in found if "pgrep" not in line]
 
 
-def server_regions() -> set[str]:
-    """The /dev/shm regions of servers but those running already (the session's server makes regions as it
-    serves; other programs' regions come and go meanwhile)."""
-    from pipeline.triton.server import SHM_PREFIX, WORK_PREFIX
+def leftovers(serve_pid: int) -> tuple[set[Path], set[str]]:
+    """(work directories, /dev/shm regions) of servers in this machine's temp dir and /dev/shm, but those of servers
+    another live process runs (tests in the other test process serve meanwhile) and other programs' regions."""
+    from pipeline.triton.server import OWNER, SHM_PREFIX, WORK_PREFIX
 
-    running = {p.name.removeprefix(WORK_PREFIX) for p in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*")}
-    return {
+    others = set()
+    for work in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*"):
+        try:
+            pid = json.loads((work / OWNER).read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            continue  # being created or removed: not told apart from ours
+        if pid != serve_pid and psutil.pid_exists(pid):
+            others.add(work)
+    tokens = {work.name.removeprefix(WORK_PREFIX) for work in others}
+    regions = {
         name
         for name in os.listdir("/dev/shm")
-        if name.startswith(SHM_PREFIX) and name.removeprefix(SHM_PREFIX).split("_")[0] not in running
+        if name.startswith(SHM_PREFIX) and name.removeprefix(SHM_PREFIX).split("_")[0] not in tokens
     }
+    return set(Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*")) - others, regions
 
 
 @pytest.fixture
@@ -228,7 +236,7 @@ def test_serve_stopped_at_any_point_of_start_up_leaves_no_process_or_shm_region(
     `serve` exits and no tritonserver, python stub, /dev/shm region or temporary directory of it remains."""
     from pipeline.triton.server import Ports
 
-    regions_before, temp_before = server_regions(), set(Path(tempfile.gettempdir()).glob("trtllm-pipeline-*"))
+    dirs_before, regions_before = leftovers(-1)
     ports = Ports.pick()
     serve = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "serve", str(private_repo), "--http-port", str(ports.http),
@@ -261,8 +269,9 @@ def test_serve_stopped_at_any_point_of_start_up_leaves_no_process_or_shm_region(
     if delay == "serving":
         assert serve.returncode == 0 and "serving" in output and f"127.0.0.1:{ports.grpc}" in output
     assert not processes_using(private_repo), output
-    assert not server_regions() - regions_before
-    assert not set(Path(tempfile.gettempdir()).glob("trtllm-pipeline-*")) - temp_before  # (orphans may be reclaimed)
+    dirs_after, regions_after = leftovers(serve.pid)
+    assert not regions_after - regions_before
+    assert not dirs_after - dirs_before  # (orphans found before may be reclaimed meanwhile)
 
 
 def test_shutdown_after_cancelled_bls_streams_does_not_wait_out_the_exit_timeout(private_repo):
