@@ -77,14 +77,14 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # The edit loop: every test that needs neither the real SmolLM2 build nor a server on it (tests/conftest.py marks
 # the others `slow` from the fixtures they use).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(VENV)/bin/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # ruff formats the tree and fixes what it can (imports); `make test` checks both.
 format: $(STAMP)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import io
@@ -55,7 +56,10 @@ def pytest_collection_modifyitems(config, items):
         if not missing and "no_gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="this machine has a GPU and trtllm-build"))
     on_smollm2 = {item.path for item in items if "smollm2_build" in getattr(item, "fixturenames", ())}
-    items.sort(key=lambda item: item.path in on_smollm2)  # stable: the order within a file stays
+    tests_in = collections.Counter(item.path for item in items)
+    # bigger files first within each part, as pytest-xdist orders them (make test turns its reordering off so that
+    # this order holds); stable: the order within a file stays
+    items.sort(key=lambda item: (item.path in on_smollm2, -tests_in[item.path], str(item.path)))
 
 
 # Per architecture: the transformers config class and what makes the family itself at tiny size (a feature the
