@@ -57,9 +57,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="this machine has a GPU and trtllm-build"))
     on_smollm2 = {item.path for item in items if "smollm2_build" in getattr(item, "fixturenames", ())}
     tests_in = collections.Counter(item.path for item in items)
-    # bigger files first within each part, as pytest-xdist orders them (make test turns its reordering off so that
-    # this order holds); stable: the order within a file stays
-    items.sort(key=lambda item: (item.path in on_smollm2, -tests_in[item.path], str(item.path)))
+    # Other files: bigger first, as pytest-xdist orders them. Files on the build: smaller first, since a file of few
+    # tests there starts a server or a build of its own (the longest units) and must not be the last one. make test
+    # turns pytest-xdist's reordering off so that this order holds; the order within a file stays.
+    items.sort(
+        key=lambda item: (
+            item.path in on_smollm2,
+            tests_in[item.path] if item.path in on_smollm2 else -tests_in[item.path],
+            str(item.path),
+        )
+    )
 
 
 # Per architecture: the transformers config class and what makes the family itself at tiny size (a feature the

@@ -27,13 +27,14 @@ def chunked_server(smollm2_build, tmp_path_factory):
     settings = yaml.safe_load((REPO / "build_configs" / "smollm2-135m-cpu.yaml").read_text())
     settings["build"]["max_num_tokens"] = MAX_NUM_TOKENS
     settings["runtime"]["enable_chunked_context"] = True
+    # the default build's gate stands for the model; this one is about serving, so its gate scores a quarter of the
+    # text and no chat set (the export stage reads verify too, and re-runs: seconds)
+    settings["verify"] |= {"eval_tokens": 512, "min_chat_answer_match": None}
     config = out.parent / "chunked.yaml"
     config.write_text(yaml.safe_dump(settings))
     result = run_cli("build", str(config), "--output", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (
-        "import: running" not in result.stdout and "export: running" not in result.stdout
-    )  # only engine and repo change
+    assert "import: running" not in result.stdout  # the checkpoint is reused
     with TritonServer(out / "triton_repo", cache_dir(), log_file=out / "tritonserver-test.log") as running:
         yield running
 
