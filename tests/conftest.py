@@ -41,8 +41,8 @@ def slow_fixture(fn=None, **kwargs):
 
 def pytest_collection_modifyitems(config, items):
     """Mark `slow` tests by their fixtures; `gpu` tests need TensorRT-LLM and a GPU, `no_gpu` ones check what
-    happens without them. Files with a test on the real SmolLM2 build run last: under pytest-xdist (`make test`:
-    `-n 2 --dist loadfile`) the first process to reach one builds it while the other runs the rest meanwhile."""
+    happens without them. Files with a test on the real SmolLM2 build run last (`make test`: `-n 2 --dist loadfile`),
+    so that the build `smollm2_build_started` begins at once runs while the other files do."""
     from pipeline.targets import TARGETS
     from tests import conftest as imported  # pytest loads this file as `conftest`, test modules as `tests.conftest`
 

@@ -389,7 +389,7 @@ class TritonServer:
         )  # the stub finds pyvenv.cfg via PATH
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         # The CPU repository's python models only tokenize with transformers: without torch its import takes 1.5 s
-        # instead of 7 (three models at once on two cores: start-up 18 s -> 9 s, measured), and it says so once.
+        # instead of 7 (three models at once on two cores: start-up 18 s -> 6 s, measured), and it says so once.
         env.setdefault("USE_TORCH", "0")
         env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         return env
