@@ -98,3 +98,4 @@ clean:
 # those files, downloaded from GitHub or put under --sources); `make test` never reads upstream sources.
 tables: $(STAMP)
 	$(VENV)/bin/python scripts/dev/tabulate_all.py --check
+	$(VENV)/bin/python scripts/dev/render_dockerfile.py --check

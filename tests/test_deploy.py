@@ -83,7 +83,7 @@ def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
     assert build["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert server["image"] == "trtllm-pipeline:gpu-1.2" and server["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert server["command"][:2] == ["trtllm-serve", "/artifacts/llama-3.1-8b-fp8-h100/engine/model"]
-    assert f"--config={CONFIG_DIR}/llm_api_options.yaml" in server["command"]
+    assert f"--extra_llm_api_options={CONFIG_DIR}/llm_api_options.yaml" in server["command"]
     assert server["livenessProbe"]["httpGet"]["path"] == "/health"
     assert (
         build["command"][1:3] == ["build", f"{CONFIG_DIR}/llama-3.1-8b-fp8-h100.yaml"] and "--wait" in build["command"]

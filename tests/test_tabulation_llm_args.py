@@ -379,6 +379,8 @@ def test_keys_of_a_partly_read_model_are_not_refused():
     assert options_problems({"speculative_config": eagle | {"max_draft_len": "3"}}, "1.2")
 
 
-def test_serve_options_flag_is_the_newest_name_each_release_accepts():
-    assert serve_options_flag("1.0") == serve_options_flag("1.1") == "--extra_llm_api_options"
-    assert serve_options_flag("1.2") == "--config"
+def test_serve_options_flag_is_the_spelling_every_release_accepts():
+    """1.2 added --config and kept --extra_llm_api_options as its alias: the older name serves every release."""
+    assert (
+        serve_options_flag("1.0") == serve_options_flag("1.1") == serve_options_flag("1.2") == "--extra_llm_api_options"
+    )

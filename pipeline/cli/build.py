@@ -225,13 +225,12 @@ def deploy(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
         f"{cfg.deploy.namespace}, {shape} per replica; {'; '.join(serving.memory_lines)}",
         highlight=False,
     )
-    if dep.placement == "image":
-        console.print(f"image: {cfg.deploy.image or serving.image} holds the build: {serving.image_build}")
-    else:
-        console.print(
-            f"image: {cfg.deploy.image or serving.image} ({serving.image_build}); job/{dep.name}-build builds the "
-            "config onto the claim once, the pods wait for it"
-        )
+    held = "holds the build" if dep.placement == "image" else f"job/{dep.name}-build builds the config onto the claim"
+    console.print(
+        f"image: {cfg.deploy.image or serving.image} ({held}), built by:\n  {serving.image_build}",
+        highlight=False,
+        soft_wrap=True,  # a command wrapped by the terminal's width would not paste as one
+    )
     if cfg.deploy.openai_gateway and "openai" in serving.port_flags and not cfg.deploy.api_key_secret:
         console.print("[yellow]note:[/] the OpenAI gateway takes no API key (set deploy.api_key_secret)")
     console.print(f"apply: kubectl apply -k {out / stage.MANIFESTS}", highlight=False)

@@ -238,7 +238,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
                 _drop(data, loc, missing=e["type"] == "missing")
     else:
         raise ConfigError(path, problems)
-    config._base_dir, config._source = path.resolve().parent, path
+    config._base_dir, config._source, config._overrides = path.resolve().parent, path, tuple(overrides or ())
     for loc, message in cross_field_problems(config):
         if not _under(loc, bad_locs):
             problems.append(locator.problem(loc, message))

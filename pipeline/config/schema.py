@@ -41,10 +41,15 @@ class BuildConfig(Section):
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _source: Path | None = PrivateAttr(None)  # the YAML file it was loaded from
+    _overrides: tuple[str, ...] = PrivateAttr(())  # the command line's key=value overrides merged over it
 
     @property
     def source(self) -> Path | None:
         return self._source
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        return self._overrides
 
     def resolve_path(self, path: str) -> Path:
         """Config paths are relative to the YAML file, so a config works from any working directory. A path that

@@ -42,6 +42,7 @@ TABULATORS = {
     "trtllm_build_flags": "tabulate_trtllm_build",
     "leaderworkerset": "tabulate_lws",
     "prometheus_adapter": "tabulate_prometheus_adapter",
+    "triton_trtllm_images": "tabulate_triton_trtllm_images",
 }
 
 

@@ -338,20 +338,6 @@ def test_nvfp4_is_rejected_with_the_reason(tmp_path, tiny_llama):
     assert result.returncode == 2 and "fake-quant forward needs CUDA" in " ".join(result.stderr.split())
 
 
-def test_every_supported_release_has_a_container_and_the_dockerfile_default_matches():
-    """The GPU image is built on the container holding the targeted release; the Dockerfile's default
-    TRITON_TAG and TRTLLM_VERSION must be one such pair, or its own version check stops the build."""
-    import re
-
-    from pipeline.targets.trtllm.backend import TRITON_CONTAINERS
-    from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS
-
-    assert set(TRITON_CONTAINERS) == set(SUPPORTED_VERSIONS)
-    dockerfile = (Path(__file__).parents[2] / "Dockerfile").read_text()
-    defaults = dict(re.findall(r"^ARG (TRITON_TAG|TRTLLM_VERSION)=(\S+)$", dockerfile, re.M))
-    assert TRITON_CONTAINERS[defaults["TRTLLM_VERSION"]] == defaults["TRITON_TAG"]
-
-
 @pytest.mark.parametrize(
     ("quantization", "multiple"),
     [("{weights: int8}", 128), ("{weights: int4, method: awq, group_size: 128, calibration: {}}", 256)],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.docker import image_build
 from pipeline.k8s import QueueMetric, Serving, triton_health, triton_port_flags, triton_serve_command
 from pipeline.k8s_names import ascii_name
 from pipeline.memory import cpu_build_bytes, plan_cpu_serving
@@ -28,7 +29,7 @@ def serving(cfg) -> Serving:
     tag = f"trtllm-pipeline:{ascii_name(config.stem.lower(), 'a-z0-9_.-').lstrip('.-')[:128] or 'config'}"
     return Serving(
         image=tag,
-        image_build=f"docker build --build-arg=CONFIG={config} --tag={tag} .",
+        image_build=image_build(cfg, None, tag).shown(),
         artifacts="image",
         image_problem=None,
         port_flags=triton_port_flags(cfg),

@@ -1,5 +1,5 @@
-"""What TensorRT-LLM's two backends share: the protocol each implements, the containers holding each release,
-the fields every backend reads and the upstream tables they are checked against."""
+"""What TensorRT-LLM's two backends share: the protocol each implements, the fields every backend reads and the
+upstream tables they are checked against."""
 
 from __future__ import annotations
 
@@ -8,35 +8,6 @@ from typing import ClassVar, Protocol
 
 from pipeline.targets import DEPLOY_FIELDS, VERIFY_FIELDS, Problem
 from pipeline.upstream import TABLES
-
-# The newest NGC tritonserver:<tag>-trtllm-python-py3 holding each TensorRT-LLM release, from NVIDIA's Triton
-# compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md, as recorded in the
-# workplace notes trtllm-versions.md): 0.18.2 in 25.04, 1.0 in 25.09-25.10, 1.1 in 25.12-26.02, 1.2.1 in 26.04-26.07.
-TRITON_CONTAINERS = {
-    "0.18": "25.04",
-    "0.19": "25.05",
-    "0.20": "25.07",
-    "0.21": "25.08",
-    "1.0": "25.10",
-    "1.1": "26.02",
-    "1.2": "26.07",
-}
-
-
-def gpu_image_command(cfg) -> list[str]:
-    """`docker build` of the Dockerfile's gpu stage on the container that holds the targeted release."""
-    version = cfg.target.trtllm_version
-    config = cfg.source or Path("<config>")  # a path inside this repository: the image copies build_configs/
-    return [
-        "docker",
-        "build",
-        "--target=gpu",
-        f"--build-arg=TRITON_TAG={TRITON_CONTAINERS[version]}",
-        f"--build-arg=TRTLLM_VERSION={version}",
-        f"--build-arg=CONFIG={config}",
-        f"--tag=trtllm-pipeline:gpu-{version}",
-        ".",
-    ]
 
 
 def multi_node(cfg) -> bool:

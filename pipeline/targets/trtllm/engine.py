@@ -22,11 +22,11 @@ from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS, Problem
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
-    gpu_image_command,
     lacking,
     multi_node,
 )
 from pipeline.targets.trtllm.checkpoint import EXPECTED_ALGO, padding_problems
+from pipeline.targets.trtllm.image import whole_config_commands
 from pipeline.targets.trtllm.modelopt import LOADER_QUANTIZED
 from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, required_parameters, template
 
@@ -200,7 +200,7 @@ def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> 
         raise TargetUnavailable(
             f"the trtllm engine needs {' and '.join(missing)}. The checkpoint is built and verified: "
             f"{checkpoint}; on a GPU machine run:\n  {shlex.join(suggested)}\nor build the whole config there in "
-            f"NVIDIA's TensorRT-LLM {cfg.target.trtllm_version} container:\n  {shlex.join(gpu_image_command(cfg))}"
+            f"NVIDIA's TensorRT-LLM {cfg.target.trtllm_version} container:\n  {whole_config_commands(cfg)}"
         )
     log(shlex.join(command))
     result = subprocess.run(command, capture_output=True, text=True)
@@ -407,7 +407,7 @@ class EngineBackend:
         )
         return [
             f"engine command (TensorRT-LLM {cfg.target.trtllm_version}):\n  {shlex.join(command)}",
-            f"or the whole config in NVIDIA's container:\n  {shlex.join(gpu_image_command(cfg))}",
+            f"or the whole config in NVIDIA's container:\n  {whole_config_commands(cfg)}",
         ]
 
     def memory_plan(self, cfg, facts):

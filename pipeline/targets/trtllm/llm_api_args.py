@@ -1,4 +1,5 @@
-"""TensorRT-LLM's LLM-API options (the `trtllm-serve --config` YAML, Triton llmapi `model.yaml`), per release.
+"""TensorRT-LLM's LLM-API options (the `trtllm-serve --extra_llm_api_options` YAML, Triton llmapi `model.yaml`),
+per release.
 
 Every key and value the `trtllm` target writes into such a file is checked here against the facts that
 scripts/dev/tabulate_trtllm_llm_args.py read from that release's `llm_args.py` (upstream/llm_args.json), because
@@ -11,8 +12,6 @@ from __future__ import annotations
 from pipeline.upstream import release_facts, releases
 
 LLM_API_RELEASES = releases("llm_args")
-# `trtllm-serve`'s names for the options-file flag, newest first (1.2 added --config).
-OPTIONS_FLAG_NAMES = ("--config", "--extra_llm_api_options")
 
 Problem = tuple[tuple[str, ...], str]
 
@@ -22,9 +21,14 @@ def _release(release: str) -> dict:
 
 
 def serve_options_flag(release: str) -> str:
-    """The flag that passes the options YAML to `trtllm-serve` in `release` (the newest name it accepts)."""
+    """The flag passing the options YAML to `trtllm-serve` of `release`: a spelling every tabulated release accepts
+    (1.2 named it --config and kept --extra_llm_api_options as its alias), so that one command line serves them all;
+    the release's first spelling where no spelling is common."""
     flags = _release(release)["serve"]["options_flags"]
-    return next(name for name in OPTIONS_FLAG_NAMES + tuple(flags) if name in flags)
+    everywhere = [
+        flag for flag in flags if all(flag in _release(r)["serve"]["options_flags"] for r in LLM_API_RELEASES)
+    ]
+    return (everywhere or flags)[0]
 
 
 def has_option(release: str, key: tuple[str, ...]) -> bool:

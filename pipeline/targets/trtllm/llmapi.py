@@ -1,8 +1,8 @@
 """The trtllm target's `pytorch` backend: TensorRT-LLM's default since 1.0, deployed through the LLM API.
 
 What users deploy is the (ModelOpt-quantized) unified Hugging Face checkpoint plus one LLM-API options YAML:
-`trtllm-serve MODEL --config FILE`, or Triton's `llmapi` python model, whose `model.yaml` carries the same
-options next to a `triton_config` section. So the engine stage writes no engine: it lays out `engine/model/`
+`trtllm-serve MODEL --extra_llm_api_options FILE`, or Triton's `llmapi` python model, whose `model.yaml` carries the
+same options next to a `triton_config` section. So the engine stage writes no engine: it lays out `engine/model/`
 (the unified checkpoint, checked against what the PyTorch loader of the targeted release reads, with the
 tokenizer) and `engine/llm_api_options.yaml`, every key of which is checked against that release's `TorchLlmArgs`
 (tabulated from llm_args.py by scripts/dev/tabulate_trtllm_llm_args.py). The Triton repository holds the llmapi
@@ -25,10 +25,9 @@ from pipeline.targets import Problem, given_fields
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
-    TRITON_CONTAINERS,
-    gpu_image_command,
     lacking,
 )
+from pipeline.targets.trtllm.image import nvidia_image, whole_config_commands
 from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
 from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
 from pipeline.targets.trtllm.torch_checkpoint import MODELS as TORCH_MODELS
@@ -334,7 +333,8 @@ class Deployment:
         if release is None:
             raise PipelineError(
                 f"{record} does not record the TensorRT-LLM release (the repository was not built by "
-                f"trtllm-pipeline): serve it yourself, e.g. trtllm-serve {model_dir} --config OPTIONS.yaml"
+                f"trtllm-pipeline): serve it yourself, e.g. "
+                f"trtllm-serve {model_dir} --extra_llm_api_options OPTIONS.yaml"
             ) from None
         return cls(model_dir, model_dir.parent / OPTIONS_FILE, release, repo, name)
 
@@ -346,7 +346,7 @@ class Deployment:
         (OpenAI-compatible), or tritonserver once the container's llmapi model.py is copied beside our model.yaml."""
         import shlex
 
-        image = f"nvcr.io/nvidia/tritonserver:{TRITON_CONTAINERS[self.release]}-trtllm-python-py3"
+        image = nvidia_image(self.release)
         mounts = sorted({str(self.model_dir.parent.parent), str(self.repo.parent)})
         docker = ["docker", "run", "--rm", "--gpus=all", "--ipc=host", *(f"--volume={m}:{m}" for m in mounts)]
         docker.append(f"--publish={host}:{port}:{port}")
@@ -560,8 +560,6 @@ class LlmApiBackend:
         return LlmApiRunner.from_dir(engine_dir, engine)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
-        import shlex
-
         output = output.resolve()
         deployment = Deployment(
             output / "engine" / MODEL_DIR,
@@ -575,7 +573,7 @@ class LlmApiBackend:
             f"serve with trtllm-serve (TensorRT-LLM {cfg.target.trtllm_version}, NVIDIA's container):\n"
             f"  {trtllm_serve}",
             f"or with Triton's llmapi model:\n  {triton}",
-            f"or the whole config in NVIDIA's container:\n  {shlex.join(gpu_image_command(cfg))}",
+            f"or the whole config in NVIDIA's container:\n  {whole_config_commands(cfg)}",
         ]
 
     def memory_plan(self, cfg, facts):

@@ -10,7 +10,6 @@ import, do not re-run when only the deployment changes.
 from __future__ import annotations
 
 import re
-import shlex
 
 from pipeline.errors import PipelineError
 from pipeline.k8s import (
@@ -24,8 +23,9 @@ from pipeline.k8s import (
     triton_serve_command,
 )
 from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, conversion_host_bytes, gpu_pod_host_bytes, rank_weight_bytes
-from pipeline.targets.trtllm.backend import gpu_image_command, multi_node
+from pipeline.targets.trtllm.backend import multi_node
 from pipeline.targets.trtllm.backends import BACKENDS, backend_of
+from pipeline.targets.trtllm.image import gpu_image_build, image_tag
 from pipeline.targets.trtllm.llmapi import MODEL_DIR, OPTIONS_FILE, options_yaml, release_options, trtllm_serve_command
 from pipeline.triton.server import Ports, tritonserver_address_args, tritonserver_ranks
 from pipeline.upstream import release_facts
@@ -63,8 +63,8 @@ def gpu_serving(cfg, **backend_parts):
         if cfg.target.gpu:
             lines += backend_of(cfg).memory_plan(cfg, facts).lines()
     return Serving(
-        image=f"trtllm-pipeline:gpu-{cfg.target.trtllm_version}",
-        image_build=shlex.join(gpu_image_command(cfg)),
+        image=image_tag(cfg.target.trtllm_version),
+        image_build=gpu_image_build(cfg).shown(),
         artifacts="volume",
         image_problem="a TensorRT-LLM output is built on the GPU it serves from (calibration, engines), which "
         "`docker build` has not; use deploy.artifacts: volume",

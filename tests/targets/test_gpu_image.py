@@ -1,0 +1,214 @@
+"""Our GPU image, one Dockerfile stage per TensorRT-LLM release (pipeline/targets/trtllm/image.py), and the commands
+that build it. Each stage is read back as Docker parses it; the virtualenv layout a stage relies on is made here for
+real; the image's own check (image_check.py) runs on this machine's torch and ModelOpt; and `plan` prints commands
+that work as printed."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from pipeline.targets.trtllm import image_check
+from pipeline.targets.trtllm.image import (
+    CHECK,
+    IMAGE_FACTS,
+    container,
+    image_tag,
+    nvidia_image,
+    stage_name,
+    stages,
+)
+from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS
+from pipeline.upstream import releases
+from tests.conftest import REPO, run_cli
+
+DOCKERFILE = REPO / "Dockerfile"
+FP8_CONFIG = "build_configs/smollm2-135m-fp8.yaml"
+
+
+def dockerfile_stages(text: str) -> dict[str, list[tuple[str, str]]]:
+    """Stage name -> its instructions (continuation lines joined, comments dropped), as Docker reads them."""
+    stages_found: dict[str, list[tuple[str, str]]] = {}
+    for item in DockerfileParser(fileobj=io.BytesIO(text.encode()), env_replace=False).structure:
+        if item["instruction"] == "FROM":
+            base, _, name = item["value"].partition(" AS ")
+            stages_found[name] = [("FROM", base)]
+        elif stages_found:
+            stages_found[list(stages_found)[-1]].append((item["instruction"], item["value"]))
+    return stages_found
+
+
+def setup_commands(release: str) -> list[str]:
+    """The commands of the stage's RUN that sets Python up, in order."""
+    stage = dockerfile_stages(DOCKERFILE.read_text())[stage_name(release)]
+    run = next(value for instruction, value in stage if instruction == "RUN" and CHECK in value)
+    return [command.strip() for command in run.split(" && ")]
+
+
+def test_every_supported_release_has_a_current_stage_in_the_dockerfile():
+    assert set(releases(IMAGE_FACTS)) == set(SUPPORTED_VERSIONS)
+    text = DOCKERFILE.read_text()
+    assert stages() in text, "the GPU stages are stale: run python scripts/dev/render_dockerfile.py"
+    assert set(dockerfile_stages(text)) == {"kubectl", "gpu", "cpu", *map(stage_name, SUPPORTED_VERSIONS)}
+    assert list(dockerfile_stages(text))[-1] == "cpu", "the CPU image stays the default (last) stage"
+
+
+@pytest.mark.parametrize("release", releases(IMAGE_FACTS))
+def test_each_stage_keeps_the_containers_packages_and_checks_it_uses_them(release):
+    facts = container(release)
+    stage = dockerfile_stages(DOCKERFILE.read_text())[stage_name(release)]
+    assert stage[0] == ("FROM", nvidia_image(release))
+    commands = setup_commands(release)
+
+    def index(start: str) -> int:
+        return next(i for i, command in enumerate(commands) if command.startswith(start))
+
+    record = index(f"python3 -I {CHECK} record --tensorrt-llm {facts['tensorrt_llm']} ")
+    venv = index(f"{facts['interpreter']} -m venv --system-site-packages .venv")
+    install = index(".venv/bin/pip install ")
+    compare = index(f".venv/bin/python -I {CHECK} compare ")
+    assert record < venv < install < compare < index("python3 -m pip freeze | diff ")
+    assert "--constraint" in commands[install] and commands[install].endswith(" -e .")  # no [quant]: theirs
+    pth = [command for command in commands if ".pth" in command]
+    if facts["environment"] == "/usr":  # packages in the system's site-packages: --system-site-packages sees them
+        assert facts["site_packages"].startswith("/usr/") and not pth
+    else:  # a virtualenv first on PATH: ours cannot be made from it, so it reads its site-packages
+        assert pth == [
+            f"echo {facts['site_packages']} > .venv/lib/python{facts['python']}/site-packages/container-packages.pth"
+        ]
+    venv_module = [command for command in commands if f"python{facts['python']}-venv" in command]
+    assert bool(venv_module) is not facts["venv_module"]
+    if venv_module:
+        assert commands.index(venv_module[0]) < venv
+
+
+def test_releases_before_26_03s_container_need_the_venv_module_installed_and_1_2_reads_a_pth():
+    """What the containers' Dockerfiles say, as tabulated: r25.04-r26.02 install no python3.12-venv and keep packages
+    in /usr/local; 1.2's 26.07 keeps them in the virtualenv /opt/venv-tritonserver."""
+    old = [release for release in releases(IMAGE_FACTS) if not container(release)["venv_module"]]
+    assert old == ["0.18", "0.19", "0.20", "0.21", "1.0", "1.1"]
+    assert container("1.2")["environment"] == "/opt/venv-tritonserver"
+    assert {container(release)["environment"] for release in old} == {"/usr"}
+
+
+def python_in(venv: Path) -> str:
+    return str(venv / "bin" / "python")
+
+
+def site_packages(venv: Path) -> Path:
+    return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+
+def probe(python: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python, "-I", "-c", "import layout_probe; print(layout_probe.WHERE)"], capture_output=True, text=True
+    )
+
+
+def test_a_virtualenv_sees_a_virtualenvs_packages_only_when_made_from_the_base_interpreter_with_a_pth(tmp_path):
+    """The 26.03+ layout made for real: packages in a virtualenv ('the container's'). A virtualenv made from its python
+    does not see them (the defect); one made from the base interpreter with the stage's .pth line does, after its own
+    packages."""
+    base = str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
+    theirs, from_theirs, ours = tmp_path / "theirs", tmp_path / "from-theirs", tmp_path / "ours"
+    subprocess.run([base, "-m", "venv", "--without-pip", theirs], check=True)
+    (site_packages(theirs) / "layout_probe.py").write_text("WHERE = 'theirs'\n")
+    assert probe(python_in(theirs)).stdout.strip() == "theirs"
+
+    subprocess.run(
+        [python_in(theirs), "-m", "venv", "--without-pip", "--system-site-packages", from_theirs], check=True
+    )
+    assert "No module named 'layout_probe'" in probe(python_in(from_theirs)).stderr
+
+    subprocess.run([base, "-m", "venv", "--without-pip", "--system-site-packages", ours], check=True)
+    (site_packages(ours) / "container-packages.pth").write_text(f"{site_packages(theirs)}\n")
+    assert probe(python_in(ours)).stdout.strip() == "theirs"
+    (site_packages(ours) / "layout_probe.py").write_text("WHERE = 'ours'\n")
+    assert probe(python_in(ours)).stdout.strip() == "ours"  # our own packages come first
+
+
+def run_check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-I", str(REPO / CHECK), *args], capture_output=True, text=True)
+
+
+def test_the_image_check_refuses_a_python_without_tensorrt_llm(tmp_path):
+    result = run_check("record", "--tensorrt-llm", "1.2.1", str(tmp_path / "record"))
+    assert result.returncode == 1
+    assert f"the container's python3 ({sys.executable}) has no tensorrt_llm" in result.stderr
+    assert not (tmp_path / "record").exists()
+
+
+def test_the_image_check_passes_the_same_modules_and_names_a_replaced_one(tmp_path):
+    """compare against a record of this very interpreter: same files, and ModelOpt's quantization and export import;
+    against a record whose torch lies elsewhere: refused, naming torch."""
+    record = image_check.resolved()
+    (tmp_path / image_check.RECORD).write_text(json.dumps(record))
+    result = run_check("compare", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"same: torch {record['torch']['version']} at {record['torch']['file']}" in result.stdout
+    assert "imported: modelopt.torch.export" in result.stdout
+
+    record["torch"]["file"] = "/opt/venv-tritonserver/lib/python3.12/site-packages/torch/__init__.py"
+    (tmp_path / image_check.RECORD).write_text(json.dumps(record))
+    result = run_check("compare", str(tmp_path))
+    assert result.returncode == 1 and "does not use the container's torch" in result.stderr
+
+
+# ---------------------------------------------------------------- the printed commands
+
+
+def printed_image_build(output: str) -> list[str]:
+    line = next(line.strip() for line in output.splitlines() if line.strip().startswith("docker build "))
+    return shlex.split(line)
+
+
+def test_plan_prints_a_docker_build_that_works_from_wherever_it_ran(tmp_path):
+    """The config path as the image has it (relative to the checkout), the overrides, the stage of the config's
+    release, and the checkout as the context: from the checkout `.`, from elsewhere its absolute path."""
+    result = run_cli("plan", str(REPO / FP8_CONFIG), "build.max_batch_size=4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    command = printed_image_build(result.stdout)
+    assert command == [
+        "docker",
+        "build",
+        "--target=gpu-1.2",
+        f"--build-arg=CONFIG={FP8_CONFIG}",
+        "--build-arg=OVERRIDES=build.max_batch_size=4",
+        f"--tag={image_tag('1.2')}",
+        str(REPO),
+    ]
+    stage = command[2].removeprefix("--target=")
+    assert stage in dockerfile_stages(DOCKERFILE.read_text()) and (REPO / FP8_CONFIG).is_file()
+    assert f"docker run --rm --gpus=all --publish=8000-8002:8000-8002 {image_tag('1.2')}" in result.stdout
+
+    from_checkout = run_cli("plan", FP8_CONFIG)
+    assert printed_image_build(from_checkout.stdout)[-1] == "."
+
+
+def test_plan_refuses_an_image_command_for_a_config_outside_build_configs(tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text((REPO / FP8_CONFIG).read_text())
+    result = run_cli("plan", str(config))
+    assert result.returncode == 0, result.stderr
+    message = " ".join(result.stdout.split())
+    assert "docker build" not in message
+    assert f"the image copies only {REPO / 'build_configs'}/, and {config} is not there: copy it in" in message
+
+
+def test_deploy_prints_the_cpu_image_command_with_the_config_as_the_image_has_it(tmp_path):
+    result = run_cli(
+        "deploy", str(REPO / "build_configs/smollm2-135m-cpu.yaml"), "-o", str(tmp_path / "out"), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert printed_image_build(result.stdout)[2:] == [
+        "--build-arg=CONFIG=build_configs/smollm2-135m-cpu.yaml",
+        "--tag=trtllm-pipeline:smollm2-135m-cpu",
+        str(REPO),
+    ]
