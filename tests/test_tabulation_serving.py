@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipeline.targets.trtllm.llmapi import trtllm_serve_command
 from pipeline.targets.trtllm.serving import HEALTH_ROUTE, parse_series
 from pipeline.upstream import facts, releases
 from tests.conftest import dev_script
@@ -164,3 +165,17 @@ def test_table_has_what_the_deployment_reads(release):
     assert queue["from"]
     family = block["triton_engine"]["custom_metrics"]["families"]["nv_trt_llm_request_metrics"]
     assert family["label"] == "request_type" and "waiting" in family["values"]
+
+
+@pytest.mark.parametrize("release", releases("trtllm_serving"))
+def test_the_trtllm_serve_command_parses_back_against_the_releases_options(release):
+    """Every flag the pipeline passes to trtllm-serve (serve's exit-4 message, its docker run line, the Kubernetes
+    pods) is an option or alias of that release's tabulated serve command, with a value of the option's type."""
+    command = trtllm_serve_command(release, "/model", "/options.yaml", "0.0.0.0", 8000)
+    assert command[:2] == ["trtllm-serve", "/model"]
+    options = TABLE[release]["trtllm_serve"]["cli"]["options"]
+    spelled = {spelling: spec for name, spec in options.items() for spelling in (name, *spec["aliases"])}
+    for argument in command[2:]:
+        flag, _, value = argument.partition("=")
+        assert flag in spelled, f"trtllm-serve of {release} has no {flag} (it has {sorted(spelled)})"
+        {"int": int, "str": str}[spelled[flag]["type"]](value)

@@ -84,6 +84,9 @@ def serve_options(text: str) -> dict:
         flags = [n for n in names if n.startswith("-")]
         kw = {k.arg: k.value for k in dec.keywords}
         entry = {"aliases": flags[1:], "dest": next((n for n in names if not n.startswith("-")), None)}
+        if not set(flags) & set(SERVE_OPTIONS):  # only the options the pipeline passes are typed
+            options[flags[0]] = entry
+            continue
         if "default" in kw:
             entry["default"] = ast.literal_eval(kw["default"])
         if "type" in kw:  # a choice's aliases are values, not flag names
