@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.docker import IMAGE_CONFIGS
 from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, SHM_DIR, STARTUP_SECONDS, VOLUME_DIR, PodPaths, Serving, group_shape
 from pipeline.k8s_names import ascii_name
 from pipeline.memory import MiB
@@ -25,7 +26,6 @@ LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 NAME_LABEL = "app.kubernetes.io/name"
 GRACE_SECONDS = 60  # `serve` stops tritonserver with --exit-timeout-secs=30, then the gateway
-IMAGE_CONFIGS = "build_configs"  # the configs our Dockerfile copies into the image (next to the pipeline)
 # The pods' wait for the build Job: `plan --check` in a loop (measured: 82 MB peak RSS, 1.7 s per check).
 WAIT_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}}
 

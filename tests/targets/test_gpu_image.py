@@ -18,7 +18,6 @@ from dockerfile_parse import DockerfileParser
 from pipeline.targets.trtllm import image_check
 from pipeline.targets.trtllm.image import (
     CHECK,
-    IMAGE_FACTS,
     container,
     image_tag,
     nvidia_image,
@@ -53,14 +52,14 @@ def setup_commands(release: str) -> list[str]:
 
 
 def test_every_supported_release_has_a_current_stage_in_the_dockerfile():
-    assert set(releases(IMAGE_FACTS)) == set(SUPPORTED_VERSIONS)
+    assert set(releases("triton_trtllm_images")) == set(SUPPORTED_VERSIONS)
     text = DOCKERFILE.read_text()
     assert stages() in text, "the GPU stages are stale: run python scripts/dev/render_dockerfile.py"
     assert set(dockerfile_stages(text)) == {"kubectl", "gpu", "cpu", *map(stage_name, SUPPORTED_VERSIONS)}
     assert list(dockerfile_stages(text))[-1] == "cpu", "the CPU image stays the default (last) stage"
 
 
-@pytest.mark.parametrize("release", releases(IMAGE_FACTS))
+@pytest.mark.parametrize("release", releases("triton_trtllm_images"))
 def test_each_stage_keeps_the_containers_packages_and_checks_it_uses_them(release):
     facts = container(release)
     stage = dockerfile_stages(DOCKERFILE.read_text())[stage_name(release)]
@@ -92,7 +91,7 @@ def test_each_stage_keeps_the_containers_packages_and_checks_it_uses_them(releas
 def test_releases_before_26_03s_container_need_the_venv_module_installed_and_1_2_reads_a_pth():
     """What the containers' Dockerfiles say, as tabulated: r25.04-r26.02 install no python3.12-venv and keep packages
     in /usr/local; 1.2's 26.07 keeps them in the virtualenv /opt/venv-tritonserver."""
-    old = [release for release in releases(IMAGE_FACTS) if not container(release)["venv_module"]]
+    old = [release for release in releases("triton_trtllm_images") if not container(release)["venv_module"]]
     assert old == ["0.18", "0.19", "0.20", "0.21", "1.0", "1.1"]
     assert container("1.2")["environment"] == "/opt/venv-tritonserver"
     assert {container(release)["environment"] for release in old} == {"/usr"}

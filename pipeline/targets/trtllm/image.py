@@ -15,12 +15,11 @@ tests/targets/test_gpu_image.py checks that they are current.
 from __future__ import annotations
 
 from pipeline.docker import IMAGE_CONFIGS, ImageBuild, image_build
+from pipeline.k8s import APP_DIR  # where the pods expect the pipeline in both images
 from pipeline.upstream import release_facts, releases
 
-IMAGE_FACTS = "triton_trtllm_images"
 DEFAULT_RELEASE = "1.2"  # the release of the Dockerfile's `gpu` stage and of the shipped trtllm configs
 DEFAULT_CONFIG = f"{IMAGE_CONFIGS}/smollm2-135m-fp8.yaml"  # built into the default stage without --build-arg=CONFIG
-APP_DIR = "/opt/trtllm-pipeline"  # as pipeline.k8s expects both images to install the pipeline
 CHECK = "pipeline/targets/trtllm/image_check.py"
 RECORD_DIR = "/tmp/container-python"
 BEGIN = "# ---- GPU stages, one per TensorRT-LLM release: written by scripts/dev/render_dockerfile.py; do not edit ----"
@@ -29,7 +28,7 @@ END = "# ---- end of the GPU stages ----"
 
 def container(release: str) -> dict:
     """The facts of NVIDIA's container for `release`: tag, versions, Python layout."""
-    return release_facts(IMAGE_FACTS, release, "NVIDIA's Triton TensorRT-LLM container")
+    return release_facts("triton_trtllm_images", release, "NVIDIA's Triton TensorRT-LLM container")
 
 
 def stage_name(release: str) -> str:
@@ -125,7 +124,7 @@ def stage(release: str) -> str:
 
 def stages() -> str:
     """Every release's stage, then `gpu` naming the default one, between the marker lines."""
-    body = "\n\n".join(stage(release) for release in releases(IMAGE_FACTS))
+    body = "\n\n".join(stage(release) for release in releases("triton_trtllm_images"))
     alias = f"# The default GPU image (--target=gpu): TensorRT-LLM {DEFAULT_RELEASE}.\n"
     alias += f"FROM {stage_name(DEFAULT_RELEASE)} AS gpu"
     return f"{BEGIN}\n{body}\n\n{alias}\n{END}\n"
