@@ -153,6 +153,7 @@ def test_the_image_check_passes_the_same_modules_and_names_a_replaced_one(tmp_pa
     assert result.returncode == 0, result.stderr
     assert f"same: torch {record['torch']['version']} at {record['torch']['file']}" in result.stdout
     assert "imported: modelopt.torch.export" in result.stdout
+    assert "absent: tensorrt_llm (the record has none)" in result.stdout  # a container's record always has it
 
     record["torch"]["file"] = "/opt/venv-tritonserver/lib/python3.12/site-packages/torch/__init__.py"
     (tmp_path / image_check.RECORD).write_text(json.dumps(record))

@@ -10,8 +10,9 @@ Standard library only: `record` runs first, in the container's own python3, befo
 `record` stops unless the container holds the TensorRT-LLM the stage was written for, then writes DIR/container.json
 (version and file of each module below) and DIR/constraints.txt (pip constraints pinning their distributions to the
 container's versions, so installing the pipeline cannot replace them). `compare` stops unless our virtualenv resolves
-each module to the very same file and version, and imports torch and ModelOpt's quantization and export. TensorRT-LLM
-is resolved, not imported: its import initialises CUDA, which a `docker build` runs without.
+each module to the very same file and version, and imports them (ModelOpt's quantization and export included); an
+import failing only for want of the CUDA driver, which `docker build` does not mount, is reported and left to the
+container's first start.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pathlib import Path
 
 # module -> the distribution that installs it
 MODULES = {"tensorrt_llm": "tensorrt_llm", "torch": "torch", "modelopt": "nvidia-modelopt"}
-IMPORTED = ("torch", "modelopt.torch.quantization", "modelopt.torch.export")
+IMPORTED = ("tensorrt_llm", "torch", "modelopt.torch.quantization", "modelopt.torch.export")
+NO_DRIVER = ("libcuda", "driver")  # what an import failing for want of a GPU driver names
 RECORD, CONSTRAINTS = "container.json", "constraints.txt"
 
 
@@ -74,7 +76,18 @@ def compare(directory: Path) -> str | None:
             "container's site-packages after its own and install nothing over them"
         )
     for module in IMPORTED:
-        importlib.import_module(module)
+        if container[module.split(".")[0]]["file"] is None:
+            print(f"absent: {module} (the record has none)")
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # any import failure is reported; only a missing driver is not one
+            if not any(word in str(error) for word in NO_DRIVER):
+                return f"{module} does not import in {sys.executable}: {type(error).__name__}: {error}"
+            print(
+                f"resolved, not imported: {module} needs the CUDA driver, which `docker build` does not mount ({error})"
+            )
+            continue
         print(f"imported: {module}")
     return None
 
