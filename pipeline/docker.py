@@ -14,6 +14,7 @@ from pipeline.paths import inside
 
 REPOSITORY = Path(__file__).resolve().parents[1]  # the checkout holding the Dockerfile: the build context
 IMAGE_CONFIGS = "build_configs"  # the configs the Dockerfile copies into both images
+APP_DIR = "/opt/trtllm-pipeline"  # where both images install the pipeline, in a virtualenv (.venv)
 PLAIN_OVERRIDE = re.compile(r"[A-Za-z0-9_.\-]+=[A-Za-z0-9_.,:/+\-\[\]{}]*")  # survives the image's `sh -c` unquoted
 
 

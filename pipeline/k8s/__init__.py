@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Callable
 
+from pipeline.docker import APP_DIR
 from pipeline.errors import PipelineError
 
 # Inside the containers. Both images of our Dockerfile install the pipeline in APP_DIR's virtualenv.
-APP_DIR = "/opt/trtllm-pipeline"
 CLI = f"{APP_DIR}/.venv/bin/trtllm-pipeline"
 CONFIG_DIR = "/etc/trtllm-pipeline"  # the ConfigMap: the build config and the runtime options
 VOLUME_DIR = "/artifacts"  # the claim (artifacts: volume): the output directory and the download cache

@@ -14,8 +14,7 @@ tests/targets/test_gpu_image.py checks that they are current.
 
 from __future__ import annotations
 
-from pipeline.docker import IMAGE_CONFIGS, ImageBuild, image_build
-from pipeline.k8s import APP_DIR  # where the pods expect the pipeline in both images
+from pipeline.docker import APP_DIR, IMAGE_CONFIGS, ImageBuild, image_build
 from pipeline.upstream import release_facts, releases
 
 DEFAULT_RELEASE = "1.2"  # the release of the Dockerfile's `gpu` stage and of the shipped trtllm configs
