@@ -105,32 +105,60 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
 
-def probe(python: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [python, "-I", "-c", "import layout_probe; print(layout_probe.WHERE)"], capture_output=True, text=True
+def distribution(root: Path, name: str, version: str, requires: str = "") -> Path:
+    """A one-module project of our own, to stand in for a package's place (not its behaviour) in a layout."""
+    module = name.replace("-", "_")
+    (root / name / module).mkdir(parents=True)
+    (root / name / module / "__init__.py").write_text("")
+    dependencies = f"dependencies = [{requires!r}]\n" if requires else ""
+    (root / name / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "{name}"\nversion = "{version}"\n{dependencies}'
+        f'[tool.setuptools]\npackages = ["{module}"]\n'
     )
+    return root / name
 
 
-def test_a_virtualenv_sees_a_virtualenvs_packages_only_when_made_from_the_base_interpreter_with_a_pth(tmp_path):
-    """The 26.03+ layout made for real: packages in a virtualenv ('the container's'). A virtualenv made from its python
-    does not see them (the defect); one made from the base interpreter with the stage's .pth line does, after its own
-    packages."""
+def where_it_imports(venv: Path, module: str) -> str:
+    result = subprocess.run(
+        [python_in(venv), "-I", "-c", f"import {module}; print({module}.__file__)"], capture_output=True, text=True
+    )
+    return result.stdout.strip() or result.stderr.strip().splitlines()[-1]
+
+
+def test_the_stages_virtualenv_layout_keeps_a_virtualenvs_packages_made_for_real(tmp_path):
+    """26.03+'s layout made with real venv and pip: a package (a pre-release with a local version, as NVIDIA's torch
+    is) installed in a virtualenv, 'theirs'. A virtualenv made from theirs' python does not see it (the defect). One
+    made from the base interpreter with the stage's .pth line sees it, and pip, given the constraint the image check
+    writes, takes it as installed for a project requiring it, installing no second copy."""
     base = str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
+    wheels = tmp_path / "wheels"
+    probe = distribution(tmp_path, "layout-probe", "2.10.0a0+abc.nv25.12")
+    app = distribution(tmp_path, "layout-app", "0.1", requires="layout-probe>=2.4")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, probe, app], check=True)
+    offline = ["--no-index", "--find-links", str(wheels)]
+
     theirs, from_theirs, ours = tmp_path / "theirs", tmp_path / "from-theirs", tmp_path / "ours"
-    subprocess.run([base, "-m", "venv", "--without-pip", theirs], check=True)
-    (site_packages(theirs) / "layout_probe.py").write_text("WHERE = 'theirs'\n")
-    assert probe(python_in(theirs)).stdout.strip() == "theirs"
+    subprocess.run([base, "-m", "venv", theirs], check=True)
+    subprocess.run([python_in(theirs), "-m", "pip", "install", "-q", *offline, "layout-probe"], check=True)
+    installed = where_it_imports(theirs, "layout_probe")
+    assert installed.startswith(str(site_packages(theirs)))
 
     subprocess.run(
         [python_in(theirs), "-m", "venv", "--without-pip", "--system-site-packages", from_theirs], check=True
     )
-    assert "No module named 'layout_probe'" in probe(python_in(from_theirs)).stderr
+    assert where_it_imports(from_theirs, "layout_probe") == "ModuleNotFoundError: No module named 'layout_probe'"
 
-    subprocess.run([base, "-m", "venv", "--without-pip", "--system-site-packages", ours], check=True)
+    subprocess.run([base, "-m", "venv", "--system-site-packages", ours], check=True)
     (site_packages(ours) / "container-packages.pth").write_text(f"{site_packages(theirs)}\n")
-    assert probe(python_in(ours)).stdout.strip() == "theirs"
-    (site_packages(ours) / "layout_probe.py").write_text("WHERE = 'ours'\n")
-    assert probe(python_in(ours)).stdout.strip() == "ours"  # our own packages come first
+    (tmp_path / "constraints.txt").write_text("layout-probe==2.10.0a0+abc.nv25.12\n")
+    install = [python_in(ours), "-m", "pip", "install", *offline, "--constraint", tmp_path / "constraints.txt"]
+    result = subprocess.run([*install, "layout-app"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Requirement already satisfied: layout-probe>=2.4" in result.stdout
+    assert where_it_imports(ours, "layout_probe") == installed  # theirs, not a copy of ours
+    assert not list(site_packages(ours).glob("layout_probe*"))
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:
