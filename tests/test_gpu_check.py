@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -24,14 +23,11 @@ def run_script(*args: str, timeout: int) -> subprocess.CompletedProcess:
 @pytest.mark.no_gpu
 @pytest.mark.skipif(CUDA, reason="this machine has a CUDA device, so the script runs its checks (the test below)")
 def test_without_a_cuda_device_it_exits_4_at_once_saying_why(tmp_path):
-    started = time.perf_counter()
     result = run_script("--output", str(tmp_path / "out"), timeout=120)
-    elapsed = time.perf_counter() - started
     assert result.returncode == 4, result.stdout + result.stderr  # the pipeline's "no GPU for a GPU step"
     assert "no CUDA device" in result.stderr and "torch.cuda.is_available() is False" in result.stderr
     assert result.stdout == ""  # no check ran
     assert not (tmp_path / "out").exists()  # nothing imported or calibrated: it stops before any work
-    assert elapsed < 60, f"took {elapsed:.0f} s: the CUDA check must come before the heavy imports"
 
 
 # Not `gpu`-marked: conftest skips those where TensorRT-LLM is missing, which this script does not need.
