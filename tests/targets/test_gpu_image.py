@@ -140,8 +140,8 @@ def test_the_stages_virtualenv_layout_keeps_a_virtualenvs_packages_made_for_real
     offline = ["--no-index", "--find-links", str(wheels)]
 
     theirs, from_theirs, ours = tmp_path / "theirs", tmp_path / "from-theirs", tmp_path / "ours"
-    subprocess.run([base, "-m", "venv", theirs], check=True)
-    subprocess.run([python_in(theirs), "-m", "pip", "install", "-q", *offline, "layout-probe"], check=True)
+    subprocess.run([base, "-m", "venv", "--without-pip", theirs], check=True)  # pip --python installs into it
+    subprocess.run([*pip, "--python", python_in(theirs), "install", *offline, "layout-probe"], check=True)
     installed = where_it_imports(theirs, "layout_probe")
     assert installed.startswith(str(site_packages(theirs)))
 
@@ -150,10 +150,18 @@ def test_the_stages_virtualenv_layout_keeps_a_virtualenvs_packages_made_for_real
     )
     assert where_it_imports(from_theirs, "layout_probe") == "ModuleNotFoundError: No module named 'layout_probe'"
 
-    subprocess.run([base, "-m", "venv", "--system-site-packages", ours], check=True)
+    subprocess.run([base, "-m", "venv", "--without-pip", "--system-site-packages", ours], check=True)
     (site_packages(ours) / "container-packages.pth").write_text(f"{site_packages(theirs)}\n")
     (tmp_path / "constraints.txt").write_text("layout-probe==2.10.0a0+abc.nv25.12\n")
-    install = [python_in(ours), "-m", "pip", "install", *offline, "--constraint", tmp_path / "constraints.txt"]
+    install = [
+        *pip[:-1],
+        "--python",
+        python_in(ours),
+        "install",
+        *offline,
+        "--constraint",
+        tmp_path / "constraints.txt",
+    ]
     result = subprocess.run([*install, "layout-app"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Requirement already satisfied: layout-probe>=2.4" in result.stdout
@@ -172,21 +180,21 @@ def test_the_image_check_refuses_a_python_without_tensorrt_llm(tmp_path):
     assert not (tmp_path / "record").exists()
 
 
-def test_the_image_check_passes_the_same_modules_and_names_a_replaced_one(tmp_path):
-    """compare against a record of this very interpreter: same files, and ModelOpt's quantization and export import;
-    against a record whose torch lies elsewhere: refused, naming torch."""
+def test_the_image_check_passes_the_same_modules_and_names_a_replaced_one(tmp_path, capsys):
+    """compare (here in this process, which has the modules imported already) against a record of this very
+    interpreter: same files, and ModelOpt's quantization and export import; against a record whose torch lies
+    elsewhere: refused, naming torch."""
     record = image_check.resolved()
     (tmp_path / image_check.RECORD).write_text(json.dumps(record))
-    result = run_check("compare", str(tmp_path))
-    assert result.returncode == 0, result.stderr
-    assert f"same: torch {record['torch']['version']} at {record['torch']['file']}" in result.stdout
-    assert "imported: modelopt.torch.export" in result.stdout
-    assert "absent: tensorrt_llm (the record has none)" in result.stdout  # a container's record always has it
+    assert image_check.compare(tmp_path) is None
+    printed = capsys.readouterr().out
+    assert f"same: torch {record['torch']['version']} at {record['torch']['file']}" in printed
+    assert "imported: modelopt.torch.export" in printed
+    assert "absent: tensorrt_llm (the record has none)" in printed  # a container's record always has it
 
     record["torch"]["file"] = "/opt/venv-tritonserver/lib/python3.12/site-packages/torch/__init__.py"
     (tmp_path / image_check.RECORD).write_text(json.dumps(record))
-    result = run_check("compare", str(tmp_path))
-    assert result.returncode == 1 and "does not use the container's torch" in result.stderr
+    assert "does not use the container's torch" in image_check.compare(tmp_path)
 
 
 # ---------------------------------------------------------------- the printed commands
