@@ -255,15 +255,6 @@ def on_device(reference, dtype, device: str):
     return model.eval()
 
 
-def checkpoint_dtype(unified_dir: Path):
-    import json
-
-    import torch
-
-    config = json.loads((unified_dir / "config.json").read_text())
-    return getattr(torch, config.get("torch_dtype") or config.get("dtype") or "float16")
-
-
 def fp8_model(reference, unified_dir: Path, release: str, device: str):
     """The reference's transformers model in the checkpoint dtype on `device` with each FP8 linear an FP8 GEMM of
     the checkpoint's FP8 values and scales as TensorRT-LLM `release`'s PyTorch backend loads them (fused q/k/v and
@@ -272,19 +263,14 @@ def fp8_model(reference, unified_dir: Path, release: str, device: str):
     import json
 
     import torch
-    from safetensors.torch import load_file
 
-    from pipeline.targets.trtllm.reference import unified_linears
+    from pipeline.targets.trtllm.reference import unified_checkpoint, unified_linears
     from pipeline.targets.trtllm.torch_checkpoint import family, loader_groups
 
-    config = json.loads((unified_dir / "config.json").read_text())
     algo = json.loads((unified_dir / "hf_quant_config.json").read_text())["quantization"]["quant_algo"]
     if algo != "FP8":
         raise ValueError(f"{unified_dir}: quant_algo {algo}, not FP8")
-    dtype = checkpoint_dtype(unified_dir)
-    tensors = {}
-    for file in sorted(unified_dir.glob("*.safetensors")):
-        tensors |= load_file(file)
+    config, dtype, tensors = unified_checkpoint(unified_dir)
     model = on_device(reference, dtype, device)
     fused = family(config, release)["fused_checkpoint_linears"]
     replaced = 0
@@ -332,7 +318,7 @@ def fp8_forward_check(cfg, export_dir: Path, hf_dir: Path, device: str):
     model = fp8_model(reference, unified_dir, cfg.target.trtllm_version, device)
     held = torch.cuda.memory_allocated() - before if cuda else None
     # the reference itself (fake quantization) in the same dtype on the same device: what the dtype alone moves
-    same_dtype = on_device(reference, checkpoint_dtype(unified_dir), device)
+    same_dtype = on_device(reference, model.dtype, device)  # the checkpoint's dtype, as fp8_model runs it
     prompts = chat_prompts(AutoTokenizer.from_pretrained(hf_dir))
     scores = {"fp8": [0, 0.0], "same_dtype": [0, 0.0]}  # top-1 agreements, largest logits difference
     with torch.no_grad():
@@ -349,7 +335,7 @@ def fp8_forward_check(cfg, export_dir: Path, hf_dir: Path, device: str):
     text = (
         f"{len(prompts)} chat prompts, {positions:,} positions on {device}: top-1 agreement with the CPU reference "
         f"{top1:.4f} (at least {MIN_TOP1_AGREEMENT}), largest logits difference {scores['fp8'][1]:.3f}; the "
-        f"reference in {str(checkpoint_dtype(unified_dir)).removeprefix('torch.')} there without FP8 GEMMs: "
+        f"reference in {str(model.dtype).removeprefix('torch.')} there without FP8 GEMMs: "
         f"{scores['same_dtype'][0] / positions:.4f}, {scores['same_dtype'][1]:.3f}"
     )
     return ("PASS" if top1 >= MIN_TOP1_AGREEMENT else "FAIL"), text, (model, held)

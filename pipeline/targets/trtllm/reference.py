@@ -253,6 +253,17 @@ def unified_linears(
     raise ValueError(f"quant_algo {algo!r}: TensorRT-LLM's PyTorch backend semantics are modelled for {TORCH_ALGOS}")
 
 
+def unified_checkpoint(unified_dir: Path) -> tuple[dict, torch.dtype, dict[str, torch.Tensor]]:
+    """A unified HF checkpoint's config.json, its dtype and every tensor of its *.safetensors."""
+    from safetensors.torch import load_file
+
+    config = json.loads((unified_dir / "config.json").read_text())
+    tensors = {}
+    for file in sorted(unified_dir.glob("*.safetensors")):
+        tensors |= load_file(file)
+    return config, getattr(torch, config.get("torch_dtype") or config.get("dtype") or "float16"), tensors
+
+
 def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None = None):
     """transformers' model of the family (float32) computing what TensorRT-LLM `release`'s PyTorch backend (default:
     the newest tabulated) would compute from the unified HF checkpoint `unified_dir` (hf_quant_config.json +
@@ -261,13 +272,12 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
     soft-capping) are dropped, a sliding window its attention takes no window for is dropped (Mistral: full
     attention), a literal sliding-layer RoPE base and q/k-norm eps are used. Phi-3's qkv_proj / gate_up_proj stay
     fused, as in transformers and the checkpoint."""
-    from safetensors.torch import load_file
     from transformers import AutoConfig
 
     from pipeline.models import ModelFacts
     from pipeline.targets.trtllm.torch_checkpoint import RELEASES, family, loader_groups
 
-    config = json.loads((unified_dir / "config.json").read_text())
+    config, dtype, tensors = unified_checkpoint(unified_dir)
     release = release or RELEASES[-1]
     if release not in RELEASES:
         raise ValueError(f"TensorRT-LLM {release}: no PyTorch-backend facts tabulated (have {', '.join(RELEASES)})")
@@ -279,10 +289,6 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
     algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
     if kv_algo not in (None, "FP8"):
         raise ValueError(f"kv_cache_quant_algo {kv_algo!r}: only an FP8 KV cache is modelled for the PyTorch backend")
-    dtype = getattr(torch, config.get("torch_dtype") or config.get("dtype") or "float16")
-    tensors = {}
-    for file in sorted(unified_dir.glob("*.safetensors")):
-        tensors |= load_file(file)
     hf_config = AutoConfig.from_pretrained(hf_dir)
     hf_config.tie_word_embeddings = False
     attention = row["attention"] or {}
