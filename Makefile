@@ -8,14 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-# The onnxruntime-genai peer of `make bench`: its model builder needs transformers 5, which the pipeline's
-# environment cannot take (optimum-onnx, ModelOpt and the GGUF import pin 4.57), so it gets its own, build-only one.
-GENAI_VENV ?= .venv-genai
-GENAI_SPEC ?= onnxruntime-genai==0.18.0
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
-GENAI_MODEL ?= $(OUTPUT)/genai-int4
 
-.PHONY: setup build-engine run-batch bench bench-family-decode genai-peer serve plan validate deploy test test-fast format clean tables
+.PHONY: setup build-engine run-batch bench bench-family-decode peers serve plan validate deploy test test-fast format clean tables
 
 setup: $(STAMP)
 
@@ -35,25 +30,14 @@ run-batch: build-engine
 serve: build-engine
 	$(VENV)/bin/trtllm-pipeline serve $(CONFIG)
 
-$(GENAI_VENV)/.installed:
-	test -x $(GENAI_VENV)/bin/python || $(PYTHON) -m venv $(GENAI_VENV)
-	$(GENAI_VENV)/bin/pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(GENAI_VENV)/bin/pip install -q --disable-pip-version-check "$(GENAI_SPEC)" "transformers>=5,<6" onnx onnx-ir
-	touch $@
+# The engines `make bench` compares against, built from their own packages in their own environments under the
+# cache: llama.cpp (compiled once, ~10 min on 2 cores), OpenVINO GenAI, onnxruntime-genai; see docs/benchmarks.md.
+peers: build-engine
+	$(VENV)/bin/trtllm-pipeline bench peers $(CONFIG)
 
-# onnxruntime-genai's INT4 CPU model of the same imported checkpoint (its builder's defaults), for `bench offline --genai-model`.
-genai-peer: build-engine $(GENAI_MODEL)/genai_config.json
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[bench]'
-
-$(GENAI_MODEL)/genai_config.json: $(OUTPUT)/import/model.safetensors $(GENAI_VENV)/.installed
-	rm -rf $(GENAI_MODEL).tmp
-	$(GENAI_VENV)/bin/python -m onnxruntime_genai.models.builder -i $(OUTPUT)/import -o $(GENAI_MODEL).tmp -p int4 -e cpu -c $(GENAI_MODEL).cache > $(OUTPUT)/genai-builder.log 2>&1
-	rm -rf $(GENAI_MODEL) $(GENAI_MODEL).cache && mv $(GENAI_MODEL).tmp $(GENAI_MODEL)
-
-# ~6 minutes on 2 cores: the engine vs transformers and onnxruntime-genai offline, then the in-flight batching gain on
-# Triton; then ~3 more (4m42 on busy cores): the shared-prefix and grounded workloads, whose long prefills dominate.
-bench: build-engine genai-peer
-	$(VENV)/bin/trtllm-pipeline bench offline $(CONFIG) --batch 1 --batch 8 --shape 128x64 --repeats 3 --genai-model $(GENAI_MODEL) --both-spinning
+# Our engine against every peer offline (speed and quality, interleaved rounds), then the serving benchmarks.
+bench: peers
+	$(VENV)/bin/trtllm-pipeline bench offline $(CONFIG) --batch 1 --batch 8 --shape 128x64 --repeats 3 --both-spinning
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --workload shared-prefix --workload grounded --concurrency 1 --concurrency 8 --requests 8 --output-len 64
 

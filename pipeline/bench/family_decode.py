@@ -113,7 +113,7 @@ def decode_speed_per_family(
     """Rows of {architecture, batch, weights, decode_tok_s_per_seq (median), ratio_to_llama (median), raw}."""
     import hashlib
 
-    from pipeline.bench.offline import time_runner
+    from pipeline.bench.peers.ours import time_runner
     from pipeline.runtime.model_runner import ModelRunner
 
     archs = [REFERENCE] + [a for a in architectures if a != REFERENCE]

@@ -122,41 +122,88 @@ def serve_table(levels: list[dict]) -> str:
     )
 
 
-def offline_table(rows: list[dict]) -> str:
-    """Ratios are ours / peer: total tok/s (decode tok/s per sequence in brackets)."""
-
-    def ratio(row: dict, peer: str):
-        return f"{row[f'ratio_vs_{peer}']}x ({row[f'decode_ratio_vs_{peer}']}x)" if f"ratio_vs_{peer}" in row else None
-
-    return markdown_table(
+def offline_table(rows: list[dict], ratios: list[dict], quality: list[dict], skipped: dict[str, str]) -> str:
+    """The engines' speed, our ratios to each peer, their quality side by side and the peers that did not run."""
+    speed = markdown_table(
         [
             "engine",
             "batch",
-            "input",
-            "output",
+            "in/out",
             "TTFT ms",
+            "prefill tok/s",
             "decode tok/s/seq",
+            "decode tok/s (all rows)",
             "total tok/s",
-            "vs transformers",
-            "vs onnxruntime-genai",
             "peak RSS MiB",
+            "model MiB",
         ],
         [
             [
                 r["engine"],
                 r["batch"],
-                r["input_len"],
-                r["output_len"],
+                f"{r['input_len']}/{r['output_len']}",
                 r["ttft_ms"],
+                r["prefill_tok_s"],
                 r["decode_tok_s_per_seq"],
+                r["decode_tok_s_total"],
                 r["total_tok_s"],
-                ratio(r, "transformers"),
-                ratio(r, "genai"),
                 r["peak_rss_mib"],
+                r["model_mib"],
             ]
             for r in rows
         ],
     )
+    versus = markdown_table(
+        ["ours", "vs peer", "batch", "prefill", "decode per seq", "total"],
+        [
+            [
+                r["ours"],
+                r["peer"],
+                r["batch"],
+                f"{r['prefill_tok_s']}x",
+                f"{r['decode_tok_s_per_seq']}x",
+                f"{r['total_tok_s']}x",
+            ]
+            for r in ratios
+        ],
+    )
+    parts = [speed, "Ours / peer, same points (above 1: ours is faster):\n\n" + versus]
+    if quality:
+        parts.append(
+            "Quality against the same fp32 reference (the quality gate's eval windows and chat set):\n\n"
+            + markdown_table(
+                [
+                    "engine",
+                    "KLD mean",
+                    "KLD p99",
+                    "top-1",
+                    "perplexity",
+                    "chat KLD",
+                    "chat top-1",
+                    "chat answer = fp32",
+                ],
+                [
+                    [
+                        q["engine"],
+                        q["kl_divergence"],
+                        q["kl_divergence_p99"],
+                        f"{q['top1_agreement']:.1%}",
+                        f"{q['perplexity_increase']:+.1%}",
+                        q.get("chat_kl_divergence"),
+                        percent(q.get("chat_top1_agreement")),
+                        percent(q.get("chat_answer_match")),
+                    ]
+                    for q in quality
+                ],
+            )
+        )
+    if skipped:
+        parts.append("Not measured:\n\n" + "\n".join(f"- {name}: {why}" for name, why in skipped.items()))
+    return "\n\n".join(parts)
+
+
+def percent(value: float | None) -> str | None:
+    return None if value is None else f"{value:.1%}"
 
 
 def plot_serve(levels: list[dict], path: Path) -> None:
@@ -187,21 +234,41 @@ def plot_serve(levels: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_offline(rows: list[dict], path: Path) -> None:
+def plot_offline(rows: list[dict], quality: list[dict], path: Path) -> None:
+    """Left: total tokens/s per batch size for every engine. Right, when quality was scored: KL divergence vs fp32
+    against batch-1 decode speed, one point per engine and precision (down and right is better)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, axes = plt.subplots(1, 2 if quality else 1, figsize=(13 if quality else 7, 5), squeeze=False)
+    ax = axes[0][0]
     for engine in dict.fromkeys(r["engine"] for r in rows):
         mine = [r for r in rows if r["engine"] == engine]
         ax.plot([r["batch"] for r in mine], [r["total_tok_s"] for r in mine], marker="o", label=engine)
     ax.set_xlabel("batch size")
     ax.set_ylabel("generated tokens/s")
-    ax.set_title("offline: tokens/s per batch size")
+    ax.set_title("tokens/s per batch size")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
+    if quality:
+        ax = axes[0][1]
+        kld = {q["engine"]: q["kl_divergence"] for q in quality}
+        batch1 = [r for r in rows if r["batch"] == min(x["batch"] for x in rows)]
+        for r in batch1:
+            value = kld.get(r["engine"]) or next((v for k, v in kld.items() if r["engine"].startswith(k)), None)
+            if value is None or value <= 0:
+                continue
+            ax.scatter(r["decode_tok_s_per_seq"], value)
+            ax.annotate(
+                r["engine"], (r["decode_tok_s_per_seq"], value), textcoords="offset points", xytext=(4, 4), fontsize=7
+            )
+        ax.set_yscale("log")
+        ax.set_xlabel(f"decode tokens/s per sequence, batch {batch1[0]['batch']}")
+        ax.set_ylabel("KL divergence vs fp32 (nats, mean)")
+        ax.set_title("quality against decode speed")
+        ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -15,8 +15,8 @@ from pipeline.cli.common import ConfigArg, OutputOpt, console, load, reports_err
 from pipeline.errors import PipelineError
 
 bench_app = typer.Typer(
-    help="Benchmarks: offline (ModelRunner vs transformers), family-decode (fused graph per family), serve (load on "
-    "Triton), compare.",
+    help="Benchmarks: peers (build llama.cpp, OpenVINO GenAI and onnxruntime-genai), offline (ours vs them), "
+    "family-decode (fused graph per family), serve (load on Triton), compare.",
     no_args_is_help=True,
 )
 BenchOut = typer.Option(
@@ -25,6 +25,36 @@ BenchOut = typer.Option(
     help="Reports go to OUT/TIME-KIND/ (results.json, summary.md, plots where the kind has them); "
     "OUT/latest-KIND links the newest.",
 )
+
+
+@bench_app.command("peers")
+@reports_errors
+def bench_peers(
+    config: Path = ConfigArg,
+    output: Optional[Path] = OutputOpt,
+    peer: Optional[list[str]] = typer.Option(
+        None, "--peer", help="Peers to build (repeat): llama.cpp, openvino, onnxruntime-genai; default all."
+    ),
+):
+    """Build the benchmark peers of a build from their own packages, each in its own environment under the cache:
+    llama.cpp compiled from the llama-cpp-python sdist (about 10 minutes on 2 cores, once) with GGUFs of the
+    imported checkpoint at F16, Q8_0 and Q4_K_M by its converter and quantizer; OpenVINO GenAI with
+    `optimum-cli export openvino` int8 and int4 models; onnxruntime-genai's INT4 model by its builder. A peer that
+    cannot be built is listed with the reason in OUTPUT/peers/manifest.json, and the others still are.
+
+    Example: trtllm-pipeline bench peers build_configs/smollm2-135m-cpu.yaml --peer llama.cpp
+    """
+    from pipeline.bench.peers.build import build_peers
+    from pipeline.build import cache_dir, default_output
+
+    load(config, [])
+    output = output or default_output(config)
+    manifest = build_peers(output, cache_dir(), peer, log=lambda m: console.print(f"  {m}", highlight=False))
+    for engine in manifest.engines:
+        console.print(f"{engine.name}: {engine.model}", highlight=False)
+    for name, why in manifest.unavailable.items():
+        console.print(f"[yellow]{name}: not built[/]: {why}", highlight=False)
+    console.print(f"peers: {manifest.path(output)}")
 
 
 @bench_app.command("offline")
@@ -38,63 +68,73 @@ def bench_offline(
     shape: Optional[list[str]] = typer.Option(
         None, "--shape", help="INPUTxOUTPUT token lengths (repeat); default 128x64."
     ),
-    repeats: int = typer.Option(2, help="Runs per point; the median is reported."),
-    threads: Optional[int] = typer.Option(
-        None, help="CPU threads for our engine and transformers (default: all usable cores)."
-    ),
-    genai_model: Optional[Path] = typer.Option(
+    repeats: int = typer.Option(3, help="Rounds per point (every engine once per round); medians are reported."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for every engine (default: all usable cores)."),
+    peer: Optional[list[str]] = typer.Option(
         None,
-        "--genai-model",
-        help="An onnxruntime-genai model directory (genai_config.json) "
-        "to measure as a peer, e.g. built by `make genai-peer`; needs `pip install onnxruntime-genai`.",
+        "--peer",
+        help="Peers to measure (repeat): an engine (llama.cpp, OpenVINO GenAI, onnxruntime-genai) or one model "
+        '("llama.cpp Q8_0"); default every peer `bench peers` built.',
+    ),
+    quality: bool = typer.Option(
+        True, help="Also score every engine's logits and greedy chat answers against the fp32 reference."
     ),
     both_spinning: bool = typer.Option(
         False,
         "--both-spinning",
         help="Measure our engine with sleeping and with spinning ONNX Runtime "
-        "threads (default: as runtime.cpu_thread_spinning says; onnxruntime-genai spins by default).",
+        "threads (default: as runtime.cpu_thread_spinning says; llama.cpp and onnxruntime-genai spin by default).",
     ),
     out: Path = BenchOut,
 ):
-    """Drive the built engine through its ModelRunner (no server), Hugging Face transformers and, with
-    --genai-model, onnxruntime-genai on the same token ids: TTFT, decode tokens/s per sequence, total
-    tokens/s, peak RSS, and our ratios to each peer.
+    """Our built engine against transformers and the peers `bench peers` built (llama.cpp, OpenVINO GenAI,
+    onnxruntime-genai), each in its own process, on the same token ids and thread count, rounds interleaved: TTFT,
+    prefill and decode tokens/s, total tokens/s, peak RSS, model size, our ratio to each peer, and (with
+    --quality) each engine's KL divergence, top-1 agreement and chat-answer match against fp32.
 
     Example: trtllm-pipeline bench offline build_configs/smollm2-135m-cpu.yaml --batch 1 --batch 8 --shape 128x64
     """
+    from transformers import AutoTokenizer
+
     from pipeline.bench import report
-    from pipeline.bench.offline import PEERS_NOT_MEASURED, run_offline
+    from pipeline.bench.engine_quality import score_engines
+    from pipeline.bench.offline import measure, our_engines, peer_engines, ratios, start_workers
     from pipeline.build import cache_dir, default_output
     from pipeline.fetch import load_text
     from pipeline.runtime.model_runner import default_threads
 
     cfg = load(config, [])
     output = output or default_output(config)
+    if not (output / "engine" / "config.json").is_file():
+        raise PipelineError(f"no engine in {output / 'engine'}: build it first (trtllm-pipeline build {config})")
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (shape or ["128x64"])]
     text = load_text(cfg.verify.eval_text, cfg.resolve_path("."), cache_dir())
-    if genai_model is not None and not (genai_model / "genai_config.json").is_file():
-        raise PipelineError(
-            f"--genai-model {genai_model}: no genai_config.json there; build one with `make genai-peer`"
+    log = lambda m: console.print(f"  {m}", highlight=False)  # noqa: E731
+    spinning = (False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",)
+    peers, skipped = peer_engines(output, peer)
+    precision = "fp32" if cfg.quantization.weights == "none" else str(cfg.quantization.weights)
+    engines = our_engines(output, config, precision, spinning) + peers
+    threads = threads or default_threads()
+    workers = start_workers(engines, threads, output / "peers" / "logs", skipped, log)
+    try:
+        rows = measure(
+            workers, AutoTokenizer.from_pretrained(output / "import"), text, batch or [1, 8], shapes, repeats, log
         )
-    rows = run_offline(
-        output / "engine",
-        output / "import",
-        text,
-        batch or [1, 8],
-        shapes,
-        repeats,
-        threads or default_threads(),
-        genai_dir=genai_model,
-        thread_spinning=(False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",),
-        log=lambda m: console.print(f"  measuring {m}", highlight=False),
-        runtime=cfg.runtime,  # runtime.speculative applies to our engine
-    )
-    table = report.offline_table(rows)
+        scores = score_engines(cfg, output, f"ours {precision}", workers, cache_dir(), log) if quality else []
+    finally:
+        for worker in workers:
+            worker.close()
+    versus = ratios(rows)
+    table = report.offline_table(rows, versus, scores, skipped)
     results = {
         "name": config.stem,
         "build": report.build_info(output),
+        "threads": threads,
+        "engines": {w.spec.name: {"model": w.spec.model, "facts": w.facts} for w in workers},
         "rows": rows,
-        "peers_skipped": PEERS_NOT_MEASURED,
+        "ratios": versus,
+        "quality": scores,
+        "peers_skipped": skipped,
     }
     folder = report.write_report(
         out,
@@ -102,8 +142,8 @@ def bench_offline(
         f"offline benchmark: {config}",
         results,
         table,
-        lambda path: report.plot_offline(rows, path),
-        "tokens_per_s.png",
+        lambda path: report.plot_offline(rows, scores, path),
+        "speed_and_quality.png",
     )
     console.print(table, highlight=False, soft_wrap=True)
     console.print(f"report: {folder}")

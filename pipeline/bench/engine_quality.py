@@ -1,0 +1,56 @@
+"""Quality side by side: every engine of an offline run scored as the quality gate scores ours (`pipeline.quality`),
+against the same fp32 reference, on the same evaluation windows and chat set: KL divergence (mean, p99), top-1
+agreement, perplexity, and the share of greedy chat answers equal to fp32's. Peers answer through their workers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.bench.peers.client import Worker
+from pipeline.quality import Model, measure
+from pipeline.targets import target_of
+
+REPORTED = (
+    "kl_divergence",
+    "kl_divergence_p99",
+    "top1_agreement",
+    "perplexity_increase",
+    "chat_kl_divergence",
+    "chat_top1_agreement",
+    "chat_answer_match",
+)
+
+
+def remembered(model: Model) -> Model:
+    """`model` with its logits kept per input, so that the reference runs once for all the engines it scores."""
+    seen: dict[bytes, np.ndarray] = {}
+
+    def logits(ids: np.ndarray) -> np.ndarray:
+        key = np.ascontiguousarray(ids).tobytes()
+        if key not in seen:
+            seen[key] = model.logits(ids)
+        return seen[key]
+
+    return replace(model, logits=logits)
+
+
+def score_engines(cfg, output: Path, ours_name: str, workers: list[Worker], cache: Path, log) -> list[dict]:
+    """One row per engine: ours (the target's own scored engine) and each peer worker; transformers is skipped, as
+    it is the reference's own fp32 model."""
+    target = target_of(cfg)
+    ours, reference = target.scored(cfg, output, output / target.gated_stage, log)
+    reference = remembered(reference)
+    models = [(ours_name, "ours", ours)] + [
+        (w.spec.name, w.spec.engine, Model(w.spec.name, Path(w.spec.model), w.logits, w.greedy))
+        for w in workers
+        if w.spec.engine not in ("ours", "transformers")
+    ]
+    rows = []
+    for name, kind, model in models:
+        log(f"scoring {name}")
+        report = measure(cfg, model, reference, output / "import", cache, log)
+        rows.append({"engine": name, "kind": kind, **{k: report[k] for k in REPORTED if k in report}})
+    return rows
