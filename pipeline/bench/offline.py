@@ -2,10 +2,10 @@
 llama.cpp, OpenVINO GenAI, onnxruntime-genai) on the same token ids, greedy, fixed lengths (end of sequence
 ignored), the same thread count.
 
-Each engine runs in its own worker process (`pipeline.bench.peers`), all loaded at once; per point every engine
-generates once per round in an order that rotates, so the machine's drifting load falls on all alike, and medians
-of the rounds are reported, after one warm-up per engine. No engine keeps a prompt cache across rounds: the prompts
-repeat, and each worker starts each run from an empty KV cache.
+Each engine runs in its own worker process (`pipeline.bench.peers`), all loaded at once and all but the one at work
+stopped; per point every engine generates once per round in an order that rotates, so the machine's drifting load
+falls on all alike, and medians of the rounds are reported, after one warm-up per engine. No engine keeps a prompt
+cache across rounds: the prompts repeat, and each worker starts each run from an empty KV cache.
 """
 
 from __future__ import annotations
@@ -76,13 +76,15 @@ def measure(workers: list[Worker], tokenizer, text: str, batches, shapes, repeat
             prompts = workload(tokenizer, text, batch, input_len)
             log(f"batch {batch}, {input_len} tokens in, {output_len} out: {repeats} rounds of {len(workers)} engines")
             for worker in workers:
-                worker.generate(prompts, 2)  # warm-up: first-call allocations and kernel selection
+                with worker.alone(workers):
+                    worker.generate(prompts, 2)  # warm-up: first-call allocations and kernel selection
                 worker.peak_rss_mib = 0.0
             runs: dict[str, list[tuple[float, float]]] = {w.spec.name: [] for w in workers}
             for round_ in range(repeats):
                 shift = round_ % len(workers)
                 for worker in workers[shift:] + workers[:shift]:
-                    runs[worker.spec.name].append(worker.generate(prompts, output_len))
+                    with worker.alone(workers):
+                        runs[worker.spec.name].append(worker.generate(prompts, output_len))
             for worker in workers:
                 rows.append(point(worker, runs[worker.spec.name], batch, input_len, output_len))
     return rows

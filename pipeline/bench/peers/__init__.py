@@ -35,7 +35,10 @@ class EngineSpec:
         return [self.python, "-m", self.module, "--model", self.model, "--threads", str(threads), *options]
 
     def environment(self) -> dict:
-        return {**os.environ, **self.env, "PYTHONPATH": str(CHECKOUT)}
+        """Ours, with the engine's own additions; OMP_WAIT_POLICY (the Makefile's PASSIVE, for the test suite) is
+        dropped, so that each engine threads as its library does by default (llama.cpp's OpenMP threads spin)."""
+        inherited = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        return {**inherited, **self.env, "PYTHONPATH": str(CHECKOUT)}
 
     @property
     def model_bytes(self) -> int:

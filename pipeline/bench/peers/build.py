@@ -18,7 +18,7 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.bench.peers import EngineSpec, PeerManifest
@@ -33,7 +33,7 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 LLAMA_CPP_TARGETS = ("llama", "llama-quantize", "llama-server")
 LLAMA_CPP_PRECISIONS = ("F16", "Q8_0", "Q4_K_M")  # F16 is the converter's output; the others llama-quantize's
 OPENVINO_PACKAGES = ("openvino-genai==2026.4.1.0", "optimum-intel[openvino]==2.2.0")
-OPENVINO_PRECISIONS = ("int8", "int4")  # optimum-cli export openvino --weight-format
+OPENVINO_EXPORTS = {"int8": [], "int4": ["--group-size", "64"]}  # --weight-format -> its options (build_openvino)
 GENAI_PACKAGES = ("onnxruntime-genai==0.18.0", "transformers>=5,<6", "onnx", "onnx-ir")
 
 
@@ -59,12 +59,20 @@ def run(command: list, log: Log, what: str, env: dict | None = None, cwd: Path |
         if progress:
             progress(line.rstrip())
     if process.wait() != 0:
-        tail = "\n    ".join(lines[-12:])
-        raise PeerUnavailable(f"{what} failed (exit {process.returncode}):\n    {tail}")
+        raise PeerUnavailable(f"{what} failed (exit {process.returncode}): {failure(lines)}")
 
 
-def environment(root: Path, packages: list[str], log: Log, env: dict | None = None) -> Path:
-    """A virtual environment at `root` with the CPU torch wheel and `packages`, made once (a stamp names them)."""
+def failure(lines: list[str]) -> str:
+    """What a failed step said: from its last error line (a Python exception, a compiler error) on, a few lines;
+    else its last lines."""
+    errors = [i for i, line in enumerate(lines) if "Error" in line or "error:" in line]
+    start = errors[-1] if errors else max(0, len(lines) - 6)
+    return " | ".join(line.strip() for line in lines[start : start + 4] if line.strip())
+
+
+def environment(root: Path, packages: list[str], log: Log, env: dict | None = None, torch: bool = True) -> Path:
+    """A virtual environment at `root` with `packages` (after the CPU torch wheel, when they need torch), made once
+    (a stamp names them)."""
     python = root / "bin" / "python"
     stamp = root / ".installed"
     wanted = json.dumps(packages)
@@ -73,10 +81,20 @@ def environment(root: Path, packages: list[str], log: Log, env: dict | None = No
     shutil.rmtree(root, ignore_errors=True)
     run([sys.executable, "-m", "venv", root], log, f"making the environment {root}")
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    run([*pip, TORCH_SPEC, "--extra-index-url", TORCH_INDEX], log, "installing the CPU torch wheel")
+    if torch:
+        run([*pip, TORCH_SPEC, "--extra-index-url", TORCH_INDEX], log, "installing the CPU torch wheel")
     run([*pip, *packages], log, f"installing {' '.join(packages)}", env=env)
     stamp.write_text(wanted)
     return python
+
+
+@dataclass
+class Built:
+    """What a peer builder made: its engines, the tools it brings, and its models that could not be made, with why."""
+
+    engines: list[EngineSpec] = field(default_factory=list)
+    tools: dict[str, str] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,7 +116,7 @@ class PeerContext:
         (folder / ".made-from.json").write_text(json.dumps({"import": self.import_hash, **key}))
 
 
-def build_llamacpp(ctx: PeerContext) -> tuple[list[EngineSpec], dict[str, str]]:
+def build_llamacpp(ctx: PeerContext) -> Built:
     """llama.cpp from the llama-cpp-python sdist's vendored tree (its library and tools, compiled here with cmake
     for this CPU, as its own build does), the bindings installed over that library, and GGUFs of the checkpoint by
     llama.cpp's converter (F16) and quantizer."""
@@ -175,7 +193,7 @@ def build_llamacpp(ctx: PeerContext) -> tuple[list[EngineSpec], dict[str, str]]:
         (build / ".complete").touch()
     # the bindings alone (LLAMA_BUILD=OFF), loading the library compiled above through LLAMA_CPP_LIB_PATH
     python = environment(
-        root / "venv", [str(sdist)], ctx.log, env={"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}
+        root / "venv", [str(sdist)], ctx.log, env={"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}, torch=False
     )
     folder = ctx.models / "llama.cpp"
     key = {"llama-cpp-python": version, "precisions": list(LLAMA_CPP_PRECISIONS)}
@@ -209,50 +227,51 @@ def build_llamacpp(ctx: PeerContext) -> tuple[list[EngineSpec], dict[str, str]]:
         EngineSpec(f"llama.cpp {p}", "llama.cpp", p, str(python), "pipeline.bench.peers.llamacpp", str(m), env)
         for p, m in models.items()
     ]
-    return engines, {"llama-server": str(bin_dir / "llama-server")}
+    return Built(engines, {"llama-server": str(bin_dir / "llama-server")})
 
 
-def build_openvino(ctx: PeerContext) -> tuple[list[EngineSpec], dict[str, str]]:
-    """OpenVINO GenAI with `optimum-cli export openvino` models of the checkpoint (NNCF weight compression at its
-    defaults for each --weight-format), tokenizers converted by the same export, as its docs have users do."""
+def build_openvino(ctx: PeerContext) -> Built:
+    """OpenVINO GenAI with `optimum-cli export openvino` models of the checkpoint (NNCF weight compression), its
+    tokenizers converted by the same export, as its docs have users do. int8 is per channel (its default); int4's
+    default groups of 128 do not divide SmolLM2's 576 channels, which NNCF refuses, so groups of 64, the largest of
+    its usual sizes that divides every layer's inputs here."""
     python = environment(ctx.cache / "openvino", list(OPENVINO_PACKAGES), ctx.log)
-    engines = []
-    for precision in OPENVINO_PRECISIONS:
+    built = Built()
+    for precision, options in OPENVINO_EXPORTS.items():
         folder = ctx.models / f"openvino-{precision}"
-        key = {"packages": list(OPENVINO_PACKAGES)}
+        name = f"OpenVINO GenAI {precision}"
+        key = {"packages": list(OPENVINO_PACKAGES), "options": options}
         if not ctx.fresh(folder, key):
             shutil.rmtree(folder, ignore_errors=True)
-            run(
-                [
-                    python.parent / "optimum-cli",
-                    "export",
-                    "openvino",
-                    "--model",
-                    ctx.import_dir,
-                    "--task",
-                    "text-generation-with-past",
-                    "--weight-format",
-                    precision,
-                    folder,
-                ],
-                ctx.log,
-                f"exporting an OpenVINO {precision} model",
-            )
+            try:
+                run(
+                    [
+                        python.parent / "optimum-cli",
+                        "export",
+                        "openvino",
+                        "--model",
+                        ctx.import_dir,
+                        "--task",
+                        "text-generation-with-past",
+                        "--weight-format",
+                        precision,
+                        *options,
+                        folder,
+                    ],
+                    ctx.log,
+                    f"exporting an OpenVINO {precision} model",
+                )
+            except PeerUnavailable as exc:
+                built.unavailable[name] = str(exc)
+                continue
             ctx.made(folder, key)
-        engines.append(
-            EngineSpec(
-                f"OpenVINO GenAI {precision}",
-                "OpenVINO GenAI",
-                precision,
-                str(python),
-                "pipeline.bench.peers.openvino",
-                str(folder),
-            )
+        built.engines.append(
+            EngineSpec(name, "openvino", precision, str(python), "pipeline.bench.peers.openvino", str(folder))
         )
-    return engines, {}
+    return built
 
 
-def build_genai(ctx: PeerContext) -> tuple[list[EngineSpec], dict[str, str]]:
+def build_genai(ctx: PeerContext) -> Built:
     """onnxruntime-genai's INT4 CPU model of the checkpoint, made by its model builder at its defaults. Its own
     environment: the builder needs transformers 5, which ours cannot take (optimum-onnx and ModelOpt pin 4.57)."""
     python = environment(ctx.cache / "onnxruntime-genai", list(GENAI_PACKAGES), ctx.log)
@@ -281,23 +300,26 @@ def build_genai(ctx: PeerContext) -> tuple[list[EngineSpec], dict[str, str]]:
                 "building the onnxruntime-genai INT4 model",
             )
         ctx.made(folder, key)
-    return [
-        EngineSpec(
-            "onnxruntime-genai int4",
-            "onnxruntime-genai",
-            "int4",
-            str(python),
-            "pipeline.bench.peers.genai",
-            str(folder),
-        )
-    ], {}
+    return Built(
+        [
+            EngineSpec(
+                "onnxruntime-genai int4",
+                "onnxruntime-genai",
+                "int4",
+                str(python),
+                "pipeline.bench.peers.genai",
+                str(folder),
+            )
+        ]
+    )
 
 
 PEER_BUILDERS = {"llama.cpp": build_llamacpp, "openvino": build_openvino, "onnxruntime-genai": build_genai}
 
 
 def build_peers(output: Path, cache: Path, only: list[str] | None = None, log: Log = print) -> PeerManifest:
-    """Build the peers (all, or those named in `only`) for the build in `output` and write its peer manifest."""
+    """Build the peers (all, or those named in `only`) for the build in `output` and write its peer manifest, which
+    lists what this call built. Each builder reuses what it made before, so building all again is quick."""
     from pipeline.lock import read_lock
 
     import_dir = output / "import"
@@ -307,18 +329,21 @@ def build_peers(output: Path, cache: Path, only: list[str] | None = None, log: L
     for name in only or []:
         if name not in PEER_BUILDERS:
             raise PipelineError(f"--peer {name}: unknown; choose from {', '.join(PEER_BUILDERS)}")
-    ctx = PeerContext(import_dir, import_hash, output / "peers", cache / "peers", log)
+    ctx = PeerContext(import_dir, import_hash, (output / "peers").resolve(), cache / "peers", log)
     manifest = PeerManifest()
     for name, builder in PEER_BUILDERS.items():
         if only and name not in only:
             continue
         try:
-            engines, tools = builder(ctx)
+            built = builder(ctx)
         except PeerUnavailable as exc:
             log(f"{name}: not built: {exc}")
             manifest.unavailable[name] = str(exc)
             continue
-        manifest.engines += engines
-        manifest.tools |= tools
+        for model, why in built.unavailable.items():
+            log(f"{model}: not built: {why}")
+        manifest.engines += built.engines
+        manifest.tools |= built.tools
+        manifest.unavailable |= built.unavailable
     manifest.write(output)
     return manifest
