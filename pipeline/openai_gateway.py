@@ -9,7 +9,8 @@ gateway cancels its gRPC stream on disconnect). Chat messages go through the mod
 Stop strings are found in the text by the gateway (a stop string may end inside a token, where the
 engine's token-level stop words cannot see it): the streamed and the non-streamed answer are made by
 one iterator, which holds back text that may begin a stop string, cuts at the first one and cancels
-generation there. With `stream_options.include_usage`, usage comes in a last chunk with no choices.
+generation there. With `stream_options.include_usage`, usage comes in a last chunk with no choices (and, with vLLM's
+`continuous_usage_stats`, in every chunk). vLLM's `ignore_eos` generates on past end of sequence, to max_tokens.
 
 Every error uses OpenAI's error body and HTTP status: 400 for a value the engine cannot take (bounds
 are those of the engine's tensors: int32 lengths, uint64 seed) or an OpenAI field it cannot honour,
@@ -118,6 +119,8 @@ ChosenOnly = Annotated[int | None, AfterValidator(_chosen_only)]  # number of al
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    # vLLM's extension: usage in every chunk, so a client counts the tokens of each (a chunk may carry several)
+    continuous_usage_stats: bool = False
 
 
 class Sampling(BaseModel):
@@ -135,6 +138,7 @@ class Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)  # one choice per request, like the engine's beam width 1
     min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)  # vLLM's extension: end of sequence blocked until then
+    ignore_eos: bool = False  # vLLM's extension: generate on past end of sequence, to max_tokens (benchmarks)
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -381,6 +385,7 @@ def create_app(
             "stop_words": body.stops() or None,
             "random_seed": body.seed,
             "min_length": body.min_tokens,
+            "end_id": -1 if body.ignore_eos else None,  # no token ends the sequence, as bench serve's gRPC requests
             "presence_penalty": body.presence_penalty,
             "frequency_penalty": body.frequency_penalty,
             "temperature": None if greedy else (1.0 if body.temperature is None else body.temperature),
@@ -503,21 +508,25 @@ def create_app(
 
         first = await anext(visible, None)  # fail before the 200 status line when the first response is an error
         header = {"id": rid, "object": f"{obj}.chunk" if chat else obj, "created": created, "model": body.model}
-        with_usage = body.stream_options is not None and body.stream_options.include_usage
+        options = body.stream_options or StreamOptions()
+        with_usage, continuous = options.include_usage, options.include_usage and options.continuous_usage_stats
         if with_usage:  # OpenAI: every chunk has the field, null but in the last one
             header["usage"] = None
 
         def event(data: dict) -> str:
             return f"data: {json.dumps(data)}\n\n"
 
+        def chunk(choices: list[dict]) -> dict:
+            return {**header, "choices": choices, **({"usage": usage()} if continuous else {})}
+
         async def events():
             try:
                 piece = first
                 while piece is not None:
                     offset = len(generation.text) - len(piece[0])
-                    yield event({**header, "choices": [choice(piece[0], None, [piece], offset)]})
+                    yield event(chunk([choice(piece[0], None, [piece], offset)]))
                     piece = await anext(visible, None)
-                yield event({**header, "choices": [choice("", finish_reason(), None)]})
+                yield event(chunk([choice("", finish_reason(), None)]))
                 if with_usage:
                     yield event({**header, "choices": [], "usage": usage()})
             except Exception as exc:  # after the 200 the error can only go in-band (e.g. tritonserver stopped)

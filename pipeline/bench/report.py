@@ -122,6 +122,90 @@ def serve_table(levels: list[dict]) -> str:
     )
 
 
+def headline(summary: dict) -> dict:
+    """The figures a serving comparison shows."""
+    return {
+        "output_tok_s": summary["output_token_throughput"],
+        "ttft_p50_ms": summary["ttft_ms"]["p50"],
+        "ttft_p99_ms": summary["ttft_ms"]["p99"],
+        "itl_p50_ms": summary["itl_ms"]["p50"],
+        "itl_p99_ms": summary["itl_ms"]["p99"],
+        "requests": summary["requests"],
+        "errors": summary["errors"],
+    }
+
+
+def serve_versus(ours: list[dict], peer: list[dict]) -> list[dict]:
+    """Per workload and load level both servers ran: their headline figures, and ours / the peer's output tokens/s
+    (above 1: ours is faster) and TTFT p50 (below 1: ours answers first)."""
+    theirs = {(lv.get("workload", "synthetic"), lv["label"]): lv["summary"] for lv in peer}
+    ratio = lambda a, b: None if a is None or not b else round(a / b, 3)  # noqa: E731
+    rows = []
+    for lv in ours:
+        key = (lv.get("workload", "synthetic"), lv["label"])
+        if key not in theirs:
+            continue
+        mine, other = headline(lv["summary"]), headline(theirs[key])
+        rows.append(
+            {
+                "workload": key[0],
+                "load": key[1],
+                "ours": mine,
+                "peer": other,
+                "output_tok_s_ratio": ratio(mine["output_tok_s"], other["output_tok_s"]),
+                "ttft_p50_ratio": ratio(mine["ttft_p50_ms"], other["ttft_p50_ms"]),
+            }
+        )
+    return rows
+
+
+def serve_versus_table(rows: list[dict], peer: str) -> str:
+    """Ours and the peer side by side per workload and load level, with our ratios; the requests each side sent
+    (fewer where a level ran into its time limit) and how many failed."""
+    x = lambda value: None if value is None else f"{value:.2f}x"  # noqa: E731
+    return markdown_table(
+        [
+            "workload",
+            "load",
+            "output tok/s ours",
+            peer,
+            f"ours/{peer}",
+            "TTFT p50 ms ours",
+            peer,
+            f"ours/{peer}",
+            "TTFT p99 ms ours",
+            peer,
+            "ITL p50 ms ours",
+            peer,
+            "ITL p99 ms ours",
+            peer,
+            "requests (errors) ours",
+            peer,
+        ],
+        [
+            [
+                r["workload"],
+                r["load"],
+                r["ours"]["output_tok_s"],
+                r["peer"]["output_tok_s"],
+                x(r["output_tok_s_ratio"]),
+                r["ours"]["ttft_p50_ms"],
+                r["peer"]["ttft_p50_ms"],
+                x(r["ttft_p50_ratio"]),
+                r["ours"]["ttft_p99_ms"],
+                r["peer"]["ttft_p99_ms"],
+                r["ours"]["itl_p50_ms"],
+                r["peer"]["itl_p50_ms"],
+                r["ours"]["itl_p99_ms"],
+                r["peer"]["itl_p99_ms"],
+                f"{r['ours']['requests']} ({r['ours']['errors']})",
+                f"{r['peer']['requests']} ({r['peer']['errors']})",
+            ]
+            for r in rows
+        ],
+    )
+
+
 def offline_table(rows: list[dict], ratios: list[dict], quality: list[dict], skipped: dict[str, str]) -> str:
     """The engines' speed, our ratios to each peer, their quality side by side and the peers that did not run."""
     speed = markdown_table(
@@ -206,29 +290,37 @@ def percent(value: float | None) -> str | None:
     return None if value is None else f"{value:.1%}"
 
 
-def plot_serve(levels: list[dict], path: Path) -> None:
+def plot_serve(levels: list[dict], path: Path, peer_levels: list[dict] = (), peer: str = "") -> None:
+    """TTFT p50 and ITL p50 against output tokens/s, a line per workload through its load levels; with a peer's
+    levels, its lines dashed beside ours."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for workload in dict.fromkeys(lv.get("workload", "synthetic") for lv in levels):
-        for ax, key in ((axes[0], "ttft_ms"), (axes[1], "itl_ms")):
-            points = [
-                (lv["label"], lv["summary"]["output_token_throughput"], lv["summary"][key]["p50"])
-                for lv in levels
-                if lv.get("workload", "synthetic") == workload and lv["summary"][key]["p50"] is not None
-            ]  # a level whose requests all failed has no latency
-            ax.plot([x for _, x, _ in points], [y for _, _, y in points], marker="o", label=workload)
-            for label, x, y in points:
-                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    sides = [("ours, " if peer_levels else "", levels, "-")] + (
+        [(f"{peer}, ", peer_levels, "--")] if peer_levels else []
+    )
+    for prefix, side, style in sides:
+        for workload in dict.fromkeys(lv.get("workload", "synthetic") for lv in side):
+            for ax, key in ((axes[0], "ttft_ms"), (axes[1], "itl_ms")):
+                points = [
+                    (lv["label"], lv["summary"]["output_token_throughput"], lv["summary"][key]["p50"])
+                    for lv in side
+                    if lv.get("workload", "synthetic") == workload and lv["summary"][key]["p50"] is not None
+                ]  # a level whose requests all failed has no latency
+                xs, ys = [x for _, x, _ in points], [y for _, _, y in points]
+                ax.plot(xs, ys, style, marker="o", label=prefix + workload)
+                for label, x, y in points:
+                    ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     for ax, name in ((axes[0], "TTFT p50 (ms)"), (axes[1], "ITL p50 (ms)")):
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("serving: throughput vs latency per workload and load level")
+    versus = f" (ours and {peer})" if peer_levels else ""
+    fig.suptitle(f"serving: throughput vs latency per workload and load level{versus}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

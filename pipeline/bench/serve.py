@@ -1,14 +1,16 @@
 """Load generator against a running Triton server: concurrency sweeps and Poisson request rates.
 
-Written here on tritonclient's asyncio gRPC client (and aiohttp for HTTP `generate_stream`) because
-genai-perf needs the perf_analyzer binary, absent on these machines, and guidellm / inference-perf
-speak only OpenAI-style HTTP, not Triton's streaming gRPC. Every request streams; per request it
-records time to first token, the gaps between streamed chunks (divided over the chunk's tokens),
-end-to-end latency and output tokens (one engine log-probability per generated token). Bounded by
-request count and a wall-clock limit; loopback only. Prompts come from seeded workloads (WORKLOADS); the server's
-own counters (prefix cache, speculation) are read from its Prometheus endpoint around each load level.
-`benchmark_serving` is `bench serve`'s whole run: the prompts, a server started when no running one is named, the
-levels one after another.
+Written here on tritonclient's asyncio gRPC client (and aiohttp for HTTP `generate_stream` and OpenAI's
+`/v1/completions`) because genai-perf needs the perf_analyzer binary, absent on these machines, and guidellm /
+inference-perf speak only OpenAI-style HTTP, not Triton's streaming gRPC. Every request streams; per request it
+records time to first token, the gaps between streamed chunks (divided over the chunk's tokens), end-to-end latency
+and output tokens: one engine log-probability per generated token over Triton, the server's own running count over
+OpenAI (usage in every chunk from our gateway, llama-server's timings), so totals are exact however a server groups
+tokens into chunks. Bounded by request count and a wall-clock limit; loopback only. Prompts come from seeded workloads
+(WORKLOADS); the server's own counters (prefix cache, speculation) are read from its Prometheus endpoint around each
+load level. `benchmark_serving` is `bench serve`'s whole run: the prompts, our server (and with protocol openai its
+OpenAI gateway) started as `serve` starts them when no running one is named, the levels one after another, then the
+peer (llama-server) on the same prompts, levels and interface once ours is stopped.
 """
 
 from __future__ import annotations
@@ -19,22 +21,30 @@ import json
 import random
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.report import build_info
+from pipeline.bench.report import build_info, serve_versus
+from pipeline.bench.serve_peer import LLAMA_SERVER_FIELDS, PEERS, LlamaServer, llama_server_files
 from pipeline.bench.stats import summarize
 from pipeline.build import cache_dir, default_output
 from pipeline.config import BuildConfig, load_config
 from pipeline.errors import PipelineError
 from pipeline.fetch import load_text
+from pipeline.openai_gateway import DEFAULT_MAX_BODY_BYTES, engine_limits
 from pipeline.runtime.batch import read_prompts
 from pipeline.triton.client import client_inputs
-from pipeline.triton.server import TritonServer
+from pipeline.triton.lifecycle import GatewayOptions, Serving, checked_repository, served_name
+from pipeline.triton.server import Ports, free_ports
+from pipeline.triton.validate import RepoReport
 
 WORKLOADS = ("synthetic", "shared-prefix", "grounded")
+PROTOCOLS = ("grpc", "http", "openai")
+# per request to our gateway: usage in every chunk (vLLM's continuous_usage_stats)
+GATEWAY_FIELDS = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+READY_TIMEOUT_S = 120.0
 
 # shared-prefix: the system prompt's instructions before the reference text, and the users' question frames
 POLICY = (
@@ -287,6 +297,59 @@ async def http_request(base: str, model: str, prompt: str, max_tokens: int, igno
     return timeline.done()
 
 
+def generated_so_far(event: dict) -> int | None:
+    """A streamed chunk's count of the tokens generated so far, where it carries one: `usage` (the last chunk, every
+    chunk with vLLM's continuous_usage_stats) or llama-server's `timings` (timings_per_token)."""
+    if event.get("usage"):
+        return event["usage"]["completion_tokens"]
+    if event.get("timings"):
+        return event["timings"]["predicted_n"]
+    return None
+
+
+async def openai_request(base: str, model: str, fields: dict, prompt: str, max_tokens: int, ignore_eos: bool) -> dict:
+    """One greedy streamed `/v1/completions` request to the server at `base` (`.../v1`), with the server's own
+    `fields`. A chunk's tokens are the server's count so far less those already counted (one per chunk with text
+    where a server counts nothing), so a chunk holding several tokens or none is counted exactly."""
+    import aiohttp
+
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        **({"ignore_eos": True} if ignore_eos else {}),  # vLLM's and llama-server's name
+        **fields,
+    }
+    timeline, counted = Timeline(), 0
+    try:
+        # no overall limit (a level's queue may wait long); a stream silent for 10 minutes has failed
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.post(f"{base}/completions", json=body) as reply:
+                if reply.status != 200:
+                    timeline.fail(f"HTTP {reply.status}: {(await reply.text())[:200]}")
+                    return timeline.done()
+                async for line in reply.content:
+                    if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        timeline.fail(json.dumps(event["error"])[:300])
+                        break
+                    total = generated_so_far(event)
+                    if total is None:
+                        total = counted + any(choice.get("text") for choice in event.get("choices", []))
+                    timeline.chunk(max(0, total - counted))
+                    counted = max(counted, total)
+                    if event.get("usage"):
+                        timeline.sample["prompt_tokens"] = event["usage"]["prompt_tokens"]
+    except Exception as exc:
+        timeline.fail(repr(exc))
+    return timeline.done()
+
+
 async def run_level(
     send, prompts: list[str], *, concurrency: int | None, rate: float | None, time_limit_s: float, seed: int = 0
 ) -> tuple[list[dict], float]:
@@ -336,9 +399,20 @@ class LoadSettings:
     ignore_eos: bool
 
 
-def check_options(settings: LoadSettings, workloads: list[str], prompts_file: Path | None) -> None:
-    if settings.protocol not in ("grpc", "http"):
-        raise PipelineError(f"--protocol {settings.protocol}: use grpc or http")
+def check_options(
+    settings: LoadSettings,
+    workloads: list[str],
+    prompts_file: Path | None,
+    peer: str | None,
+    grpc: str | None,
+    http: str | None,
+) -> None:
+    if settings.protocol not in PROTOCOLS:
+        raise PipelineError(f"--protocol {settings.protocol}: use {', '.join(PROTOCOLS)}")
+    if settings.protocol == "openai" and grpc:
+        raise PipelineError(
+            "--grpc: protocol openai speaks HTTP; name the running OpenAI server's base URL with --http"
+        )
     for name in workloads:
         if name not in WORKLOADS:
             raise PipelineError(f"--workload {name}: unknown; choose from {', '.join(WORKLOADS)}")
@@ -346,6 +420,17 @@ def check_options(settings: LoadSettings, workloads: list[str], prompts_file: Pa
         raise PipelineError("--prompts-file replaces the workloads' prompts: drop --workload")
     if settings.system_prompt_file and not settings.system_prompt_file.is_file():
         raise PipelineError(f"--system-prompt-file {settings.system_prompt_file}: no such file")
+    if peer is None:
+        return
+    if peer not in PEERS:
+        raise PipelineError(f"--peer {peer}: unknown; choose from {', '.join(PEERS)}")
+    if settings.protocol != "openai":
+        raise PipelineError(f"--peer {peer} speaks only the OpenAI API: add --protocol openai to ask both alike")
+    if grpc or http:
+        raise PipelineError(
+            f"--peer {peer} needs our server started for the run (drop --grpc/--http), so that the two servers are "
+            "never loaded at once"
+        )
 
 
 def prompt_sets(
@@ -381,6 +466,55 @@ def prompt_sets(
     }
 
 
+def openai_model(base: str) -> str:
+    """The model a running OpenAI server serves (the first it lists)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base}/models", timeout=30) as reply:
+        return json.loads(reply.read())["data"][0]["id"]
+
+
+def llm_model(report: RepoReport):
+    """The config of the repository's engine model: the one given an engine directory."""
+    return next(config for config in report.models.values() if "engine_dir" in config.parameters)
+
+
+def measure_llama_server(output: Path, report: RepoReport, tokenizer, workload_sets: dict, sweep, log) -> dict:
+    """llama-server sized like our server (see pipeline.bench.serve_peer) through the same sweep, with the check that
+    it reads every prompt as the same token ids; or why it could not run."""
+    from pipeline.runtime.model_runner import default_threads
+
+    llm = llm_model(report)
+    _, max_seq_len = engine_limits(llm.parameters["engine_dir"].string_value)
+    threads = int(llm.parameters["cpu_threads"].string_value or 0) or default_threads()
+    peer = {"name": "llama-server", "threads": threads, "parallel": llm.max_batch_size}
+    try:
+        binary, model = llama_server_files(output)
+        server = LlamaServer(
+            binary,
+            model,
+            parallel=llm.max_batch_size,
+            threads=threads,
+            context=llm.max_batch_size * max_seq_len,
+            log_file=output / "peers" / "logs" / "llama-server.log",
+        )
+        log(f"llama-server: {model.name}, {llm.max_batch_size} slots, {threads} threads")
+        prompts = [p for prompts in workload_sets.values() for p in prompts]
+        with server:
+            server.check_prompts(prompts, tokenizer)
+            levels = sweep(functools.partial(openai_request, f"{server.url}/v1", model.name, LLAMA_SERVER_FIELDS), None)
+            build = server.call("/props").get("build_info")
+    except PipelineError as exc:  # not built, would not start or read the prompts otherwise: ours still stands
+        return peer | {"unavailable": str(exc)}
+    return peer | {
+        "model": str(model),
+        "build_info": build,
+        "command": server.command,
+        "prompts_token_identical": len(prompts),
+        "levels": levels,
+    }
+
+
 def benchmark_serving(
     source: Path,
     output: Path | None,
@@ -396,16 +530,19 @@ def benchmark_serving(
     slo_ttft_ms: float,
     slo_itl_ms: float,
     time_limit_s: float,
+    peer: str | None = None,
     log=print,
     server_log=print,
 ) -> dict:
     """Every workload at every load level (closed-loop client counts, or Poisson rates when `by_rate`) against the
-    running server at the `grpc` or `http` address, or one started on `source` (a build config or a repository) for
-    the run; `metrics` is the running server's Prometheus URL. Returns the results: the levels with their summaries,
-    server-side deltas and raw samples, the build's info, the settings."""
+    running server at the `grpc` or `http` address (protocol openai: `http` is an OpenAI server's base URL), or one
+    started on `source` (a build config or a repository) for the run, with the OpenAI gateway for protocol openai;
+    `metrics` is the running server's Prometheus URL. With `peer`, then the peer on the same prompts and levels.
+    Returns the results: the levels with their summaries, server-side deltas and raw samples, the build's info, the
+    settings, and the peer's levels with our ratios to it (or why it did not run)."""
     from transformers import AutoTokenizer
 
-    check_options(settings, workloads, prompts_file)
+    check_options(settings, workloads, prompts_file, peer, grpc, http)
     is_repo = source.is_dir()
     cfg = None if is_repo else load_config(source, [])
     output = output or (source.resolve().parent if is_repo else default_output(source))
@@ -413,16 +550,8 @@ def benchmark_serving(
     requests = settings.requests
     workload_sets = prompt_sets(tokenizer, settings, workloads, prompts_file, requests * len(loads), cfg)
     repo = source if is_repo else output / "triton_repo"
-    server = None if (grpc or http) else TritonServer(repo, cache_dir(), log=server_log).start()
-    try:
-        grpc_url = grpc or (server and server.dial(server.ports.grpc))
-        http_url = http or (server and f"http://{server.dial(server.ports.http)}")
-        metrics_url = metrics or (server and f"http://{server.dial(server.ports.metrics)}/metrics")
-        send = (
-            functools.partial(grpc_request, grpc_url, settings.model)
-            if settings.protocol == "grpc"
-            else functools.partial(http_request, http_url, settings.model)
-        )
+
+    def sweep(send, metrics_url: str | None) -> list[dict]:
         levels = []
         for name, prompts in workload_sets.items():
             for index, level in enumerate(loads):
@@ -447,7 +576,47 @@ def benchmark_serving(
                         "samples": samples,
                     }
                 )
-    finally:
-        if server:
-            server.stop()
-    return {"name": source.stem, "build": build_info(output), "levels": levels, "settings": asdict(settings)}
+        return levels
+
+    def sender(grpc_url: str | None, http_url: str | None):
+        if settings.protocol == "grpc":
+            return functools.partial(grpc_request, grpc_url, settings.model)
+        if settings.protocol == "http":
+            return functools.partial(http_request, http_url, settings.model)
+        return functools.partial(openai_request, http_url, settings.model, GATEWAY_FIELDS)
+
+    report = None
+    if grpc or http:
+        if settings.protocol == "openai":
+            http = http.rstrip("/") if http.rstrip("/").endswith("/v1") else f"{http.rstrip('/')}/v1"
+            settings = replace(settings, model=openai_model(http))
+        levels = sweep(sender(grpc, http), metrics)
+    else:
+        report = checked_repository(repo, source)
+        gateway = settings.protocol == "openai"
+        if gateway:  # the gateway always calls the BLS; requests name the model it serves
+            settings = replace(settings, model=served_name(repo))
+        *ports, gateway_port = free_ports(4)
+        serving = Serving(
+            repo,
+            report,
+            cache_dir(),
+            ports=Ports(*ports),
+            host="127.0.0.1",
+            log_file=None,
+            gateway=GatewayOptions(gateway_port, None, DEFAULT_MAX_BODY_BYTES / 1e6) if gateway else None,
+            log=server_log,
+        )
+        with serving:
+            serving.start(READY_TIMEOUT_S)
+            server = serving.server
+            http_url = serving.openai_url if gateway else f"http://{server.dial(server.ports.http)}"
+            levels = sweep(
+                sender(server.dial(server.ports.grpc), http_url),
+                metrics or f"http://{server.dial(server.ports.metrics)}/metrics",
+            )
+    results = {"name": source.stem, "build": build_info(output), "levels": levels, "settings": asdict(settings)}
+    if peer:
+        results["peer"] = measure_llama_server(output, report, tokenizer, workload_sets, sweep, log)
+        results["versus"] = serve_versus(levels, results["peer"].get("levels", []))
+    return results

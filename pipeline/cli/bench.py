@@ -216,15 +216,32 @@ def bench_serve(
     grpc: Optional[str] = typer.Option(
         None, "--grpc", help="Use a running server's gRPC address, e.g. 127.0.0.1:8001."
     ),
-    http: Optional[str] = typer.Option(None, "--http", help="Use a running server's HTTP base URL (protocol http)."),
+    http: Optional[str] = typer.Option(
+        None,
+        "--http",
+        help="Use a running server's HTTP base URL: tritonserver's (protocol http) or an OpenAI server's "
+        "(protocol openai), e.g. http://127.0.0.1:9000/v1.",
+    ),
     metrics: Optional[str] = typer.Option(
         None,
         "--metrics",
         help="A running server's Prometheus metrics URL, e.g. http://127.0.0.1:8002/metrics, for the server-side "
         "columns (prefix-cache hit rate, reused tokens, draft acceptance); a started server's is read by default.",
     ),
-    protocol: str = typer.Option("grpc", help="grpc (streaming) or http (/generate_stream SSE)."),
-    model: str = typer.Option("ensemble", help="ensemble or tensorrt_llm_bls."),
+    protocol: str = typer.Option(
+        "grpc",
+        help="grpc (streaming), http (/generate_stream SSE) or openai (/v1/completions SSE through our OpenAI "
+        "gateway, started for the run as `serve --openai` starts it).",
+    ),
+    model: str = typer.Option("ensemble", help="ensemble or tensorrt_llm_bls (grpc, http; the gateway calls the BLS)."),
+    peer: Optional[str] = typer.Option(
+        None,
+        "--peer",
+        help="llama-server: after our server, measure llama.cpp's server on the same prompts and levels over the same "
+        "OpenAI API (needs --protocol openai and `trtllm-pipeline bench peers CONFIG`): the Q8_0 GGUF of the same "
+        "checkpoint, --parallel = our max_batch_size, our thread count, its prompt cache not reused. A peer that "
+        "cannot run is reported with the reason; ours still is.",
+    ),
     concurrency: Optional[list[int]] = typer.Option(
         None, "--concurrency", help="Closed-loop client counts to sweep (repeat); default 1, 4, 16."
     ),
@@ -264,10 +281,11 @@ def bench_serve(
 ):
     """Load a served repository: per workload, a concurrency sweep (or Poisson rates) of streaming requests, with
     TTFT, inter-token and end-to-end latency percentiles, request and token throughput, errors, goodput, and the
-    server's prefix-cache hit rate, reused tokens and draft acceptance over each level (n/a when not exported).
+    server's prefix-cache hit rate, reused tokens and draft acceptance over each level (n/a when not exported). With
+    --peer llama-server, llama-server then gets the same load and both are reported side by side, with our ratios.
 
-    Example: trtllm-pipeline bench serve build_configs/smollm2-135m-cpu.yaml --workload synthetic
-    --workload shared-prefix --concurrency 1 --concurrency 16
+    Example: trtllm-pipeline bench serve build_configs/smollm2-135m-cpu.yaml --protocol openai --peer llama-server
+    --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
     """
     from pipeline.bench import report
     from pipeline.bench.serve import LoadSettings, benchmark_serving
@@ -298,18 +316,27 @@ def bench_serve(
         slo_ttft_ms=slo_ttft_ms,
         slo_itl_ms=slo_itl_ms,
         time_limit_s=time_limit,
+        peer=peer,
         log=lambda m: console.print(f"  {m}", highlight=False),
         server_log=lambda m: console.print(f"[dim]{m}[/]"),
     )
-    levels = results["levels"]
+    levels, other = results["levels"], results.get("peer", {})
     table = report.serve_table(levels)
+    if results.get("versus"):
+        table += (
+            f"\n\nOurs (through our OpenAI gateway) and {peer}, the same prompts and load, one server after the "
+            f"other; {peer} read all {other['prompts_token_identical']} prompts as our token ids:\n\n"
+            + report.serve_versus_table(results["versus"], peer)
+        )
+    if "unavailable" in other:
+        table += f"\n\nNot measured:\n\n- {peer}: {other['unavailable']}"
     folder = report.write_report(
         out,
         "serve",
         f"serving benchmark: {source}",
         results,
         table,
-        lambda path: report.plot_serve(levels, path),
+        lambda path: report.plot_serve(levels, path, other.get("levels", []), peer or ""),
         "throughput_vs_latency.png",
     )
     console.print(table, highlight=False, soft_wrap=True)

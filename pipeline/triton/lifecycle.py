@@ -117,7 +117,8 @@ def _interrupt(*_) -> None:
 class Serving:
     """tritonserver on a checked repository and, given GatewayOptions, the OpenAI gateway in front of it. A context
     manager: SIGTERM counts as Ctrl-C from entry on (a stop during start-up must clean up too), and leaving it
-    stops the gateway and tritonserver together, ignoring further stop signals meanwhile."""
+    stops the gateway and tritonserver together, ignoring further stop signals meanwhile, then gives the stop signals
+    their handlers back (`bench serve` goes on to its peer after serving)."""
 
     def __init__(
         self,
@@ -144,10 +145,17 @@ class Serving:
             log=log,
         )
         self._uvicorn = self._uvicorn_thread = None
+        self._handlers: dict = {}
 
     def __enter__(self) -> "Serving":
+        self._handlers = {stop_signal: signal.getsignal(stop_signal) for stop_signal in STOP_SIGNALS}
         signal.signal(signal.SIGTERM, _interrupt)
         return self
+
+    @property
+    def openai_url(self) -> str:
+        """The gateway's base URL for a local client (`.../v1`)."""
+        return f"http://{dial_address(self.host, self.gateway.port)}/v1"
 
     def start(self, timeout: float) -> None:
         """The gateway first, listening before tritonserver is ready, so a readiness probe on tritonserver covers it
@@ -168,8 +176,12 @@ class Serving:
     def __exit__(self, *exc) -> None:
         for stop_signal in STOP_SIGNALS:  # a second Ctrl-C must not orphan the server mid-stop
             signal.signal(stop_signal, signal.SIG_IGN)
-        if self._uvicorn:
-            self._uvicorn.should_exit = True
-        self.server.stop()
-        if self._uvicorn_thread:
-            self._uvicorn_thread.join(timeout=10)
+        try:
+            if self._uvicorn:
+                self._uvicorn.should_exit = True
+            self.server.stop()
+            if self._uvicorn_thread:
+                self._uvicorn_thread.join(timeout=10)
+        finally:
+            for stop_signal, handler in self._handlers.items():
+                signal.signal(stop_signal, handler)
