@@ -283,6 +283,28 @@ def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios
     assert 0 <= results["quality"][0]["kl_divergence"] < 1 and results["quality"][0]["top1_agreement"] > 0.5
     assert (tmp_path / "bench" / "latest-offline" / "speed_and_quality.png").is_file()
 
+    profiled = run_cli(
+        "bench",
+        "profile",
+        str(config),
+        "--output",
+        str(out),
+        "--batch",
+        "2",
+        "--shape",
+        "16x6",
+        "--out",
+        str(tmp_path / "bench"),
+    )
+    assert profiled.returncode == 0, profiled.stderr
+    profile = json.loads((tmp_path / "bench" / "latest-profile" / "results.json").read_text())
+    (step,) = profile["steps"]
+    # the split adds up to the step, and the kernels by operator to the kernels (medians: within rounding)
+    parts = step["decode_kernels_ms"] + step["decode_ort_around_kernels_ms"] + step["decode_python_ms"]
+    assert step["decode_kernels_ms"] > 0 and abs(parts - step["decode_step_ms"]) < 0.5 * step["decode_step_ms"]
+    assert "MatMul" in "".join(step["decode_kernels_by_op_ms"]) and 0 < step["prefill_kernels_share"] <= 1
+    assert profile["machine"]["read_gb_s"] > 0 and profile["ceilings"]["decode_batch1_tok_s"] > 0
+
 
 def test_family_decode_bench_compares_families_with_llama_and_reuses_only_matching_builds(tmp_path):
     from pipeline.bench.family_decode import decode_speed_per_family

@@ -1,6 +1,6 @@
 """`bench profile`: where our engine's time goes, and what this machine allows at most.
 
-A decode step is split into ONNX Runtime's kernels (the sum of its profiler's per-node kernel times), ONNX Runtime's
+A decode step is split into ONNX Runtime's kernels (their share of a run in its profiler, by operator), ONNX Runtime's
 own work around them (the run's wall time less its kernels: the executor, input binding, output allocation, and
 waking the thread pool, which a kernel's parallel loop waits on), and Python (the step's wall time less the run:
 sampling, the scheduler, building the binding's inputs). Triton's IPC is the served inter-token latency at one
@@ -75,40 +75,12 @@ def weight_facts(onnx_path: Path) -> dict:
 
 
 def step_split(engine_dir: Path, threads: int, batch: int, input_len: int, output_len: int, spinning: bool) -> dict:
-    """One generate of `batch` prompts with ONNX Runtime's profiler on: the prefill's time and each decode step's
-    median split (ms) into kernels, ONNX Runtime around them, and Python, with the kernels by operator."""
-    import onnxruntime as ort
-
-    from pipeline.runtime.model_runner import ONNX_FILE, ModelRunner
-
-    config = json.loads((engine_dir / "config.json").read_text())
-    built = config["build_config"]
+    """One generate of `batch` prompts timed as users run it (the prefill, then each decode step's wall time and its
+    ONNX Runtime run's), and one more with ONNX Runtime's profiler on, which slows every run: its kernels' share of
+    each run (by operator) is applied to the unprofiled run. Medians in ms per decode step."""
+    prompts = [[(7 * row + i) % 1000 + 100 for i in range(input_len)] for row in range(batch)]
     with tempfile.TemporaryDirectory() as scratch:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spinning)))
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(scratch) / "ort")
-        session = ort.InferenceSession(str(engine_dir / ONNX_FILE), options, providers=["CPUExecutionProvider"])
-        runner = ModelRunner(
-            engine_dir,
-            config,
-            session,
-            max_batch_size=built["max_batch_size"],
-            max_input_len=built["max_input_len"],
-            max_seq_len=built["max_seq_len"],
-            max_beam_width=1,
-        )
-        run_walls = []
-        original = session.run_with_iobinding
-
-        def timed(binding, *args):
-            started = time.perf_counter()
-            original(binding, *args)
-            run_walls.append(time.perf_counter() - started)
-
-        session.run_with_iobinding = timed
-        prompts = [[(7 * row + i) % 1000 + 100 for i in range(input_len)] for row in range(batch)]
+        runner, run_walls = timed_runner(engine_dir, threads, spinning, None)
         list(runner.generate(prompts, max_new_tokens=2, end_id=-1, streaming=True))  # warm-up
         run_walls.clear()
         step_walls, last = [], time.perf_counter()
@@ -116,32 +88,92 @@ def step_split(engine_dir: Path, threads: int, batch: int, input_len: int, outpu
             now = time.perf_counter()
             step_walls.append(now - last)
             last = now
-        events = json.loads(Path(session.end_profiling()).read_text())
-    runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
-    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    measured = runs[-len(run_walls) :]  # the profiled generate's runs (the warm-up's come first)
-    per_run, by_op = [0.0] * len(measured), defaultdict(list)
-    for kernel in kernels:
-        for index, run in enumerate(measured):
-            if run["ts"] <= kernel["ts"] <= run["ts"] + run["dur"]:
-                per_run[index] += kernel["dur"] / 1000
-                if index:
-                    by_op[(index, kernel["args"]["op_name"])].append(kernel["dur"] / 1000)
-                break
+        profiled, profiled_walls = timed_runner(engine_dir, threads, spinning, Path(scratch) / "ort")
+        list(profiled.generate(prompts, max_new_tokens=2, end_id=-1, streaming=True))
+        profiled_walls.clear()
+        list(profiled.generate(prompts, max_new_tokens=output_len, end_id=-1, streaming=True))
+        events = json.loads(Path(profiled.session.end_profiling()).read_text())
+    kernels = kernel_times(events, len(profiled_walls))
     decode = range(1, len(run_walls))
     ms = lambda values: round(statistics.median(values), 3)  # noqa: E731
-    operators = defaultdict(list)
-    for (index, op), durations in by_op.items():
-        operators[op].append(sum(durations))
+    run_ms = ms([run_walls[i] * 1000 for i in decode])
+    # the profiler slows every run; its runs give the kernels' share, applied to the unprofiled run
+    share = statistics.median(sum(kernels[i].values()) / (profiled_walls[i] * 1000) for i in decode)
+    kernels_ms = round(min(1.0, share) * run_ms, 3)
+    operators = {
+        op: ms([kernels[i].get(op, 0.0) / (profiled_walls[i] * 1000) * run_ms for i in decode]) for op in kernels[1]
+    }
     return {
         "batch": batch,
         "input_len": input_len,
         "output_len": output_len,
         "prefill_ms": round(step_walls[0] * 1000, 2),
-        "prefill_kernels_ms": round(per_run[0], 2),
+        "prefill_kernels_share": round(sum(kernels[0].values()) / (profiled_walls[0] * 1000), 3),
         "decode_step_ms": ms([step_walls[i] * 1000 for i in decode]),
-        "decode_kernels_ms": ms([per_run[i] for i in decode]),
-        "decode_ort_around_kernels_ms": ms([run_walls[i] * 1000 - per_run[i] for i in decode]),
+        "decode_run_ms": run_ms,
+        "decode_kernels_ms": kernels_ms,
+        "decode_ort_around_kernels_ms": round(run_ms - kernels_ms, 3),
         "decode_python_ms": ms([(step_walls[i] - run_walls[i]) * 1000 for i in decode]),
-        "decode_kernels_by_op_ms": {op: ms(v) for op, v in sorted(operators.items(), key=lambda kv: -sum(kv[1]))},
+        "decode_kernels_by_op_ms": dict(sorted(operators.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def timed_runner(engine_dir: Path, threads: int, spinning: bool, profile_prefix: Path | None):
+    """(a ModelRunner of the engine, the list its session's runs append their wall times to); with
+    `profile_prefix`, ONNX Runtime's profiler writes there."""
+    import onnxruntime as ort
+
+    from pipeline.runtime.model_runner import ONNX_FILE, ModelRunner
+
+    config = json.loads((engine_dir / "config.json").read_text())
+    built = config["build_config"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spinning)))
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
+    session = ort.InferenceSession(str(engine_dir / ONNX_FILE), options, providers=["CPUExecutionProvider"])
+    runner = ModelRunner(
+        engine_dir,
+        config,
+        session,
+        max_batch_size=built["max_batch_size"],
+        max_input_len=built["max_input_len"],
+        max_seq_len=built["max_seq_len"],
+        max_beam_width=1,
+    )
+    walls: list[float] = []
+    run = session.run_with_iobinding
+
+    def timed(binding, *args):
+        started = time.perf_counter()
+        run(binding, *args)
+        walls.append(time.perf_counter() - started)
+
+    session.run_with_iobinding = timed
+    return runner, walls
+
+
+def kernel_times(events: list[dict], runs: int) -> list[dict[str, float]]:
+    """ms of kernel time by operator for each of the last `runs` runs in an ONNX Runtime profile."""
+    measured = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"][-runs:]
+    per_run: list[dict[str, float]] = [defaultdict(float) for _ in measured]
+    for event in events:
+        if event.get("cat") != "Node" or not event["name"].endswith("_kernel_time"):
+            continue
+        for index, run in enumerate(measured):
+            if run["ts"] <= event["ts"] <= run["ts"] + run["dur"]:
+                per_run[index][event["args"]["op_name"]] += event["dur"] / 1000
+                break
+    return per_run
+
+
+def ceilings(rates: dict, facts: dict, input_len: int) -> dict:
+    """Tokens/s no schedule can pass on this machine: a decode token at the memory bandwidth (batch 1: every weight
+    read for one token), a prefill token at the fp32 matrix-product rate."""
+    return {
+        "decode_batch1_tok_s": round(rates["read_gb_s"] * 1e9 / facts["decode_bytes_per_token"], 1),
+        "prefill_tok_s_at_sgemm_rate": round(rates["sgemm_gflop_s"] * 1e9 / facts["prefill_flops_per_token"], 1),
+        "input_len": input_len,
     }

@@ -269,11 +269,11 @@ def offline_table(rows: list[dict], ratios: list[dict], quality: list[dict], ski
                 [
                     [
                         q["engine"],
-                        q["kl_divergence"],
-                        q["kl_divergence_p99"],
+                        f"{q['kl_divergence']:.4f}",
+                        f"{q['kl_divergence_p99']:.4f}",
                         f"{q['top1_agreement']:.1%}",
                         f"{q['perplexity_increase']:+.1%}",
-                        q.get("chat_kl_divergence"),
+                        None if q.get("chat_kl_divergence") is None else f"{q['chat_kl_divergence']:.4f}",
                         percent(q.get("chat_top1_agreement")),
                         percent(q.get("chat_answer_match")),
                     ]
@@ -288,6 +288,43 @@ def offline_table(rows: list[dict], ratios: list[dict], quality: list[dict], ski
 
 def percent(value: float | None) -> str | None:
     return None if value is None else f"{value:.1%}"
+
+
+def profile_table(results: dict) -> str:
+    """The step split per batch size, then the machine's rates and the ceilings they put on tokens/s."""
+    steps = markdown_table(
+        [
+            "batch",
+            "prefill ms",
+            "decode step ms",
+            "kernels ms",
+            "ONNX Runtime around them ms",
+            "Python ms",
+            "top kernels (ms per step)",
+        ],
+        [
+            [
+                s["batch"],
+                s["prefill_ms"],
+                s["decode_step_ms"],
+                s["decode_kernels_ms"],
+                s["decode_ort_around_kernels_ms"],
+                s["decode_python_ms"],
+                ", ".join(f"{op} {ms}" for op, ms in list(s["decode_kernels_by_op_ms"].items())[:3]),
+            ]
+            for s in results["steps"]
+        ],
+    )
+    rates, facts, ceiling = results["machine"], results["weights"], results["ceilings"]
+    lines = [
+        f"- memory read bandwidth {rates['read_gb_s']} GB/s, fp32 matrix products {rates['sgemm_gflop_s']} GFLOP/s "
+        f"({results['threads']} threads)",
+        f"- a decode token reads {facts['decode_bytes_per_token'] / 1e6:.1f} MB of weights: at most "
+        f"{ceiling['decode_batch1_tok_s']} tok/s at batch 1",
+        f"- a prefill token costs {facts['prefill_flops_per_token'] / 1e6:.0f} MFLOP in matrix products: at most "
+        f"{ceiling['prefill_tok_s_at_sgemm_rate']} tok/s at the fp32 rate",
+    ]
+    return steps + "\n\n" + "\n".join(lines)
 
 
 def plot_serve(levels: list[dict], path: Path, peer_levels: list[dict] = (), peer: str = "") -> None:

@@ -49,11 +49,13 @@ def bench_peers(
 
     load(config, [])
     output = output or default_output(config)
-    manifest = build_peers(output, cache_dir(), peer, log=lambda m: console.print(f"  {m}", highlight=False))
+    manifest = build_peers(
+        output, cache_dir(), peer, log=lambda m: console.print(f"  {m}", highlight=False, markup=False)
+    )
     for engine in manifest.engines:
-        console.print(f"{engine.name}: {engine.model}", highlight=False)
+        console.print(f"{engine.name}: {engine.model}", highlight=False, markup=False)
     for name, why in manifest.unavailable.items():
-        console.print(f"[yellow]{name}: not built[/]: {why}", highlight=False)
+        console.print(f"{name}: not built: {why}", style="yellow", highlight=False, markup=False)
     console.print(f"peers: {manifest.path(output)}")
 
 
@@ -73,7 +75,7 @@ def bench_offline(
     peer: Optional[list[str]] = typer.Option(
         None,
         "--peer",
-        help="Peers to measure (repeat): an engine (llama.cpp, OpenVINO GenAI, onnxruntime-genai) or one model "
+        help="Peers to measure (repeat): a peer (llama.cpp, openvino, onnxruntime-genai) or one model "
         '("llama.cpp Q8_0"); default every peer `bench peers` built.',
     ),
     quality: bool = typer.Option(
@@ -109,7 +111,7 @@ def bench_offline(
         raise PipelineError(f"no engine in {output / 'engine'}: build it first (trtllm-pipeline build {config})")
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (shape or ["128x64"])]
     text = load_text(cfg.verify.eval_text, cfg.resolve_path("."), cache_dir())
-    log = lambda m: console.print(f"  {m}", highlight=False)  # noqa: E731
+    log = lambda m: console.print(f"  {m}", highlight=False, markup=False)  # noqa: E731
     spinning = (False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",)
     peers, skipped = peer_engines(output, peer)
     precision = "fp32" if cfg.quantization.weights == "none" else str(cfg.quantization.weights)
@@ -145,6 +147,54 @@ def bench_offline(
         lambda path: report.plot_offline(rows, scores, path),
         "speed_and_quality.png",
     )
+    console.print(table, highlight=False, soft_wrap=True)
+    console.print(f"report: {folder}")
+
+
+@bench_app.command("profile")
+@reports_errors
+def bench_profile(
+    config: Path = ConfigArg,
+    output: Optional[Path] = OutputOpt,
+    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes (repeat); default 1 and 8."),
+    shape: str = typer.Option("128x64", help="INPUTxOUTPUT token lengths."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all usable cores)."),
+    spinning: bool = typer.Option(True, help="Spinning ONNX Runtime threads, as `bench offline` measures them."),
+    out: Path = BenchOut,
+):
+    """Where our engine's time goes and what this machine allows at most: each decode step split into ONNX
+    Runtime's kernels (by operator), its work around them and Python; the prefill's time; the machine's memory
+    bandwidth and matrix-product rate; and from them the ceilings a decode token (bytes read) and a prefill token
+    (flops) put on tokens/s.
+
+    Example: trtllm-pipeline bench profile build_configs/smollm2-135m-cpu.yaml --batch 1 --batch 8
+    """
+    from pipeline.bench import report
+    from pipeline.bench.profile import ceilings, machine_rates, step_split, weight_facts
+    from pipeline.build import default_output
+    from pipeline.runtime.model_runner import ONNX_FILE, default_threads
+
+    load(config, [])
+    output = output or default_output(config)
+    engine = output / "engine"
+    if not (engine / "config.json").is_file():
+        raise PipelineError(f"no engine in {engine}: build it first (trtllm-pipeline build {config})")
+    try:
+        input_len, output_len = (int(x) for x in shape.lower().split("x"))
+    except ValueError:
+        raise typer.BadParameter(f"{shape!r} is not INPUTxOUTPUT, e.g. 128x64", param_hint="--shape") from None
+    threads = threads or default_threads()
+    console.print("  measuring the machine's memory bandwidth and matrix-product rate", highlight=False)
+    rates = machine_rates(threads)
+    facts = weight_facts(engine / ONNX_FILE)
+    splits = []
+    for size in batch or [1, 8]:
+        console.print(f"  profiling batch {size}", highlight=False)
+        splits.append(step_split(engine, threads, size, input_len, output_len, spinning))
+    results = {"name": config.stem, "threads": threads, "machine": rates, "weights": facts, "steps": splits}
+    results["ceilings"] = ceilings(rates, facts, input_len)
+    table = report.profile_table(results)
+    folder = report.write_report(out, "profile", f"profile: {config}", results, table, lambda path: None, "")
     console.print(table, highlight=False, soft_wrap=True)
     console.print(f"report: {folder}")
 

@@ -177,14 +177,14 @@ class SharedCache:
             max_seq_len,
         )
         self.past_names = [i.name for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+        self.logits_width = next(o.shape[-1] for o in session.get_outputs() if o.name == "logits")  # the vocabulary
         self.spare_rows = int(batch_invariant)  # the dummy row of batch-invariant passes (see _forward)
 
     def bind(self, past: dict):
         """An I/O binding with the cache buffers as both past and present (GQA writes in place)."""
         import onnxruntime as ort
 
-        binding = self.session.io_binding()
-        binding.bind_output("logits", "cpu")  # first: get_outputs()[0]; ORT allocates it on each run
+        binding = self.session.io_binding()  # logits are bound per run (_forward)
         for name, buffer in past.items():
             value = ort.OrtValue.ortvalue_from_numpy(buffer)  # wraps the buffer, no copy
             binding.bind_ortvalue_input(name, value)
@@ -220,13 +220,15 @@ class SharedCache:
         if self.spare_rows and wanted % 2:
             logits_index = np.append(logits_index, logits_index[-1])
         binding = self._binding(batch, len(input_ids), row)
-        binding.bind_output("logits", "cpu")  # a fresh output: ORT reuses an allocated one only at its own shape
+        # logits into a buffer of ours: no output to fetch, which would wrap every bound KV buffer too (0.3 ms a step)
+        logits = np.empty((len(logits_index), self.logits_width), dtype=np.float32)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
         binding.bind_cpu_input("seqlens_k", (lengths - 1).astype(np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(lengths.max(), dtype=np.int32))
         binding.bind_cpu_input("logits_index", np.ascontiguousarray(logits_index, dtype=np.int64))
         self.session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()[:wanted]
+        return logits[:wanted]
 
     def _binding(self, batch: Batch, rows: int, row: int | None):
         """The I/O binding of the batch's first `rows` buffer rows, or of row `row` alone; kept, so the next steps

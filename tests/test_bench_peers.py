@@ -1,0 +1,69 @@
+"""The peer machinery of `make bench` that runs without the peers built: the manifest, the workers' environment,
+what a failed build step reports, and the refusals of `bench peers`. The peers themselves (a 10-minute llama.cpp
+compile, GB-sized environments) are exercised by `make bench`, not by the suite."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from pipeline.bench.peers import EngineSpec, PeerManifest
+from pipeline.bench.peers.build import build_peers, failure
+from pipeline.errors import PipelineError
+
+
+def test_manifest_round_trips_and_names_what_was_not_built(tmp_path):
+    spec = EngineSpec(
+        "llama.cpp Q8_0",
+        "llama.cpp",
+        "Q8_0",
+        "/py",
+        "pipeline.bench.peers.llamacpp",
+        "/m.gguf",
+        {"LLAMA_CPP_LIB_PATH": "/lib"},
+    )
+    PeerManifest([spec], {"llama-server": "/bin/llama-server"}, {"openvino": "export failed"}).write(tmp_path)
+    manifest = PeerManifest.read(tmp_path)
+    assert manifest.engine("llama.cpp Q8_0") == spec and manifest.tools["llama-server"] == "/bin/llama-server"
+    assert manifest.unavailable == {"openvino": "export failed"}
+    missing = PeerManifest.read(tmp_path / "elsewhere")
+    assert not missing.engines and "bench peers" in missing.unavailable["all peers"]
+
+
+def test_workers_get_their_engine_environment_and_their_library_threading_defaults(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the Makefile's, for the test suite
+    spec = EngineSpec(
+        "x",
+        "llama.cpp",
+        "Q8_0",
+        sys.executable,
+        "pipeline.bench.peers.llamacpp",
+        "/m.gguf",
+        {"LLAMA_CPP_LIB_PATH": "/lib"},
+        {"spinning": "on"},
+    )
+    env = spec.environment()
+    assert "OMP_WAIT_POLICY" not in env and env["LLAMA_CPP_LIB_PATH"] == "/lib"
+    assert env["PYTHONPATH"] and (__import__("pathlib").Path(env["PYTHONPATH"]) / "pipeline").is_dir()
+    assert spec.command(2)[-4:] == ["/m.gguf", "--threads", "2", "--option=spinning=on"]
+
+
+def test_a_failed_step_reports_its_error_line_not_its_last_lines():
+    output = [
+        "compiling",
+        "Traceback (most recent call last):",
+        "  File x",
+        "nncf.errors.InvalidGroupSizeError: no",
+        "Ensure that the group size divides",
+        "Failed nodes:",
+        '"layer.0" (channel size: 576)',
+        '"layer.1"',
+    ]
+    assert failure(output).startswith("nncf.errors.InvalidGroupSizeError: no | Ensure")
+    assert failure(["a", "b"]) == "a | b"
+
+
+def test_bench_peers_needs_a_build_and_known_peer_names(tmp_path):
+    with pytest.raises(PipelineError, match="no imported checkpoint"):
+        build_peers(tmp_path, tmp_path / "cache")
