@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pipeline.bench.peers import PeerManifest
+from pipeline.bench.peers import PeerManifest, peer_environment
 from pipeline.errors import PipelineError
 from pipeline.triton.server import _die_with_parent, free_port
 
@@ -90,6 +90,7 @@ class LlamaServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=peer_environment(),
                 preexec_fn=_die_with_parent(os.getpid()) if main else None,
             )
         try:

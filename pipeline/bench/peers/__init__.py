@@ -35,10 +35,14 @@ class EngineSpec:
         return [self.python, "-m", self.module, "--model", self.model, "--threads", str(threads), *options]
 
     def environment(self) -> dict:
-        """Ours, with the engine's own additions; OMP_WAIT_POLICY (the Makefile's PASSIVE, for the test suite) is
-        dropped, so that each engine threads as its library does by default (llama.cpp's OpenMP threads spin)."""
-        inherited = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-        return {**inherited, **self.env, "PYTHONPATH": str(CHECKOUT)}
+        """`peer_environment()` with the engine's own additions, and the checkout on the path."""
+        return {**peer_environment(), **self.env, "PYTHONPATH": str(CHECKOUT)}
+
+
+def peer_environment() -> dict:
+    """Ours without OMP_WAIT_POLICY (the Makefile's PASSIVE, for the test suite), so that a peer threads as its
+    library does by default (llama.cpp's OpenMP threads spin between steps)."""
+    return {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
 
     @property
     def model_bytes(self) -> int:
