@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,12 +37,6 @@ class EngineSpec:
         """`peer_environment()` with the engine's own additions, and the checkout on the path."""
         return {**peer_environment(), **self.env, "PYTHONPATH": str(CHECKOUT)}
 
-
-def peer_environment() -> dict:
-    """Ours without OMP_WAIT_POLICY (the Makefile's PASSIVE, for the test suite), so that a peer threads as its
-    library does by default (llama.cpp's OpenMP threads spin between steps)."""
-    return {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-
     @property
     def model_bytes(self) -> int:
         path = Path(self.model)
@@ -51,8 +44,10 @@ def peer_environment() -> dict:
         return sum(p.stat().st_size for p in files)
 
 
-def ours_python() -> str:
-    return sys.executable
+def peer_environment() -> dict:
+    """Ours without OMP_WAIT_POLICY (the Makefile's PASSIVE, for the test suite), so that a peer threads as its
+    library does by default (llama.cpp's OpenMP threads spin between steps)."""
+    return {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
 
 
 @dataclass
