@@ -5,6 +5,7 @@ compile, GB-sized environments) are exercised by `make bench`, not by the suite.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -27,6 +28,10 @@ def test_manifest_round_trips_and_names_what_was_not_built(tmp_path):
     manifest = PeerManifest.read(tmp_path)
     assert manifest.engine("llama.cpp Q8_0") == spec and manifest.tools["llama-server"] == "/bin/llama-server"
     assert manifest.unavailable == {"openvino": "export failed"}
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights.bin").write_bytes(b"x" * 1000)
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert replace(spec, model=str(tmp_path / "model")).model_bytes == 1002  # a model directory: all its files
     missing = PeerManifest.read(tmp_path / "elsewhere")
     assert not missing.engines and "bench peers" in missing.unavailable["all peers"]
 
