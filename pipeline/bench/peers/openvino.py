@@ -18,7 +18,10 @@ class OpenVino:
 
         self.ov, self.genai, self.model_dir = ov, openvino_genai, model_dir
         self.properties = {"INFERENCE_NUM_THREADS": threads}
-        self.pipeline = openvino_genai.LLMPipeline(model_dir, "CPU", **self.properties)
+        # its CPU default keeps prompts' KV blocks for reuse: every round would find its prompt cached
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        self.pipeline = openvino_genai.LLMPipeline(model_dir, "CPU", scheduler_config=scheduler, **self.properties)
         self.request = None  # the raw model, compiled when logits are first asked for
 
     def config(self, max_new_tokens: int, end_id: int | None = None):
