@@ -21,7 +21,8 @@ Prints one line per check, `PASS name: numbers`, `FAIL name: numbers and why` or
 goes to stderr), and exits 0 when nothing failed, 1 when a check failed, and 4 (the pipeline's exit code for a
 machine that lacks what a GPU step needs) at once when torch sees no CUDA device. The built-in model and the
 calibration text come from the pipeline's cache (fetched from PyPI by the import stage on first use).
-Run from the repository root: .venv/bin/python scripts/gpu_check.py [--output DIR]
+Run from the repository root, with the pipeline installed (its targets are entry points):
+.venv/bin/python scripts/gpu_check.py [--output DIR]
 """
 
 from __future__ import annotations

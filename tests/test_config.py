@@ -331,3 +331,15 @@ def test_an_invalid_value_set_in_the_file_is_located_at_its_line_not_called_a_de
         [f"{path}:12", "deploy.tolerations.1.key"],
     ], info.value.problems
     assert "(default, not set in file)" not in str(info.value)
+
+
+def test_a_source_tree_that_was_never_installed_is_named_not_an_empty_choice_of_targets():
+    """Run from a checkout on PYTHONPATH (as on a GPU machine without pip access), the package's metadata declares
+    no entry points; the config's target choice would be `Literal[()]`, which pydantic refuses with an assertion."""
+    from pipeline.errors import PipelineError
+    from pipeline.plugins import declared
+    from pipeline.targets import ENTRY_POINTS
+
+    assert [entry.name for entry in declared(ENTRY_POINTS)] == ["onnxruntime", "trtllm"]
+    with pytest.raises(PipelineError, match=r"not installed.*pip install -e .*rather than putting it on PYTHONPATH"):
+        declared("trtllm_pipeline.no_such_group")

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Callable
 
 from pipeline.docker import APP_DIR
 from pipeline.errors import PipelineError
+from pipeline.plugins import declared
 
 # Inside the containers. Both images of our Dockerfile install the pipeline in APP_DIR's virtualenv.
 CLI = f"{APP_DIR}/.venv/bin/trtllm-pipeline"
@@ -161,7 +161,7 @@ SERVING_ENTRY_POINTS = "trtllm_pipeline.serving"  # target name -> function(cfg)
 
 @functools.cache
 def _servings() -> dict[str, Callable]:
-    return {entry.name: entry.load() for entry in entry_points(group=SERVING_ENTRY_POINTS)}
+    return {entry.name: entry.load() for entry in declared(SERVING_ENTRY_POINTS)}
 
 
 def serving_of(cfg) -> Serving:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 from pipeline.errors import PipelineError
+from pipeline.plugins import declared
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
@@ -175,7 +175,7 @@ class _Registry(Mapping[str, "Target"]):
     @functools.cached_property
     def _loaded(self) -> dict[str, Target]:
         loaded = {}
-        for entry in sorted(entry_points(group=ENTRY_POINTS), key=lambda entry: entry.name):
+        for entry in declared(ENTRY_POINTS):
             cls = entry.load()
             attrs = ("name", "summary", "honours", "sources", "tools", "gated_stage")
             missing = [attr for attr in attrs if not hasattr(cls, attr)]
@@ -190,7 +190,7 @@ class _Registry(Mapping[str, "Target"]):
 
     def names(self) -> list[str]:
         """The declared names, without loading any adapter (what the config schema offers)."""
-        return sorted({entry.name for entry in entry_points(group=ENTRY_POINTS)})
+        return [entry.name for entry in declared(ENTRY_POINTS)]
 
     def __getitem__(self, name: str) -> Target:
         return self._loaded[name]
