@@ -50,6 +50,11 @@ UINT64_MAX = 2**64 - 1  # random_seed is TYPE_UINT64
 DEFAULT_MAX_BODY_BYTES = 4_000_000
 # tritonserver 2.51's python backend answers this for a model whose process died, until `serve`'s watchdog stops it
 DEAD_MODEL = "is not healthy"
+# After a stop string the engine, given the same stop words, usually ends the generation itself within a step, so
+# the rest of the stream is read rather than cancelled: cancelling a stream whose request has just completed keeps
+# tritonserver 2.51's BLS model from unloading until the 30 s exit timeout. A stop string the engine does not see
+# (one that does not end on a token boundary) is cancelled after this grace.
+STOP_DRAIN_S = 0.5
 # OpenAI fields the engine cannot honour, with the value that asks for nothing: any other value is a
 # 400, never a silently different answer. Other unknown fields are ignored, as vLLM does.
 UNSUPPORTED = {
@@ -194,8 +199,8 @@ class Generation:
 
     async def pieces(self, upstream: AsyncIterator[tuple[str, list[float]]]) -> AsyncIterator[tuple[str, float]]:
         """The visible (text, log-probability) pieces. Text that may begin a stop string is held back until the
-        next pieces tell; at the first stop string the text is cut and the upstream closed, which cancels
-        generation (the BLS stops the engine)."""
+        next pieces tell; at the first stop string the text is cut, and the upstream is read to its end or, after
+        STOP_DRAIN_S, closed, which cancels generation (the BLS stops the engine)."""
         held: list[tuple[str, float]] = []  # pieces not yet visible (none of them before a visible one)
         unseen = 0.0  # log-probability of tokens that added no text yet
         try:
@@ -221,12 +226,23 @@ class Generation:
                     self.text += text
                     yield text, log_prob
                 if self.stopped:
+                    await _drain(upstream, STOP_DRAIN_S)
                     return
             for text, log_prob in held:
                 self.text += text
                 yield text, log_prob
         finally:
             await upstream.aclose()
+
+
+async def _drain(upstream: AsyncIterator, grace_s: float) -> None:
+    """Read and drop what `upstream` still yields, for at most `grace_s` seconds."""
+    try:
+        async with asyncio.timeout(grace_s):
+            async for _ in upstream:
+                pass
+    except TimeoutError:
+        pass
 
 
 def configured_key(api_key: str | None) -> str | None:

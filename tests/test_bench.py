@@ -231,6 +231,19 @@ def test_bench_serve_runs_against_the_real_server_and_writes_a_report(smollm2_bu
     # the scraped server counters over each level agree with what the client received
     assert [lv["server"]["generated_tokens"] for lv in data["levels"]] == [16, 16, 16, 16]
     assert (tmp_path / "latest-serve" / "throughput_vs_latency.png").is_file() and data["build"]["engine"]["metrics"]
+    # the CPU every process of the server used over each level: the engine's model process did most of the work
+    for level in data["levels"]:
+        seconds = level["cpu"]["seconds"]
+        assert set(seconds) == {
+            "tritonserver",
+            "bench process (load generator, OpenAI gateway)",
+            *(f"model {name}" for name in ("tensorrt_llm", "tensorrt_llm_bls", "preprocessing", "postprocessing")),
+        }
+        assert seconds["model tensorrt_llm"] > max(
+            seconds[f"model {name}"] for name in ("preprocessing", "postprocessing")
+        )
+        assert 0 < level["cpu"]["busy"] <= 1.1, level["cpu"]
+    assert "| model tensorrt_llm CPU s |" in (tmp_path / "latest-serve" / "summary.md").read_text()
 
 
 def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios(tiny_llama, tmp_path, cli_build):

@@ -34,6 +34,13 @@ def test_peer_options_are_checked_before_anything_starts():
         assert result.returncode == 1 and message in result.stderr, result.stderr
 
 
+def test_an_output_without_an_engine_is_named_before_anything_starts(tmp_path):
+    result = run_cli("bench", "serve", str(SMOLLM2_CONFIG), "--protocol", "openai", "--output", str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    assert f"no engine with a tokenizer in {tmp_path / 'engine'}" in " ".join(result.stderr.split()), result.stderr
+    assert "pass that build's output directory as --output" in " ".join(result.stderr.split()), result.stderr
+
+
 def test_a_missing_peer_is_named_with_its_reason_and_fix(tmp_path):
     with pytest.raises(PeerMissing, match=r"manifest.json not found: run `trtllm-pipeline bench peers CONFIG`$"):
         llama_server_files(tmp_path)

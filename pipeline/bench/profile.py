@@ -131,28 +131,12 @@ def step_split(engine_dir: Path, threads: int, batch: int, input_len: int, outpu
 def timed_runner(engine_dir: Path, threads: int, spinning: bool, profile_prefix: Path | None):
     """(a ModelRunner of the engine, the list its session's runs append their wall times to); with
     `profile_prefix`, ONNX Runtime's profiler writes there."""
-    import onnxruntime as ort
+    from pipeline.runtime.model_runner import ModelRunner
 
-    from pipeline.runtime.model_runner import ONNX_FILE, ModelRunner
-
-    config = json.loads((engine_dir / "config.json").read_text())
-    built = config["build_config"]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spinning)))
-    if profile_prefix:
-        options.enable_profiling = True
-        options.profile_file_prefix = str(profile_prefix)
-    session = ort.InferenceSession(str(engine_dir / ONNX_FILE), options, providers=["CPUExecutionProvider"])
-    runner = ModelRunner(
-        engine_dir,
-        config,
-        session,
-        max_batch_size=built["max_batch_size"],
-        max_input_len=built["max_input_len"],
-        max_seq_len=built["max_seq_len"],
-        max_beam_width=1,
+    runner = ModelRunner.from_dir(
+        engine_dir, num_threads=threads, thread_spinning=spinning, profile_prefix=profile_prefix
     )
+    session = runner.session
     walls: list[float] = []
     run = session.run_with_iobinding
 

@@ -122,6 +122,31 @@ def serve_table(levels: list[dict]) -> str:
     )
 
 
+def cpu_table(levels: list[dict]) -> str:
+    """Seconds of CPU per process over each level of a server `bench serve` started, busiest process first, and how
+    busy they kept the cores; empty when no level was measured (a running server named by --grpc/--http)."""
+    measured = [lv for lv in levels if lv.get("cpu")]
+    totals: dict[str, float] = {}
+    for lv in measured:
+        for label, seconds in lv["cpu"]["seconds"].items():
+            totals[label] = totals.get(label, 0.0) + seconds
+    labels = sorted(totals, key=lambda label: -totals[label])
+    rows = [
+        [
+            lv.get("workload", "synthetic"),
+            lv["label"],
+            *(lv["cpu"]["seconds"].get(label, 0.0) for label in labels),
+            f"{lv['cpu']['busy']:.0%}",
+        ]
+        for lv in measured
+    ]
+    return (
+        markdown_table(["workload", "load", *(f"{label} CPU s" for label in labels), "cores busy"], rows)
+        if rows
+        else ""
+    )
+
+
 def headline(summary: dict) -> dict:
     """The figures a serving comparison shows."""
     return {

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.bench.cpu import cpu_seconds, cpu_split
 from pipeline.bench.report import build_info, serve_versus
 from pipeline.bench.serve_peer import LLAMA_SERVER_FIELDS, PEERS, LlamaServer, llama_server_files
 from pipeline.bench.stats import summarize
@@ -444,18 +445,24 @@ def benchmark_serving(
     is_repo = source.is_dir()
     cfg = None if is_repo else load_config(source, [])
     output = output or (source.resolve().parent if is_repo else default_output(source))
+    if not (output / "engine" / "tokenizer_config.json").is_file():
+        built_by = f"trtllm-pipeline build {source}" if cfg else "the build that wrote this repository"
+        raise PipelineError(
+            f"no engine with a tokenizer in {output / 'engine'} (the prompts are made with it): run {built_by}, "
+            "or pass that build's output directory as --output"
+        )
     tokenizer = AutoTokenizer.from_pretrained(output / "engine")
     requests = settings.requests
     workload_sets = prompt_sets(tokenizer, settings, workloads, prompts_file, requests * len(loads), cfg)
     repo = source if is_repo else output / "triton_repo"
 
-    def sweep(send, metrics_url: str | None) -> list[dict]:
+    def sweep(send, metrics_url: str | None, server=None) -> list[dict]:
         levels = []
         for name, prompts in workload_sets.items():
             for index, level in enumerate(loads):
                 label = f"{level} req/s" if by_rate else f"concurrency {level}"
                 log(f"{name}, {label}: {requests} requests")
-                before = scrape_metrics(metrics_url)
+                before, cpu_before = scrape_metrics(metrics_url), server and cpu_seconds(server)
                 samples, duration = asyncio.run(
                     run_level(
                         lambda p: send(p, settings.output_len, settings.ignore_eos),
@@ -471,6 +478,7 @@ def benchmark_serving(
                         "label": label,
                         "summary": summarize(samples, duration, slo_ttft_ms, slo_itl_ms),
                         "server": server_deltas(before, scrape_metrics(metrics_url)),
+                        "cpu": server and cpu_split(cpu_before, cpu_seconds(server), duration),
                         "samples": samples,
                     }
                 )
@@ -512,6 +520,7 @@ def benchmark_serving(
             levels = sweep(
                 sender(server.dial(server.ports.grpc), http_url),
                 metrics or f"http://{server.dial(server.ports.metrics)}/metrics",
+                server,
             )
     results = {"name": source.stem, "build": build_info(output), "levels": levels, "settings": asdict(settings)}
     if peer:

@@ -331,8 +331,10 @@ def bench_serve(
 ):
     """Load a served repository: per workload, a concurrency sweep (or Poisson rates) of streaming requests, with
     TTFT, inter-token and end-to-end latency percentiles, request and token throughput, errors, goodput, and the
-    server's prefix-cache hit rate, reused tokens and draft acceptance over each level (n/a when not exported). With
-    --peer llama-server, llama-server then gets the same load and both are reported side by side, with our ratios.
+    server's prefix-cache hit rate, reused tokens and draft acceptance over each level (n/a when not exported). A
+    server it starts also gets the CPU seconds of each of its processes (tritonserver, every model) and of the
+    benchmark process (load generator and OpenAI gateway) per level. With --peer llama-server, llama-server then gets
+    the same load and both are reported side by side, with our ratios.
 
     Example: trtllm-pipeline bench serve build_configs/smollm2-135m-cpu.yaml --protocol openai --peer llama-server
     --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
@@ -372,6 +374,11 @@ def bench_serve(
     )
     levels, other = results["levels"], results.get("peer", {})
     table = report.serve_table(levels)
+    if cpu := report.cpu_table(levels):
+        table += (
+            "\n\nCPU seconds per process over each level (cores busy: their sum over the level's duration times the "
+            f"usable cores):\n\n{cpu}"
+        )
     if results.get("versus"):
         table += (
             f"\n\nOurs (through our OpenAI gateway) and {peer}, the same prompts and load, one server after the "

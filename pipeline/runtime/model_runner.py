@@ -131,6 +131,7 @@ class ModelRunner:
         thread_spinning: bool = False,
         batch_invariant: bool = False,
         speculative=None,
+        profile_prefix: Path | None = None,
         **gpu_options,
     ) -> "ModelRunner":
         """Load an engine. Limits default to the engine's build_config and may only be lowered.
@@ -142,6 +143,7 @@ class ModelRunner:
             batch_invariant: a request's greedy tokens do not depend on what else is in the batch or how its prompt
                 is chunked (every forward pass runs an even number of rows; see SharedCache._forward).
             speculative: a `pipeline.runtime.speculative.NGram`: greedy requests decode with n-gram drafts.
+            profile_prefix: ONNX Runtime's profiler writes its trace there (`bench profile`).
             gpu_options: other ModelRunnerCpp.from_dir arguments (lora_dir, rank, kv_cache_free_gpu_memory_fraction,
                 ...) are accepted when they hold their defaults, and rejected otherwise.
         """
@@ -183,7 +185,9 @@ class ModelRunner:
                     f"max_input_len {limits['max_input_len']} + max_output_len {max_output_len} exceeds the engine's "
                     f"max_seq_len {built['max_seq_len']} ({config_file})"
                 )
-        session = _ort_session(engine_dir / ONNX_FILE, num_threads or default_threads(), thread_spinning)
+        session = _ort_session(
+            engine_dir / ONNX_FILE, num_threads or default_threads(), thread_spinning, profile_prefix
+        )
         return cls(engine_dir, config, session, **limits, batch_invariant=batch_invariant, speculative=speculative)
 
     # ------------------------------------------------------------ ModelRunnerCpp properties
@@ -491,7 +495,7 @@ def default_threads() -> int:
     return max(1, min(cpus, MAX_DEFAULT_THREADS))
 
 
-def _ort_session(onnx_path: Path, threads: int, spinning: bool = False):
+def _ort_session(onnx_path: Path, threads: int, spinning: bool = False, profile_prefix: Path | None = None):
     """A CPU session whose idle threads sleep unless `spinning`: spinning threads make 2-core work ~20x
     slower when other work shares the cores, and decode ~20% faster when it does not."""
     import onnxruntime as ort
@@ -501,6 +505,9 @@ def _ort_session(onnx_path: Path, threads: int, spinning: bool = False):
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spinning)))
     options.add_session_config_entry("session.inter_op.allow_spinning", str(int(spinning)))
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
     try:
         return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ORT raises its own exception types for missing or corrupt files

@@ -366,6 +366,26 @@ def test_a_stream_cut_by_a_server_stop_ends_with_an_error_event_and_done(smollm2
     assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events[:-2])
 
 
+def test_shutdown_after_answers_cut_at_a_stop_string_does_not_wait_out_the_exit_timeout(smollm2_build, tmp_path):
+    """The engine ends these generations at the stop string as the gateway cuts them; the gateway used to cancel the
+    just-completed streams, after which tritonserver's BLS model took the 30 s exit timeout to unload."""
+    from pipeline.build import cache_dir
+    from pipeline.triton.server import TritonServer
+
+    with TritonServer(smollm2_build / "triton_repo", cache_dir(), log_file=tmp_path / "triton.log") as triton:
+        with running(triton.ports.grpc, smollm2_build / "engine") as url:
+            client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+            request = {"model": MODEL, "prompt": "One, two, three,", "max_tokens": 16, "temperature": 0}
+            whole = client.completions.create(**request, stop=[" five,"]).choices[0]
+            streamed = list(client.completions.create(**request, stop=[" five,"], stream=True))
+        started = time.monotonic()
+        triton.stop()
+        stopped_in = time.monotonic() - started
+    assert (whole.text, whole.finish_reason) == (" four,", "stop")
+    assert "".join(c.choices[0].text for c in streamed) == " four," and streamed[-1].choices[0].finish_reason == "stop"
+    assert stopped_in < 15, f"stop took {stopped_in:.1f} s; the exit timeout is 30 s"  # measured 2.5 s, 30 s before
+
+
 def test_client_disconnect_stops_generation(client, server):
     before = metric(server, "trtllm_pipeline_generated_tokens_total")
     stream = client.chat.completions.create(
