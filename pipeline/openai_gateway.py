@@ -51,9 +51,8 @@ DEFAULT_MAX_BODY_BYTES = 4_000_000
 # tritonserver 2.51's python backend answers this for a model whose process died, until `serve`'s watchdog stops it
 DEAD_MODEL = "is not healthy"
 # After a stop string the engine, given the same stop words, usually ends the generation itself within a step, so
-# the rest of the stream is read rather than cancelled: cancelling a stream whose request has just completed keeps
-# tritonserver 2.51's BLS model from unloading until the 30 s exit timeout. A stop string the engine does not see
-# (one that does not end on a token boundary) is cancelled after this grace.
+# the rest of the stream is read rather than cancelled (see `generate`). A stop string the engine does not see (one
+# that does not end on a token boundary) is cancelled after this grace.
 STOP_DRAIN_S = 0.5
 # OpenAI fields the engine cannot honour, with the value that asks for nothing: any other value is a
 # 400, never a silently different answer. Other unknown fields are ignored, as vLLM does.
@@ -430,8 +429,9 @@ def create_app(
                     text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1))
                     started = True
                     yield text, np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
-                if response.parameters["triton_final_response"].bool_param:
-                    return
+            # read to the RPC's own end: closing the client before the server ends the stream, its final response
+            # sent or not, cancels it, and a cancelled stream of a completed request keeps tritonserver 2.51 from
+            # unloading its model until the 30 s exit timeout
         except grpc.aio.AioRpcError as exc:  # tritonserver stopped, crashed or unreachable
             status = 503 if exc.code() == grpc.StatusCode.UNAVAILABLE else 502
             raise OpenAIError(status, f"the inference server failed: {exc.details()}", "server_error") from None

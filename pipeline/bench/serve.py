@@ -148,20 +148,18 @@ async def grpc_request(url: str, model: str, prompt: str, max_tokens: int, ignor
             "model_name": model,
             "inputs": client_inputs(params),
             "request_id": uuid.uuid4().hex,
-            "enable_empty_final_response": True,
         }
 
     timeline = Timeline()
     try:
+        # read to the RPC's own end: a stream closed after its final response but before the server ended it keeps
+        # tritonserver 2.51 from unloading the model until its 30 s exit timeout
         async for result, error in client.stream_infer(requests()):
             if error is not None:
                 timeline.fail(str(error))
                 break
-            response = result.get_response()
-            if any(o.name == "output_log_probs" for o in response.outputs):
+            if any(o.name == "output_log_probs" for o in result.get_response().outputs):
                 timeline.chunk(int(np.asarray(result.as_numpy("output_log_probs")).size))
-            if response.parameters["triton_final_response"].bool_param:
-                break
     except Exception as exc:  # network errors count as failed requests, not as a crashed benchmark
         timeline.fail(repr(exc))
     finally:
