@@ -130,8 +130,9 @@ class Streams:
 
 
 def failed(result: dict) -> bool:
-    """The stream ended with an error: a status >= 500, or after the 200 an error event (then [DONE])."""
-    if result.get("status", 0) >= 500:
+    """The stream ended with an error: refused because `serve` had already exited (a stream that starts after the
+    others brought the server down), a status >= 500, or after the 200 an error event (then [DONE])."""
+    if result.get("status", 0) >= 500 or result.get("exception", "").startswith("ConnectError("):
         return True
     return any("error" in json.loads(event) for event in result["events"] if event != "[DONE]")
 
