@@ -8,9 +8,10 @@ gateway cancels its gRPC stream on disconnect). Chat messages go through the mod
 
 Stop strings are found in the text by the gateway (a stop string may end inside a token, where the
 engine's token-level stop words cannot see it): the streamed and the non-streamed answer are made by
-one iterator, which holds back text that may begin a stop string, cuts at the first one and cancels
-generation there. With `stream_options.include_usage`, usage comes in a last chunk with no choices (and, with vLLM's
-`continuous_usage_stats`, in every chunk). vLLM's `ignore_eos` generates on past end of sequence, to max_tokens.
+one iterator, which holds back text that may begin a stop string and cuts at the first one; the engine, given the
+same stop words, ends generation there, or the gateway cancels it. With `stream_options.include_usage`, usage comes
+in a last chunk with no choices (and, with vLLM's `continuous_usage_stats`, in every chunk). vLLM's `ignore_eos`
+generates on past end of sequence, to max_tokens.
 
 Every error uses OpenAI's error body and HTTP status: 400 for a value the engine cannot take (bounds
 are those of the engine's tensors: int32 lengths, uint64 seed) or an OpenAI field it cannot honour,
@@ -26,6 +27,7 @@ it with the key (`curl -H "Authorization: Bearer $KEY" .../openapi.json`), or se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
@@ -43,7 +45,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from pipeline.errors import PipelineError
-from pipeline.triton.client import client_inputs
+from pipeline.triton.client import client_inputs, stream_responses
 
 INT32_MAX = 2**31 - 1  # max_tokens and min_length are TYPE_INT32 tensors
 UINT64_MAX = 2**64 - 1  # random_seed is TYPE_UINT64
@@ -390,7 +392,6 @@ def create_app(
         """(text delta, log-probs of its tokens) as the BLS streams them, until the RPC ends (the aio client
         cannot ask for the empty final response); cancelling the iterator cancels generation. An error
         response or a failed RPC (tritonserver stopped or unreachable) is an OpenAIError."""
-        import tritonclient.grpc.aio as grpcclient
 
         greedy = body.temperature == 0
         params = {
@@ -407,36 +408,23 @@ def create_app(
             "top_k": 1 if greedy else 0,
             "top_p": None if greedy else (body.top_p or 1.0),
         }
-        client = grpcclient.InferenceServerClient(grpc_url)
-
-        async def requests():
-            yield {
-                "model_name": triton_model,
-                "inputs": client_inputs(params),
-                "request_id": uuid.uuid4().hex,
-            }
-
         started = False
         try:
-            async for result, error in client.stream_infer(requests()):
-                if error is not None:  # before any text the request was refused; after it, the server failed
-                    message = str(error.message() if hasattr(error, "message") else error)
-                    if DEAD_MODEL in message:  # not the client's fault: `serve` is stopping tritonserver
-                        raise OpenAIError(503, f"a model process of the server died: {message}", "server_error")
-                    raise OpenAIError(502, message, "server_error") if started else OpenAIError(400, message)
-                response = result.get_response()
-                if any(o.name == "text_output" for o in response.outputs):
-                    text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1))
-                    started = True
-                    yield text, np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
-            # read to the RPC's own end: closing the client before the server ends the stream, its final response
-            # sent or not, cancels it, and a cancelled stream of a completed request keeps tritonserver 2.51 from
-            # unloading its model until the 30 s exit timeout
+            async with contextlib.aclosing(stream_responses(grpc_url, triton_model, client_inputs(params))) as stream:
+                async for result, error in stream:
+                    if error is not None:  # before any text the request was refused; after it, the server failed
+                        message = str(error.message() if hasattr(error, "message") else error)
+                        if DEAD_MODEL in message:  # not the client's fault: `serve` is stopping tritonserver
+                            raise OpenAIError(503, f"a model process of the server died: {message}", "server_error")
+                        raise OpenAIError(502, message, "server_error") if started else OpenAIError(400, message)
+                    response = result.get_response()
+                    if any(o.name == "text_output" for o in response.outputs):
+                        text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1))
+                        started = True
+                        yield text, np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
         except grpc.aio.AioRpcError as exc:  # tritonserver stopped, crashed or unreachable
             status = 503 if exc.code() == grpc.StatusCode.UNAVAILABLE else 502
             raise OpenAIError(status, f"the inference server failed: {exc.details()}", "server_error") from None
-        finally:
-            await client.close()
 
     def render_logprobs(body: Sampling, pieces: list[tuple[str, float]], offset: int) -> dict | None:
         if isinstance(body, ChatRequest):

@@ -16,11 +16,11 @@ peer (llama-server) on the same prompts, levels and interface once ours is stopp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import random
 import time
-import uuid
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -37,7 +37,7 @@ from pipeline.errors import PipelineError
 from pipeline.fetch import load_text
 from pipeline.openai_gateway import DEFAULT_MAX_BODY_BYTES, engine_limits
 from pipeline.runtime.batch import read_prompts
-from pipeline.triton.client import client_inputs
+from pipeline.triton.client import client_inputs, stream_responses
 from pipeline.triton.lifecycle import GatewayOptions, Serving, checked_repository, served_name
 from pipeline.triton.server import Ports, free_ports
 from pipeline.triton.validate import RepoReport
@@ -131,9 +131,6 @@ class Timeline:
 
 
 async def grpc_request(url: str, model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> dict:
-    import tritonclient.grpc.aio as grpcclient
-
-    client = grpcclient.InferenceServerClient(url)
     params = {
         "text_input": prompt,
         "max_tokens": max_tokens,
@@ -142,28 +139,17 @@ async def grpc_request(url: str, model: str, prompt: str, max_tokens: int, ignor
         if ignore_eos
         else None,  # never end, as ignore_eos in TensorRT-LLM; min_length would stop drafting
     }
-
-    async def requests():
-        yield {
-            "model_name": model,
-            "inputs": client_inputs(params),
-            "request_id": uuid.uuid4().hex,
-        }
-
     timeline = Timeline()
     try:
-        # read to the RPC's own end: a stream closed after its final response but before the server ended it keeps
-        # tritonserver 2.51 from unloading the model until its 30 s exit timeout
-        async for result, error in client.stream_infer(requests()):
-            if error is not None:
-                timeline.fail(str(error))
-                break
-            if any(o.name == "output_log_probs" for o in result.get_response().outputs):
-                timeline.chunk(int(np.asarray(result.as_numpy("output_log_probs")).size))
+        async with contextlib.aclosing(stream_responses(url, model, client_inputs(params))) as responses:
+            async for result, error in responses:
+                if error is not None:
+                    timeline.fail(str(error))
+                    break
+                if any(o.name == "output_log_probs" for o in result.get_response().outputs):
+                    timeline.chunk(int(np.asarray(result.as_numpy("output_log_probs")).size))
     except Exception as exc:  # network errors count as failed requests, not as a crashed benchmark
         timeline.fail(repr(exc))
-    finally:
-        await client.close()
     return timeline.done()
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import queue
 import uuid
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
 import numpy as np
 
@@ -86,3 +86,24 @@ def stream_text(
     finally:
         client.stop_stream(cancel_requests=not finished)
         client.close()
+
+
+async def stream_responses(url: str, model: str, inputs: list) -> AsyncIterator[tuple]:
+    """(result, error) of one streamed request over tritonclient's asyncio gRPC client, to the RPC's own end.
+
+    Read to that end, not only to the final response: a client closed before the server has ended the stream
+    cancels it, and a cancelled stream of a completed request keeps tritonserver 2.51 from unloading its model until
+    the 30 s exit timeout. Closing this iterator early cancels the request (that is how generation is stopped).
+    """
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+
+    async def requests():
+        yield {"model_name": model, "inputs": inputs, "request_id": uuid.uuid4().hex}
+
+    try:
+        async for result, error in client.stream_infer(requests()):
+            yield result, error
+    finally:
+        await client.close()
