@@ -73,17 +73,21 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
-def scrape_metrics(url: str | None) -> dict[str, float] | None:
-    """The server's counters now, or None when there is no metrics endpoint to read."""
+def scrape_metrics(url: str | None, attempts: int = 3) -> dict[str, float] | None:
+    """The server's counters now, or None when there is no metrics endpoint to read. A failed read is tried again,
+    so that a passing failure on a loaded machine does not blank a level's server-side columns."""
     import urllib.request
 
     if not url:
         return None
-    try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            return parse_metrics(reply.read().decode())
-    except OSError:
-        return None
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                return parse_metrics(reply.read().decode())
+        except OSError:
+            if attempt + 1 < attempts:
+                time.sleep(0.5)
+    return None
 
 
 def server_deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float | None]:
