@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pipeline.upstream import TABLES, facts
+from pipeline.upstream import TABLES, facts, resolved_releases
 from tests.conftest import dev_script
 
 tab = dev_script("tabulate_trtllm_backend")
@@ -20,6 +20,7 @@ SECTIONS = [
     "variable_parameter_reads",
     "renamed_from_docs",
     "docs_disagreements",
+    "guide_types",
 ]
 
 # ---------------------------------------------------------------- parsing, on inputs written here
@@ -175,6 +176,24 @@ def test_a_name_passed_in_a_variable_is_resolved_and_a_delegating_specialisation
     ]
 
 
+def test_guide_types_are_the_string_keys_the_guide_parser_maps_to_a_guide_type():
+    source = """
+    std::optional<GuidedDecodingParams> getGuidedDecodingParamsFromTensors(InputTensors const& inputs)
+    {
+        std::unordered_map<std::string, GuidedDecodingParams::GuideType> byName
+            = {{"schema", GuidedDecodingParams::GuideType::kJSON_SCHEMA},
+                {"pattern", GuidedDecodingParams::GuideType::kREGEX}};
+        std::vector<int> unrelated = {{1, 2}};
+        return std::nullopt;
+    }
+    void other() { std::map<std::string, GuideType> m = {{"elsewhere", GuideType::kJSON}}; }
+    """
+    assert tab.guide_types(source) == ["pattern", "schema"]  # sorted, and only from the guide parser
+    assert tab.guide_types("void other() {}") == []  # a release without guided decoding
+    with pytest.raises(tab.UnrecognizedSource, match="getGuidedDecodingParamsFromTensors"):
+        tab.guide_types("void getGuidedDecodingParamsFromTensors() { auto m = {{1, 2}}; }")
+
+
 DOCS = """
 ## Intro
 
@@ -264,12 +283,13 @@ def test_tabulate_reads_every_file_through_upstream_and_stores_shared_releases_o
     assert stored["0.18"]["models"]["ensemble"]["inputs"] == [
         {"name": "count_floor", "data_type": "TYPE_INT32", "dims": [1], "optional": False, "allow_ragged_batch": False}
     ]
-    for release in ("0.19", "0.21", "1.0", "1.1", "1.2"):  # every other release differs in its sources only
+    for release in ("0.19", "0.20", "0.21", "1.0", "1.1", "1.2"):  # every other release differs in its sources only
         assert {op["path"].split("/")[1] for op in stored[release]["patch"]} == {"source"}, release
     files = stored["0.18"]["source"]["files"]
     assert {(f["repo"], f["pinned"]) for f in files} == {(tab.BACKEND_REPO, True)}
-    assert stored["0.20"]["source"]["release_commit"] == tab.RELEASES["0.20"].release_commit
-    assert {(f["repo"], f["pinned"]) for f in stored["0.20"]["source"]["files"]} == {(tab.TRTLLM_REPO, False)}
+    moved = resolved_releases(stored)["0.20"]["source"]
+    assert moved["release_commit"] == tab.RELEASES["0.20"].release_commit
+    assert {(f["repo"], f["pinned"]) for f in moved["files"]} == {(tab.TRTLLM_REPO, False)}
 
 
 # ---------------------------------------------------------------- the committed tensorrtllm_backend table
@@ -340,6 +360,18 @@ def test_committed_required_parameters_and_tensor_names_per_release():
     assert TABLE["1.2"]["renamed_from_docs"] == {} == TABLE["0.19"]["renamed_from_docs"]
     steps = {s["model_name"]: s for s in TABLE["1.0"]["models"]["ensemble"]["steps"]}
     assert steps["tensorrt_llm"]["input_map"]["min_length"] == "min_length"
+
+
+def test_guide_types_per_release_are_the_cpp_backends():
+    assert TABLE["0.18"]["guide_types"] == []  # 0.18 has no guided decoding
+    for release in ("0.19", "0.20", "0.21", "1.0", "1.1", "1.2"):
+        assert TABLE[release]["guide_types"] == ["ebnf_grammar", "json", "json_schema", "regex"], release
+        utils = [
+            f for f in TABLE[release]["source"]["files"] if f["path"].endswith("inflight_batcher_llm/src/utils.cc")
+        ]
+        assert len(utils) == 1, release  # the file the guide types are read from is cited
+        names = {t["name"] for t in TABLE[release]["models"]["tensorrt_llm"]["inputs"]}
+        assert {"guided_decoding_guide_type", "guided_decoding_guide"} <= names, release
 
 
 def test_releases_0_20_to_1_1_store_their_templates_once():

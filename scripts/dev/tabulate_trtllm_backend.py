@@ -14,6 +14,11 @@ Each release's facts:
 - `renamed_from_docs`, `docs_disagreements`: the template input names reconciled with the release's
   docs/model_config.md (`reconcile`); renames are applied from 0.20 on only, where the templates were not read at
   the release's own commit.
+- `guide_types`: the sorted strings the backend accepts in the `tensorrt_llm` model's `guided_decoding_guide_type`
+  input, the keys of the map in utils.cc's `getGuidedDecodingParamsFromTensors` (`guide_types`). These are the C++
+  `tensorrtllm` backend's, the one the pipeline deploys, not those of the python model.py of the same templates.
+  The backend compares the string exactly and drops the guide of any other type without an error, so a client
+  must send one of these. An empty list where the release has no such function (0.18: no guided decoding).
 - `source`: every file read, as `cite` records.
 
 Where the files are read: 0.18 and 0.19 from tensorrtllm_backend at the release tag. From 0.20 on the backend
@@ -29,7 +34,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from upstream_source import Upstream, cite, stored_releases
+from upstream_source import UnrecognizedSource, Upstream, cite, stored_releases
 
 MODELS = ("tensorrt_llm", "preprocessing", "postprocessing", "ensemble", "tensorrt_llm_bls")
 CPP_FILES = ("model_instance_state.cc", "model_state.cc", "utils.cc")
@@ -85,6 +90,7 @@ READ_FROM_0_20 = {
             "c8c6df08bd0ead54cd47f7973e1e425c28a174cd",
         ],
         "model_state.cc": ["5cdd69218f8815d6c8c101ca1facf2ec4ac4b622"],
+        "utils.cc": ["c8c6df08bd0ead54cd47f7973e1e425c28a174cd"],
     },
 }
 
@@ -155,6 +161,7 @@ def release_block(upstream: Upstream, release: str, described: dict[str, str], d
         "variable_parameter_reads": variable_reads(reads),
         "renamed_from_docs": renamed,
         "docs_disagreements": disagreements,
+        "guide_types": guide_types(_read(upstream, next(f for f in backend if f["path"].endswith("/utils.cc")))),
     }
 
 
@@ -342,6 +349,30 @@ def parameter_reads(source: str, file: str) -> list[Read]:
             name = _resolve(variable, node, function)
         reads.append(Read(file, function_name, cpp_type, name, variable, _guarded(node)))
     return reads
+
+
+GUIDE_PARSER = "getGuidedDecodingParamsFromTensors"
+
+
+def guide_types(source: str) -> list[str]:
+    """The guide type strings of utils.cc: in `GUIDE_PARSER`, the string keys of the `{"name", ...GuideType::k...}`
+    pairs its map is initialised with; [] where there is no such function."""
+    tree = _parser().parse(source.encode())
+    functions = [
+        node
+        for node in _walk(tree.root_node)
+        if node.type == "function_definition" and _function_name(node).split("::")[-1] == GUIDE_PARSER
+    ]
+    if not functions:
+        return []
+    found = set()
+    for node in _walk(functions[0]):
+        items = node.named_children if node.type == "initializer_list" else []
+        if len(items) == 2 and "GuideType::" in items[1].text.decode() and _literal(items[0]) is not None:
+            found.add(_literal(items[0]))
+    if not found:
+        raise UnrecognizedSource(f"{GUIDE_PARSER} maps no string to a GuideType: read it and update guide_types")
+    return sorted(found)
 
 
 def classify(reads: list[Read]) -> tuple[dict[str, str], list[str]]:
