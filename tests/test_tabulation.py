@@ -21,6 +21,8 @@ SECTIONS = [
     "renamed_from_docs",
     "docs_disagreements",
     "guide_types",
+    "guided_decoding_backends",
+    "tokenizer_info",
 ]
 
 # ---------------------------------------------------------------- parsing, on inputs written here
@@ -192,6 +194,38 @@ def test_guide_types_are_the_string_keys_the_guide_parser_maps_to_a_guide_type()
     assert tab.guide_types("void other() {}") == []  # a release without guided decoding
     with pytest.raises(tab.UnrecognizedSource, match="getGuidedDecodingParamsFromTensors"):
         tab.guide_types("void getGuidedDecodingParamsFromTensors() { auto m = {{1, 2}}; }")
+
+
+def test_the_guided_decoding_config_gives_the_accepted_backends_and_the_tokenizer_info_keys_with_types():
+    source = """
+    std::optional<GuidedDecodingConfig> State::getGuidedDecodingConfigFromParams()
+    {
+        std::string path = model_state_->GetParameter<std::string>("info_path");
+        std::string chosen = model_state_->GetParameter<std::string>("guided_decoding_backend");
+        if (chosen.empty() || chosen == "${guided_decoding_backend}" || path == "${info_path}")
+        {
+            return std::nullopt;
+        }
+        auto const info = nlohmann::json::parse(std::ifstream{path});
+        auto const words = info["words"].template get<std::vector<std::string>>();
+        auto const ends = info["ends"].template get<std::vector<int32_t>>();
+        if (chosen == "grammarlib") { return GuidedDecodingConfig(words, ends); }
+        TLLM_THROW("unknown backend");
+    }
+    """
+    assert tab.guided_decoding_config(source) == {
+        "guided_decoding_backends": ["grammarlib"],  # the placeholder comparison means "off", not a backend
+        "tokenizer_info": {"ends": "std::vector<int32_t>", "words": "std::vector<std::string>"},
+    }
+    assert tab.guided_decoding_config("void other() {}") == {"guided_decoding_backends": [], "tokenizer_info": {}}
+    newer = source.replace('"grammarlib"', '"otherlib"').replace("int32_t>>", "int64_t>>")
+    with pytest.raises(tab.UnrecognizedSource, match="'ends' is read as"):
+        tab.guided_decoding_configs([source, newer])
+    assert tab.guided_decoding_configs([source, source.replace('"ends"', '"stops"')])["tokenizer_info"].keys() == {
+        "ends",
+        "stops",
+        "words",
+    }  # a file must hold the keys any version reads
 
 
 DOCS = """
@@ -372,6 +406,13 @@ def test_guide_types_per_release_are_the_cpp_backends():
         assert len(utils) == 1, release  # the file the guide types are read from is cited
         names = {t["name"] for t in TABLE[release]["models"]["tensorrt_llm"]["inputs"]}
         assert {"guided_decoding_guide_type", "guided_decoding_guide"} <= names, release
+        assert TABLE[release]["guided_decoding_backends"] == ["xgrammar"], release
+        assert TABLE[release]["tokenizer_info"] == {
+            "encoded_vocab": "std::vector<std::string>",
+            "stop_token_ids": "std::vector<tensorrt_llm::runtime::TokenIdType>",
+            "tokenizer_str": "std::string",
+        }, release
+    assert TABLE["0.18"]["guided_decoding_backends"] == [] and TABLE["0.18"]["tokenizer_info"] == {}
 
 
 def test_releases_0_20_to_1_1_store_their_templates_once():

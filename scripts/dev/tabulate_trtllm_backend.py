@@ -19,6 +19,12 @@ Each release's facts:
   `tensorrtllm` backend's, the one the pipeline deploys, not those of the python model.py of the same templates.
   The backend compares the string exactly and drops the guide of any other type without an error, so a client
   must send one of these. An empty list where the release has no such function (0.18: no guided decoding).
+- `guided_decoding_backends`, `tokenizer_info` (`guided_decoding_config`): in model_instance_state.cc's
+  `getGuidedDecodingConfigFromParams`, the strings the `guided_decoding_backend` parameter's value is compared with
+  (template placeholders `${...}` left out: they mean "off"), and the keys the backend reads from the JSON file
+  the `xgrammar_tokenizer_info_path` parameter names, each with the C++ type it reads the value as. The C++ backend
+  ignores `tokenizer_dir` for guided decoding. Where several versions of the file were read (0.20 on), the
+  backends every one accepts and the keys any one reads. Empty where there is no such function (0.18).
 - `source`: every file read, as `cite` records.
 
 Where the files are read: 0.18 and 0.19 from tensorrtllm_backend at the release tag. From 0.20 on the backend
@@ -162,6 +168,9 @@ def release_block(upstream: Upstream, release: str, described: dict[str, str], d
         "renamed_from_docs": renamed,
         "docs_disagreements": disagreements,
         "guide_types": guide_types(_read(upstream, next(f for f in backend if f["path"].endswith("/utils.cc")))),
+        **guided_decoding_configs(
+            [_read(upstream, f) for f in backend if f["path"].endswith("/model_instance_state.cc")]
+        ),
     }
 
 
@@ -357,22 +366,77 @@ GUIDE_PARSER = "getGuidedDecodingParamsFromTensors"
 def guide_types(source: str) -> list[str]:
     """The guide type strings of utils.cc: in `GUIDE_PARSER`, the string keys of the `{"name", ...GuideType::k...}`
     pairs its map is initialised with; [] where there is no such function."""
-    tree = _parser().parse(source.encode())
-    functions = [
-        node
-        for node in _walk(tree.root_node)
-        if node.type == "function_definition" and _function_name(node).split("::")[-1] == GUIDE_PARSER
-    ]
-    if not functions:
+    function = _function(_parser().parse(source.encode()), GUIDE_PARSER)
+    if function is None:
         return []
     found = set()
-    for node in _walk(functions[0]):
+    for node in _walk(function):
         items = node.named_children if node.type == "initializer_list" else []
         if len(items) == 2 and "GuideType::" in items[1].text.decode() and _literal(items[0]) is not None:
             found.add(_literal(items[0]))
     if not found:
         raise UnrecognizedSource(f"{GUIDE_PARSER} maps no string to a GuideType: read it and update guide_types")
     return sorted(found)
+
+
+GUIDED_CONFIG = "getGuidedDecodingConfigFromParams"
+BACKEND_PARAMETER = "guided_decoding_backend"
+
+
+def _function(tree, name: str):
+    """The definition of the function or method `name` (last `::` part), or None."""
+    return next(
+        (
+            node
+            for node in _walk(tree.root_node)
+            if node.type == "function_definition" and _function_name(node).split("::")[-1] == name
+        ),
+        None,
+    )
+
+
+def guided_decoding_config(source: str) -> dict:
+    """`GUIDED_CONFIG`'s facts in model_instance_state.cc: {"guided_decoding_backends": the literals the variable
+    read from `BACKEND_PARAMETER` is compared with by ==, "tokenizer_info": {JSON key: C++ type of its `get<T>`}}."""
+    function = _function(_parser().parse(source.encode()), GUIDED_CONFIG)
+    if function is None:
+        return {"guided_decoding_backends": [], "tokenizer_info": {}}
+    holders, backends, keys = set(), set(), {}
+    for node in _walk(function):
+        if node.type == "init_declarator" and (value := node.child_by_field_name("value")) is not None:
+            literals = [_literal(n) for n in _walk(value) if n.type == "string_literal"]
+            if "GetParameter" in value.text.decode() and BACKEND_PARAMETER in literals:
+                holders.add(node.child_by_field_name("declarator").text.decode())
+    for node in _walk(function):
+        if node.type == "binary_expression" and node.child_by_field_name("operator").type == "==":
+            left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+            literal = _literal(right)
+            if left.text.decode() in holders and literal is not None and not literal.startswith("${"):
+                backends.add(literal)
+        if node.type == "subscript_expression":
+            index = [c for c in _walk(node) if c.type == "string_literal"][:1]
+            call = node.parent
+            while call is not None and call.type != "call_expression":
+                call = call.parent
+            types = [c for c in _walk(call) if c.type == "template_argument_list"] if call is not None else []
+            if index and types:
+                keys[_literal(index[0])] = types[0].text.decode()[1:-1].strip()
+    if not backends or not keys:
+        raise UnrecognizedSource(f"{GUIDED_CONFIG}: no backend string or tokenizer info key found: read it")
+    return {"guided_decoding_backends": sorted(backends), "tokenizer_info": dict(sorted(keys.items()))}
+
+
+def guided_decoding_configs(sources: list[str]) -> dict:
+    """`guided_decoding_config` over several versions of the file: backends every version accepts, keys any reads
+    (a generated file must hold them all; two versions reading one key as different types is a new shape)."""
+    found = [guided_decoding_config(source) for source in sources]
+    backends = set.intersection(*(set(f["guided_decoding_backends"]) for f in found))
+    keys: dict[str, str] = {}
+    for f in found:
+        for key, cpp_type in f["tokenizer_info"].items():
+            if keys.setdefault(key, cpp_type) != cpp_type:
+                raise UnrecognizedSource(f"{GUIDED_CONFIG}: {key!r} is read as {keys[key]} and as {cpp_type}")
+    return {"guided_decoding_backends": sorted(backends), "tokenizer_info": dict(sorted(keys.items()))}
 
 
 def classify(reads: list[Read]) -> tuple[dict[str, str], list[str]]:
