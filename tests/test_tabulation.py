@@ -353,7 +353,7 @@ def test_every_release_has_every_section_model_and_a_cited_source():
 
 
 def test_the_names_the_pipeline_looks_up_are_in_every_release():
-    from pipeline.targets.trtllm.engine import FEATURES_OFF
+    from pipeline.targets.trtllm.guided import BACKEND_PARAMETER, INFO_PATH_PARAMETER, takes_guided_decoding
     from pipeline.triton.repo import LLM_INPUT_ALIASES
 
     for release, block in TABLE.items():
@@ -367,7 +367,8 @@ def test_the_names_the_pipeline_looks_up_are_in_every_release():
         }, release
         names = {t["name"] for t in llm["inputs"]}
         assert all({ours, theirs} & names for ours, theirs in LLM_INPUT_ALIASES.items()), release
-        assert set(FEATURES_OFF) & set(block["required_parameters"]) <= set(llm["parameters"]), release
+        guided = {BACKEND_PARAMETER, INFO_PATH_PARAMETER}  # what guided.engine_parameters fills
+        assert (guided <= set(llm["parameters"])) == takes_guided_decoding(release), release
         assert block["models"]["ensemble"]["inputs"], release
 
 

@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from pipeline.config import load_config
 from pipeline.errors import BuildStepError
 from pipeline.stages import triton_repo
+from pipeline.targets.trtllm.guided import TOKENIZER_INFO_FILE, tokenizer_info_problems, write_tokenizer_info
 from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, backend_facts, required_parameters, template
 from pipeline.triton.validate import validate_repo
 from tests.conftest import run_cli, spawn_cli, write_config
@@ -93,7 +94,8 @@ def test_validate_repo_reports_every_hand_edit_mistake_with_file_and_line(smollm
 
 
 def trtllm_engine_record(path: Path, tiny_llama: Path, version: str) -> Path:
-    """An engine directory's recorded config.json as trtllm-build writes it, plus the tokenizer.
+    """An engine directory's recorded config.json as trtllm-build writes it, plus the tokenizer and the xgrammar
+    tokenizer info the engine stage writes beside it (made by the real generator).
 
     There is no GPU here to build the engine itself; the repository generator only reads this
     record, so the tensorrt_llm model config can be generated and checked offline.
@@ -101,6 +103,7 @@ def trtllm_engine_record(path: Path, tiny_llama: Path, version: str) -> Path:
     path.mkdir(parents=True)
     for file in tiny_llama.glob("tokenizer*"):
         shutil.copy2(file, path / file.name)
+    write_tokenizer_info(path, path)
     record = {
         "version": version,
         "pretrained_config": {"architecture": "LlamaForCausalLM", "dtype": "float16"},
@@ -139,8 +142,12 @@ def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_l
     assert [t.name for t in llm.input] == [row["name"] for row in template(version)["inputs"]]
     params = {k: v.string_value for k, v in llm.parameters.items()}
     assert set(required_parameters(version)) <= set(params)
-    if version != "0.18":  # guided decoding came with 0.19
-        assert params["guided_decoding_backend"] == params["xgrammar_tokenizer_info_path"] == ""  # "off"
+    if version == "0.18":  # guided decoding came with 0.19
+        assert not {"guided_decoding_backend", "xgrammar_tokenizer_info_path"} & set(params)
+    else:  # on: a backend the release accepts, and the engine directory's tokenizer info, which it would load
+        assert params["guided_decoding_backend"] in backend_facts(version)["guided_decoding_backends"]
+        assert params["xgrammar_tokenizer_info_path"] == str(engine.resolve() / TOKENIZER_INFO_FILE)
+        assert not tokenizer_info_problems(Path(params["xgrammar_tokenizer_info_path"]), version)
     assert params["gpt_model_type"] == "inflight_fused_batching" and params["gpt_model_path"] == str(engine.resolve())
     assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
     assert params["cuda_graph_mode"] == "true" and params["cuda_graph_cache_size"] == "4"
@@ -172,6 +179,21 @@ def test_validate_repo_names_a_required_parameter_the_backend_would_fail_to_load
     problems = validate_repo(tmp_path / "repo", "0.19").problems
     assert any("parameter 'guided_decoding_backend' is missing" in p and "fails to load" in p for p in problems)
     assert not validate_repo(tmp_path / "repo").problems  # only a targeted release knows what its backend requires
+
+
+def test_an_engine_without_its_tokenizer_info_is_refused_naming_the_file_and_the_fix(tmp_path, tiny_llama):
+    """0.19's backend fails to load when xgrammar_tokenizer_info_path names no file: say so at triton_repo."""
+    cfg = load_config(
+        write_config(
+            tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
+        ),
+        [],
+    )
+    engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0")
+    (engine / TOKENIZER_INFO_FILE).unlink()
+    with pytest.raises(BuildStepError, match=rf"{TOKENIZER_INFO_FILE} does not exist.*rebuild the engine"):
+        triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
+    assert not (tmp_path / "repo").exists()  # refused before anything is written
 
 
 def test_our_client_interface_is_each_releases_ensemble_minus_named_features():

@@ -11,6 +11,10 @@ exact command). The Triton repository's `tensorrt_llm` model config has every te
 targeted release (tabulated from the upstream backend and templates by scripts/dev/tabulate_trtllm_backend.py into
 upstream/tensorrtllm_backend.json, which also lists the parameters the C++ backend cannot load without) and every
 parameter filled from the build config and the engine's own recorded build config.
+
+Guided decoding (structured outputs, 0.19 on) is on: the engine stage writes the xgrammar tokenizer info the C++
+backend loads into the engine directory, and the model names it with `guided_decoding_backend: xgrammar`
+(guided.py); a request then picks a guide with `guided_decoding_guide_type` / `guided_decoding_guide`.
 """
 
 from __future__ import annotations
@@ -26,16 +30,19 @@ from pipeline.targets.trtllm.backend import (
     multi_node,
 )
 from pipeline.targets.trtllm.checkpoint import EXPECTED_ALGO, padding_problems
+from pipeline.targets.trtllm.guided import (
+    TOKENIZER_INFO_FILE,
+    engine_parameters,
+    takes_guided_decoding,
+    write_tokenizer_info,
+)
 from pipeline.targets.trtllm.image import whole_config_commands
 from pipeline.targets.trtllm.modelopt import LOADER_QUANTIZED
 from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, required_parameters, template
 
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-# Parameters naming a feature this pipeline does not build, which the backend reads without a fallback: an empty
-# value is its "off" (model_instance_state.cc getGuidedDecodingConfigFromParams: no guided decoding when the
-# backend or the tokenizer info path is empty). Every other template parameter we do not fill is read inside a
-# try block with a default (the table's optional_parameters), so leaving it out keeps the release's default.
-FEATURES_OFF = {"guided_decoding_backend": "", "xgrammar_tokenizer_info_path": ""}
+# Every template parameter neither template_parameters nor guided.engine_parameters fills is read inside a try block
+# with a default (the table's optional_parameters), so leaving it out keeps the release's default.
 DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
 # What the engine stage records beside trtllm-build's config.json for the runtime: the sliding window is no field of
 # the checkpoint or the engine config (LLaMAConfig has none), so ModelRunnerCpp would attend to every cached token.
@@ -73,7 +80,7 @@ def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object
         "cuda_graph_mode": r.cuda_graph_mode,
         "cuda_graph_cache_size": r.cuda_graph_cache_size,
         "speculative_decoding_fast_logits": False,
-        "tokenizer_dir": engine_dir,
+        "tokenizer_dir": engine_dir,  # read without a fallback from 0.19 on, though unused by the C++ workflow
     }
     if r.max_tokens_in_paged_kv_cache:
         values["max_tokens_in_paged_kv_cache"] = r.max_tokens_in_paged_kv_cache
@@ -126,7 +133,7 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
             data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])),
             dims=row["dims"],
         )
-    filled = template_parameters(cfg, engine_dir, engine) | FEATURES_OFF
+    filled = template_parameters(cfg, engine_dir, engine) | engine_parameters(cfg.target.trtllm_version, engine_dir)
     values = {k: v for k, v in filled.items() if k in spec["parameters"]}  # older templates lack some
     unfilled = set(required_parameters(cfg.target.trtllm_version)) - set(values)
     if unfilled:  # the backend would fail to load: "Cannot find parameter with name"
@@ -186,8 +193,9 @@ def missing_for_engine() -> list[str]:
     )
 
 
-def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> dict:
-    """Run trtllm-build into out_dir, or stop naming what this machine lacks; an engine is never faked."""
+def build_engine(cfg, checkpoint: Path, tokenizer_dir: Path, out_dir: Path, final_dir: Path, log) -> dict:
+    """Run trtllm-build into out_dir, or stop naming what this machine lacks; an engine is never faked. Beside it,
+    the runtime record and, where the release decodes guided, the xgrammar tokenizer info of `tokenizer_dir`."""
     import shlex
     import subprocess
 
@@ -207,6 +215,8 @@ def build_engine(cfg, checkpoint: Path, out_dir: Path, final_dir: Path, log) -> 
     if result.returncode:
         raise BuildStepError(f"trtllm-build failed ({result.returncode}):\n{result.stderr[-2000:]}")
     record_runtime(cfg, out_dir)
+    if takes_guided_decoding(cfg.target.trtllm_version):
+        write_tokenizer_info(tokenizer_dir, out_dir)
     return {"trtllm_build": shlex.join(command)}
 
 
@@ -365,7 +375,10 @@ class EngineBackend:
         return {
             "export": f"TensorRT-LLM checkpoint (config.json, rank0..{ranks - 1}.safetensors; every tensor checked) "
             "and unified HF checkpoint",
-            "engine": f"engine directory: config.json, rank*.engine, tokenizer, {RUNTIME_FILE} (sliding window)",
+            "engine": f"engine directory: config.json, rank*.engine, tokenizer, {RUNTIME_FILE} (sliding window)"
+            + (
+                f", {TOKENIZER_INFO_FILE} (guided decoding)" if takes_guided_decoding(cfg.target.trtllm_version) else ""
+            ),
             "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)",
         }.get(stage, "")
 
@@ -379,7 +392,12 @@ class EngineBackend:
 
     def build_engine(self, cfg, ctx) -> dict:
         return build_engine(
-            cfg, ctx.upstream("export") / "trtllm_checkpoint", ctx.out_dir, ctx.upstream("engine"), ctx.log
+            cfg,
+            ctx.upstream("export") / "trtllm_checkpoint",
+            ctx.upstream("import"),
+            ctx.out_dir,
+            ctx.upstream("engine"),
+            ctx.log,
         )
 
     def triton_models(self, cfg, engine_dir: Path, engine: dict) -> list:

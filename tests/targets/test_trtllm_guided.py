@@ -1,0 +1,102 @@
+"""Guided decoding on the trtllm target: the xgrammar tokenizer info file the C++ tensorrtllm backend loads, checked
+against what each release's backend reads (upstream/tensorrtllm_backend.json), and the generated configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from pipeline.config import load_config
+from pipeline.errors import BuildStepError
+from pipeline.stages import triton_repo
+from pipeline.targets.trtllm.guided import (
+    GUIDED_DECODING_BACKEND,
+    TOKENIZER_INFO_FILE,
+    takes_guided_decoding,
+    tokenizer_info_problems,
+    write_tokenizer_info,
+    xgrammar_tokenizer_info,
+)
+from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, backend_facts
+from pipeline.triton.validate import validate_repo
+from tests.conftest import write_config
+from tests.serving.test_repo import read_config, trtllm_engine_record
+
+
+def test_only_0_18_lacks_guided_decoding():
+    assert [v for v in SUPPORTED_VERSIONS if not takes_guided_decoding(v)] == ["0.18"]
+
+
+def test_the_tokenizer_info_lists_the_vocabulary_by_id_and_serializes_the_tokenizer(tiny_llama, tmp_path):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    info = json.loads(write_tokenizer_info(tiny_llama, tmp_path).read_text())
+    assert info["encoded_vocab"] == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    assert info["stop_token_ids"] == [tokenizer.eos_token_id]
+    text = "the quick brown fox"  # the serialized tokenizer is the same tokenizer
+    assert Tokenizer.from_str(info["tokenizer_str"]).encode(text).ids == tokenizer(text)["input_ids"]
+    for version in ("0.19", "1.2"):  # the keys and types each release's backend reads, no more
+        assert set(info) == set(backend_facts(version)["tokenizer_info"]), version
+        assert not tokenizer_info_problems(tmp_path / TOKENIZER_INFO_FILE, version), version
+
+
+def test_a_tokenizer_whose_ids_have_gaps_is_refused(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"<unk>": 0, "</s>": 1, "word": 3}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>").save_pretrained(tmp_path)
+    with pytest.raises(BuildStepError, match=r"token ids are not 0\.\.2 without gaps \(first out of place: \[3\]\)"):
+        xgrammar_tokenizer_info(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "does not exist: the tensorrtllm backend fails to load without it"),
+        ("{not json", "is not JSON"),
+        ("[]", "holds a list, not a JSON object"),
+        ({"encoded_vocab": ["a"], "tokenizer_str": "{}"}, "lacks 'stop_token_ids', which TensorRT-LLM 0.19's"),
+        ({"encoded_vocab": ["a"], "tokenizer_str": "{}", "stop_token_ids": [True]}, "'stop_token_ids' is not a std"),
+        ({"encoded_vocab": [1], "tokenizer_str": "{}", "stop_token_ids": [0]}, "'encoded_vocab' is not a std::vector"),
+    ],
+)
+def test_a_tokenizer_info_file_the_backend_would_not_load_is_named_with_the_fix(tmp_path, content, problem):
+    path = tmp_path / TOKENIZER_INFO_FILE
+    if content is not None:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    problems = tokenizer_info_problems(path, "0.19")
+    assert len(problems) == 1 and problem in problems[0] and str(path) in problems[0], problems
+    assert "rebuild the engine" in problems[0]
+
+
+@pytest.mark.parametrize("version", ["0.19", "1.2"])
+def test_the_engine_repository_turns_guided_decoding_on_as_the_release_takes_it(tmp_path, tiny_llama, version):
+    """The tensorrt_llm model of 0.19 and 1.2: the backend value and tokenizer info file its C++ backend reads, and
+    the guide inputs a request picks a guide with, each against the release's tabulated facts."""
+    facts = backend_facts(version)
+    cfg = load_config(
+        write_config(
+            tmp_path / "gpu.yaml", f'target: {{name: trtllm, trtllm_backend: tensorrt, trtllm_version: "{version}"}}\n'
+        ),
+        [],
+    )
+    engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, f"{version}.0")
+    triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
+    assert not validate_repo(tmp_path / "repo", version).problems
+    llm = read_config(tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt")
+    params = {key: value.string_value for key, value in llm.parameters.items()}
+    assert params["guided_decoding_backend"] == GUIDED_DECODING_BACKEND in facts["guided_decoding_backends"]
+    info = Path(params["xgrammar_tokenizer_info_path"])
+    assert info.is_absolute() and info.parent == engine.resolve()  # the C++ backend opens it as given
+    assert set(json.loads(info.read_text())) == set(facts["tokenizer_info"])
+    assert not tokenizer_info_problems(info, version)
+    inputs = {tensor.name: tensor for tensor in llm.input}
+    for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+        assert inputs[name].optional and inputs[name].data_type == mc.TYPE_STRING, name
