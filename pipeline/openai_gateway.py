@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import secrets
 import time
 import uuid
@@ -67,7 +68,6 @@ UNSUPPORTED = {
     "tool_choice": "none",
     "functions": None,
     "function_call": "none",
-    "response_format": {"type": "text"},
 }
 
 
@@ -129,6 +129,65 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format` (text, json_object, json_schema) and trtllm-serve's further types (json with
+    `schema`, regex, ebnf: tensorrt_llm/serve/openai_protocol.py ResponseFormat)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema", "json", "regex", "ebnf", "structural_tag"]
+    json_schema: dict | None = None  # OpenAI: {"name", "schema", "strict", "description"}
+    schema_: dict | None = Field(None, alias="schema")  # trtllm-serve's type json
+    regex: str | None = None
+    ebnf: str | None = None
+
+    def guide(self) -> tuple[str, str] | None:
+        """(guided_decoding_guide_type, guided_decoding_guide) for the engine; None for text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return "json", ""
+        if self.type == "structural_tag":
+            raise ValueError("type structural_tag is not supported by this server; use json_schema, regex or ebnf")
+        if self.type == "json_schema":
+            schema = (self.json_schema or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise ValueError("type json_schema needs json_schema.schema, the JSON schema as an object")
+            return "json_schema", json.dumps(schema)
+        value = {"json": self.schema_, "regex": self.regex, "ebnf": self.ebnf}[self.type]
+        if value is None:
+            field = "schema" if self.type == "json" else self.type
+            raise ValueError(f"type {self.type} needs response_format.{field}")
+        kind = {"json": "json_schema", "regex": "regex", "ebnf": "ebnf_grammar"}[self.type]
+        return kind, json.dumps(value) if self.type == "json" else value
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (vllm/sampling_params.py StructuredOutputsParams): exactly one constraint."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[Text] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def guide(self) -> tuple[str, str]:
+        given = [name for name in ("json_", "regex", "choice", "grammar", "json_object") if getattr(self, name)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of json, regex, choice, grammar, json_object (got {len(given)})")
+        if self.json_ is not None:
+            return "json_schema", self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:  # one of the strings, exactly
+            return "regex", "(" + "|".join(re.escape(choice) for choice in self.choice) + ")"
+        if self.grammar is not None:
+            return "ebnf_grammar", self.grammar
+        return "json", ""
+
+
 class Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")  # kept in model_extra, where UNSUPPORTED is looked up
 
@@ -145,6 +204,28 @@ class Sampling(BaseModel):
     n: int = Field(1, ge=1, le=1)  # one choice per request, like the engine's beam width 1
     min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)  # vLLM's extension: end of sequence blocked until then
     ignore_eos: bool = False  # vLLM's extension: generate on past end of sequence, to max_tokens (benchmarks)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's extension
+
+    def guide(self) -> tuple[str, str] | None:
+        """The engine's guide (guided_decoding_guide_type, guided_decoding_guide) for response_format or
+        structured_outputs, or None; OpenAIError 400 naming the field for one it cannot give."""
+        guides = {}
+        for name in ("response_format", "structured_outputs"):
+            section = getattr(self, name)
+            try:
+                guide = section.guide() if section is not None else None
+            except ValueError as exc:
+                raise OpenAIError(400, f"{name}: {exc}", param=name) from None
+            if guide is not None:
+                guides[name] = guide
+        if len(guides) > 1:
+            raise OpenAIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
+        for name in guides:
+            for option in ("min_tokens", "ignore_eos"):
+                if getattr(self, option):
+                    raise OpenAIError(400, f"{option} with {name}: the format decides where the output ends", option)
+        return next(iter(guides.values()), None)
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -387,6 +468,7 @@ def create_app(
         for name, value in (body.model_extra or {}).items():
             if name in UNSUPPORTED and value not in (None, UNSUPPORTED[name], {}, []):
                 raise OpenAIError(400, f"{name}: not supported by this server", param=name)
+        body.guide()  # a format the engine cannot take fails here, before any work
 
     async def generate(prompt: str, body: Sampling, max_tokens: int) -> AsyncIterator[tuple[str, list[float]]]:
         """(text delta, log-probs of its tokens) as the BLS streams them, until the RPC ends (the aio client
@@ -408,6 +490,9 @@ def create_app(
             "top_k": 1 if greedy else 0,
             "top_p": None if greedy else (body.top_p or 1.0),
         }
+        guide = body.guide()
+        if guide is not None:
+            params["guided_decoding_guide_type"], params["guided_decoding_guide"] = guide
         started = False
         try:
             async with contextlib.aclosing(stream_responses(grpc_url, triton_model, client_inputs(params))) as stream:

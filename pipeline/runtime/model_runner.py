@@ -18,6 +18,7 @@ How:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -26,6 +27,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipeline.runtime.guided import Grammars, constrain
 from pipeline.runtime.kv_layouts import Batch, ConcatCache, SharedCache
 from pipeline.runtime.sampling import (
     OPS,
@@ -246,6 +248,11 @@ class ModelRunner:
     def gather_generation_logits(self) -> bool:
         return False
 
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """Guided decoding's compiled guides, for this engine's tokenizer and logits (made on the first guide)."""
+        return Grammars(self.engine_dir / "tokenizer.json", self.end_id, self.vocab_size_padded)
+
     # ------------------------------------------------------------ steps (shared with in-flight batching)
 
     def prefill(self, requests: list[Request]) -> Batch:
@@ -283,8 +290,12 @@ class ModelRunner:
 
     @staticmethod
     def sample(batch: Batch) -> list[Request]:
-        """Choose one token per row from the batch's logits; returns the requests that just finished."""
+        """Choose one token per row from the batch's logits (a guided row's masked by its grammar first); returns the
+        requests that just finished."""
         logits = batch.logits
+        for row, request in enumerate(batch.requests):
+            if request.matcher is not None:
+                constrain(request.matcher, logits[row])
         argmax = logits.argmax(axis=1)
         log_probs = greedy_log_probs(logits, argmax)
         done = []

@@ -83,9 +83,11 @@ class Request:
     output: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     cum_log_prob: float = 0.0
-    finish_reason: str | None = None  # "end_id", "stop_words" or "length" once finished
+    finish_reason: str | None = None  # "end_id", "stop_words", "length" or "error" once finished
     draft_misses: int = 0  # speculative decoding: verifications in a row that accepted no draft (drafting backs off)
     rng: np.random.Generator | None = None
+    matcher: object | None = None  # guided decoding: the grammar's state (an llguidance LLMatcher; `guided`)
+    error: str | None = None  # why the request failed on its own (finish_reason "error"); the others go on
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.params.random_seed)
@@ -197,6 +199,8 @@ def append(request: Request, token: int, log_prob: float) -> None:
     if request.finish_reason != "end_id":
         request.output.append(token)
         request.log_probs.append(log_prob)
+    if request.matcher is not None and not request.finished and not request.matcher.consume_token(token):
+        request.finish_reason, request.error = "error", f"guided decoding: {request.matcher.get_error()}"
 
 
 def greedy_log_probs(logits: np.ndarray, chosen: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from pipeline.runtime.guided import Guide
 from pipeline.runtime.kv_cache import BlockManager
 from pipeline.runtime.kv_layouts import Batch
 from pipeline.runtime.model_runner import ModelRunner
@@ -93,6 +94,7 @@ class Job:
     sent: list[int] = field(init=False)  # per row: output tokens already streamed
     finished_rows: int = 0
     stopped: bool = False  # by a `stop` naming this request's id, or by the client cancelling
+    failed: bool = False  # a row failed on its own (`Request.error`): the job got that error as its answer
     arrival: float = field(default_factory=time.monotonic)
 
     def __post_init__(self):
@@ -113,6 +115,24 @@ def _per_row(value, rows: int, default, cast) -> list:
         return [default] * rows
     flat = np.asarray(value).reshape(len(value), -1)[:, 0] if np.asarray(value).ndim else np.asarray([value])
     return [cast(v) for v in (flat if len(flat) == rows else np.repeat(flat[:1], rows))]
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def guides_of(inputs: Mapping[str, np.ndarray], rows: int) -> list[Guide | None]:
+    """Each row's guide from `guided_decoding_guide_type` and `guided_decoding_guide` (None: unconstrained)."""
+    kinds = _per_row(inputs.get("guided_decoding_guide_type"), rows, "", _text)
+    texts = _per_row(inputs.get("guided_decoding_guide"), rows, "", _text)
+    guides = []
+    for kind, text in zip(kinds, texts):
+        if not kind and text:
+            raise ValueError("guided_decoding_guide is given without guided_decoding_guide_type: send both")
+        if kind and kind != "json" and not text:
+            raise ValueError(f"guided_decoding_guide_type {kind!r} needs its guided_decoding_guide")
+        guides.append(Guide(kind, text) if kind else None)
+    return guides
 
 
 def parse_job(
@@ -163,6 +183,18 @@ def parse_job(
         for row, prompt in enumerate(prompts)
     ]
     runner.check_sampling([r.params for r in requests])
+    guides = guides_of(inputs, rows)
+    for request, guide in zip(requests, guides):
+        if guide is None:
+            continue
+        if request.params.end_id != runner.end_id:
+            raise ValueError(
+                f"end_id {request.params.end_id} with guided decoding: a guide ends the output with the model's "
+                f"end-of-sequence token {runner.end_id}; leave end_id unset"
+            )
+        if request.params.min_length:
+            raise ValueError("min_length with guided decoding: the guide decides where the output ends; leave it unset")
+        request.matcher = runner.grammars.matcher(guide)
     need = sum(kv.blocks_for(request) for request in requests)
     if need > kv.num_blocks:
         raise ValueError(
@@ -467,7 +499,12 @@ class Scheduler:
                 del self.jobs[id(request)]
             self.kv.release(request)
             job.finished_rows += 1
-            if request.finish_reason != "cancelled":
+            if job.failed:
+                continue  # answered with its error; its other rows end unanswered
+            if request.finish_reason == "error":  # this request alone: its other rows stop, the batch goes on
+                job.failed = job.stopped = True
+                job.responder.send_error(request.error)
+            elif request.finish_reason != "cancelled":
                 self._send(job, row, final=job.done)
             elif job.done:
                 job.responder.send_final()

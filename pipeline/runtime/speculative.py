@@ -26,6 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
+from pipeline.runtime.guided import constrain
 from pipeline.runtime.sampling import append, finish_reason, greedy_log_probs
 
 # After m verifications in a row that accepted nothing, a request drafts only every 2**min(m, MAX_BACKOFF)-th token:
@@ -93,7 +94,10 @@ def speculate_step(runner, batch, config: NGram) -> tuple[int, int]:
         )
         due = len(request.output) % (1 << min(request.draft_misses, MAX_BACKOFF)) == 0
         ok = request.params.plain_greedy and room > 0 and due
-        drafts.append(ngram_drafts(request.tokens, room, config.max_matching_ngram_size) if ok else [])
+        proposed = ngram_drafts(request.tokens, room, config.max_matching_ngram_size) if ok else []
+        if proposed and request.matcher is not None:  # a guided row's drafts end where its grammar would refuse one
+            proposed = proposed[: request.matcher.validate_tokens(proposed)]
+        drafts.append(proposed)
     split = not all(drafts)
     if split:
         runner.decode_step(batch)
@@ -117,12 +121,22 @@ def accept(request, drafts: list[int], logits: np.ndarray) -> int:
     """Append the drafts greedy decoding agrees with (logits[i] predicts drafts[i]); returns how many.
 
     A draft that would finish the request (end_id, a stop word, max_new_tokens) is left to `sample`, which
-    takes it from logits[taken] with the same stop logic, so finished rows never linger in the batch.
+    takes it from logits[taken] with the same stop logic, so finished rows never linger in the batch. A guided row's
+    logits[i] are masked by its grammar as it stands after the drafts before i, as `sample` would mask them.
     """
-    chosen = logits.argmax(axis=1)
-    log_probs = greedy_log_probs(logits, chosen)
+    if request.matcher is None:
+        chosen = logits.argmax(axis=1)
+        log_probs = greedy_log_probs(logits, chosen)
     taken = 0
-    while taken < len(drafts) and chosen[taken] == drafts[taken] and finish_reason(request, drafts[taken]) is None:
-        append(request, drafts[taken], float(log_probs[taken]))
+    while taken < len(drafts):
+        if request.matcher is not None:  # the grammar's state moves with each accepted draft (`append`)
+            constrain(request.matcher, logits[taken])
+            row_chosen = logits[taken : taken + 1].argmax(axis=1)
+            token, log_prob = int(row_chosen[0]), float(greedy_log_probs(logits[taken : taken + 1], row_chosen)[0])
+        else:
+            token, log_prob = int(chosen[taken]), float(log_probs[taken])
+        if token != drafts[taken] or finish_reason(request, token) is not None:
+            break
+        append(request, token, log_prob)
         taken += 1
     return taken

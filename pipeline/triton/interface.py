@@ -32,7 +32,12 @@ CLIENT_INPUTS: list[Tensor] = [
     ("return_log_probs", "TYPE_BOOL", SCALAR, True),
     ("beam_width", "TYPE_INT32", SCALAR, True),
     ("stream", "TYPE_BOOL", SCALAR, True),
+    ("guided_decoding_guide_type", "TYPE_STRING", SCALAR, True),
+    ("guided_decoding_guide", "TYPE_STRING", SCALAR, True),
 ]
+# Client inputs the LLM model takes under the same name where it declares them (guided decoding: tensorrtllm_backend
+# 0.19 on, and our CPU model): the ensemble and BLS of a repository whose LLM model lacks them leave them out.
+LLM_FEATURE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
 CLIENT_OUTPUTS: list[Tensor] = [
     ("text_output", "TYPE_STRING", [-1], False),
     ("cum_log_probs", "TYPE_FP32", [-1], False),
@@ -81,6 +86,7 @@ LLM_INPUTS: list[Tensor] = [
     ("exclude_input_in_output", "TYPE_BOOL", SCALAR, True),
     ("streaming", "TYPE_BOOL", SCALAR, True),
     ("stop", "TYPE_BOOL", SCALAR, True),  # true: stop the running request with this request's id
+    *[(name, "TYPE_STRING", SCALAR, True) for name in LLM_FEATURE_INPUTS],  # pipeline.runtime.guided
 ]
 LLM_OUTPUTS: list[Tensor] = [
     ("output_ids", "TYPE_INT32", [-1, -1], False),
@@ -143,6 +149,7 @@ ENSEMBLE_STEPS = [
             "streaming": "stream",
             "stop_words_list": "_STOP_WORDS_IDS",
             "bad_words_list": "_BAD_WORDS_IDS",
+            **{name: name for name in LLM_FEATURE_INPUTS},
         },
         {
             "output_ids": "_TOKENS_BATCH",
@@ -166,8 +173,6 @@ UNWIRED_CLIENT_INPUTS = {
     "decoder_text_input": "encoder-decoder models are not built",
     "embedding_bias_words": "no logits bias (needs a vocabulary-sized tensor per request)",
     "embedding_bias_weights": "no logits bias",
-    "guided_decoding_guide": "no guided decoding (the backend runs with guided_decoding_backend empty)",
-    "guided_decoding_guide_type": "no guided decoding",
     "lora_task_id": "no LoRA adapters are built or cached",
     "lora_weights": "no LoRA adapters",
     "lora_config": "no LoRA adapters",

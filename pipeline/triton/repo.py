@@ -37,7 +37,13 @@ def llm_input_names(llm: mc.ModelConfig) -> dict[str, str]:
     return {ours: theirs for ours, theirs in LLM_INPUT_ALIASES.items() if ours not in declared and theirs in declared}
 
 
-def ensemble(cfg: BuildConfig, max_batch_size: int, llm_names: dict[str, str]) -> mc.ModelConfig:
+def client_inputs(llm: mc.ModelConfig) -> list[interface.Tensor]:
+    """The ensemble's and BLS's inputs: every client input but the features the LLM model does not declare."""
+    declared = {tensor.name for tensor in llm.input}
+    return [row for row in interface.CLIENT_INPUTS if row[0] not in interface.LLM_FEATURE_INPUTS or row[0] in declared]
+
+
+def ensemble(cfg: BuildConfig, max_batch_size: int, llm: mc.ModelConfig) -> mc.ModelConfig:
     t = cfg.triton
     names = {"preprocessing": t.preprocessing_name, "llm": t.llm_model_name, "postprocessing": t.postprocessing_name}
     config = model_config(
@@ -45,21 +51,24 @@ def ensemble(cfg: BuildConfig, max_batch_size: int, llm_names: dict[str, str]) -
         platform="ensemble",
         backend="",
         max_batch_size=max_batch_size,
-        inputs=interface.CLIENT_INPUTS,
+        inputs=client_inputs(llm),
         outputs=interface.CLIENT_OUTPUTS,
     )
+    llm_names, declared = llm_input_names(llm), {tensor.name for tensor in llm.input}
     for role, input_map, output_map in interface.ENSEMBLE_STEPS:
         if role == "llm":
-            input_map = {llm_names.get(name, name): tensor for name, tensor in input_map.items()}
+            input_map = {
+                llm_names.get(name, name): tensor
+                for name, tensor in input_map.items()
+                if name not in interface.LLM_FEATURE_INPUTS or name in declared
+            }
         config.ensemble_scheduling.step.add(
             model_name=names[role], model_version=-1, input_map=input_map, output_map=output_map
         )
     return config
 
 
-def shared_models(
-    cfg: BuildConfig, engine_dir: Path, max_batch_size: int, llm_names: dict[str, str]
-) -> list[ModelSpec]:
+def shared_models(cfg: BuildConfig, engine_dir: Path, max_batch_size: int, llm: mc.ModelConfig) -> list[ModelSpec]:
     """Everything but the LLM model: the same for both targets, calling the LLM's inputs by its names."""
     t, r = cfg.triton, cfg.runtime
     common = dict(
@@ -91,7 +100,7 @@ def shared_models(
         ModelSpec(
             model_config(
                 t.bls_name,
-                inputs=interface.CLIENT_INPUTS,
+                inputs=client_inputs(llm),
                 outputs=interface.CLIENT_OUTPUTS,
                 decoupled=True,
                 parameters={
@@ -99,14 +108,14 @@ def shared_models(
                     "preprocessing_model_name": t.preprocessing_name,
                     "postprocessing_model_name": t.postprocessing_name,
                     "accumulate_tokens": True,
-                    "llm_input_names": json.dumps(llm_names),
+                    "llm_input_names": json.dumps(llm_input_names(llm)),
                 },
                 instances=t.bls_instance_count,
                 **common,
             ),
             {"model.py": MODELS_DIR / "bls.py"},
         ),
-        ModelSpec(ensemble(cfg, max_batch_size, llm_names)),
+        ModelSpec(ensemble(cfg, max_batch_size, llm)),
     ]
 
 
@@ -136,7 +145,7 @@ def inflight_batcher_models(cfg: BuildConfig, llm_model: ModelSpec, engine_dir: 
         engine: the engine's `config.json`, whose max_batch_size every model takes (not a re-typed number).
     """
     max_batch_size = engine["build_config"]["max_batch_size"]
-    return [llm_model, *shared_models(cfg, engine_dir, max_batch_size, llm_input_names(llm_model.config))]
+    return [llm_model, *shared_models(cfg, engine_dir, max_batch_size, llm_model.config)]
 
 
 def build_repo(

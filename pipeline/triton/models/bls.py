@@ -55,6 +55,8 @@ TO_LLM = {
     "return_log_probs": "return_log_probs",
     "beam_width": "beam_width",
     "exclude_input_in_output": "exclude_input_in_output",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
 }
 LLM_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "batch_index", "sequence_index"]
 

@@ -1,0 +1,195 @@
+"""Guided decoding in the CPU runtime: every constrained output parses and validates, on the real SmolLM2 engine and
+on a random-weight model with SmolLM2's vocabulary (which, unguided, never writes JSON at all), in batches, with and
+without n-gram speculation; unconstrained rows beside guided ones keep exactly their own tokens."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from pipeline.runtime.model_runner import ModelRunner
+from pipeline.runtime.scheduler import Scheduler
+from pipeline.runtime.speculative import NGram
+from tests.conftest import run_cli, slow_fixture, write_config
+from tests.runtime.test_scheduler import Recorder, inputs
+
+# Ten schemas a client might send, each bounding its strings and arrays so that a random model ends them too.
+NAME = {"type": "string", "minLength": 1, "maxLength": 12}
+SCHEMAS = [
+    {"type": "object", "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"city": {"enum": ["Paris", "London", "Tokyo"]}, "ok": {"type": "boolean"}},
+     "required": ["city", "ok"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "integer", "minimum": -50, "maximum": 50}, "minItems": 1, "maxItems": 4},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": NAME, "maxItems": 3}},
+     "required": ["tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}},
+     "required": ["id"], "additionalProperties": False},
+    {"type": "object", "properties": {"cents": {"type": "integer", "minimum": 0, "maximum": 99999},
+     "currency": {"const": "EUR"}}, "required": ["cents", "currency"], "additionalProperties": False},
+    {"type": "object", "properties": {"point": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["x", "y"], "additionalProperties": False}}, "required": ["point"], "additionalProperties": False},
+    {"anyOf": [{"type": "object", "properties": {"yes": {"type": "boolean"}}, "required": ["yes"],
+                "additionalProperties": False}, {"type": "null"}]},
+    {"type": "object", "properties": {"day": {"enum": ["mon", "tue", "wed"]}, "note": {"type": ["string", "null"],
+     "maxLength": 8}}, "required": ["day", "note"], "additionalProperties": False},
+    {"type": "object", "properties": {"items": {"type": "array", "maxItems": 2, "items": {"type": "object",
+     "properties": {"sku": NAME, "qty": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["sku", "qty"],
+     "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
+]  # fmt: skip
+MAX_TOKENS = 120  # room for the longest instance of any schema above
+
+
+def guided(kind: str, text: str = "") -> dict[str, np.ndarray]:
+    return {
+        "guided_decoding_guide_type": np.array([[kind.encode()]], dtype=object),
+        "guided_decoding_guide": np.array([[text.encode()]], dtype=object),
+    }
+
+
+def run(runner: ModelRunner, jobs: list[dict]) -> list[Recorder]:
+    """Submit every job at once and step until all are answered (in-flight batching up to max_batch_size)."""
+    scheduler = Scheduler(runner)
+    recorders = [Recorder() for _ in jobs]
+    for job, recorder in zip(jobs, recorders):
+        scheduler.submit(job, recorder)
+    while not all(r.finals() for r in recorders):
+        scheduler.step()
+    return recorders
+
+
+@functools.cache
+def tokenizer_of(engine_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(engine_dir)
+
+
+def text_of(runner: ModelRunner, tokens: list[int]) -> str:
+    return tokenizer_of(runner.engine_dir).decode(tokens, skip_special_tokens=True)
+
+
+@slow_fixture(scope="module")
+def random_model(tmp_path_factory, smollm2_build) -> Path:
+    """A random 2-layer Llama with SmolLM2's tokenizer (the import's tokenizer.json as is), built by the CLI."""
+    import torch
+    import transformers
+
+    work = tmp_path_factory.mktemp("random-smollm2-vocab")
+    hf = work / "hf"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )  # fmt: skip
+    config.architectures = ["LlamaForCausalLM"]
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(hf, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(smollm2_build / "import" / name, hf / name)
+    yaml = write_config(
+        work / "random.yaml",
+        f"""
+        model: {{source: hf, path: {hf}}}
+        target: {{onnx_graph: fused}}
+        build: {{max_batch_size: 8, max_input_len: 32, max_seq_len: 160, max_num_tokens: 256}}
+        """,
+    )
+    result = run_cli("build", str(yaml), "--output", str(work / "out"), "--until", "engine")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return work / "out" / "engine"
+
+
+@pytest.mark.parametrize(
+    "speculative", [None, NGram(max_draft_len=4, max_matching_ngram_size=2)], ids=["plain", "ngram"]
+)
+def test_two_hundred_seeded_requests_over_ten_schemas_all_validate(random_model, speculative):
+    """Batches of up to 8 and single rows, greedy and sampled: every output parses and validates against its schema.
+    Unguided, this model's greedy output is not JSON for any of the prompts."""
+    runner = ModelRunner.from_dir(random_model, num_threads=2, speculative=speculative)
+    picks = random.Random(31)
+    jobs, schemas = [], []
+    for index in range(200):
+        schema = SCHEMAS[index % len(SCHEMAS)]
+        prompt = [picks.randrange(3, 49152) for _ in range(picks.randrange(2, 24))]
+        sampled = index % 2 == 1  # greedy rows draft under speculation; sampled rows do not
+        sampling = {"temperature": 1.0, "runtime_top_k": 0, "random_seed": index} if sampled else {}
+        jobs.append(inputs([prompt], MAX_TOKENS, **sampling) | guided("json_schema", json.dumps(schema)))
+        schemas.append(schema)
+    batched, single = run(runner, jobs[:180]), []
+    for job in jobs[180:]:  # one at a time: batch size 1
+        single += run(runner, [job])
+    for recorder, schema in zip(batched + single, schemas):
+        assert not recorder.errors(), recorder.errors()
+        jsonschema.validate(json.loads(text_of(runner, recorder.tokens())), schema)
+    unguided = run(runner, [{k: v for k, v in job.items() if not k.startswith("guided")} for job in jobs[:10:2]])
+    for recorder in unguided:
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text_of(runner, recorder.tokens()))
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_build) -> ModelRunner:
+    return ModelRunner.from_dir(smollm2_build / "engine", num_threads=2)
+
+
+def chat(runner: ModelRunner, question: str) -> list[int]:
+    tokenizer = tokenizer_of(runner.engine_dir)
+    messages = [{"role": "user", "content": question}]
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+
+
+def test_a_mixed_batch_guides_its_guided_rows_and_leaves_the_others_their_own_tokens(smollm2):
+    """The real model: a schema, any JSON object, a regex and a grammar in one batch with two unguided rows, whose
+    tokens equal those they get alone."""
+    person = SCHEMAS[0]
+    free = [chat(smollm2, "Tell me about Paris in one sentence."), chat(smollm2, "Name a colour.")]
+    ask = chat(smollm2, "Describe a person as JSON with a name and an age.")
+    jobs = [
+        inputs([ask], 60) | guided("json_schema", json.dumps(person)),
+        inputs([free[0]], 40),
+        inputs([ask], 60) | guided("json"),
+        inputs([chat(smollm2, "Is the sky blue? Answer yes or no and why.")], 40)
+        | guided("regex", r"(yes|no), because [a-z ,]{1,60}\."),
+        inputs([free[1]], 40),
+        inputs([chat(smollm2, "What colour is grass?")], 20)
+        | guided("ebnf_grammar", 'root ::= "The answer is " colour "."\ncolour ::= "red" | "green" | "blue"'),
+    ]
+    answers = [text_of(smollm2, r.tokens()) for r in run(smollm2, jobs)]
+    jsonschema.validate(json.loads(answers[0]), person)
+    assert isinstance(json.loads(answers[2]), dict)
+    assert re.fullmatch(r"(yes|no), because [a-z ,]{1,60}\.", answers[3]), answers[3]
+    assert answers[5] in {"The answer is red.", "The answer is green.", "The answer is blue."}
+    alone = [run(smollm2, [inputs([prompt], 40)])[0].tokens() for prompt in free]
+    assert [run(smollm2, jobs)[i].tokens() for i in (1, 4)] == alone
+
+
+@pytest.mark.parametrize(
+    "named, error",
+    [
+        ({"guided_decoding_guide_type": "yaml", "guided_decoding_guide": "a: 1"}, "'yaml' is not one of"),
+        ({"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "{not json"}, "not valid JSON"),
+        ({"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": ""}, "needs its guided_decoding_guide"),
+        ({"guided_decoding_guide": "[0-9]+"}, "without guided_decoding_guide_type"),
+        (
+            {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "(unclosed"},
+            "guided_decoding_guide (regex)",
+        ),
+        ({"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": "root ::= ("}, "does not parse"),
+        ({"guided_decoding_guide_type": "json", "min_length": 5}, "min_length with guided decoding"),
+        ({"guided_decoding_guide_type": "json", "end_id": 7}, "end_id 7 with guided decoding"),
+    ],
+)
+def test_a_guide_the_engine_cannot_follow_is_refused_naming_it(smollm2, named, error):
+    prompt = chat(smollm2, "Hello")
+    sent = {name: np.array([[value.encode() if isinstance(value, str) else value]]) for name, value in named.items()}
+    recorder = run(smollm2, [inputs([prompt], 8) | sent])[0]
+    assert len(recorder.errors()) == 1 and error in recorder.errors()[0], recorder.events
