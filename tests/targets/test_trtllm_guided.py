@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from pipeline.config import load_config
 from pipeline.errors import BuildStepError
 from pipeline.stages import triton_repo
+from pipeline.targets.trtllm.backends import BACKENDS
 from pipeline.targets.trtllm.guided import (
     GUIDED_DECODING_BACKEND,
     TOKENIZER_INFO_FILE,
@@ -20,8 +21,12 @@ from pipeline.targets.trtllm.guided import (
     write_tokenizer_info,
     xgrammar_tokenizer_info,
 )
+from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, has_option, options_problems
+from pipeline.targets.trtllm.llmapi import OPTIONS_FILE, release_options
+from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, guide_inputs, llmapi_model, model_yaml_problems
 from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, backend_facts
 from pipeline.triton.validate import validate_repo
+from pipeline.upstream import release_facts
 from tests.conftest import write_config
 from tests.serving.test_repo import read_config, trtllm_engine_record
 
@@ -100,3 +105,53 @@ def test_the_engine_repository_turns_guided_decoding_on_as_the_release_takes_it(
     inputs = {tensor.name: tensor for tensor in llm.input}
     for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
         assert inputs[name].optional and inputs[name].data_type == mc.TYPE_STRING, name
+
+
+# ---------------------------------------------------------------- the PyTorch backend (LLM API)
+
+
+def pytorch_config(tmp_path: Path, tiny_llama: Path, release: str) -> Path:
+    return write_config(
+        tmp_path / f"pytorch-{release}.yaml",
+        f"""
+        model: {{source: hf, path: {tiny_llama}}}
+        target: {{name: trtllm, trtllm_backend: pytorch, trtllm_version: "{release}"}}
+        quantization: {{weights: fp8, kv_cache: fp8}}
+    """,
+    )
+
+
+@pytest.mark.parametrize("release", LLM_API_RELEASES)
+def test_the_llm_api_options_turn_guided_decoding_on_where_the_release_has_the_option(tmp_path, tiny_llama, release):
+    options, problems = release_options(load_config(pytorch_config(tmp_path, tiny_llama, release)))
+    assert problems == [] and options_problems(options, release) == []
+    table = release_facts("llm_args", release, "TorchLlmArgs")
+    field = table["models"][table["root"]]["fields"].get("guided_decoding_backend")
+    assert (
+        ("guided_decoding_backend" in options)
+        == (field is not None)
+        == has_option(release, ("guided_decoding_backend",))
+    )
+    if field is not None:  # the release's own choices (xgrammar, llguidance in 1.0-1.2)
+        assert options["guided_decoding_backend"] == GUIDED_DECODING_BACKEND in field["choices"]
+
+
+def test_the_llmapi_model_yaml_for_1_2_carries_the_backend_and_its_model_takes_no_guide(tmp_path, tiny_llama):
+    """1.2's Triton llmapi model: model.yaml passes guided_decoding_backend to LLM(); yet no request input of that
+    model becomes a guide, so a client's guide cannot reach the LLM through it (the other path is trtllm-serve)."""
+    import yaml
+
+    cfg = load_config(pytorch_config(tmp_path, tiny_llama, "1.2"))
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / OPTIONS_FILE).write_text(yaml.safe_dump(release_options(cfg)[0]))
+    llm, _ = BACKENDS["pytorch"].triton_models(cfg, engine, {})
+    spec = yaml.safe_load(llm.texts["model.yaml"])
+    assert spec["guided_decoding_backend"] == GUIDED_DECODING_BACKEND and not model_yaml_problems(spec, "1.2")
+    for release in LLMAPI_RELEASES:
+        facts = llmapi_model(release)
+        declared = {row["name"] for row in facts["config"]["inputs"]}
+        read = {*facts["sampling_inputs"], *facts["output_config_inputs"], facts["streaming_input"]["tensor"]}
+        assert guide_inputs(release) == [], release
+        # every declared input but the prompt and the cancel flag is a tabulated read: none of them is a guide
+        assert declared - read == {"text_input", "stop"}, release

@@ -27,6 +27,7 @@ from pipeline.targets.trtllm.backend import (
     GPU_DEPLOY_FIELDS,
     lacking,
 )
+from pipeline.targets.trtllm.guided import GUIDED_DECODING_BACKEND
 from pipeline.targets.trtllm.image import nvidia_image, whole_config_commands
 from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
 from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
@@ -129,6 +130,9 @@ def all_options(cfg) -> list[Option]:
         options.append(Option(("speculative_config",), speculative, "runtime.speculative"))
     graphs = {"batch_sizes": cuda_graph_batch_sizes(b.max_batch_size), "enable_padding": True}
     options.append(Option(("cuda_graph_config",), graphs if r.cuda_graph_mode else None, "runtime.cuda_graph_mode"))
+    # Guided decoding (structured outputs) on wherever the release has the option: without a backend the LLM
+    # refuses a request's guide. No config field sets it, so a release lacking it just goes without.
+    options.append(Option(("guided_decoding_backend",), GUIDED_DECODING_BACKEND, "target.trtllm_version"))
     return options
 
 

@@ -5,6 +5,10 @@ read from).
 
 Its model.py reads model.yaml's `triton_config` in `auto_complete_config` (max_batch_size -> set_max_batch_size,
 decoupled -> set_model_transaction_policy) and passes every other model.yaml key to `LLM(**kwargs)`.
+
+It takes no guide (structured outputs) from a request in any tabulated release (`guide_inputs`): its helpers.py maps
+no request tensor to SamplingParams' `guided_decoding`, so model.yaml's `guided_decoding_backend` only makes the
+LLM ready for guides that this model never passes on.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 from pipeline.upstream import release_facts, releases
 
 _TYPES = {"int": (int,), "bool": (bool,), "float": (int, float), "str": (str,)}
+# The SamplingParams field holding a request's guide (GuidedDecodingParams), tensorrt_llm/sampling_params.py.
+GUIDE_FIELD = "guided_decoding"
 
 
 LLMAPI_RELEASES = releases("llmapi_model")
@@ -20,6 +26,14 @@ LLMAPI_RELEASES = releases("llmapi_model")
 def llmapi_model(release: str) -> dict:
     """The tabulated facts of one release's llmapi model."""
     return release_facts("llmapi_model", release, "Triton's llmapi model")
+
+
+def guide_inputs(release: str) -> list[str]:
+    """The request tensors the release's llmapi model turns into a guide (SamplingParams' GUIDE_FIELD): the inputs
+    its helpers.py maps to that field, as tabulated; none in 1.0 to 1.2."""
+    return sorted(
+        tensor for tensor, row in llmapi_model(release)["sampling_inputs"].items() if row["field"] == GUIDE_FIELD
+    )
 
 
 def model_yaml_problems(model_yaml: dict, release: str) -> list[str]:
