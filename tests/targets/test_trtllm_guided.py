@@ -16,6 +16,7 @@ from pipeline.targets.trtllm.backends import BACKENDS
 from pipeline.targets.trtllm.guided import (
     GUIDED_DECODING_BACKEND,
     TOKENIZER_INFO_FILE,
+    config_problems,
     takes_guided_decoding,
     tokenizer_info_problems,
     write_tokenizer_info,
@@ -155,3 +156,19 @@ def test_the_llmapi_model_yaml_for_1_2_carries_the_backend_and_its_model_takes_n
         assert guide_inputs(release) == [], release
         # every declared input but the prompt and the cancel flag is a tabulated read: none of them is a guide
         assert declared - read == {"text_input", "stop"}, release
+
+
+def test_config_problems_judge_a_written_models_guided_parameters_as_its_backend_would(tiny_llama, tmp_path):
+    info = write_tokenizer_info(tiny_llama, tmp_path)
+    on = {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(info)}
+    assert config_problems(on, "0.19") == config_problems(on, "1.2") == []
+    for off in ({}, on | {"guided_decoding_backend": ""}, on | {"xgrammar_tokenizer_info_path": "${path}"}):
+        assert config_problems(off, "0.19") == []  # the backend's own "off"
+    assert config_problems(on | {"guided_decoding_backend": "outlines"}, "0.19") == [
+        "parameter 'guided_decoding_backend' is 'outlines': TensorRT-LLM 0.19's tensorrtllm backend accepts "
+        "['xgrammar'] and fails to load with anything else; set 'xgrammar'"
+    ]
+    (relative,) = config_problems(on | {"xgrammar_tokenizer_info_path": TOKENIZER_INFO_FILE}, "1.2")
+    assert "opens it as given, from tritonserver's working directory; give an absolute path" in relative
+    (missing,) = config_problems(on | {"xgrammar_tokenizer_info_path": str(tmp_path / "gone.json")}, "1.2")
+    assert "gone.json does not exist" in missing

@@ -101,19 +101,34 @@ def tokenizer_info_problems(path: Path, version: str) -> list[str]:
     return problems
 
 
+def config_problems(parameters: dict[str, str], version: str) -> list[str]:
+    """What would stop the release's C++ backend from loading a `tensorrt_llm` model with these (string) parameters
+    for guided decoding: a backend it does not accept, or an info file it cannot open or read. Guided decoding left
+    off (either value empty or an unfilled `${...}` placeholder, the backend's own "off") is no problem."""
+    backend, path = parameters.get(BACKEND_PARAMETER, ""), parameters.get(INFO_PATH_PARAMETER, "")
+    if not takes_guided_decoding(version) or not backend or not path or "${" in backend + path:
+        return []
+    accepted = backend_facts(version)["guided_decoding_backends"]
+    if backend not in accepted:
+        return [
+            f"parameter {BACKEND_PARAMETER!r} is {backend!r}: TensorRT-LLM {version}'s tensorrtllm backend accepts "
+            f"{accepted} and fails to load with anything else; set {GUIDED_DECODING_BACKEND!r}"
+        ]
+    if not Path(path).is_absolute():
+        return [
+            f"parameter {INFO_PATH_PARAMETER!r} is {path!r}: the backend opens it as given, from tritonserver's "
+            "working directory; give an absolute path"
+        ]
+    return tokenizer_info_problems(Path(path), version)
+
+
 def engine_parameters(version: str, engine_dir: Path) -> dict[str, object]:
     """The `tensorrt_llm` model's parameters turning guided decoding on for the engine in `engine_dir` (none for a
-    release without it), after checking the tokenizer info file the engine stage wrote there."""
+    release without it), checked as `config_problems` checks a written repository."""
     if not takes_guided_decoding(version):
         return {}
-    accepted = backend_facts(version)["guided_decoding_backends"]
-    if GUIDED_DECODING_BACKEND not in accepted:
-        raise BuildStepError(
-            f"TensorRT-LLM {version}'s tensorrtllm backend accepts guided_decoding_backend {accepted}, not "
-            f"{GUIDED_DECODING_BACKEND!r}: update GUIDED_DECODING_BACKEND in {__name__}"
-        )
-    path = engine_dir / TOKENIZER_INFO_FILE
-    problems = tokenizer_info_problems(path, version)
+    parameters = {BACKEND_PARAMETER: GUIDED_DECODING_BACKEND, INFO_PATH_PARAMETER: engine_dir / TOKENIZER_INFO_FILE}
+    problems = config_problems({key: str(value) for key, value in parameters.items()}, version)
     if problems:
         raise BuildStepError("guided decoding cannot be turned on:\n  " + "\n  ".join(problems))
-    return {BACKEND_PARAMETER: GUIDED_DECODING_BACKEND, INFO_PATH_PARAMETER: path}
+    return parameters
