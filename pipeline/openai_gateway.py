@@ -224,7 +224,9 @@ class Sampling(BaseModel):
         for name in guides:
             for option in ("min_tokens", "ignore_eos"):
                 if getattr(self, option):
-                    raise OpenAIError(400, f"{option} with {name}: the format decides where the output ends", option)
+                    raise OpenAIError(
+                        400, f"{option} with {name}: the format decides where the output ends", param=option
+                    )
         return next(iter(guides.values()), None)
 
     def stops(self) -> list[str]:

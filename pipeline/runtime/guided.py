@@ -69,26 +69,14 @@ def grammar(guide: Guide) -> str:
     )
 
 
-def mask_tokenizer(tokenizer_file: Path) -> str:
-    """The tokenizer.json text to compute masks with. A byte-level BPE marked `byte_fallback` with a `Sequence`
-    decoder (what transformers' GGUF loader writes for SmolLM2) is read by llguidance as SentencePiece, whose
-    byte tokens then never match; the same vocabulary and merges with `byte_fallback` off and a `ByteLevel`
-    decoder, as the checkpoint ships them, are what the tokenizer really does (byte-level BPE never falls back)."""
-    spec = json.loads(tokenizer_file.read_text(encoding="utf-8"))
-    byte_level = (spec.get("pre_tokenizer") or {}).get("type") == "ByteLevel"
-    if byte_level and spec["model"].get("byte_fallback") and (spec.get("decoder") or {}).get("type") == "Sequence":
-        spec["model"]["byte_fallback"] = False
-        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-    return json.dumps(spec)
-
-
 class Grammars:
     """Guides compiled for one engine's tokenizer, the last CACHED_GRAMMARS kept: a request gets a copy of its
     guide's matcher, so a schema many requests share is compiled once."""
 
     def __init__(self, tokenizer_file: Path, end_id: int, vocab_size: int):
         self.end_id = end_id
-        self.tokenizer = llguidance.LLTokenizer(mask_tokenizer(tokenizer_file), n_vocab=vocab_size, eos_token=end_id)
+        tokenizer = tokenizer_file.read_text(encoding="utf-8")
+        self.tokenizer = llguidance.LLTokenizer(tokenizer, n_vocab=vocab_size, eos_token=end_id)
         self._compiled: OrderedDict[Guide, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()  # submits arrive on Triton's threads
 

@@ -191,9 +191,29 @@ def _load_gguf(cfg: BuildConfig, ctx, gguf_file: Path, source: str):
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
         setattr(model.config, attr, getattr(tokenizer, attr))
         setattr(model.generation_config, attr, getattr(tokenizer, attr))
+    if _byte_level_as_shipped(tokenizer):
+        fixes["decoder"] = "ByteLevel"
     if fixes:
         ctx.log(f"special tokens taken from the GGUF header: {fixes}")
     return model, tokenizer, {"source": source, "gguf_special_tokens": special, "tokenizer_fixes": fixes}
+
+
+def _byte_level_as_shipped(tokenizer) -> bool:
+    """transformers' GGUF loader writes a byte-level BPE (a `gpt2` GGUF vocabulary, SmolLM2's) with SentencePiece's
+    `byte_fallback` and a `Sequence` decoder. Tokens and text are the same, but grammar libraries (xgrammar, which
+    TensorRT-LLM's guided decoding reads the tokenizer with, and llguidance) and llama.cpp's converter take it for a
+    SentencePiece vocabulary whose byte tokens never match. Byte-level BPE never falls back (every byte is a token):
+    `byte_fallback` off and a `ByteLevel` decoder, as such checkpoints ship, describe what it does. Returns whether
+    it changed the tokenizer."""
+    from tokenizers import decoders
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    byte_level = backend is not None and type(backend.pre_tokenizer).__name__ == "ByteLevel"
+    if not (byte_level and getattr(backend.model, "byte_fallback", False)):
+        return False
+    backend.model.byte_fallback = False
+    backend.decoder = decoders.ByteLevel()
+    return True
 
 
 def _drop_gguf_copy(out_dir: Path) -> None:

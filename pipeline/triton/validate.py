@@ -17,6 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.paths import inside, model_name_problem
+from pipeline.targets.trtllm.guided import config_problems as guided_config_problems
 from pipeline.targets.trtllm.tensorrtllm_backend import required_parameters
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
@@ -186,6 +187,9 @@ def check_model_files(
             check_reference(parameter.string_value, report, f"{where}: parameter '{key}'")
     if trtllm_version and config.backend == "tensorrtllm":
         check_required_parameters(config, trtllm_version, report, where)
+        parameters = {key: value.string_value for key, value in config.parameters.items()}
+        for problem in guided_config_problems(parameters, trtllm_version):
+            report.add(where, problem)
     engine = (
         _parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else _parameter(config, "engine_dir")
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -179,7 +180,32 @@ def test_curl_streams_server_sent_events(gateway):
         ({"n": 2}, openai.BadRequestError, "n", "less than or equal to 1"),
         ({"logprobs": True, "top_logprobs": 2}, openai.BadRequestError, "top_logprobs", "only 0 is supported"),
         ({"logit_bias": {"1": 5}}, openai.BadRequestError, "logit_bias", "not supported"),
-        ({"response_format": {"type": "json_object"}}, openai.BadRequestError, "response_format", "not supported"),
+        ({"response_format": {"type": "structural_tag"}}, openai.BadRequestError, "response_format", "not supported"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            openai.BadRequestError,
+            "response_format",
+            "needs json_schema.schema",
+        ),
+        ({"response_format": {"type": "regex"}}, openai.BadRequestError, "response_format", "response_format.regex"),
+        (
+            {"response_format": {"type": "json_object"}, "extra_body": {"structured_outputs": {"regex": "a+"}}},
+            openai.BadRequestError,
+            "structured_outputs",
+            "not both",
+        ),
+        (
+            {"extra_body": {"structured_outputs": {"regex": "a+", "choice": ["a"]}}},
+            openai.BadRequestError,
+            "structured_outputs",
+            "exactly one of",
+        ),
+        (
+            {"response_format": {"type": "json_object"}, "extra_body": {"min_tokens": 3}},
+            openai.BadRequestError,
+            "min_tokens",
+            "the format decides where the output ends",
+        ),
     ],
 )
 def test_bad_requests_get_openai_error_bodies_naming_the_field(client, kwargs, error, param, text):
@@ -399,3 +425,55 @@ def test_client_disconnect_stops_generation(client, server):
     time.sleep(1.0)
     assert metric(server, "trtllm_pipeline_generated_tokens_total") == settled and settled - before < 150
     assert metric(server, "trtllm_pipeline_active_rows") == 0
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_response_format_answers_json_that_validates_streamed_or_not(client):
+    import jsonschema
+
+    messages = [{"role": "user", "content": "Invent a person. Reply with JSON: a name and an age."}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=64, temperature=0, response_format=response_format
+    )
+    answer = reply.choices[0].message.content
+    jsonschema.validate(json.loads(answer), PERSON)
+    assert reply.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=64, temperature=0, response_format=response_format, stream=True
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == answer
+
+
+def test_structured_outputs_choice_regex_and_grammar_constrain_the_answer(client):
+    """vLLM's structured_outputs and trtllm-serve's response_format types, on completions and chat."""
+    question = [{"role": "user", "content": "Is Paris in France?"}]
+    choice = client.chat.completions.create(
+        model=MODEL, messages=question, max_tokens=8, temperature=0,
+        extra_body={"structured_outputs": {"choice": ["Yes.", "No.", "Maybe (not sure)."]}},
+    )  # fmt: skip
+    assert choice.choices[0].message.content in {"Yes.", "No.", "Maybe (not sure)."}
+    regex = client.completions.create(
+        model=MODEL, prompt="The year the Eiffel Tower opened:", max_tokens=8, temperature=0,
+        extra_body={"response_format": {"type": "regex", "regex": "1[0-9]{3}"}},
+    )  # fmt: skip
+    assert re.fullmatch(r"1[0-9]{3}", regex.choices[0].text)
+    grammar = client.chat.completions.create(
+        model=MODEL, messages=question, max_tokens=12, temperature=0,
+        extra_body={"response_format": {"type": "ebnf", "ebnf": 'root ::= ("yes" | "no") ", in " [A-Z][a-z]+'}},
+    )  # fmt: skip
+    assert re.fullmatch(r"(yes|no), in [A-Z][a-z]+", grammar.choices[0].message.content)
+
+
+def test_a_guide_the_engine_cannot_compile_is_a_400_naming_it(client):
+    with pytest.raises(openai.BadRequestError, match=r"guided_decoding_guide \(regex\)"):
+        client.completions.create(
+            model=MODEL, prompt="Hi", max_tokens=4, extra_body={"response_format": {"type": "regex", "regex": "(a"}}
+        )

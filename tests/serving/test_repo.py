@@ -181,6 +181,25 @@ def test_validate_repo_names_a_required_parameter_the_backend_would_fail_to_load
     assert not validate_repo(tmp_path / "repo").problems  # only a targeted release knows what its backend requires
 
 
+def test_validate_repo_names_a_guided_decoding_backend_the_release_would_fail_to_load_with(tmp_path, tiny_llama):
+    """0.19's C++ backend takes xgrammar only (llguidance is an LLM-API choice): a hand-edited config is caught."""
+    cfg = load_config(
+        write_config(
+            tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
+        ),
+        [],
+    )
+    triton_repo.write(
+        cfg, trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0"), tmp_path / "repo", log=print
+    )
+    llm = tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt"
+    config = read_config(llm)
+    config.parameters["guided_decoding_backend"].string_value = "llguidance"
+    llm.write_text(text_format.MessageToString(config))
+    problems = validate_repo(tmp_path / "repo", "0.19").problems
+    assert any("'guided_decoding_backend' is 'llguidance'" in p and "xgrammar" in p for p in problems), problems
+
+
 def test_an_engine_without_its_tokenizer_info_is_refused_naming_the_file_and_the_fix(tmp_path, tiny_llama):
     """0.19's backend fails to load when xgrammar_tokenizer_info_path names no file: say so at triton_repo."""
     cfg = load_config(

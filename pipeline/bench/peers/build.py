@@ -202,20 +202,12 @@ def build_llamacpp(ctx: PeerContext) -> Built:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         # the converter runs in our environment (it needs torch and transformers) with its own gguf-py
-        with tempfile.TemporaryDirectory() as scratch:
-            run(
-                [
-                    sys.executable,
-                    llama_cpp / "convert_hf_to_gguf.py",
-                    converter_input(ctx.import_dir, Path(scratch)),
-                    "--outtype",
-                    "f16",
-                    "--outfile",
-                    models["F16"],
-                ],
-                ctx.log,
-                "converting the checkpoint to GGUF F16",
-            )
+        run(
+            [sys.executable, llama_cpp / "convert_hf_to_gguf.py", ctx.import_dir, "--outtype", "f16"]
+            + ["--outfile", models["F16"]],
+            ctx.log,
+            "converting the checkpoint to GGUF F16",
+        )
         for precision in LLAMA_CPP_PRECISIONS[1:]:
             run(
                 [bin_dir / "llama-quantize", models["F16"], models[precision], precision],
@@ -313,26 +305,6 @@ def build_genai(ctx: PeerContext) -> Built:
             )
         ]
     )
-
-
-def converter_input(import_dir: Path, scratch: Path) -> Path:
-    """The checkpoint as llama.cpp's converter must read it. A byte-level BPE tokenizer.json marked `byte_fallback`
-    with a `Sequence` decoder (what transformers' GGUF loader writes for SmolLM2, so our import has it) passes the
-    converter's test for a Llama SentencePiece vocabulary (gguf-py/gguf/vocab.py `LlamaHfVocab`), and the GGUF gets
-    a `llama` tokenizer that llama-server cannot tokenize with. The same vocabulary and merges with `byte_fallback`
-    off and a `ByteLevel` decoder, as the SmolLM2 checkpoint ships them (byte-level BPE never falls back: every
-    byte is a token), take its BPE path. Other tokenizers are read as they are."""
-    tokenizer = json.loads((import_dir / "tokenizer.json").read_text())
-    byte_level = (tokenizer.get("pre_tokenizer") or {}).get("type") == "ByteLevel"
-    if not (byte_level and tokenizer["model"].get("byte_fallback") and tokenizer["decoder"]["type"] == "Sequence"):
-        return import_dir
-    for item in import_dir.iterdir():
-        if item.name != "tokenizer.json":
-            (scratch / item.name).symlink_to(item.resolve())
-    tokenizer["model"]["byte_fallback"] = False
-    tokenizer["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-    (scratch / "tokenizer.json").write_text(json.dumps(tokenizer))
-    return scratch
 
 
 PEER_BUILDERS = {"llama.cpp": build_llamacpp, "openvino": build_openvino, "onnxruntime-genai": build_genai}
