@@ -11,7 +11,9 @@ engine's token-level stop words cannot see it): the streamed and the non-streame
 one iterator, which holds back text that may begin a stop string and cuts at the first one; the engine, given the
 same stop words, ends generation there, or the gateway cancels it. With `stream_options.include_usage`, usage comes
 in a last chunk with no choices (and, with vLLM's `continuous_usage_stats`, in every chunk). vLLM's `ignore_eos`
-generates on past end of sequence, to max_tokens.
+generates on past end of sequence, to max_tokens. `response_format`, vLLM's `structured_outputs` and `tools` become
+the engine's guided-decoding guide (`pipeline.openai_protocol`); with tools, an answer that calls them comes back as
+`tool_calls` (streamed, in one chunk at its end, since only the whole answer tells).
 
 Every error uses OpenAI's error body and HTTP status: 400 for a value the engine cannot take (bounds
 are those of the engine's tensors: int32 lengths, uint64 seed) or an OpenAI field it cannot honour,
@@ -29,27 +31,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import secrets
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, AsyncIterator, Literal
+from typing import AsyncIterator
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from fastapi.responses import StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from pipeline.errors import PipelineError
+from pipeline.openai_protocol import (
+    INT32_MAX,
+    UNSUPPORTED,
+    ChatRequest,
+    CompletionRequest,
+    OpenAIError,
+    Sampling,
+    StreamOptions,
+    parse_calls,
+    tool_prompt,
+)
 from pipeline.triton.client import client_inputs, stream_responses
 
-INT32_MAX = 2**31 - 1  # max_tokens and min_length are TYPE_INT32 tensors
-UINT64_MAX = 2**64 - 1  # random_seed is TYPE_UINT64
 DEFAULT_MAX_BODY_BYTES = 4_000_000
 # tritonserver 2.51's python backend answers this for a model whose process died, until `serve`'s watchdog stops it
 DEAD_MODEL = "is not healthy"
@@ -57,207 +66,6 @@ DEAD_MODEL = "is not healthy"
 # the rest of the stream is read rather than cancelled (see `generate`). A stop string the engine does not see (one
 # that does not end on a token boundary) is cancelled after this grace.
 STOP_DRAIN_S = 0.5
-# OpenAI fields the engine cannot honour, with the value that asks for nothing: any other value is a
-# 400, never a silently different answer. Other unknown fields are ignored, as vLLM does.
-UNSUPPORTED = {
-    "best_of": 1,
-    "echo": False,
-    "suffix": None,
-    "logit_bias": None,
-    "tools": None,
-    "tool_choice": "none",
-    "functions": None,
-    "function_call": "none",
-}
-
-
-class OpenAIError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-    def response(self, headers: dict | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
-
-
-def _encodable(value: str) -> str:
-    """JSON can carry a lone surrogate ("\\ud800"), which no tokenizer or UTF-8 tensor can take."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"contains a lone surrogate at index {exc.start}, which is not valid Unicode") from None
-    return value
-
-
-def _chosen_only(value: int | None) -> int | None:
-    if value:
-        raise ValueError("only 0 is supported: the engine returns the chosen token's log-probability, no alternatives")
-    return value
-
-
-def _text_parts(content: str | list[dict]) -> str:
-    """Current openai clients may send content as a list of parts; text parts are joined with newlines, as vLLM
-    does, and any other part is refused by name rather than dropped."""
-    if isinstance(content, str):
-        return content
-    for index, part in enumerate(content):
-        if part.get("type") != "text":
-            raise ValueError(f"part {index} is of type {part.get('type')!r}: this server takes only text parts")
-        if not isinstance(part.get("text"), str):
-            raise ValueError(f"part {index}: a text part needs a string 'text'")
-    return _encodable("\n".join(part["text"] for part in content))
-
-
-Text = Annotated[str, AfterValidator(_encodable)]
-Content = Annotated[Text | list[dict], AfterValidator(_text_parts)]
-ChosenOnly = Annotated[int | None, AfterValidator(_chosen_only)]  # number of alternative tokens asked for
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-    # vLLM's extension: usage in every chunk, so a client counts the tokens of each (a chunk may carry several)
-    continuous_usage_stats: bool = False
-
-
-class ResponseFormat(BaseModel):
-    """OpenAI's `response_format` (text, json_object, json_schema) and trtllm-serve's further types (json with
-    `schema`, regex, ebnf: tensorrt_llm/serve/openai_protocol.py ResponseFormat)."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    type: Literal["text", "json_object", "json_schema", "json", "regex", "ebnf", "structural_tag"]
-    json_schema: dict | None = None  # OpenAI: {"name", "schema", "strict", "description"}
-    schema_: dict | None = Field(None, alias="schema")  # trtllm-serve's type json
-    regex: str | None = None
-    ebnf: str | None = None
-
-    def guide(self) -> tuple[str, str] | None:
-        """(guided_decoding_guide_type, guided_decoding_guide) for the engine; None for text."""
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return "json", ""
-        if self.type == "structural_tag":
-            raise ValueError("type structural_tag is not supported by this server; use json_schema, regex or ebnf")
-        if self.type == "json_schema":
-            schema = (self.json_schema or {}).get("schema")
-            if not isinstance(schema, dict):
-                raise ValueError("type json_schema needs json_schema.schema, the JSON schema as an object")
-            return "json_schema", json.dumps(schema)
-        value = {"json": self.schema_, "regex": self.regex, "ebnf": self.ebnf}[self.type]
-        if value is None:
-            field = "schema" if self.type == "json" else self.type
-            raise ValueError(f"type {self.type} needs response_format.{field}")
-        kind = {"json": "json_schema", "regex": "regex", "ebnf": "ebnf_grammar"}[self.type]
-        return kind, json.dumps(value) if self.type == "json" else value
-
-
-class StructuredOutputs(BaseModel):
-    """vLLM's `structured_outputs` (vllm/sampling_params.py StructuredOutputsParams): exactly one constraint."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    json_: dict | str | None = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[Text] | None = Field(None, min_length=1)
-    grammar: str | None = None
-    json_object: bool | None = None
-
-    def guide(self) -> tuple[str, str]:
-        given = [name for name in ("json_", "regex", "choice", "grammar", "json_object") if getattr(self, name)]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of json, regex, choice, grammar, json_object (got {len(given)})")
-        if self.json_ is not None:
-            return "json_schema", self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)
-        if self.regex is not None:
-            return "regex", self.regex
-        if self.choice is not None:  # one of the strings, exactly
-            return "regex", "(" + "|".join(re.escape(choice) for choice in self.choice) + ")"
-        if self.grammar is not None:
-            return "ebnf_grammar", self.grammar
-        return "json", ""
-
-
-class Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")  # kept in model_extra, where UNSUPPORTED is looked up
-
-    model: Text
-    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = Field(None, ge=0, le=UINT64_MAX)
-    stop: Text | list[Text] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1)  # one choice per request, like the engine's beam width 1
-    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX)  # vLLM's extension: end of sequence blocked until then
-    ignore_eos: bool = False  # vLLM's extension: generate on past end of sequence, to max_tokens (benchmarks)
-    response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = None  # vLLM's extension
-
-    def guide(self) -> tuple[str, str] | None:
-        """The engine's guide (guided_decoding_guide_type, guided_decoding_guide) for response_format or
-        structured_outputs, or None; OpenAIError 400 naming the field for one it cannot give."""
-        guides = {}
-        for name in ("response_format", "structured_outputs"):
-            section = getattr(self, name)
-            try:
-                guide = section.guide() if section is not None else None
-            except ValueError as exc:
-                raise OpenAIError(400, f"{name}: {exc}", param=name) from None
-            if guide is not None:
-                guides[name] = guide
-        if len(guides) > 1:
-            raise OpenAIError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
-        for name in guides:
-            for option in ("min_tokens", "ignore_eos"):
-                if getattr(self, option):
-                    raise OpenAIError(
-                        400, f"{option} with {name}: the format decides where the output ends", param=option
-                    )
-        return next(iter(guides.values()), None)
-
-    def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-
-    def token_limit(self) -> int | None:
-        return self.max_tokens
-
-
-class CompletionRequest(Sampling):
-    prompt: Text
-    logprobs: ChosenOnly = Field(None, ge=0, le=5)  # OpenAI allows up to 5 alternatives
-
-
-class ChatMessage(BaseModel):
-    role: Literal["developer", "system", "user", "assistant"]
-    content: Content
-
-    def for_template(self) -> dict:
-        """`developer` is OpenAI's new name for `system`, which chat templates know (vLLM maps it the same way)."""
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
-
-
-class ChatRequest(Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)  # OpenAI's newer name for max_tokens
-    logprobs: bool = False
-    top_logprobs: ChosenOnly = Field(None, ge=0, le=20)
-
-    def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
 
 
 def first_stop(text: str, stops: list[str]) -> int:
@@ -555,15 +363,22 @@ def create_app(
         obj = "chat.completion" if chat else "text_completion"
         generation = Generation(body.stops())
         visible = generation.pieces(generate(prompt, body, max_tokens))
+        tools = body.callable_tools() if chat else []  # an answer that calls them is tool calls, not content
 
         def choice(text: str, finish: str | None, pieces: list[tuple[str, float]] | None, offset: int = 0) -> dict:
             logprobs = None if pieces is None else render_logprobs(body, pieces, offset)
             if not chat:
                 return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            key = "delta" if body.stream else "message"
+            message = {"role": "assistant", "content": text}
+            calls = parse_calls(text, tools) if tools and finish is not None else None
+            if calls:  # OpenAI: no content, the calls (streamed: each with its index), finish_reason tool_calls
+                message = {"role": "assistant", "content": None, "tool_calls": calls}
+                if body.stream:
+                    message["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+                finish = "tool_calls"
             return {
                 "index": 0,
-                key: {"role": "assistant", "content": text},
+                "delta" if body.stream else "message": message,
                 "logprobs": logprobs,
                 "finish_reason": finish,
             }
@@ -613,11 +428,15 @@ def create_app(
         async def events():
             try:
                 piece = first
-                while piece is not None:
+                while piece is not None and not tools:
                     offset = len(generation.text) - len(piece[0])
                     yield event(chunk([choice(piece[0], None, [piece], offset)]))
                     piece = await anext(visible, None)
-                yield event(chunk([choice("", finish_reason(), None)]))
+                if tools:  # whether the answer is tool calls shows at its end: it comes whole, in one chunk
+                    pieces = [first, *[piece async for piece in visible]] if first is not None else []
+                    yield event(chunk([choice(generation.text, finish_reason(), pieces)]))
+                else:
+                    yield event(chunk([choice("", finish_reason(), None)]))
                 if with_usage:
                     yield event({**header, "choices": [], "usage": usage()})
             except Exception as exc:  # after the 200 the error can only go in-band (e.g. tritonserver stopped)
@@ -637,12 +456,18 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         check(body)
+        tools = body.callable_tools()
+        renders_tools = "tools" in (tokenizer.chat_template or "")  # else the tools go in a system message
+        messages = [m.for_template(renders_tools) for m in body.messages]
+        if tools and not renders_tools:
+            if messages[0]["role"] == "system":
+                messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + tool_prompt(tools)}
+            else:
+                messages.insert(0, {"role": "system", "content": tool_prompt(tools)})
+        options = {"tools": [tool.model_dump(exclude_none=True) for tool in tools]} if tools and renders_tools else {}
         try:
             prompt = await asyncio.to_thread(
-                tokenizer.apply_chat_template,
-                [m.for_template() for m in body.messages],
-                add_generation_prompt=True,
-                tokenize=False,
+                tokenizer.apply_chat_template, messages, add_generation_prompt=True, tokenize=False, **options
             )
         except TemplateError as exc:
             raise OpenAIError(400, f"the model's chat template refused the messages: {exc}", param="messages") from None

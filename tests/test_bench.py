@@ -314,6 +314,8 @@ def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios
     assert step["decode_kernels_ms"] > 0 and abs(parts - step["decode_step_ms"]) < 0.5 * step["decode_step_ms"]
     assert "MatMul" in "".join(step["decode_kernels_by_op_ms"]) and 0 < step["prefill_kernels_share"] <= 1
     assert profile["machine"]["read_gb_s"] > 0 and profile["ceilings"]["decode_batch1_tok_s"] > 0
+    (guided,) = profile["guided"]  # every row masked on every step, none ended early (the bench checks)
+    assert guided["batch"] == 2 and guided["guided_step_ms"] > 0 and guided["plain_step_ms"] > 0
 
 
 def test_family_decode_bench_compares_families_with_llama_and_reuses_only_matching_builds(tmp_path):

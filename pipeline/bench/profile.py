@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.errors import PipelineError
+
 
 def machine_rates(threads: int, repeats: int = 5) -> dict:
     """Memory read bandwidth (GB/s: summing a 1 GiB float32 array, far beyond the caches) and fp32 matrix-product
@@ -126,6 +128,44 @@ def step_split(engine_dir: Path, threads: int, batch: int, input_len: int, outpu
         "decode_python_ms": ms([(step_walls[i] - run_walls[i]) * 1000 for i in decode]),
         "decode_kernels_by_op_ms": dict(sorted(operators.items(), key=lambda kv: -kv[1])),
     }
+
+
+# A guide that no row completes within any benchmark's output: every step of every row is masked, none ends early.
+UNENDING_GUIDE = ("regex", "[a-z0-9 ]{100000}")
+
+
+def guided_cost(engine_dir: Path, threads: int, batch: int, input_len: int, output_len: int, spinning: bool) -> dict:
+    """Guided decoding's price: the median decode step of `batch` rows unguided, then with a guide on every row (the
+    grammar's mask computed and applied per row per step), interleaved over three rounds; ms per step."""
+    from pipeline.runtime.guided import Guide
+    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.runtime.sampling import Request, SamplingParams
+
+    runner = ModelRunner.from_dir(engine_dir, num_threads=threads, thread_spinning=spinning)
+    prompts = [[(7 * row + i) % 1000 + 100 for i in range(input_len)] for row in range(batch)]
+    guide = Guide(*UNENDING_GUIDE)
+
+    def decode_steps(guided: bool) -> list[float]:
+        requests = [Request(prompt, SamplingParams(max_new_tokens=output_len, end_id=-1)) for prompt in prompts]
+        for request in requests if guided else ():
+            request.matcher = runner.grammars.matcher(guide)
+        walls, last = [], time.perf_counter()
+        for _ in runner.run(requests):
+            now = time.perf_counter()
+            walls.append(now - last)
+            last = now
+        ended = {r.finish_reason: r.error for r in requests if r.finish_reason != "length"}
+        if ended:  # a row that ended early would make the guided steps cheaper than they are
+            raise PipelineError(f"guided decoding's measurement: rows ended before {output_len} tokens: {ended}")
+        return walls[1:]  # the first is the prefill
+
+    steps = {False: [], True: []}
+    decode_steps(True)  # warm-up, and the grammar compiled
+    for _ in range(3):
+        for guided in (False, True):
+            steps[guided] += decode_steps(guided)
+    plain, guided = (round(statistics.median(steps[g]) * 1000, 3) for g in (False, True))
+    return {"batch": batch, "plain_step_ms": plain, "guided_step_ms": guided, "slower": round(guided / plain - 1, 3)}
 
 
 def timed_runner(engine_dir: Path, threads: int, spinning: bool, profile_prefix: Path | None):

@@ -316,7 +316,8 @@ def percent(value: float | None) -> str | None:
 
 
 def profile_table(results: dict) -> str:
-    """The step split per batch size, then the machine's rates and the ceilings they put on tokens/s."""
+    """The step split per batch size, guided decoding's step, then the machine's rates and the ceilings they put on
+    tokens/s."""
     steps = markdown_table(
         [
             "batch",
@@ -340,6 +341,10 @@ def profile_table(results: dict) -> str:
             for s in results["steps"]
         ],
     )
+    guided = markdown_table(
+        ["batch", "decode step ms", "with a grammar on every row ms", "slower"],
+        [[g["batch"], g["plain_step_ms"], g["guided_step_ms"], f"{g['slower']:.1%}"] for g in results["guided"]],
+    )
     rates, facts, ceiling = results["machine"], results["weights"], results["ceilings"]
     lines = [
         f"- memory read bandwidth {rates['read_gb_s']} GB/s, fp32 matrix products {rates['sgemm_gflop_s']} GFLOP/s "
@@ -349,7 +354,7 @@ def profile_table(results: dict) -> str:
         f"- a prefill token costs {facts['prefill_flops_per_token'] / 1e6:.0f} MFLOP in matrix products: at most "
         f"{ceiling['prefill_tok_s_at_sgemm_rate']} tok/s at the fp32 rate",
     ]
-    return steps + "\n\n" + "\n".join(lines)
+    return steps + "\n\nGuided decoding (`pipeline.runtime.guided`):\n\n" + guided + "\n\n" + "\n".join(lines)
 
 
 def plot_serve(levels: list[dict], path: Path, peer_levels: list[dict] = (), peer: str = "") -> None:

@@ -163,14 +163,14 @@ def bench_profile(
     out: Path = BenchOut,
 ):
     """Where our engine's time goes and what this machine allows at most: each decode step split into ONNX
-    Runtime's kernels (by operator), its work around them and Python; the prefill's time; the machine's memory
-    bandwidth and matrix-product rate; and from them the ceilings a decode token (bytes read) and a prefill token
-    (flops) put on tokens/s.
+    Runtime's kernels (by operator), its work around them and Python; the prefill's time; what guided decoding adds
+    to a step (a grammar on every row); the machine's memory bandwidth and matrix-product rate; and from them the
+    ceilings a decode token (bytes read) and a prefill token (flops) put on tokens/s.
 
     Example: trtllm-pipeline bench profile build_configs/smollm2-135m-cpu.yaml --batch 1 --batch 8
     """
     from pipeline.bench import report
-    from pipeline.bench.profile import ceilings, machine_rates, step_split, weight_facts
+    from pipeline.bench.profile import ceilings, guided_cost, machine_rates, step_split, weight_facts
     from pipeline.build import default_output
     from pipeline.runtime.model_runner import ONNX_FILE, default_threads
 
@@ -187,11 +187,13 @@ def bench_profile(
     console.print("  measuring the machine's memory bandwidth and matrix-product rate", highlight=False)
     rates = machine_rates(threads)
     facts = weight_facts(engine / ONNX_FILE)
-    splits = []
+    splits, guided = [], []
     for size in batch or [1, 8]:
         console.print(f"  profiling batch {size}", highlight=False)
         splits.append(step_split(engine, threads, size, input_len, output_len, spinning))
+        guided.append(guided_cost(engine, threads, size, input_len, output_len, spinning))
     results = {"name": config.stem, "threads": threads, "machine": rates, "weights": facts, "steps": splits}
+    results["guided"] = guided
     results["ceilings"] = ceilings(rates, facts, input_len)
     table = report.profile_table(results)
     folder = report.write_report(out, "profile", f"profile: {config}", results, table, lambda path: None, "")

@@ -477,3 +477,76 @@ def test_a_guide_the_engine_cannot_compile_is_a_400_naming_it(client):
         client.completions.create(
             model=MODEL, prompt="Hi", max_tokens=4, extra_body={"response_format": {"type": "regex", "regex": "(a"}}
         )
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def test_a_required_tool_call_round_trips_through_the_openai_client(client):
+    """tool_choice required: the answer is calls whose arguments validate; sent back with the tool's result, the
+    next answer is content."""
+    import jsonschema
+
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, TIME], tool_choice="required", max_tokens=80, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls and all(call.type == "function" and call.id.startswith("call_") for call in calls)
+    tools = {tool["function"]["name"]: tool["function"]["parameters"] for tool in (WEATHER, TIME)}
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), tools[call.function.name])
+    follow_up = [
+        *ASK_WEATHER,
+        choice.message.model_dump(exclude_none=True),
+        *[{"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'} for call in calls],
+    ]
+    answer = client.chat.completions.create(
+        model=MODEL, messages=follow_up, tools=[WEATHER, TIME], max_tokens=24, temperature=0
+    )
+    assert answer.choices[0].message.content and answer.choices[0].finish_reason in {"stop", "length"}
+
+
+def test_a_named_tool_choice_streams_the_call_it_answers_unstreamed(client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    options = dict(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, TIME], tool_choice=named, max_tokens=60)
+    whole = client.chat.completions.create(**options, temperature=0).choices[0]
+    assert [call.function.name for call in whole.message.tool_calls] == ["get_weather"]
+    chunks = list(client.chat.completions.create(**options, temperature=0, stream=True))
+    deltas = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
+    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [
+        (i, call.function.name, call.function.arguments) for i, call in enumerate(whole.message.tool_calls)
+    ]
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]}, "not among"),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "not both"),
+    ],
+)
+def test_a_tool_choice_the_server_cannot_follow_is_a_400(client, kwargs, text):
+    with pytest.raises(openai.BadRequestError, match=text) as raised:
+        client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, max_tokens=8, **kwargs)
+    assert raised.value.param in {"tool_choice", "response_format"}
