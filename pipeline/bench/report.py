@@ -342,7 +342,7 @@ def profile_table(results: dict) -> str:
         ],
     )
     guided = markdown_table(
-        ["batch", "decode step ms", "with a grammar on every row ms", "slower"],
+        ["batch", "decode step ms", "with a JSON schema on every row ms", "slower"],
         [[g["batch"], g["plain_step_ms"], g["guided_step_ms"], f"{g['slower']:.1%}"] for g in results["guided"]],
     )
     rates, facts, ceiling = results["machine"], results["weights"], results["ceilings"]
@@ -354,7 +354,8 @@ def profile_table(results: dict) -> str:
         f"- a prefill token costs {facts['prefill_flops_per_token'] / 1e6:.0f} MFLOP in matrix products: at most "
         f"{ceiling['prefill_tok_s_at_sgemm_rate']} tok/s at the fp32 rate",
     ]
-    return steps + "\n\nGuided decoding (`pipeline.runtime.guided`):\n\n" + guided + "\n\n" + "\n".join(lines)
+    guided = f"\n\nGuided decoding (`pipeline.runtime.guided`):\n\n{guided}" if results["guided"] else ""
+    return steps + guided + "\n\n" + "\n".join(lines)
 
 
 def plot_serve(levels: list[dict], path: Path, peer_levels: list[dict] = (), peer: str = "") -> None:

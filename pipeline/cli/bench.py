@@ -160,6 +160,7 @@ def bench_profile(
     shape: str = typer.Option("128x64", help="INPUTxOUTPUT token lengths."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all usable cores)."),
     spinning: bool = typer.Option(True, help="Spinning ONNX Runtime threads, as `bench offline` measures them."),
+    guided: bool = typer.Option(True, help="Also time decode steps with a JSON schema guiding every row."),
     out: Path = BenchOut,
 ):
     """Where our engine's time goes and what this machine allows at most: each decode step split into ONNX
@@ -187,13 +188,14 @@ def bench_profile(
     console.print("  measuring the machine's memory bandwidth and matrix-product rate", highlight=False)
     rates = machine_rates(threads)
     facts = weight_facts(engine / ONNX_FILE)
-    splits, guided = [], []
+    splits, guided_steps = [], []
     for size in batch or [1, 8]:
         console.print(f"  profiling batch {size}", highlight=False)
         splits.append(step_split(engine, threads, size, input_len, output_len, spinning))
-        guided.append(guided_cost(engine, threads, size, input_len, output_len, spinning))
+        if guided:
+            guided_steps.append(guided_cost(engine, threads, size, input_len, output_len, spinning))
     results = {"name": config.stem, "threads": threads, "machine": rates, "weights": facts, "steps": splits}
-    results["guided"] = guided
+    results["guided"] = guided_steps
     results["ceilings"] = ceilings(rates, facts, input_len)
     table = report.profile_table(results)
     folder = report.write_report(out, "profile", f"profile: {config}", results, table, lambda path: None, "")

@@ -56,14 +56,15 @@ def guided(kind: str, text: str = "") -> dict[str, np.ndarray]:
     }
 
 
-def run(runner: ModelRunner, jobs: list[dict]) -> list[Recorder]:
+def run(runner: ModelRunner, jobs: list[dict], **scheduling) -> list[Recorder]:
     """Submit every job at once and step until all are answered (in-flight batching up to max_batch_size)."""
-    scheduler = Scheduler(runner)
+    scheduler = Scheduler(runner, **scheduling)
     recorders = [Recorder() for _ in jobs]
     for job, recorder in zip(jobs, recorders):
         scheduler.submit(job, recorder)
     while not all(r.finals() for r in recorders):
         scheduler.step()
+    run.counters = scheduler.counters  # the last run's, for the tests that check what the scheduler did
     return recorders
 
 
@@ -100,7 +101,8 @@ def random_model(tmp_path_factory, smollm2_build) -> Path:
         f"""
         model: {{source: hf, path: {hf}}}
         target: {{onnx_graph: fused}}
-        build: {{max_batch_size: 8, max_input_len: 32, max_seq_len: 160, max_num_tokens: 256}}
+        build: {{max_batch_size: 8, max_input_len: 32, max_seq_len: 160, max_num_tokens: 16}}
+        runtime: {{enable_chunked_context: true}}
         """,
     )
     result = run_cli("build", str(yaml), "--output", str(work / "out"), "--until", "engine")
@@ -112,21 +114,26 @@ def random_model(tmp_path_factory, smollm2_build) -> Path:
     "speculative", [None, NGram(max_draft_len=4, max_matching_ngram_size=2)], ids=["plain", "ngram"]
 )
 def test_two_hundred_seeded_requests_over_ten_schemas_all_validate(random_model, speculative):
-    """Batches of up to 8 and single rows, greedy and sampled: every output parses and validates against its schema.
-    Unguided, this model's greedy output is not JSON for any of the prompts."""
+    """Batches of up to 8 and single rows, greedy and sampled, prompts prefilled in pieces of 16 tokens between decode
+    steps and half of them reusing a cached prefix: every output parses and validates against its schema. Unguided,
+    this model's greedy output is not JSON for any of the prompts."""
     runner = ModelRunner.from_dir(random_model, num_threads=2, speculative=speculative)
     picks = random.Random(31)
+    shared = [picks.randrange(3, 49152) for _ in range(16)]
     jobs, schemas = [], []
     for index in range(200):
         schema = SCHEMAS[index % len(SCHEMAS)]
         prompt = [picks.randrange(3, 49152) for _ in range(picks.randrange(2, 24))]
+        prompt = [*shared, *prompt][:31] if index % 2 else prompt
         sampled = index % 2 == 1  # greedy rows draft under speculation; sampled rows do not
         sampling = {"temperature": 1.0, "runtime_top_k": 0, "random_seed": index} if sampled else {}
         jobs.append(inputs([prompt], MAX_TOKENS, **sampling) | guided("json_schema", json.dumps(schema)))
         schemas.append(schema)
-    batched, single = run(runner, jobs[:180]), []
+    scheduling = {"chunked_context": True, "kv_cache_reuse": True, "tokens_per_block": 8}
+    batched, single = run(runner, jobs[:180], **scheduling), []
+    assert run.counters["prefill_chunks_total"] > 180 and run.counters["prefix_cache_hit_blocks_total"] > 0
     for job in jobs[180:]:  # one at a time: batch size 1
-        single += run(runner, [job])
+        single += run(runner, [job], **scheduling)
     for recorder, schema in zip(batched + single, schemas):
         assert not recorder.errors(), recorder.errors()
         jsonschema.validate(json.loads(text_of(runner, recorder.tokens())), schema)
@@ -193,3 +200,12 @@ def test_a_guide_the_engine_cannot_follow_is_refused_naming_it(smollm2, named, e
     sent = {name: np.array([[value.encode() if isinstance(value, str) else value]]) for name, value in named.items()}
     recorder = run(smollm2, [inputs([prompt], 8) | sent])[0]
     assert len(recorder.errors()) == 1 and error in recorder.errors()[0], recorder.events
+
+
+def test_bench_profile_times_decode_steps_with_a_schema_on_every_row(random_model):
+    """What `bench profile` reports for guided decoding: every row masked on every step, none ended early (it
+    raises then), on an engine whose vocabulary writes JSON."""
+    from pipeline.bench.profile import guided_cost
+
+    cost = guided_cost(random_model, threads=2, batch=2, input_len=8, output_len=12, spinning=False)
+    assert cost["batch"] == 2 and cost["plain_step_ms"] > 0 and cost["guided_step_ms"] > 0
