@@ -185,6 +185,10 @@ def test_a_mixed_batch_guides_its_guided_rows_and_leaves_the_others_their_own_to
         ({"guided_decoding_guide_type": "yaml", "guided_decoding_guide": "a: 1"}, "'yaml' is not one of"),
         ({"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "{not json"}, "not valid JSON"),
         ({"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": ""}, "needs its guided_decoding_guide"),
+        (  # a schema keyword the grammar cannot enforce is named, never dropped
+            {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"not": {"type": "string"}}'},
+            'Unimplemented keys: ["not"]',
+        ),
         ({"guided_decoding_guide": "[0-9]+"}, "without guided_decoding_guide_type"),
         (
             {"guided_decoding_guide_type": "regex", "guided_decoding_guide": "(unclosed"},
