@@ -16,6 +16,7 @@ import pytest
 
 from pipeline.triton.client import stream_text
 from pipeline.triton.server import free_port
+from scripts.structured_outputs import GET_WEATHER
 from tests.conftest import spawn_cli
 from tests.serving.test_serving import metric
 
@@ -479,19 +480,7 @@ def test_a_guide_the_engine_cannot_compile_is_a_400_naming_it(client):
         )
 
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = GET_WEATHER  # the worked example's tool (scripts/structured_outputs.py)
 TIME = {
     "type": "function",
     "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},

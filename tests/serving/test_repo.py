@@ -160,8 +160,9 @@ def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_l
     assert set(renamed.values()) <= {t.name for t in llm.input}  # the BLS calls the LLM's inputs by its names
 
 
-def test_validate_repo_names_a_required_parameter_the_backend_would_fail_to_load_without(tmp_path, tiny_llama):
-    """tensorrtllm_backend v0.19.0 reads guided_decoding_backend with no fallback: a config without it fails to load."""
+def edited_019_repo(tmp_path, tiny_llama, edit) -> list[str]:
+    """validate-repo's problems, for 0.19, with a written 0.19 engine repository whose tensorrt_llm config `edit`
+    changed (and with no release targeted: those must be none)."""
     cfg = load_config(
         write_config(
             tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
@@ -173,30 +174,30 @@ def test_validate_repo_names_a_required_parameter_the_backend_would_fail_to_load
     )
     llm = tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt"
     config = read_config(llm)
-    del config.parameters["guided_decoding_backend"]
-    config.parameters["gpt_model_type"].string_value = ""
+    edit(config)
     llm.write_text(text_format.MessageToString(config))
-    problems = validate_repo(tmp_path / "repo", "0.19").problems
+    return validate_repo(tmp_path / "repo", "0.19").problems
+
+
+def test_validate_repo_names_a_required_parameter_the_backend_would_fail_to_load_without(tmp_path, tiny_llama):
+    """tensorrtllm_backend v0.19.0 reads guided_decoding_backend with no fallback: a config without it fails to load."""
+
+    def edit(config):
+        del config.parameters["guided_decoding_backend"]
+        config.parameters["gpt_model_type"].string_value = ""
+
+    problems = edited_019_repo(tmp_path, tiny_llama, edit)
     assert any("parameter 'guided_decoding_backend' is missing" in p and "fails to load" in p for p in problems)
     assert not validate_repo(tmp_path / "repo").problems  # only a targeted release knows what its backend requires
 
 
 def test_validate_repo_names_a_guided_decoding_backend_the_release_would_fail_to_load_with(tmp_path, tiny_llama):
     """0.19's C++ backend takes xgrammar only (llguidance is an LLM-API choice): a hand-edited config is caught."""
-    cfg = load_config(
-        write_config(
-            tmp_path / "gpu.yaml", 'target: {name: trtllm, trtllm_backend: tensorrt, trtllm_version: "0.19"}\n'
-        ),
-        [],
-    )
-    triton_repo.write(
-        cfg, trtllm_engine_record(tmp_path / "engine", tiny_llama, "0.19.0"), tmp_path / "repo", log=print
-    )
-    llm = tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt"
-    config = read_config(llm)
-    config.parameters["guided_decoding_backend"].string_value = "llguidance"
-    llm.write_text(text_format.MessageToString(config))
-    problems = validate_repo(tmp_path / "repo", "0.19").problems
+
+    def edit(config):
+        config.parameters["guided_decoding_backend"].string_value = "llguidance"
+
+    problems = edited_019_repo(tmp_path, tiny_llama, edit)
     assert any("'guided_decoding_backend' is 'llguidance'" in p and "xgrammar" in p for p in problems), problems
 
 
