@@ -170,13 +170,14 @@ def test_a_mixed_batch_guides_its_guided_rows_and_leaves_the_others_their_own_to
         inputs([chat(smollm2, "What colour is grass?")], 20)
         | guided("ebnf_grammar", 'root ::= "The answer is " colour "."\ncolour ::= "red" | "green" | "blue"'),
     ]
-    answers = [text_of(smollm2, r.tokens()) for r in run(smollm2, jobs)]
+    recorders = run(smollm2, jobs)
+    answers = [text_of(smollm2, r.tokens()) for r in recorders]
     jsonschema.validate(json.loads(answers[0]), person)
     assert isinstance(json.loads(answers[2]), dict)
     assert re.fullmatch(r"(yes|no), because [a-z ,]{1,60}\.", answers[3]), answers[3]
     assert answers[5] in {"The answer is red.", "The answer is green.", "The answer is blue."}
     alone = [run(smollm2, [inputs([prompt], 40)])[0].tokens() for prompt in free]
-    assert [run(smollm2, jobs)[i].tokens() for i in (1, 4)] == alone
+    assert [recorders[i].tokens() for i in (1, 4)] == alone
 
 
 @pytest.mark.parametrize(
@@ -213,3 +214,13 @@ def test_bench_profile_times_decode_steps_with_a_schema_on_every_row(random_mode
 
     cost = guided_cost(random_model, threads=2, batch=2, input_len=8, output_len=12, spinning=False)
     assert cost["batch"] == 2 and cost["plain_step_ms"] > 0 and cost["guided_step_ms"] > 0
+
+
+def test_a_guided_row_keeps_its_tokens_in_any_batch_of_a_batch_invariant_engine(smollm2_build):
+    """runtime.batch_invariant holds with guides: each guided row's tokens alone equal its tokens beside others."""
+    runner = ModelRunner.from_dir(smollm2_build / "engine", num_threads=2, batch_invariant=True)
+    asks = ["Describe a person as JSON.", "Invent a person.", "Who wrote Hamlet? Reply in JSON."]
+    guided_jobs = [inputs([chat(runner, ask)], 40) | guided("json_schema", json.dumps(SCHEMAS[0])) for ask in asks]
+    together = run(runner, [*guided_jobs, inputs([chat(runner, "Name a colour.")], 40)])
+    alone = [run(runner, [job])[0].tokens() for job in guided_jobs]
+    assert [recorder.tokens() for recorder in together[:3]] == alone

@@ -525,6 +525,15 @@ def test_a_named_tool_choice_streams_the_call_it_answers_unstreamed(client):
         (i, call.function.name, call.function.arguments) for i, call in enumerate(whole.message.tool_calls)
     ]
     assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "tool_calls"
+    streamed_call = {"role": "assistant", "tool_calls": [
+        {"id": d.id, "type": "function", "function": {"name": d.function.name, "arguments": d.function.arguments}}
+        for d in deltas
+    ]}  # fmt: skip
+    result = {"role": "tool", "tool_call_id": deltas[0].id, "content": '{"temperature": 18}'}
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[*ASK_WEATHER, streamed_call, result], tools=[WEATHER], max_tokens=24, temperature=0
+    )
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
 
 
 @pytest.mark.parametrize(
