@@ -278,7 +278,7 @@ def create_app(
         for name, value in (body.model_extra or {}).items():
             if name in UNSUPPORTED and value not in (None, UNSUPPORTED[name], {}, []):
                 raise OpenAIError(400, f"{name}: not supported by this server", param=name)
-        body.guide()  # a format the engine cannot take fails here, before any work
+        body.guide  # a format the engine cannot take fails here, before any work
 
     async def generate(prompt: str, body: Sampling, max_tokens: int) -> AsyncIterator[tuple[str, list[float]]]:
         """(text delta, log-probs of its tokens) as the BLS streams them, until the RPC ends (the aio client
@@ -300,7 +300,7 @@ def create_app(
             "top_k": 1 if greedy else 0,
             "top_p": None if greedy else (body.top_p or 1.0),
         }
-        guide = body.guide()
+        guide = body.guide
         if guide is not None:
             params["guided_decoding_guide_type"], params["guided_decoding_guide"] = guide
         started = False
@@ -363,7 +363,7 @@ def create_app(
         obj = "chat.completion" if chat else "text_completion"
         generation = Generation(body.stops())
         visible = generation.pieces(generate(prompt, body, max_tokens))
-        tools = body.callable_tools() if chat else []  # an answer that calls them is tool calls, not content
+        tools = body.callable_tools if chat else []  # an answer that calls them is tool calls, not content
 
         def choice(text: str, finish: str | None, pieces: list[tuple[str, float]] | None, offset: int = 0) -> dict:
             logprobs = None if pieces is None else render_logprobs(body, pieces, offset)
@@ -456,7 +456,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         check(body)
-        tools = body.callable_tools()
+        tools = body.callable_tools
         renders_tools = "tools" in (tokenizer.chat_template or "")  # else the tools go in a system message
         messages = [m.for_template(renders_tools) for m in body.messages]
         if tools and not renders_tools:

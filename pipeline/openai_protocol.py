@@ -11,6 +11,7 @@ parse and validate.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -275,9 +276,11 @@ class Sampling(BaseModel):
             if (section := getattr(self, name)) is not None
         }
 
+    @functools.cached_property
     def guide(self) -> tuple[str, str] | None:
         """The engine's guide (guided_decoding_guide_type, guided_decoding_guide) for response_format,
-        structured_outputs or tool_choice, or None; OpenAIError 400 naming the field for one it cannot give."""
+        structured_outputs or tool_choice, or None; OpenAIError 400 naming the field for one it cannot give. Worked
+        out once a request (the gateway checks it first, then sends it)."""
         guides = {}
         for name, guide_of in self.formats().items():
             try:
@@ -308,6 +311,14 @@ class CompletionRequest(Sampling):
     logprobs: ChosenOnly = Field(None, ge=0, le=5)  # OpenAI allows up to 5 alternatives
 
 
+def _json_or_text(function: dict):
+    """A call's arguments as the JSON the model wrote (a client's string that is not JSON stays a string)."""
+    try:
+        return json.loads(function.get("arguments") or "{}")
+    except json.JSONDecodeError:
+        return function.get("arguments")
+
+
 class ChatMessage(BaseModel):
     role: Literal["developer", "system", "user", "assistant", "tool"]
     content: Content | None = None  # None only for an assistant message that made tool calls
@@ -322,9 +333,7 @@ class ChatMessage(BaseModel):
             message["tool_calls"] = self.tool_calls
         elif self.tool_calls:
             calls = [call.get("function", {}) for call in self.tool_calls]
-            message["content"] = json.dumps(
-                [{"name": c.get("name"), "arguments": json.loads(c.get("arguments") or "{}")} for c in calls]
-            )
+            message["content"] = json.dumps([{"name": c.get("name"), "arguments": _json_or_text(c)} for c in calls])
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         return message
@@ -341,17 +350,20 @@ class ChatRequest(Sampling):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def choice(self) -> ToolChoice:
+        return self.tool_choice or ("auto" if self.tools else "none")  # OpenAI's defaults
+
+    @functools.cached_property
     def callable_tools(self) -> list[Tool]:
         """The tools the answer may call (none: the answer is content)."""
-        choice = self.tool_choice or ("auto" if self.tools else "none")
-        if choice != "none" and not self.tools:
+        if self.choice != "none" and not self.tools:
             raise OpenAIError(400, "tool_choice needs tools", param="tool_choice")
         try:
-            return chosen_tools(self.tools or [], choice)
+            return chosen_tools(self.tools or [], self.choice)
         except ValueError as exc:
             raise OpenAIError(400, f"tool_choice: {exc}", param="tool_choice") from None
 
     def formats(self) -> dict:
-        choice = self.tool_choice or "auto"
-        tools = self.tools or []
-        return super().formats() | ({"tool_choice": lambda: tool_guide(tools, choice)} if self.tools else {})
+        tools = {"tool_choice": lambda: tool_guide(self.tools, self.choice)} if self.tools else {}
+        return super().formats() | tools

@@ -74,7 +74,6 @@ class Grammars:
     guide's matcher, so a schema many requests share is compiled once."""
 
     def __init__(self, tokenizer_file: Path, end_id: int, vocab_size: int):
-        self.end_id = end_id
         tokenizer = tokenizer_file.read_text(encoding="utf-8")
         self.tokenizer = llguidance.LLTokenizer(tokenizer, n_vocab=vocab_size, eos_token=end_id)
         self._compiled: OrderedDict[Guide, llguidance.LLMatcher] = OrderedDict()

@@ -124,19 +124,14 @@ def accept(request, drafts: list[int], logits: np.ndarray) -> int:
     takes it from logits[taken] with the same stop logic, so finished rows never linger in the batch. A guided row's
     logits[i] are masked by its grammar as it stands after the drafts before i, as `sample` would mask them.
     """
-    if request.matcher is None:
-        chosen = logits.argmax(axis=1)
-        log_probs = greedy_log_probs(logits, chosen)
     taken = 0
     while taken < len(drafts):
+        row = logits[taken : taken + 1]
         if request.matcher is not None:  # the grammar's state moves with each accepted draft (`append`)
-            constrain(request.matcher, logits[taken])
-            row_chosen = logits[taken : taken + 1].argmax(axis=1)
-            token, log_prob = int(row_chosen[0]), float(greedy_log_probs(logits[taken : taken + 1], row_chosen)[0])
-        else:
-            token, log_prob = int(chosen[taken]), float(log_probs[taken])
-        if token != drafts[taken] or finish_reason(request, token) is not None:
+            constrain(request.matcher, row[0])
+        chosen = row.argmax(axis=1)
+        if chosen[0] != drafts[taken] or finish_reason(request, drafts[taken]) is not None:
             break
-        append(request, token, log_prob)
+        append(request, drafts[taken], float(greedy_log_probs(row, chosen)[0]))
         taken += 1
     return taken

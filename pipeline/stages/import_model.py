@@ -191,10 +191,11 @@ def _load_gguf(cfg: BuildConfig, ctx, gguf_file: Path, source: str):
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
         setattr(model.config, attr, getattr(tokenizer, attr))
         setattr(model.generation_config, attr, getattr(tokenizer, attr))
-    if _byte_level_as_shipped(tokenizer):
-        fixes["decoder"] = "ByteLevel"
     if fixes:
         ctx.log(f"special tokens taken from the GGUF header: {fixes}")
+    if _byte_level_as_shipped(tokenizer):
+        fixes["decoder"] = "ByteLevel"
+        ctx.log("tokenizer written as byte-level BPE: byte_fallback off, a ByteLevel decoder (same tokens and text)")
     return model, tokenizer, {"source": source, "gguf_special_tokens": special, "tokenizer_fixes": fixes}
 
 
