@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from pipeline import lora
 from pipeline.architectures import support_problem
-from pipeline.config.schema import BuildConfig
+from pipeline.config.schema import BuildConfig, engine_lora_modules, lora_adapters
 from pipeline.config.sections import MODEL_NAME_FIELDS
-from pipeline.errors import shown
+from pipeline.errors import PipelineError, shown
 from pipeline.models import BUILTIN_MODELS, ModelFacts, checkpoint_problems
 from pipeline.targets import honoured, target_of, unhonoured_problems
 
@@ -68,6 +69,24 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
     facts = cfg.model_facts()
     if facts is not None:
         out.extend(_model_shape_problems(cfg, facts))
+        if cfg.lora is not None:
+            out.extend(_lora_problems(cfg, facts))
+    return out
+
+
+def _lora_problems(cfg: BuildConfig, facts: ModelFacts) -> list[tuple[tuple, str]]:
+    """Each adapter read from its directory and checked against the model and the engine's LoRA limits."""
+    out, adapters = [], lora_adapters(cfg)
+    modules = engine_lora_modules(cfg, adapters)
+    for position, (section, adapter) in enumerate(zip(cfg.lora.adapters, adapters)):
+        where = ("lora", "adapters", position, "path")
+        if isinstance(adapter, PipelineError):
+            out.append((where, str(adapter)))
+            continue
+        out += [
+            (where, f"adapter {section.name!r}: {problem}")
+            for problem in lora.problems(adapter, facts, cfg.lora.max_lora_rank, modules)
+        ]
     return out
 
 

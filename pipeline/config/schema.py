@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr
 
 from pipeline.config.deploy import DeploySection
+from pipeline.config.lora import LoraSection
 from pipeline.config.sections import (
     BuildSection,
     ModelSection,
@@ -22,7 +23,7 @@ from pipeline.config.sections import (
     TritonSection,
     VerifySection,
 )
-from pipeline.errors import CheckpointError
+from pipeline.errors import CheckpointError, PipelineError
 from pipeline.models import BUILTIN_MODELS, ModelFacts, facts_from_gguf, facts_from_hf_dir
 
 
@@ -38,6 +39,9 @@ class BuildConfig(Section):
     triton: TritonSection = Field(default_factory=TritonSection)
     verify: VerifySection = Field(default_factory=VerifySection)
     deploy: DeploySection = Field(default_factory=DeploySection)
+    lora: LoraSection | None = Field(
+        None, description="LoRA adapters served over the base model (null: none; the engine takes no adapters)."
+    )
 
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _source: Path | None = PrivateAttr(None)  # the YAML file it was loaded from
@@ -72,6 +76,32 @@ class BuildConfig(Section):
             return facts_from_hf_dir(path) if self.model.source == "hf" else facts_from_gguf(path)
         except CheckpointError:
             return None
+
+
+def lora_adapters(cfg: BuildConfig) -> list:
+    """The configured adapters read from their directories (`pipeline.lora.Adapter`), in order; an adapter that
+    cannot be read is the PipelineError saying why."""
+    from pipeline import lora
+
+    out = []
+    for section in cfg.lora.adapters if cfg.lora else []:
+        try:
+            out.append(lora.load(cfg.resolve_path(section.path)))
+        except PipelineError as exc:
+            out.append(exc)
+    return out
+
+
+def engine_lora_modules(cfg: BuildConfig, adapters: list | None = None) -> list[str]:
+    """The modules the engine carries LoRA on: lora.target_modules, else every module an adapter targets
+    (`adapters`: `lora_adapters(cfg)` when already read)."""
+    from pipeline.lora import LINEAR_MODULES
+
+    if cfg.lora.target_modules is not None:
+        return cfg.lora.target_modules
+    adapters = lora_adapters(cfg) if adapters is None else adapters
+    targeted = {m for a in adapters if not isinstance(a, PipelineError) for m in a.modules}
+    return [m for m in LINEAR_MODULES if m in targeted]
 
 
 # ---------------------------------------------------------------- display
