@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pipeline import lora
 from pipeline.architectures import support_problem
-from pipeline.config.schema import BuildConfig, engine_lora_modules, lora_adapters
+from pipeline.config.schema import BuildConfig, lora_adapters
 from pipeline.config.sections import MODEL_NAME_FIELDS
 from pipeline.errors import PipelineError, shown
 from pipeline.models import BUILTIN_MODELS, ModelFacts, checkpoint_problems
@@ -77,7 +77,6 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
 def _lora_problems(cfg: BuildConfig, facts: ModelFacts) -> list[tuple[tuple, str]]:
     """Each adapter read from its directory and checked against the model and the engine's LoRA limits."""
     out, adapters = [], lora_adapters(cfg)
-    modules = engine_lora_modules(cfg, adapters)
     for position, (section, adapter) in enumerate(zip(cfg.lora.adapters, adapters)):
         where = ("lora", "adapters", position, "path")
         if isinstance(adapter, PipelineError):
@@ -85,7 +84,7 @@ def _lora_problems(cfg: BuildConfig, facts: ModelFacts) -> list[tuple[tuple, str
             continue
         out += [
             (where, f"adapter {section.name!r}: {problem}")
-            for problem in lora.problems(adapter, facts, cfg.lora.max_lora_rank, modules)
+            for problem in lora.problems(adapter, facts, cfg.lora.max_lora_rank, cfg.lora.target_modules)
         ]
     return out
 

@@ -44,19 +44,21 @@ class LoraSection(Section):
     max_loras: int = Field(
         4, ge=1, description="Adapters resident in the engine at once (one batch mixes at most this many)."
     )
-    target_modules: list[str] | None = Field(
-        None,
-        description=f"Linear modules the engine carries LoRA on ({', '.join(LINEAR_MODULES)}); null: those the "
-        "adapters target (an adapter added while serving can target only these).",
+    target_modules: list[str] = Field(
+        list(LINEAR_MODULES),
+        description="Linear modules the engine carries LoRA on (default: all seven, as vLLM does); an adapter may "
+        "target any of them. Fewer cost less per step.",
     )
 
     @field_validator("target_modules")
     @classmethod
-    def _linear_modules(cls, modules: list[str] | None) -> list[str] | None:
-        unknown = [m for m in modules or [] if m not in LINEAR_MODULES]
-        if unknown:
-            raise ValueError(f"{unknown} are not linear modules of a decoder layer; use any of {list(LINEAR_MODULES)}")
-        return modules if modules is None else sorted(set(modules), key=LINEAR_MODULES.index)
+    def _linear_modules(cls, modules: list[str]) -> list[str]:
+        unknown = [m for m in modules if m not in LINEAR_MODULES]
+        if unknown or not modules:
+            raise ValueError(
+                f"{unknown or 'none'} are not linear modules of a decoder layer; use any of {list(LINEAR_MODULES)}"
+            )
+        return sorted(set(modules), key=LINEAR_MODULES.index)
 
     @model_validator(mode="after")
     def _distinct(self) -> "LoraSection":
@@ -66,8 +68,6 @@ class LoraSection(Section):
             raise ValueError(f"adapter names repeat: {names}; each selects one adapter")
         if len(set(ids)) < len(ids):
             raise ValueError(f"adapter task ids repeat: {ids}; each selects one adapter")
-        if not self.adapters and self.target_modules is None:
-            raise ValueError("with no adapters, set target_modules (the modules adapters added later may target)")
         return self
 
     def task_ids(self) -> list[int]:

@@ -92,18 +92,6 @@ def lora_adapters(cfg: BuildConfig) -> list:
     return out
 
 
-def engine_lora_modules(cfg: BuildConfig, adapters: list | None = None) -> list[str]:
-    """The modules the engine carries LoRA on: lora.target_modules, else every module an adapter targets
-    (`adapters`: `lora_adapters(cfg)` when already read)."""
-    from pipeline.lora import LINEAR_MODULES
-
-    if cfg.lora.target_modules is not None:
-        return cfg.lora.target_modules
-    adapters = lora_adapters(cfg) if adapters is None else adapters
-    targeted = {m for a in adapters if not isinstance(a, PipelineError) for m in a.modules}
-    return [m for m in LINEAR_MODULES if m in targeted]
-
-
 # ---------------------------------------------------------------- display
 
 

@@ -17,9 +17,9 @@ A stage reads the outputs of earlier stages through `ctx.upstream(name)`; their 
 inputs too, so a re-run upstream that changes bytes re-runs every later stage reading it (all, unless AFTER says).
 """
 
-from pipeline.stages import deploy, engine, export, import_model, quantize, triton_repo
+from pipeline.stages import deploy, engine, export, import_model, lora, quantize, triton_repo
 
-STAGES = {module.NAME: module for module in (import_model, quantize, export, engine, triton_repo, deploy)}
+STAGES = {module.NAME: module for module in (import_model, quantize, export, engine, lora, triton_repo, deploy)}
 
 
 def selected(until: str | None = None, only: str | None = None) -> list[str]:

@@ -20,7 +20,7 @@ from pipeline.upstream import TABLES
 
 NAME = "deploy"
 # The ConfigMap holds the whole config, so every section is an input.
-READS = ("model", "target", "quantization", "parallel", "build", "runtime", "triton", "verify", "deploy")
+READS = ("model", "target", "quantization", "parallel", "build", "runtime", "triton", "verify", "deploy", "lora")
 TOOLS = ("kubernetes-validate", "tritonclient")
 SOURCES: tuple[Path, ...] = (TABLES / "leaderworkerset.json", TABLES / "prometheus_adapter.json")
 AFTER: tuple[str, ...] = ()  # no earlier stage's output is an input

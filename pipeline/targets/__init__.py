@@ -79,6 +79,10 @@ class Target(Protocol):
     def export(self, cfg: BuildConfig, ctx) -> dict:
         """The imported (and quantized) checkpoint in the backend's input format, checked (stage `export`)."""
 
+    def convert_adapters(self, cfg: BuildConfig, ctx) -> dict:
+        """What the target's runtime needs of the LoRA adapters beyond the PEFT directories the `lora` stage copies
+        into ctx.out_dir (one per adapter name); returns metrics ({} when nothing)."""
+
     def build_engine(self, cfg: BuildConfig, ctx) -> dict:
         """The engine and its `config.json` in ctx.out_dir (stage `engine`)."""
 

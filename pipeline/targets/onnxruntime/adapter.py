@@ -156,6 +156,7 @@ class OnnxRuntimeTarget:
         "runtime.speculative",
         "runtime.batch_invariant",
         "verify.max_export_logits_diff",
+        "lora",
         *TRITON_DEPLOY_FIELDS,
     }
     sources = {
@@ -327,6 +328,9 @@ class OnnxRuntimeTarget:
 
     def quantize(self, cfg, ctx) -> dict:
         raise BuildStepError("the onnxruntime target quantizes in the engine stage")
+
+    def convert_adapters(self, cfg, ctx) -> dict:
+        return {}  # the runtime reads PEFT's files (pipeline.runtime.lora)
 
     def export(self, cfg, ctx) -> dict:
         hf_dir = ctx.upstream("import")

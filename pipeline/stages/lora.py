@@ -1,0 +1,75 @@
+"""Stage `lora`: the configured LoRA adapters, checked against the model and copied into `<output>/lora/<name>/`
+with an index (`adapters.json`: name, task id, rank, modules, bytes), so the served repository refers to files of
+the build, as it does to the engine.
+
+Its own stage, after `engine`, so adding or retraining an adapter re-runs this stage and the repository, never the
+engine. The target adds what its runtime needs beyond PEFT's files (`Target.convert_adapters`). Inputs: `lora`, the
+adapter files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pipeline import lora
+from pipeline.config import BuildConfig
+from pipeline.config.schema import lora_adapters
+from pipeline.errors import BuildStepError, PipelineError
+from pipeline.targets import target_of
+
+NAME = "lora"
+READS = ("lora",)
+TOOLS = ("safetensors",)
+SOURCES: tuple[Path, ...] = ()
+AFTER = ("import",)  # the model the adapters are checked against
+INDEX = "adapters.json"
+
+
+def applies(cfg: BuildConfig) -> str | None:
+    if cfg.lora is None or not cfg.lora.adapters:
+        return "no LoRA adapters configured"
+    return target_of(cfg).skips(NAME, cfg)
+
+
+def deps(cfg: BuildConfig) -> list[Path]:
+    if cfg.lora is None:
+        return []
+    return [
+        cfg.resolve_path(a.path) / name
+        for a in cfg.lora.adapters
+        for name in (lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS)
+    ]
+
+
+def writes(cfg: BuildConfig) -> str:
+    return f"one PEFT directory per adapter and {INDEX}" + (
+        f"; {extra}" if (extra := target_of(cfg).writes(NAME, cfg)) else ""
+    )
+
+
+def run(cfg: BuildConfig, ctx) -> dict:
+    from pipeline.models import facts_from_hf_dir
+
+    facts = facts_from_hf_dir(ctx.upstream("import"))
+    index = {}
+    for section, task_id, adapter in zip(cfg.lora.adapters, cfg.lora.task_ids(), lora_adapters(cfg)):
+        if isinstance(adapter, PipelineError):
+            raise BuildStepError(f"lora.adapters {section.name!r}: {adapter}")
+        problems = lora.problems(adapter, facts, cfg.lora.max_lora_rank, cfg.lora.target_modules)
+        if problems:
+            raise BuildStepError(f"lora.adapters {section.name!r} ({adapter.path}): {'; '.join(problems)}")
+        (ctx.out_dir / section.name).mkdir()
+        for name in (lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS):
+            shutil.copy2(adapter.path / name, ctx.out_dir / section.name / name)
+        index[section.name] = {
+            "task_id": task_id,
+            "rank": adapter.rank,
+            "modules": adapter.modules,
+            "float32_bytes": adapter.nbytes(),
+            "base_model": adapter.base_model,
+        }
+        ctx.log(f"adapter {section.name} (task id {task_id}): rank {adapter.rank} on {', '.join(adapter.modules)}")
+    (ctx.out_dir / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    return {"adapters": len(index)} | target_of(cfg).convert_adapters(cfg, ctx)
