@@ -27,8 +27,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from pipeline.models import ModelFacts
 from pipeline.runtime.guided import Grammars, constrain
 from pipeline.runtime.kv_layouts import Batch, ConcatCache, SharedCache
+from pipeline.runtime.lora import MASK, LoraSlots, LoraSpec
 from pipeline.runtime.sampling import (
     OPS,
     SAMPLING_CHECKS,
@@ -97,6 +99,8 @@ class ModelRunner:
                 f"missing {missing or 'past_key_values.* inputs'}"
             )
         layout = SharedCache if "seqlens_k" in inputs else ConcatCache
+        spec = LoraSpec.from_engine(config)
+        self.lora = LoraSlots(spec, self._facts()) if MASK in inputs and spec else None
         if batch_invariant and layout is ConcatCache:
             raise ValueError(
                 f"{engine_dir / ONNX_FILE}: batch-invariant decoding needs the fused graph (target.onnx_graph: fused); "
@@ -110,6 +114,7 @@ class ModelRunner:
             max_num_tokens=self.max_num_tokens,
             max_seq_len=max_seq_len,
             **({"batch_invariant": True} if batch_invariant else {}),
+            **({"lora": self.lora} if self.lora else {}),
         )
         if speculative is not None and layout is not SharedCache:
             raise ValueError(
@@ -134,6 +139,7 @@ class ModelRunner:
         batch_invariant: bool = False,
         speculative=None,
         profile_prefix: Path | None = None,
+        lora_dir: Sequence[str | Path] | None = None,
         **gpu_options,
     ) -> "ModelRunner":
         """Load an engine. Limits default to the engine's build_config and may only be lowered.
@@ -146,6 +152,8 @@ class ModelRunner:
                 is chunked (every forward pass runs an even number of rows; see SharedCache._forward).
             speculative: a `pipeline.runtime.speculative.NGram`: greedy requests decode with n-gram drafts.
             profile_prefix: ONNX Runtime's profiler writes its trace there (`bench profile`).
+            lora_dir: PEFT LoRA adapter directories, selected in `generate` by lora_uids "0", "1", ... (their
+                positions, as ModelRunnerCpp names them); the engine must be built with a `lora` section.
             gpu_options: other ModelRunnerCpp.from_dir arguments (lora_dir, rank, kv_cache_free_gpu_memory_fraction,
                 ...) are accepted when they hold their defaults, and rejected otherwise.
         """
@@ -190,7 +198,13 @@ class ModelRunner:
         session = _ort_session(
             engine_dir / ONNX_FILE, num_threads or default_threads(), thread_spinning, profile_prefix
         )
-        return cls(engine_dir, config, session, **limits, batch_invariant=batch_invariant, speculative=speculative)
+        runner = cls(engine_dir, config, session, **limits, batch_invariant=batch_invariant, speculative=speculative)
+        if lora_dir:
+            if runner.lora is None:
+                raise ValueError(f"lora_dir: {engine_dir} was built without LoRA (add a lora section and rebuild)")
+            for uid, path in enumerate(lora_dir):
+                runner.lora.register(str(uid), Path(path))
+        return runner
 
     # ------------------------------------------------------------ ModelRunnerCpp properties
 
@@ -247,6 +261,20 @@ class ModelRunner:
     @property
     def gather_generation_logits(self) -> bool:
         return False
+
+    def _facts(self) -> ModelFacts:
+        """The model's sizes as the engine's pretrained_config records them."""
+        keys = (
+            "architecture",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+            "max_position_embeddings",
+        )
+        return ModelFacts(**{k: self._pretrained[k] for k in keys}, head_dim=self.head_size)
 
     @functools.cached_property
     def grammars(self) -> Grammars:
@@ -415,6 +443,7 @@ class ModelRunner:
         output_log_probs: bool = False,
         output_cum_log_probs: bool = False,
         sampling_config=None,
+        lora_uids: Sequence[str | int | None] | None = None,
         **unsupported,
     ):
         """Generate for a batch of token-id tensors (or lists), like `ModelRunnerCpp.generate`.
@@ -423,7 +452,8 @@ class ModelRunner:
         tokens (end_id excluded), padded with end_id. With `return_dict`, a dict with `output_ids`,
         `sequence_lengths` [batch, 1] (prompt + generated), and when asked `log_probs`
         [batch, 1, max generated] and `cum_log_probs` [batch, 1]. With `streaming`, a generator
-        yielding that result after every decode step.
+        yielding that result after every decode step. `lora_uids`: per prompt, the adapter (an uid of
+        `from_dir(lora_dir=...)` or a name registered on `lora`; "-1" or None: the base model).
         """
         import torch
 
@@ -469,6 +499,8 @@ class ModelRunner:
             for i, prompt in enumerate(prompts)
         ]
         self.check_sampling([r.params for r in requests])
+        if lora_uids is not None:
+            self.assign_adapters(requests, [None if str(u) == "-1" or u is None else str(u) for u in lora_uids])
 
         def result():
             output_ids = torch.full((len(requests), 1, self.max_seq_len), end_id, dtype=torch.int32)
@@ -495,10 +527,42 @@ class ModelRunner:
 
         steps = self.run(requests)
         if streaming:
-            return (result() for _ in steps)
-        for _ in steps:
+            return (result() for _ in self._releasing(requests, steps))
+        for _ in self._releasing(requests, steps):
             pass
         return result()
+
+    def assign_adapters(self, requests: list[Request], names: list[str | None]) -> None:
+        """Give each request its LoRA adapter and a slot holding it (held until `release_adapters`)."""
+        if len(names) != len(requests):
+            raise ValueError(f"lora_uids has {len(names)} entries for {len(requests)} prompts: give one per prompt")
+        if any(names) and self.lora is None:
+            raise ValueError(f"{self.engine_dir} was built without LoRA: lora_uids need an engine with a lora section")
+        if not any(names):
+            return
+        try:
+            slots = self.lora.acquire(names)
+        except KeyError as exc:
+            raise ValueError(f"unknown LoRA adapter {exc.args[0]!r}; known: {self.lora.names}") from None
+        if slots is None:
+            raise ValueError(
+                f"the prompts use {len(set(filter(None, names)))} LoRA adapters, more than the engine's max_loras "
+                f"{self.lora.spec.max_loras}"
+            )
+        for request, name, slot in zip(requests, names, slots):
+            request.adapter, request.lora_slot = name, slot
+
+    def release_adapters(self, requests: list[Request]) -> None:
+        for request in requests:
+            if request.lora_slot is not None:
+                self.lora.release(request.lora_slot)
+                request.lora_slot = None
+
+    def _releasing(self, requests: list[Request], steps: Iterator) -> Iterator:
+        try:
+            yield from steps
+        finally:
+            self.release_adapters(requests)
 
 
 def default_threads() -> int:

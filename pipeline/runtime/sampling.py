@@ -88,6 +88,8 @@ class Request:
     rng: np.random.Generator | None = None
     matcher: object | None = None  # guided decoding: the grammar's state (an llguidance LLMatcher; `guided`)
     error: str | None = None  # why the request failed on its own (finish_reason "error"); the others go on
+    adapter: str | None = None  # the LoRA adapter it decodes with (None: the base model)
+    lora_slot: int | None = None  # the slot holding that adapter while the request runs (`pipeline.runtime.lora`)
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.params.random_seed)

@@ -41,15 +41,16 @@ def choose_graph(hf_dir: Path, wanted: str) -> tuple[str, str | None]:
     return ("optimum" if wanted == "optimum" or why_not else "fused"), why_not
 
 
-def export_decoder(hf_dir: Path, out_dir: Path, graph: str = "optimum") -> dict:
-    """Export a causal LM to one ONNX decoder with KV cache in out_dir (tokenizer files stay upstream)."""
+def export_decoder(hf_dir: Path, out_dir: Path, graph: str = "optimum", lora_modules: list[str] = ()) -> dict:
+    """Export a causal LM to one ONNX decoder with KV cache in out_dir (tokenizer files stay upstream); the fused
+    graph carries multi-LoRA on `lora_modules`."""
     import onnx
 
     started = time.perf_counter()
     if graph == "fused":
         from pipeline.targets.onnxruntime import graph as fused_onnx
 
-        fused_onnx.build(hf_dir, out_dir / ONNX_NAME)
+        fused_onnx.build(hf_dir, out_dir / ONNX_NAME, lora_modules)
     else:
         _optimum_export(hf_dir, out_dir)
     onnx.checker.check_model(str(out_dir / ONNX_NAME))  # path form: works past protobuf's 2 GB limit
@@ -139,6 +140,7 @@ def engine_config(cfg, hf_config: dict, generation: dict) -> dict:
             "end_id": generation.get("eos_token_id"),
             "pad_id": generation.get("pad_token_id", generation.get("eos_token_id")),
         },
+        **({"lora": cfg.lora.model_dump(include={"target_modules", "max_lora_rank", "max_loras"})} if cfg.lora else {}),
     }
 
 
@@ -220,11 +222,14 @@ class OnnxRuntimeTarget:
             "speculative": r.speculative is not None,  # drafts are rolled back in place
             "enable_kv_cache_reuse": r.enable_kv_cache_reuse,  # a left-padded row cannot start from stored blocks
         }
-        return [
+        out = [
             (("runtime", field), f"needs the fused graph, but {why}; remove runtime.{field}")
             for field, set_ in needs.items()
             if set_
         ]
+        if cfg.lora is not None:  # the LoRA branches are the fused graph's
+            out.append((("lora",), f"needs the fused graph, but {why}; remove the lora section"))
+        return out
 
     def config_problems(self, cfg) -> list:
         q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
@@ -335,13 +340,15 @@ class OnnxRuntimeTarget:
     def export(self, cfg, ctx) -> dict:
         hf_dir = ctx.upstream("import")
         graph, why_not = choose_graph(hf_dir, cfg.target.onnx_graph)
+        if graph != "fused" and cfg.lora is not None:
+            raise BuildStepError(f"lora needs the fused graph, but this checkpoint gets the optimum graph ({why_not})")
         ctx.log(
             "building the fused graph (GroupQueryAttention, in-place KV cache)"
             if graph == "fused"
             else "exporting the decoder with optimum-onnx (text-generation-with-past)"
             + (f", not the fused graph: {why_not}" if why_not and cfg.target.onnx_graph == "auto" else "")
         )
-        metrics = export_decoder(hf_dir, ctx.out_dir, graph)
+        metrics = export_decoder(hf_dir, ctx.out_dir, graph, cfg.lora.target_modules if cfg.lora else [])
         ctx.log("comparing ONNX Runtime logits with transformers")
         diff = compare_logits(hf_dir, ctx.out_dir / ONNX_NAME, list(CHECK_PROMPTS))
         limit = cfg.verify.max_export_logits_diff
@@ -385,7 +392,12 @@ class OnnxRuntimeTarget:
         return None
 
     def stage_reads(self, stage: str, cfg) -> tuple[str, ...]:
-        return ()
+        """The graph carries LoRA on lora.target_modules; the engine's config.json records the limits."""
+        lora = {
+            "export": ("lora.target_modules",),
+            "engine": ("lora.target_modules", "lora.max_lora_rank", "lora.max_loras"),
+        }
+        return lora.get(stage, ()) if cfg.lora is not None else ()
 
     def triton_models(self, cfg, engine_dir: Path, engine: dict):
         """tensorrtllm_backend's layout around a decoupled python LLM model with in-flight batching; it imports

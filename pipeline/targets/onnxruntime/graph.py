@@ -19,6 +19,9 @@ Interface (see `pipeline.runtime.kv_layouts.SharedCache`, the runner side):
   total_sequence_length  int32 []                    max over rows of seqlens_k + 1
   logits_index           int64 [n]                   flat indices into batch*seq whose logits to return
   past_key_values.{i}.key/value  float [batch, kv_heads, capacity, head_dim]
+  lora_mask              float [slots, batch, 1, 1]  with LoRA: 1 where the row uses the slot
+  lora.{i}.{linear}.a/b  float [slots, 1, in, width] / [slots, 1, width, out]  the slots' weights
+                         (`pipeline.runtime.lora`)
   -> logits float [n, vocab], present.{i}.key/value (the same buffers when bound to them)
 """
 
@@ -27,11 +30,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from pipeline.errors import BuildStepError
 from pipeline.models import ModelFacts
+from pipeline.runtime import lora
 
 OPSET = 23  # RMSNormalization
 
@@ -143,8 +148,9 @@ def sliding_windows(config) -> list[int]:
     return [window if kind == "sliding_attention" else 0 for kind in types]
 
 
-def build(hf_dir: Path, out_path: Path) -> dict:
-    """Write the fused graph for the checkpoint in hf_dir to out_path (weights in out_path + '.data')."""
+def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dict:
+    """Write the fused graph for the checkpoint in hf_dir to out_path (weights in out_path + '.data'), with a
+    multi-LoRA branch on the linears holding `lora_modules` (`pipeline.runtime.lora`)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from safetensors.torch import load_file  # torch: reads bf16/fp16 checkpoints too (numpy has no bfloat16)
@@ -198,9 +204,13 @@ def build(hf_dir: Path, out_path: Path) -> dict:
         )
         return normed, total
 
-    def linear(x: str, module: str, parts: list[str]) -> str:
-        """x @ W for the HF modules `parts` concatenated along the output axis (+ bias when they have one);
-        a module the checkpoint already stores fused (Phi-3's qkv_proj) is read as it is."""
+    lora_branches = lora.branch_parts(list(lora_modules))
+    lora_inputs = []
+
+    def linear(x: str, module: str, parts: list[str], layer: int) -> str:
+        """x @ W for the HF modules `parts` concatenated along the output axis (+ bias when they have one, + the
+        rows' LoRA deltas when the engine carries LoRA there); a module the checkpoint already stores fused
+        (Phi-3's qkv_proj) is read as it is."""
         if f"{module}.weight" in weights:
             parts = [module]
         matrix = np.concatenate([weights[f"{p}.weight"] for p in parts], axis=0).T  # HF stores [out, in]
@@ -208,7 +218,19 @@ def build(hf_dir: Path, out_path: Path) -> dict:
         if all(f"{p}.bias" in weights for p in parts):
             bias = np.concatenate([weights[f"{p}.bias"] for p in parts])
             out = node("Add", [out, weight(f"{module}.bias", bias)], f"{path(module)}/Add")[0]
-        return out
+        branch = module.rsplit(".", 1)[1]
+        if branch not in lora_branches:
+            return out
+        a_name, b_name = lora.input_names(layer, branch)
+        fan_in, fan_out = matrix.shape
+        width = f"lora_rank_{branch}"
+        lora_inputs.append(helper.make_tensor_value_info(a_name, TensorProto.FLOAT, ["lora_slots", 1, fan_in, width]))
+        lora_inputs.append(helper.make_tensor_value_info(b_name, TensorProto.FLOAT, ["lora_slots", 1, width, fan_out]))
+        down = node("MatMul", [x, a_name], f"{path(module)}/lora/MatMul")[0]
+        masked = node("Mul", [down, lora.MASK], f"{path(module)}/lora/Mul")[0]
+        up = node("MatMul", [masked, b_name], f"{path(module)}/lora/MatMul_1")[0]
+        delta = node("ReduceSum", [up, "lora_slot_axis"], f"{path(module)}/lora/ReduceSum", keepdims=0)[0]
+        return node("Add", [out, delta], f"{path(module)}/lora/Add")[0]
 
     def head_norm(x: str, module: str) -> str:
         """RMSNorm over each head of x [batch, seq, n * head_dim] (Qwen3 and Gemma 3 q_norm / k_norm)."""
@@ -224,6 +246,8 @@ def build(hf_dir: Path, out_path: Path) -> dict:
     for prefix, (cos, sin) in caches.items():
         weight(f"{prefix}cos_cache", cos)
         weight(f"{prefix}sin_cache", sin)
+    if lora_branches:
+        weight("lora_slot_axis", np.array([0]), np.int64)
     if any(name.endswith(".q_norm.weight") for name in weights):
         weight("head_shape", np.array([0, 0, -1, head_dim]), np.int64)
         weight("flat_shape", np.array([0, 0, -1]), np.int64)
@@ -235,7 +259,7 @@ def build(hf_dir: Path, out_path: Path) -> dict:
         else:
             normed, residual = skip_norm(x, residual, f"{prefix}.input_layernorm")
         attn = f"{prefix}.self_attn"
-        qkv = linear(normed, f"{attn}.qkv_proj", [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"])
+        qkv = linear(normed, f"{attn}.qkv_proj", [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"], i)
         if f"{attn}.q_norm.weight" in weights:
             q, k, v = node(
                 "Split",
@@ -270,20 +294,20 @@ def build(hf_dir: Path, out_path: Path) -> dict:
             local_window_size=windows[i] or -1,
         )
         nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
-        attn_out = linear(context, f"{attn}.o_proj", [f"{attn}.o_proj"])
+        attn_out = linear(context, f"{attn}.o_proj", [f"{attn}.o_proj"], i)
         if f"{prefix}.post_feedforward_layernorm.weight" in weights:  # Gemma: norms after attention and MLP too
             attn_out = rms_norm(attn_out, f"{prefix}.post_attention_layernorm")
             normed, residual = skip_norm(attn_out, residual, f"{prefix}.pre_feedforward_layernorm")
         else:
             normed, residual = skip_norm(attn_out, residual, f"{prefix}.post_attention_layernorm")
         mlp = f"{prefix}.mlp"
-        gate_up = linear(normed, f"{mlp}.gate_up_proj", [f"{mlp}.gate_proj", f"{mlp}.up_proj"])
+        gate_up = linear(normed, f"{mlp}.gate_up_proj", [f"{mlp}.gate_proj", f"{mlp}.up_proj"], i)
         gate, up = node("Split", [gate_up], f"{path(mlp)}/Split", outputs=2, axis=-1, num_outputs=2)
         if gelu:
             act = node("Gelu", [gate], f"{path(mlp)}/Gelu", approximate=gelu)[0]
         else:
             act = node("Mul", [gate, node("Sigmoid", [gate], f"{path(mlp)}/Sigmoid")[0]], f"{path(mlp)}/SiLU")[0]
-        x = linear(node("Mul", [act, up], f"{path(mlp)}/Mul")[0], f"{mlp}.down_proj", [f"{mlp}.down_proj"])
+        x = linear(node("Mul", [act, up], f"{path(mlp)}/Mul")[0], f"{mlp}.down_proj", [f"{mlp}.down_proj"], i)
         if f"{prefix}.post_feedforward_layernorm.weight" in weights:
             x = rms_norm(x, f"{prefix}.post_feedforward_layernorm")
     final, _ = skip_norm(x, residual, "model.norm")
@@ -306,12 +330,14 @@ def build(hf_dir: Path, out_path: Path) -> dict:
         helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
         helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["tokens"]),
     ]
+    if lora_branches:
+        inputs.append(helper.make_tensor_value_info(lora.MASK, TensorProto.FLOAT, ["lora_slots", "batch", 1, 1]))
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["tokens", config.vocab_size])]
     for i in range(layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, cache))
-    graph = helper.make_graph(nodes, "fused_gqa", inputs, outputs, initializers)
+    graph = helper.make_graph(nodes, "fused_gqa", inputs + lora_inputs, outputs, initializers)
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
@@ -326,4 +352,10 @@ def build(hf_dir: Path, out_path: Path) -> dict:
         location=out_path.name + ".data",
         size_threshold=1024,
     )
-    return {"graph": "fused_gqa", "layers": layers, "opset": OPSET, "nodes": len(nodes)}
+    return {
+        "graph": "fused_gqa",
+        "layers": layers,
+        "opset": OPSET,
+        "nodes": len(nodes),
+        "lora_branches": len(lora_inputs) // 2,
+    }

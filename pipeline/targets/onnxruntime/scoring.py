@@ -80,12 +80,15 @@ def ort_session(onnx_path: Path, threads: int | None = None):
 
 
 def empty_past(session, batch: int) -> dict[str, np.ndarray]:
-    """Zero-length KV-cache inputs, for a forward pass over a whole prompt."""
+    """Zero-length KV-cache inputs, for a forward pass over a whole prompt (and no LoRA slots: the base model)."""
     feeds = {}
     for spec in session.get_inputs():
         if spec.name.startswith("past_key_values."):
             kv_heads, head_size = spec.shape[1], spec.shape[3]
             feeds[spec.name] = np.zeros((batch, kv_heads, 0, head_size), dtype=np.float32)
+        elif spec.name.startswith("lora"):  # pipeline.runtime.lora: no slot bound (its other symbolic dims: 0)
+            shape = [batch if d == "batch" else 0 if isinstance(d, str) else d for d in spec.shape]
+            feeds[spec.name] = np.zeros(shape, dtype=np.float32)
     return feeds
 
 

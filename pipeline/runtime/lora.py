@@ -1,0 +1,176 @@
+"""Multi-LoRA on the fused graph: adapters resident in slots, every row of a batch applying its own (or none).
+
+Graph side (`pipeline/targets/onnxruntime/graph.py`): each fused linear (qkv, o, gate_up, down) whose parts the
+engine carries LoRA on gets a branch
+    out += ReduceSum_k( ((x @ A[k]) * lora_mask[k, row]) @ B[k] )
+over the slots k bound for the pass: A [k, 1, in, parts x rank], B [k, 1, parts x rank, out], B holding each part's
+block on the diagonal (the qkv branch is one GEMM pair for q, k and v). The base weights stay quantized; the branch
+runs in float32.
+
+Runner side (`LoraSlots`): the slots are numpy buffers [max_loras, ...] per branch; a batch binds the contiguous
+slot range its rows use (a view: no copy), so a pass reads only those adapters' weights, and a batch without
+adapters binds an empty range (the branch then costs its five small nodes). Adapters are registered once (host
+copies); one is copied into a slot when a row needs it and no slot holds it, evicting the least recently used slot no
+running row holds, as TensorRT-LLM's LoRA cache and vLLM's max_loras do.
+Written by hand: ONNX Runtime has no multi-LoRA operator for CPU (onnxruntime-genai's adapters are one per session).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.lora import Adapter, load, module_shapes
+from pipeline.models import ModelFacts
+
+# The graph's fused linears and the HF modules each concatenates along its output, in order.
+BRANCHES = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "o_proj": ("o_proj",),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+    "down_proj": ("down_proj",),
+}
+MASK = "lora_mask"  # float [slots bound, rows, 1, 1]: 1 where the row uses the slot
+
+
+def input_names(layer: int, branch: str) -> tuple[str, str]:
+    return f"lora.{layer}.{branch}.a", f"lora.{layer}.{branch}.b"
+
+
+def branch_parts(target_modules: list[str]) -> dict[str, tuple[str, ...]]:
+    """Per branch, the parts the engine carries LoRA on (branches without any are left out)."""
+    parts = {branch: tuple(m for m in modules if m in target_modules) for branch, modules in BRANCHES.items()}
+    return {branch: modules for branch, modules in parts.items() if modules}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What the engine was built with (config.json `lora`): the modules carrying LoRA and the limits."""
+
+    target_modules: list[str]
+    max_lora_rank: int
+    max_loras: int
+
+    @classmethod
+    def from_engine(cls, config: dict) -> "LoraSpec | None":
+        lora = config.get("lora")
+        return None if lora is None else cls(lora["target_modules"], lora["max_lora_rank"], lora["max_loras"])
+
+
+class LoraSlots:
+    """The adapters a runner knows (by name) and the `max_loras` slots they are applied from."""
+
+    def __init__(self, spec: LoraSpec, facts: ModelFacts):
+        self.spec, self.facts = spec, facts
+        shapes, rank = module_shapes(facts), spec.max_lora_rank
+        self.parts = branch_parts(spec.target_modules)
+        self.a, self.b = {}, {}  # input name -> buffer [max_loras, 1, in, width] / [max_loras, 1, width, out]
+        for layer in range(facts.num_hidden_layers):
+            for branch, parts in self.parts.items():
+                a_name, b_name = input_names(layer, branch)
+                fan_in = shapes[parts[0]][0]
+                fan_out = sum(shapes[m][1] for m in BRANCHES[branch])
+                self.a[a_name] = np.zeros((spec.max_loras, 1, fan_in, len(parts) * rank), np.float32)
+                self.b[b_name] = np.zeros((spec.max_loras, 1, len(parts) * rank, fan_out), np.float32)
+        self.adapters: dict[str, Adapter] = {}
+        self.slot_of: dict[str, int] = {}
+        self.holders = [0] * spec.max_loras  # running rows per slot
+        self.recent: OrderedDict[int, None] = OrderedDict((slot, None) for slot in range(spec.max_loras))
+        self._views: dict[tuple[int, int], dict] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.adapters)
+
+    def slot_bytes(self) -> int:
+        """Memory one resident adapter takes (its slot in every branch)."""
+        return sum(buffer[0].nbytes for buffer in [*self.a.values(), *self.b.values()])
+
+    def register(self, name: str, adapter: Adapter | Path) -> None:
+        """Make `name` servable. Raises ValueError naming what does not fit this engine."""
+        from pipeline.lora import problems
+
+        adapter = load(adapter) if isinstance(adapter, Path) else adapter
+        found = problems(adapter, self.facts, self.spec.max_lora_rank, self.spec.target_modules)
+        if found:
+            raise ValueError(f"LoRA adapter {name!r} ({adapter.path}): {'; '.join(found)}")
+        self.adapters[name] = adapter
+        if name in self.slot_of:  # re-registered: the resident copy is stale
+            self._write(self.slot_of[name], adapter)
+
+    def acquire(self, names: list[str | None]) -> list[int | None] | None:
+        """Slots for rows using adapters `names` (None: no adapter), loading those not resident; None when they
+        need more slots than are free of running rows (the rows wait). Raises KeyError for an unknown name."""
+        unknown = [n for n in names if n is not None and n not in self.adapters]
+        if unknown:
+            raise KeyError(unknown[0])
+        wanted = {n for n in names if n is not None}
+        missing = [n for n in wanted if n not in self.slot_of]
+        free = [s for s in self.recent if not self.holders[s] and self._resident(s) not in wanted]
+        if len(missing) > len(free):
+            return None
+        for name, slot in zip(missing, free):
+            evicted = self._resident(slot)
+            if evicted is not None:
+                del self.slot_of[evicted]
+            self._write(slot, self.adapters[name])
+            self.slot_of[name] = slot
+        slots = [None if n is None else self.slot_of[n] for n in names]
+        for slot in slots:
+            if slot is not None:
+                self.holders[slot] += 1
+                self.recent.move_to_end(slot)
+        return slots
+
+    def release(self, slot: int | None) -> None:
+        if slot is not None:
+            self.holders[slot] -= 1
+
+    def _resident(self, slot: int) -> str | None:
+        return next((name for name, s in self.slot_of.items() if s == slot), None)
+
+    def _write(self, slot: int, adapter: Adapter) -> None:
+        """Copy the adapter into `slot` of every branch: A parts side by side, B parts on the block diagonal, each
+        part's rank padded to max_lora_rank with zeros (exact: zero columns add nothing)."""
+        rank, shapes = self.spec.max_lora_rank, module_shapes(self.facts)
+        for layer in range(self.facts.num_hidden_layers):
+            for branch, parts in self.parts.items():
+                a_name, b_name = input_names(layer, branch)
+                a, b = self.a[a_name][slot, 0], self.b[b_name][slot, 0]
+                a[:], b[:] = 0, 0
+                offsets = np.cumsum([0] + [shapes[m][1] for m in BRANCHES[branch]])
+                for index, module in enumerate(parts):
+                    pair = adapter.weights.get((layer, module))
+                    if pair is None:
+                        continue
+                    lora_a, lora_b = pair  # [r, in], [out, r] (scale folded in)
+                    column = BRANCHES[branch].index(module)
+                    r = lora_a.shape[0]
+                    a[:, index * rank : index * rank + r] = lora_a.T
+                    b[index * rank : index * rank + r, offsets[column] : offsets[column + 1]] = lora_b.T
+
+    def feeds(self, slots: list[int | None]) -> tuple[tuple[int, int], np.ndarray]:
+        """The slot range [lo, hi) a pass over rows using `slots` binds (empty when none uses one), and its
+        lora_mask [hi - lo, rows, 1, 1]."""
+        used = [s for s in slots if s is not None]
+        lo, hi = (min(used), max(used) + 1) if used else (0, 0)
+        mask = np.zeros((hi - lo, len(slots), 1, 1), np.float32)
+        for row, slot in enumerate(slots):
+            if slot is not None:
+                mask[slot - lo, row] = 1
+        return (lo, hi), mask
+
+    def views(self, bounds: tuple[int, int]) -> dict:
+        """The weight inputs of the slot range as OrtValues wrapping the buffers (made once per range)."""
+        import onnxruntime as ort
+
+        if bounds not in self._views:
+            lo, hi = bounds
+            self._views[bounds] = {
+                name: ort.OrtValue.ortvalue_from_numpy(buffer[lo:hi])
+                for name, buffer in [*self.a.items(), *self.b.items()]
+            }
+        return self._views[bounds]

@@ -1,0 +1,109 @@
+"""Multi-LoRA on the CPU engine: a tiny Llama built by the real pipeline with a `lora` section, two random PEFT
+adapters (non-zero B, one on all seven modules, one on q/v with rsLoRA and another rank), against PEFT's merged
+transformers model token for token, alone and mixed in one batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.runtime.model_runner import ModelRunner
+from tests.conftest import run_cli, slow_fixture, write_config
+from tests.runtime.test_model_runner import encode, hf_greedy
+
+ADAPTERS = {
+    "every": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                         "up_proj", "down_proj"]},
+    "qv": {"r": 8, "lora_alpha": 4, "target_modules": ["q_proj", "v_proj"], "use_rslora": True},
+}
+PROMPTS = ["w1 w2 w3 w4", "w10 w11", "w5 w6 w7 w8 w9 w20 w21"]
+
+
+def make_adapter(base: Path, out: Path, seed: int, **settings) -> Path:
+    """A PEFT LoRA adapter with random A and B (init_lora_weights=False), saved as peft does."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(init_lora_weights=False, **settings))
+    with torch.no_grad():  # peft's random B is small: scale it up so every adapter changes the greedy tokens
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.mul_(20)
+    peft_model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_llama, tmp_path_factory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("lora-adapters")
+    return {name: make_adapter(tiny_llama, work / name, seed, **s) for seed, (name, s) in enumerate(ADAPTERS.items())}
+
+
+@slow_fixture(scope="module")
+def lora_engine(tiny_llama, adapters, tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("lora-engine")
+    listed = ", ".join(f"{{name: {name}, path: {path}}}" for name, path in adapters.items())
+    config = write_config(
+        work / "tiny-lora.yaml",
+        f"""
+        model: {{source: hf, path: {tiny_llama}}}
+        target: {{onnx_graph: fused}}
+        build: {{max_batch_size: 8, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
+        lora:
+          max_lora_rank: 8
+          max_loras: 2
+          adapters: [{listed}]
+        """,
+    )
+    result = run_cli("build", str(config), "--output", str(work / "out"), "--until", "lora")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return work / "out"
+
+
+def merged(base: Path, adapter: Path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    return PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
+
+
+def runner_for(out: Path, adapters: dict[str, Path]) -> ModelRunner:
+    return ModelRunner.from_dir(out / "engine", num_threads=1, lora_dir=[out / "lora" / n for n in adapters])
+
+
+def generate(runner: ModelRunner, ids, uids) -> list[list[int]]:
+    out = runner.generate(ids, max_new_tokens=10, end_id=-1, lora_uids=uids, return_dict=True)
+    return [out["output_ids"][i, 0, : out["sequence_lengths"][i, 0]].tolist() for i in range(len(ids))]
+
+
+def test_each_adapter_equals_peft_merged_alone_and_in_one_mixed_batch(tiny_llama, adapters, lora_engine):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    ids = encode(tokenizer, PROMPTS)
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    models = {"-1": base} | {str(uid): merged(tiny_llama, path) for uid, path in enumerate(adapters.values())}
+    runner = runner_for(lora_engine, adapters)
+    expected = {uid: [hf_greedy(model, i, 10) for i in ids] for uid, model in models.items()}
+    assert expected["0"] != expected["-1"] and expected["1"] != expected["-1"]  # both adapters change the answers
+    for uid in models:
+        assert generate(runner, ids, [uid] * len(ids)) == expected[uid], uid
+    mixed = ["-1", "0", "1", "0", "-1", "1"]
+    rows = [ids[i % len(ids)] for i in range(len(mixed))]
+    assert generate(runner, rows, mixed) == [expected[uid][i % len(ids)] for i, uid in enumerate(mixed)]
+    assert runner.lora.holders == [0, 0]  # generate gave its slots back
+
+
+def test_more_adapters_than_slots_wait_or_are_refused(adapters, lora_engine, tmp_path):
+    runner = runner_for(lora_engine, adapters)
+    runner.lora.spec.__dict__  # noqa: B018
+    with pytest.raises(ValueError, match="unknown LoRA adapter '7'"):
+        generate(runner, [np.array([4, 5])], ["7"])
+    with pytest.raises(ValueError, match="lora_uids has 1 entries for 2 prompts"):
+        generate(runner, [np.array([4, 5])] * 2, ["0"])
