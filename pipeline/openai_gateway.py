@@ -41,7 +41,7 @@ from typing import AsyncIterator
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
@@ -51,6 +51,7 @@ from pipeline.openai_protocol import (
     UNSUPPORTED,
     ChatRequest,
     CompletionRequest,
+    LoadLoraAdapter,
     OpenAIError,
     Sampling,
     StreamOptions,
@@ -223,8 +224,14 @@ def create_app(
     default_max_tokens: int = 256,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    adapters: dict[str, int] | None = None,
+    llm_model: str | None = None,
 ) -> FastAPI:
-    """The gateway app; with `api_key` (see configured_key), every route needs `Authorization: Bearer <api_key>`."""
+    """The gateway app; with `api_key` (see configured_key), every route needs `Authorization: Bearer <api_key>`.
+
+    `adapters`: LoRA adapter name -> Triton lora_task_id, each served as a model of its own (vLLM's --lora-modules);
+    `llm_model`: the repository's LLM model, which /v1/load_lora_adapter registers adapters with (None: no route).
+    """
     import grpc
     from jinja2 import TemplateError
     from transformers import AutoTokenizer
@@ -259,19 +266,43 @@ def create_app(
     async def failed(_, exc: Exception):
         return OpenAIError(500, f"the gateway failed: {exc!r}", "server_error").response()
 
+    adapters = dict(adapters or {})
+    adding = asyncio.Lock()  # one registration at a time: each takes the next task id
+
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [{"id": served_name, "object": "model", "created": 0, "owned_by": "trtllm-pipeline"}],
-        }
+        base = {"id": served_name, "object": "model", "created": 0, "owned_by": "trtllm-pipeline"}
+        return {"object": "list", "data": [base] + [{**base, "id": name, "parent": served_name} for name in adapters]}
+
+    if llm_model is not None:
+
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(body: LoadLoraAdapter):
+            """vLLM's route: serve the PEFT adapter in `lora_path` (a directory of the server's) as model `lora_name`
+            from now on, until the server stops."""
+            async with adding:
+                if body.lora_name in adapters or body.lora_name == served_name:
+                    raise OpenAIError(400, f"the model '{body.lora_name}' is already served", param="lora_name")
+                task_id = max(adapters.values(), default=0) + 1
+                inputs = {
+                    "lora_task_id": task_id,
+                    "lora_adapter_dir": body.lora_path,
+                    "lora_adapter_name": body.lora_name,
+                }
+                async with contextlib.aclosing(stream_responses(grpc_url, llm_model, client_inputs(inputs))) as stream:
+                    async for _, error in stream:
+                        if error is not None:
+                            raise OpenAIError(400, str(error.message() if hasattr(error, "message") else error))
+                adapters[body.lora_name] = task_id
+            return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
     def check(body: Sampling) -> None:
         """The model name and the fields this server cannot honour, before any work is done."""
-        if body.model != served_name:
+        if body.model != served_name and body.model not in adapters:
+            served = ", ".join(repr(name) for name in [served_name, *adapters])
             raise OpenAIError(
                 404,
-                f"The model '{body.model}' does not exist; this server serves '{served_name}'",
+                f"The model '{body.model}' does not exist; this server serves {served}",
                 "not_found_error",
                 "model",
             )
@@ -299,6 +330,7 @@ def create_app(
             "temperature": None if greedy else (1.0 if body.temperature is None else body.temperature),
             "top_k": 1 if greedy else 0,
             "top_p": None if greedy else (body.top_p or 1.0),
+            "lora_task_id": adapters.get(body.model),
         }
         guide = body.guide
         if guide is not None:

@@ -367,3 +367,12 @@ class ChatRequest(Sampling):
     def formats(self) -> dict:
         tools = {"tool_choice": lambda: tool_guide(self.tools, self.choice)} if self.tools else {}
         return super().formats() | tools
+
+
+class LoadLoraAdapter(BaseModel):
+    """vLLM's /v1/load_lora_adapter body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, description="The model name requests will select the adapter by.")
+    lora_path: str = Field(min_length=1, description="PEFT adapter directory on the server's machine.")

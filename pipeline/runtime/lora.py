@@ -76,6 +76,7 @@ class LoraSlots:
                 self.a[a_name] = np.zeros((spec.max_loras, 1, fan_in, len(parts) * rank), np.float32)
                 self.b[b_name] = np.zeros((spec.max_loras, 1, len(parts) * rank, fan_out), np.float32)
         self.adapters: dict[str, Adapter] = {}
+        self.task_names: dict[int, str] = {}  # Triton lora_task_id -> adapter name
         self.slot_of: dict[str, int] = {}
         self.holders = [0] * spec.max_loras  # running rows per slot
         self.recent: OrderedDict[int, None] = OrderedDict((slot, None) for slot in range(spec.max_loras))
@@ -89,15 +90,30 @@ class LoraSlots:
         """Memory one resident adapter takes (its slot in every branch)."""
         return sum(buffer[0].nbytes for buffer in [*self.a.values(), *self.b.values()])
 
-    def register(self, name: str, adapter: Adapter | Path) -> None:
-        """Make `name` servable. Raises ValueError naming what does not fit this engine."""
+    def check(self, name: str, adapter: Adapter | Path, task_id: int | None = None) -> Adapter:
+        """The adapter read and checked for this engine. Raises ValueError naming what does not fit it, or a task id
+        another adapter has."""
+        from pipeline.errors import PipelineError
         from pipeline.lora import problems
 
-        adapter = load(adapter) if isinstance(adapter, Path) else adapter
+        if task_id is not None and self.task_names.get(task_id, name) != name:
+            raise ValueError(f"lora_task_id {task_id} is adapter {self.task_names[task_id]!r}'s; pick another")
+        try:
+            adapter = load(adapter) if isinstance(adapter, Path) else adapter
+        except PipelineError as exc:
+            raise ValueError(f"LoRA adapter {name!r}: {exc}") from None
         found = problems(adapter, self.facts, self.spec.max_lora_rank, self.spec.target_modules)
         if found:
             raise ValueError(f"LoRA adapter {name!r} ({adapter.path}): {'; '.join(found)}")
+        return adapter
+
+    def register(self, name: str, adapter: Adapter | Path, task_id: int | None = None) -> None:
+        """Make `name` servable (and its Triton `lora_task_id`, when given); see `check` for what raises. Not while
+        a pass runs: it may rewrite a resident slot (the scheduler calls it between steps)."""
+        adapter = self.check(name, adapter, task_id)
         self.adapters[name] = adapter
+        if task_id is not None:
+            self.task_names[task_id] = name
         if name in self.slot_of:  # re-registered: the resident copy is stale
             self._write(self.slot_of[name], adapter)
 

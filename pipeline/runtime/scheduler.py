@@ -50,7 +50,10 @@ COUNTERS = {
     "prefix_cache_reused_tokens_total": "Prompt tokens whose KV was copied from the prefix cache, not prefilled",
     "draft_tokens_total": "Speculative draft tokens verified (runtime.speculative)",
     "accepted_draft_tokens_total": "Speculative drafts accepted: output tokens that took no decode step of their own",
+    "lora_requests_total": "Requests (batch entries) decoded with a LoRA adapter, per adapter (label `adapter`)",
 }
+# Counters kept per value of a label: their increments are keyed "<name>:<label value>".
+LABELLED_COUNTERS = {"lora_requests_total": "adapter"}
 GAUGES = {
     "active_rows": "Sequences in the running batch after the last step",
     "kv_cache_blocks_used": "KV-cache blocks reserved by admitted requests (their own and the prefix blocks they hold)",
@@ -135,6 +138,18 @@ def guides_of(inputs: Mapping[str, np.ndarray], rows: int) -> list[Guide | None]
     return guides
 
 
+def adapter_of(runner: ModelRunner, task_id: int) -> str | None:
+    """The LoRA adapter a row's `lora_task_id` names (0: none)."""
+    if not task_id:
+        return None
+    if runner.lora is None:
+        raise ValueError(f"lora_task_id {task_id}: this engine was built without LoRA (add a lora section, rebuild)")
+    if task_id not in runner.lora.task_names:
+        known = ", ".join(f"{i} ({n})" for i, n in sorted(runner.lora.task_names.items())) or "none"
+        raise ValueError(f"lora_task_id {task_id} names no loaded LoRA adapter; loaded: {known}")
+    return runner.lora.task_names[task_id]
+
+
 def parse_job(
     inputs: Mapping[str, np.ndarray],
     runner: ModelRunner,
@@ -183,6 +198,13 @@ def parse_job(
         for row, prompt in enumerate(prompts)
     ]
     runner.check_sampling([r.params for r in requests])
+    for request, task_id in zip(requests, per_row("lora_task_id", 0, int)):
+        request.adapter = adapter_of(runner, task_id)
+    distinct = {request.adapter for request in requests} - {None}
+    if runner.lora is not None and len(distinct) > runner.lora.spec.max_loras:
+        raise ValueError(
+            f"the rows use {len(distinct)} LoRA adapters, more than the engine's max_loras {runner.lora.spec.max_loras}"
+        )
     guides = guides_of(inputs, rows)
     for request, guide in zip(requests, guides):
         if guide is None:
@@ -267,6 +289,7 @@ class Scheduler:
         self._metrics_lock = threading.Lock()  # Triton's metrics segfault when updated from several threads at once
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._between_steps: deque[Callable[[], None]] = deque()  # run by the scheduler thread before its next step
 
     # ------------------------------------------------------------ requests in
 
@@ -300,6 +323,29 @@ class Scheduler:
         responder.send_error(self.dead)
         return None
 
+    def register_adapter(self, name: str, path: str, task_id: int, responder: Responder) -> None:
+        """Serve the PEFT adapter in `path` as `name` under `task_id` (the gateway's load_lora_adapter): read and
+        checked here, on the caller's thread; taken in between two steps, when the answer (an empty final) goes."""
+        from pathlib import Path
+
+        try:
+            if self.runner.lora is None:
+                raise ValueError("this engine was built without LoRA (add a lora section and rebuild)")
+            if task_id < 1:
+                raise ValueError(f"lora_task_id must be at least 1 (0 means no adapter), got {task_id}")
+            adapter = self.runner.lora.check(name, Path(path), task_id)
+        except ValueError as exc:
+            responder.send_error(str(exc))
+            return
+
+        def take() -> None:
+            self.runner.lora.register(name, adapter, task_id)
+            responder.send_final()
+
+        with self._wake:
+            self._between_steps.append(take)
+            self._wake.notify()
+
     def stop(self, request_id: str) -> None:
         """TensorRT-LLM's `stop` input: the queued or running job with this id stops at the next step.
 
@@ -315,10 +361,12 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """Nothing queued, prefilling or running."""
-        return not self.queue and self.batch is None and not self.prefilling
+        return not self.queue and self.batch is None and not self.prefilling and not self._between_steps
 
     def step(self) -> None:
         """One scheduling step (see the module docstring); a failure fails the jobs whose rows it held."""
+        while self._between_steps:
+            self._between_steps.popleft()()
         try:
             self._advance()
         except Exception as exc:  # never let one bad step stop the scheduler
@@ -440,6 +488,10 @@ class Scheduler:
                     continue
                 rows = self._running_rows() + len(self.prefilling) + len(admitted) + len(job.rows)
                 reservations = self.kv.reserve(job.rows) if rows <= self.runner.max_batch_size else None
+                if reservations is not None and not self._hold_adapters(job.rows):
+                    for request in job.rows:
+                        self.kv.release(request)
+                    reservations = None
                 if reservations is None:
                     break  # FIFO: later jobs wait too, so none starves (each fits an idle engine: parse_job checks)
                 looked_up.extend(reservations)
@@ -448,14 +500,26 @@ class Scheduler:
                     self.jobs[id(request)] = job
                 admitted.extend(job.rows)
         hits = sum(reservation.hits for reservation in looked_up)
+        adapters = [request.adapter for request in admitted if request.adapter]
         self._record(
             increments={
+                **{f"lora_requests_total:{name}": adapters.count(name) for name in set(adapters)},
                 "prefix_cache_queried_blocks_total": sum(reservation.queried for reservation in looked_up),
                 "prefix_cache_hit_blocks_total": hits,
                 "prefix_cache_reused_tokens_total": hits * self.kv.tokens_per_block,
             }
         )
         return admitted
+
+    def _hold_adapters(self, rows: list[Request]) -> bool:
+        """Slots for the rows' LoRA adapters (False: every slot is held by running rows; the job waits)."""
+        names = [request.adapter for request in rows]
+        if not any(names):
+            return True
+        slots = self.runner.lora.acquire(names)
+        for request, slot in zip(rows, slots or []):
+            request.lora_slot = slot
+        return slots is not None
 
     def _prefill_chunks(self) -> None:
         """Run prompt pieces within this step's token budget; finished prompts join the batch."""
@@ -498,6 +562,7 @@ class Scheduler:
             with self._wake:
                 del self.jobs[id(request)]
             self.kv.release(request)
+            self.runner.release_adapters([request])
             job.finished_rows += 1
             if job.failed:
                 continue  # answered with its error; its other rows end unanswered
@@ -532,6 +597,7 @@ class Scheduler:
         for job in held:
             for request in job.rows:
                 self.kv.release(request)
+            self.runner.release_adapters(job.rows)
             job.finished_rows = len(job.rows)
             job.responder.send_error(error)
 
@@ -541,7 +607,7 @@ class Scheduler:
         levels = levels or {}
         with self._metrics_lock:
             for name, amount in increments.items():
-                self.counters[name] += amount
+                self.counters[name] = self.counters.get(name, 0.0) + amount
             self.gauges.update(levels)
             if self.on_metrics is not None:
                 self.on_metrics(increments, levels)

@@ -13,7 +13,7 @@ from typing import AsyncIterator, Iterator
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.triton.interface import CLIENT_INPUTS
+from pipeline.triton.interface import CLIENT_INPUTS, LORA_LLM_INPUTS
 
 _NUMPY = {
     "TYPE_STRING": object,
@@ -21,6 +21,7 @@ _NUMPY = {
     "TYPE_FP32": np.float32,
     "TYPE_UINT64": np.uint64,
     "TYPE_BOOL": bool,
+    "TYPE_FP16": np.float16,
 }
 _WIRE = {
     "TYPE_STRING": "BYTES",
@@ -28,8 +29,9 @@ _WIRE = {
     "TYPE_FP32": "FP32",
     "TYPE_UINT64": "UINT64",
     "TYPE_BOOL": "BOOL",
+    "TYPE_FP16": "FP16",
 }
-_TYPES = {name: dtype for name, dtype, _, _ in CLIENT_INPUTS}
+_TYPES = {name: dtype for name, dtype, _, _ in CLIENT_INPUTS + LORA_LLM_INPUTS}
 
 
 def client_inputs(values: dict) -> list:

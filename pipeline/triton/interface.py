@@ -32,12 +32,23 @@ CLIENT_INPUTS: list[Tensor] = [
     ("return_log_probs", "TYPE_BOOL", SCALAR, True),
     ("beam_width", "TYPE_INT32", SCALAR, True),
     ("stream", "TYPE_BOOL", SCALAR, True),
+]
+# Client inputs the LLM model takes under the same name where it declares them: guided decoding (tensorrtllm_backend
+# 0.19 on, and our CPU model), LoRA (the task id: both; the weights and their config, TensorRT-LLM's LoRA cache only).
+# The ensemble and BLS of a repository whose LLM model lacks one leave it out.
+GUIDED_INPUTS: list[Tensor] = [
     ("guided_decoding_guide_type", "TYPE_STRING", SCALAR, True),
     ("guided_decoding_guide", "TYPE_STRING", SCALAR, True),
 ]
-# Client inputs the LLM model takes under the same name where it declares them (guided decoding: tensorrtllm_backend
-# 0.19 on, and our CPU model): the ensemble and BLS of a repository whose LLM model lacks them leave them out.
-LLM_FEATURE_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
+LORA_TASK_ID: Tensor = ("lora_task_id", "TYPE_UINT64", SCALAR, True)
+FEATURE_INPUTS: list[Tensor] = [
+    *GUIDED_INPUTS,
+    LORA_TASK_ID,
+    ("lora_weights", "TYPE_FP16", [-1, -1], True),
+    ("lora_config", "TYPE_INT32", [-1, 3], True),
+]
+LLM_FEATURE_INPUTS = tuple(name for name, *_ in FEATURE_INPUTS)
+CLIENT_INPUTS += FEATURE_INPUTS
 CLIENT_OUTPUTS: list[Tensor] = [
     ("text_output", "TYPE_STRING", [-1], False),
     ("cum_log_probs", "TYPE_FP32", [-1], False),
@@ -86,7 +97,14 @@ LLM_INPUTS: list[Tensor] = [
     ("exclude_input_in_output", "TYPE_BOOL", SCALAR, True),
     ("streaming", "TYPE_BOOL", SCALAR, True),
     ("stop", "TYPE_BOOL", SCALAR, True),  # true: stop the running request with this request's id
-    *[(name, "TYPE_STRING", SCALAR, True) for name in LLM_FEATURE_INPUTS],  # pipeline.runtime.guided
+    *GUIDED_INPUTS,  # pipeline.runtime.guided
+]
+# The CPU LLM model of an engine built with LoRA: the task id selects a row's adapter; the admin pair registers the
+# PEFT adapter in a directory of the server's under a task id and name (the gateway's /v1/load_lora_adapter).
+LORA_LLM_INPUTS: list[Tensor] = [
+    LORA_TASK_ID,
+    ("lora_adapter_dir", "TYPE_STRING", SCALAR, True),
+    ("lora_adapter_name", "TYPE_STRING", SCALAR, True),
 ]
 LLM_OUTPUTS: list[Tensor] = [
     ("output_ids", "TYPE_INT32", [-1, -1], False),
@@ -173,9 +191,6 @@ UNWIRED_CLIENT_INPUTS = {
     "decoder_text_input": "encoder-decoder models are not built",
     "embedding_bias_words": "no logits bias (needs a vocabulary-sized tensor per request)",
     "embedding_bias_weights": "no logits bias",
-    "lora_task_id": "no LoRA adapters are built or cached",
-    "lora_weights": "no LoRA adapters",
-    "lora_config": "no LoRA adapters",
     "num_return_sequences": "one sequence per request (beam_width for beams)",
     "prompt_embedding_table": "no prompt tuning or multimodal embeddings",
     "prompt_table_extra_id": "no prompt tuning",

@@ -6,6 +6,7 @@ process that died, an error). A repository of TensorRT-LLM's PyTorch backend is 
 from __future__ import annotations
 
 import ipaddress
+import json
 import signal
 import threading
 import time
@@ -83,6 +84,13 @@ def _start_gateway(report: RepoReport, repo: Path, host: str, grpc_port: int, ga
     if bls is None:
         raise PipelineError(f"{repo} has no BLS model (tensorrt_llm_bls), which --openai forwards to; rebuild it")
     preprocessing = config.parameters["preprocessing_model_name"].string_value
+    llm = report.models.get(config.parameters["tensorrt_llm_model_name"].string_value)
+    adapters, registers = {}, False
+    if llm is not None and "lora_dir" in llm.parameters and llm.parameters["lora_dir"].string_value:
+        index = Path(llm.parameters["lora_dir"].string_value) / "adapters.json"
+        adapters = {name: entry["task_id"] for name, entry in json.loads(index.read_text()).items()}
+    if llm is not None:
+        registers = any(tensor.name == "lora_adapter_dir" for tensor in llm.input)
     app = create_app(
         dial_address(host, grpc_port),
         report.models[preprocessing].parameters["tokenizer_dir"].string_value,
@@ -90,6 +98,8 @@ def _start_gateway(report: RepoReport, repo: Path, host: str, grpc_port: int, ga
         triton_model=bls,
         api_key=gateway.api_key,
         max_body_bytes=int(gateway.max_body_mb * 1_000_000),
+        adapters=adapters,
+        llm_model=llm.name if registers else None,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=gateway.port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="openai-gateway", daemon=True)

@@ -15,8 +15,11 @@ from tests.conftest import run_cli, slow_fixture, write_config
 from tests.runtime.test_model_runner import encode, hf_greedy
 
 ADAPTERS = {
-    "every": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                         "up_proj", "down_proj"]},
+    "every": {
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    },
     "qv": {"r": 8, "lora_alpha": 4, "target_modules": ["q_proj", "v_proj"], "use_rslora": True},
 }
 PROMPTS = ["w1 w2 w3 w4", "w10 w11", "w5 w6 w7 w8 w9 w20 w21"]

@@ -411,7 +411,7 @@ class OnnxRuntimeTarget:
         config = model_config(
             t.llm_model_name,
             max_batch_size=engine["build_config"]["max_batch_size"],
-            inputs=interface.LLM_INPUTS,
+            inputs=interface.LLM_INPUTS + (interface.LORA_LLM_INPUTS if cfg.lora else []),
             outputs=interface.LLM_OUTPUTS,
             decoupled=True,
             instances=t.llm_instance_count,
@@ -427,6 +427,8 @@ class OnnxRuntimeTarget:
                 "tokens_per_block": cfg.build.tokens_per_block,
                 "enable_kv_cache_reuse": r.enable_kv_cache_reuse,
                 "batch_invariant": r.batch_invariant,
+                # the lora stage's adapters (pipeline/stages/lora.py), beside the engine in the build's output
+                "lora_dir": engine_dir.parent / "lora" if cfg.lora and cfg.lora.adapters else "",
                 **speculative.to_parameters(speculative.from_config(r.speculative)),
             },
         )

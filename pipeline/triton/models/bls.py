@@ -57,6 +57,9 @@ TO_LLM = {
     "exclude_input_in_output": "exclude_input_in_output",
     "guided_decoding_guide_type": "guided_decoding_guide_type",
     "guided_decoding_guide": "guided_decoding_guide",
+    "lora_task_id": "lora_task_id",
+    "lora_weights": "lora_weights",
+    "lora_config": "lora_config",
 }
 LLM_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "batch_index", "sequence_index"]
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.scheduler import COUNTERS, GAUGES, METRIC_PREFIX, Scheduler
+from pipeline.runtime.scheduler import COUNTERS, GAUGES, LABELLED_COUNTERS, METRIC_PREFIX, Scheduler
 from pipeline.runtime.speculative import from_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -70,16 +71,21 @@ class TritonPythonModel:
             speculative=from_parameters(params),
             batch_invariant=params.get("batch_invariant", "false").lower() == "true",
         )
+        if params.get("lora_dir"):  # the build's adapters (pipeline/stages/lora.py: adapters.json, a directory each)
+            lora_dir = Path(params["lora_dir"])
+            for name, entry in json.loads((lora_dir / "adapters.json").read_text()).items():
+                runner.lora.register(name, lora_dir / name, entry["task_id"])
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(engine_dir)  # only to hold back incomplete UTF-8 when streaming
         # Triton's metrics: families must outlive their metrics, so both are kept on self
-        self.metric_families, self.metrics = [], {}
+        self.metric_families, self.metrics = {}, {}
         for names, kind in ((COUNTERS, pb_utils.MetricFamily.COUNTER), (GAUGES, pb_utils.MetricFamily.GAUGE)):
             for name, description in names.items():
                 family = pb_utils.MetricFamily(name=METRIC_PREFIX + name, description=description, kind=kind)
-                self.metric_families.append(family)
-                self.metrics[name] = family.Metric(labels={"model": self.model_name})
+                self.metric_families[name] = family
+                if name not in LABELLED_COUNTERS:  # those get a metric per label value, on first use
+                    self.metrics[name] = family.Metric(labels={"model": self.model_name})
         self.scheduler = Scheduler(
             runner,
             kv_budget=int(params.get("max_tokens_in_paged_kv_cache") or 0) or None,
@@ -100,8 +106,12 @@ class TritonPythonModel:
         )
 
     def _forward_metrics(self, increments: dict[str, float], levels: dict[str, float]) -> None:
-        for name, amount in increments.items():
-            self.metrics[name].increment(amount)
+        for key, amount in increments.items():
+            if key not in self.metrics:  # "<name>:<label value>" of a LABELLED_COUNTERS name
+                name, _, value = key.partition(":")
+                labels = {"model": self.model_name, LABELLED_COUNTERS[name]: value}
+                self.metrics[key] = self.metric_families[name].Metric(labels=labels)
+            self.metrics[key].increment(amount)
         for name, value in levels.items():
             self.metrics[name].set(value)
 
@@ -116,6 +126,14 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             responder = TritonResponder(sender, self.model_name)
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+            if "lora_adapter_dir" in inputs:  # the gateway's load_lora_adapter
+                self.scheduler.register_adapter(
+                    str(inputs.get("lora_adapter_name", inputs["lora_adapter_dir"]).reshape(-1)[0], "utf-8"),
+                    str(inputs["lora_adapter_dir"].reshape(-1)[0], "utf-8"),
+                    int(inputs.get("lora_task_id", np.zeros(1)).reshape(-1)[0]),
+                    responder,
+                )
+                continue
             stop = inputs.get("stop")
             if stop is not None and stop.any():
                 self.scheduler.stop(request.request_id())
