@@ -426,3 +426,59 @@ def bench_compare(
     if first["kind"] != second["kind"]:
         raise PipelineError(f"cannot compare a {first['kind']} run with a {second['kind']} run")
     console.print(compare(first, second), highlight=False, soft_wrap=True)
+
+
+@bench_app.command("lora")
+@reports_errors
+def bench_lora(
+    config: Path = ConfigArg,
+    output: Optional[Path] = OutputOpt,
+    base: Path = typer.Option(
+        Path("build_configs/smollm2-135m-cpu.yaml"), help="The same model's build without LoRA (built first)."
+    ),
+    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes (repeat); default 1 and 8."),
+    shape: str = typer.Option("128x32", help="INPUTxOUTPUT token lengths."),
+    rounds: int = typer.Option(5, help="Rounds (every case once per round); medians are reported."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all usable cores)."),
+    spinning: bool = typer.Option(True, help="Spinning ONNX Runtime threads, as `bench offline` measures them."),
+    out: Path = BenchOut,
+):
+    """What multi-LoRA costs a decode step: the engine of CONFIG (built with a lora section) with 0, 1 and 4
+    distinct adapters in the batch (random, at its max_lora_rank) against the base build without LoRA, cases
+    interleaved every round; and the memory one resident adapter takes.
+
+    Example: trtllm-pipeline bench lora build_configs/smollm2-135m-cpu-lora.yaml --batch 1 --batch 8
+    """
+    from pipeline.bench import report
+    from pipeline.bench.lora import lora_cost, table
+    from pipeline.build import default_output
+    from pipeline.runtime.model_runner import default_threads
+
+    engines = []
+    for name, path, given in (("CONFIG", config, output), ("--base", base, None)):
+        load(path, [])
+        engine = (given or default_output(path)) / "engine"
+        if not (engine / "config.json").is_file():
+            raise PipelineError(f"{name}: no engine in {engine}: build it first (trtllm-pipeline build {path})")
+        engines.append(engine)
+    try:
+        input_len, output_len = (int(x) for x in shape.lower().split("x"))
+    except ValueError:
+        raise typer.BadParameter(f"{shape!r} is not INPUTxOUTPUT, e.g. 128x32", param_hint="--shape") from None
+    threads = threads or default_threads()
+    console.print(f"  timing decode steps: {rounds} rounds", highlight=False)
+    results = lora_cost(
+        engines[1],
+        engines[0],
+        threads=threads,
+        batches=batch or [1, 8],
+        input_len=input_len,
+        output_len=output_len,
+        spinning=spinning,
+        rounds=rounds,
+    )
+    results |= {"name": config.stem, "threads": threads, "shape": shape}
+    summary = table(results)
+    folder = report.write_report(out, "lora", f"lora: {config}", results, summary, lambda path: None, "")
+    console.print(summary, highlight=False, soft_wrap=True)
+    console.print(f"report: {folder}")

@@ -226,7 +226,7 @@ class SharedCache:
         binding = self._binding(batch, len(input_ids), row)
         if self.lora is not None:
             own = [r.lora_slot for r in (batch.requests[:rows] if row is None else [batch.requests[row]])]
-            self._bind_lora(batch, binding, own + [None] * (len(input_ids) - len(own)))
+            self._bind_lora(batch, binding, own + [None] * (len(input_ids) - len(own)), input_ids.shape[1])
         # logits into a buffer of ours: no output to fetch, which would wrap every bound KV buffer too (0.3 ms a step)
         logits = np.empty((len(logits_index), self.logits_width), dtype=np.float32)
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
@@ -237,10 +237,10 @@ class SharedCache:
         self.session.run_with_iobinding(binding)
         return logits[:wanted]
 
-    def _bind_lora(self, batch: Batch, binding, slots: list) -> None:
-        """The pass's LoRA inputs: each row's slot in the mask, the slot range's weights (rebound only when the
-        range changes, as rows with other adapters come and go)."""
-        bounds, mask = self.lora.feeds(slots)
+    def _bind_lora(self, batch: Batch, binding, slots: list, tokens: int) -> None:
+        """The pass's LoRA inputs: each token's slot in the mask, and the weights of the slot range its rows use
+        (rebound only when the range changes, as rows with other adapters come and go)."""
+        bounds, mask = self.lora.feeds(slots, tokens)
         if batch.lora_bound.get(id(binding)) != bounds:
             for name, value in self.lora.views(bounds).items():
                 binding.bind_ortvalue_input(name, value)

@@ -1,17 +1,19 @@
 """Multi-LoRA on the fused graph: adapters resident in slots, every row of a batch applying its own (or none).
 
 Graph side (`pipeline/targets/onnxruntime/graph.py`): each fused linear (qkv, o, gate_up, down) whose parts the
-engine carries LoRA on gets a branch
-    out += ReduceSum_k( ((x @ A[k]) * lora_mask[k, row]) @ B[k] )
-over the slots k bound for the pass: A [k, 1, in, parts x rank], B [k, 1, parts x rank, out], B holding each part's
-block on the diagonal (the qkv branch is one GEMM pair for q, k and v). The base weights stay quantized; the branch
-runs in float32.
+engine carries LoRA on gets a branch over the pass's tokens x [tokens, in] and the k slots bound for the pass,
+    out += ReduceSum_k( ((x @ A[k]) * lora_mask[k, token]) @ B[k] )
+with A [k, in, width], B [k, width, out] (a slot's B holds its parts' B on the diagonal, so q, k and v are one GEMM
+pair) and lora_mask 1 where the token's row uses the slot: 2k GEMMs per branch, whatever the batch. The base weights
+stay quantized; the branch runs in float32. Measured alternatives (`bench lora`, SmolLM2-135M int8, rank 16 on all
+seven modules, 2026-11-26): batching rows and slots apart ([k, 1, in, width] against [rows, seq, in]: k x rows
+small GEMMs) cost batch 8 with 4 adapters 1.50x the base step; binding every slot always (two GEMMs over
+max_loras x width columns) 1.41x with 4 adapters but 1.76x at batch 1 with 1, since every slot's weights are read.
 
-Runner side (`LoraSlots`): the slots are numpy buffers [max_loras, ...] per branch; a batch binds the contiguous
-slot range its rows use (a view: no copy), so a pass reads only those adapters' weights, and a batch without
-adapters binds an empty range (the branch then costs its five small nodes). Adapters are registered once (host
-copies); one is copied into a slot when a row needs it and no slot holds it, evicting the least recently used slot no
-running row holds, as TensorRT-LLM's LoRA cache and vLLM's max_loras do.
+Runner side (`LoraSlots`): the slots are numpy buffers [max_loras, ...]; a pass binds the contiguous slot range its
+rows use (a view: no copy), so it reads only those adapters' weights, and a pass without adapters an empty range.
+Adapters are registered once (host copies); one is copied into a slot when a row needs it and no slot holds it,
+evicting the least recently used slot no running row holds, as TensorRT-LLM's LoRA cache and vLLM's max_loras do.
 Written by hand: ONNX Runtime has no multi-LoRA operator for CPU (onnxruntime-genai's adapters are one per session).
 """
 
@@ -33,7 +35,7 @@ BRANCHES = {
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
 }
-MASK = "lora_mask"  # float [slots bound, rows, 1, 1]: 1 where the row uses the slot
+MASK = "lora_mask"  # float [slots bound, tokens, 1]: 1 where the token's row uses the slot
 
 
 def input_names(layer: int, branch: str) -> tuple[str, str]:
@@ -67,14 +69,14 @@ class LoraSlots:
         self.spec, self.facts = spec, facts
         shapes, rank = module_shapes(facts), spec.max_lora_rank
         self.parts = branch_parts(spec.target_modules)
-        self.a, self.b = {}, {}  # input name -> buffer [max_loras, 1, in, width] / [max_loras, 1, width, out]
+        self.a, self.b = {}, {}  # input name -> buffer [max_loras, in, width] / [max_loras, width, out]
         for layer in range(facts.num_hidden_layers):
             for branch, parts in self.parts.items():
                 a_name, b_name = input_names(layer, branch)
                 fan_in = shapes[parts[0]][0]
                 fan_out = sum(shapes[m][1] for m in BRANCHES[branch])
-                self.a[a_name] = np.zeros((spec.max_loras, 1, fan_in, len(parts) * rank), np.float32)
-                self.b[b_name] = np.zeros((spec.max_loras, 1, len(parts) * rank, fan_out), np.float32)
+                self.a[a_name] = np.zeros((spec.max_loras, fan_in, len(parts) * rank), np.float32)
+                self.b[b_name] = np.zeros((spec.max_loras, len(parts) * rank, fan_out), np.float32)
         self.adapters: dict[str, Adapter] = {}
         self.task_names: dict[int, str] = {}  # Triton lora_task_id -> adapter name
         self.slot_of: dict[str, int] = {}
@@ -88,7 +90,7 @@ class LoraSlots:
 
     def slot_bytes(self) -> int:
         """Memory one resident adapter takes (its slot in every branch)."""
-        return sum(buffer[0].nbytes for buffer in [*self.a.values(), *self.b.values()])
+        return sum(buffer.nbytes for buffer in [*self.a.values(), *self.b.values()]) // self.spec.max_loras
 
     def check(self, name: str, adapter: Adapter | Path, task_id: int | None = None) -> Adapter:
         """The adapter read and checked for this engine. Raises ValueError naming what does not fit it, or a task id
@@ -155,7 +157,7 @@ class LoraSlots:
         for layer in range(self.facts.num_hidden_layers):
             for branch, parts in self.parts.items():
                 a_name, b_name = input_names(layer, branch)
-                a, b = self.a[a_name][slot, 0], self.b[b_name][slot, 0]
+                a, b = self.a[a_name][slot], self.b[b_name][slot]
                 a[:], b[:] = 0, 0
                 offsets = np.cumsum([0] + [shapes[m][1] for m in BRANCHES[branch]])
                 for index, module in enumerate(parts):
@@ -168,16 +170,21 @@ class LoraSlots:
                     a[:, index * rank : index * rank + r] = lora_a.T
                     b[index * rank : index * rank + r, offsets[column] : offsets[column + 1]] = lora_b.T
 
-    def feeds(self, slots: list[int | None]) -> tuple[tuple[int, int], np.ndarray]:
-        """The slot range [lo, hi) a pass over rows using `slots` binds (empty when none uses one), and its
-        lora_mask [hi - lo, rows, 1, 1]."""
+    def feeds(self, slots: list[int | None], tokens: int) -> tuple[tuple[int, int], np.ndarray]:
+        """The slot range [lo, hi) a pass over rows using `slots` (None: no adapter), `tokens` tokens each, binds
+        (empty when no row uses one), and its lora_mask [hi - lo, rows x tokens, 1]."""
         used = [s for s in slots if s is not None]
         lo, hi = (min(used), max(used) + 1) if used else (0, 0)
-        mask = np.zeros((hi - lo, len(slots), 1, 1), np.float32)
+        mask = np.zeros((hi - lo, len(slots), tokens, 1), np.float32)
         for row, slot in enumerate(slots):
             if slot is not None:
                 mask[slot - lo, row] = 1
-        return (lo, hi), mask
+        return (lo, hi), mask.reshape(hi - lo, len(slots) * tokens, 1)
+
+    def slot_feeds(self, slot: int, tokens: int) -> dict[str, np.ndarray]:
+        """The LoRA inputs of a plain `session.run` over `tokens` tokens, all using `slot` (the quality gate's)."""
+        weights = {name: buffer[slot : slot + 1] for name, buffer in [*self.a.items(), *self.b.items()]}
+        return weights | {MASK: np.ones((1, tokens, 1), np.float32)}
 
     def views(self, bounds: tuple[int, int]) -> dict:
         """The weight inputs of the slot range as OrtValues wrapping the buffers (made once per range)."""

@@ -3,8 +3,11 @@ with an index (`adapters.json`: name, task id, rank, modules, bytes), so the ser
 the build, as it does to the engine.
 
 Its own stage, after `engine`, so adding or retraining an adapter re-runs this stage and the repository, never the
-engine. The target adds what its runtime needs beyond PEFT's files (`Target.convert_adapters`). Inputs: `lora`, the
-adapter files.
+engine. The target adds what its runtime needs beyond PEFT's files (`Target.convert_adapters`). Where the target can
+run its engine here (`Target.scored_adapter`), each adapter passes the quality gate as the base model did: the engine
+decoding with it against PEFT's merge of it into the fp32 model, on the evaluation text (`verify`'s perplexity, KL and
+top-1 thresholds; not the chat set, whose fp32 answers take minutes per adapter). Inputs: `lora`, `verify`, the
+adapter files, the import and engine outputs.
 """
 
 from __future__ import annotations
@@ -13,17 +16,17 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline import lora
+from pipeline import lora, quality
 from pipeline.config import BuildConfig
 from pipeline.config.schema import lora_adapters
 from pipeline.errors import BuildStepError, PipelineError
 from pipeline.targets import target_of
 
 NAME = "lora"
-READS = ("lora",)
+READS = ("lora", "verify")
 TOOLS = ("safetensors",)
 SOURCES: tuple[Path, ...] = ()
-AFTER = ("import",)  # the model the adapters are checked against
+AFTER = ("import", "engine")  # the model the adapters are checked against, and gated on
 INDEX = "adapters.json"
 
 
@@ -72,4 +75,11 @@ def run(cfg: BuildConfig, ctx) -> dict:
         }
         ctx.log(f"adapter {section.name} (task id {task_id}): rank {adapter.rank} on {', '.join(adapter.modules)}")
     (ctx.out_dir / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-    return {"adapters": len(index)} | target_of(cfg).convert_adapters(cfg, ctx)
+    target = target_of(cfg)
+    metrics = {"adapters": len(index)} | target.convert_adapters(cfg, ctx)
+    text_only = cfg.model_copy(update={"verify": cfg.verify.model_copy(update={"min_chat_answer_match": None})})
+    for name in index:
+        scored = target.scored_adapter(cfg, ctx.output, name, ctx.out_dir / name)
+        if scored is not None:
+            metrics[f"gate_{name}"] = quality.gate(text_only, *scored, ctx)
+    return metrics

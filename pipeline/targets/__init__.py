@@ -83,6 +83,12 @@ class Target(Protocol):
         """What the target's runtime needs of the LoRA adapters beyond the PEFT directories the `lora` stage copies
         into ctx.out_dir (one per adapter name); returns metrics ({} when nothing)."""
 
+    def scored_adapter(
+        self, cfg: BuildConfig, output: Path, name: str, adapter_dir: Path
+    ) -> tuple[Model, Model] | None:
+        """(the engine decoding with LoRA adapter `name`, its fp32 reference) for the quality gate of the `lora`
+        stage; None where this machine cannot run the target's engine."""
+
     def build_engine(self, cfg: BuildConfig, ctx) -> dict:
         """The engine and its `config.json` in ctx.out_dir (stage `engine`)."""
 

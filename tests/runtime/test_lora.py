@@ -76,8 +76,9 @@ def merged(base: Path, adapter: Path):
     return PeftModel.from_pretrained(model, adapter).merge_and_unload().eval()
 
 
-def runner_for(out: Path, adapters: dict[str, Path]) -> ModelRunner:
-    return ModelRunner.from_dir(out / "engine", num_threads=1, lora_dir=[out / "lora" / n for n in adapters])
+def runner_for(out: Path, extra: tuple[Path, ...] = ()) -> ModelRunner:
+    """The engine with the build's adapters (the lora stage's copies), then `extra` ones: lora_uids "0", "1", ..."""
+    return ModelRunner.from_dir(out / "engine", num_threads=1, lora_dir=[*(out / "lora" / n for n in ADAPTERS), *extra])
 
 
 def generate(runner: ModelRunner, ids, uids) -> list[list[int]]:
@@ -92,7 +93,7 @@ def test_each_adapter_equals_peft_merged_alone_and_in_one_mixed_batch(tiny_llama
     ids = encode(tokenizer, PROMPTS)
     base = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     models = {"-1": base} | {str(uid): merged(tiny_llama, path) for uid, path in enumerate(adapters.values())}
-    runner = runner_for(lora_engine, adapters)
+    runner = runner_for(lora_engine)
     expected = {uid: [hf_greedy(model, i, 10) for i in ids] for uid, model in models.items()}
     assert expected["0"] != expected["-1"] and expected["1"] != expected["-1"]  # both adapters change the answers
     for uid in models:
@@ -103,10 +104,24 @@ def test_each_adapter_equals_peft_merged_alone_and_in_one_mixed_batch(tiny_llama
     assert runner.lora.holders == [0, 0]  # generate gave its slots back
 
 
-def test_more_adapters_than_slots_wait_or_are_refused(adapters, lora_engine, tmp_path):
-    runner = runner_for(lora_engine, adapters)
-    runner.lora.spec.__dict__  # noqa: B018
-    with pytest.raises(ValueError, match="unknown LoRA adapter '7'"):
-        generate(runner, [np.array([4, 5])], ["7"])
+def test_slots_are_reused_least_recently_used_first_and_misfits_are_refused(
+    tiny_llama, adapters, lora_engine, tmp_path
+):
+    """max_loras 2: a third adapter takes the slot used longest ago (its answer is its own), a batch needing three
+    is refused, as are an unknown uid, a rank over max_lora_rank and a module the engine carries no LoRA on."""
+    third = make_adapter(tiny_llama, tmp_path / "third", 5, r=2, lora_alpha=4, target_modules=["down_proj"])
+    runner = runner_for(lora_engine, (third,))
+    prompt = [np.array([4, 5, 6])]
+    alone = {uid: generate(runner, prompt, [uid]) for uid in ("0", "1", "2")}  # "2" evicts "0", the oldest
+    assert runner.lora.slot_of == {"1": 1, "2": 0}
+    assert generate(runner, prompt, ["0"]) == alone["0"]  # back in the slot "1" held
+    with pytest.raises(ValueError, match="the prompts use 3 LoRA adapters, more than the engine's max_loras 2"):
+        generate(runner, prompt * 3, ["0", "1", "2"])
+    with pytest.raises(ValueError, match=r"unknown LoRA adapter '7'; known: \['0', '1', '2'\]"):
+        generate(runner, prompt, ["7"])
     with pytest.raises(ValueError, match="lora_uids has 1 entries for 2 prompts"):
-        generate(runner, [np.array([4, 5])] * 2, ["0"])
+        generate(runner, prompt * 2, ["0"])
+    wide = make_adapter(tiny_llama, tmp_path / "wide", 6, r=16, lora_alpha=16, target_modules=["q_proj"])
+    with pytest.raises(ValueError, match="rank 16 exceeds lora.max_lora_rank 8; raise max_lora_rank to 16"):
+        runner.lora.register("wide", wide)
+    assert runner.lora.holders == [0, 0]

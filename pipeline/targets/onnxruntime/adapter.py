@@ -458,5 +458,10 @@ class OnnxRuntimeTarget:
         exported = read_lock(output)["stages"].get("export", {}).get("output_hash")
         return scored(cfg, built, output / "export" / ONNX_NAME, exported)
 
+    def scored_adapter(self, cfg, output: Path, name: str, adapter_dir: Path):
+        from pipeline.targets.onnxruntime.scoring import adapter_scored
+
+        return adapter_scored(cfg, output / "engine", output / "import", name, adapter_dir)
+
     def plan_notes(self, cfg, output: Path) -> list[str]:
         return []

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.quality import LogitsFn, Model
+from pipeline.runtime.lora import MASK
 
 
 def scored(cfg, engine_dir: Path, exported: Path, export_hash: str | None = None) -> tuple[Model, Model]:
@@ -48,6 +49,43 @@ def scored(cfg, engine_dir: Path, exported: Path, export_hash: str | None = None
     return runner_model("engine", engine_dir, engine), runner_model("fp32 ONNX graph", exported, fp32, answers_key)
 
 
+def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: Path) -> tuple[Model, Model]:
+    """(the engine decoding with LoRA adapter `name` from `adapter_dir`, its fp32 reference: PEFT's merge of the
+    adapter into the imported transformers model)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.quality import end_of_turn, torch_greedy, torch_logits_fn
+    from pipeline.runtime.model_runner import ModelRunner
+
+    engine = ModelRunner.from_dir(
+        engine_dir, num_threads=cfg.runtime.cpu_threads, batch_invariant=cfg.runtime.batch_invariant
+    )
+    engine.lora.register(name, adapter_dir)
+    (slot,) = engine.lora.acquire([name])  # held for the gate's passes
+    merged = (
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32), adapter_dir)
+        .merge_and_unload()
+        .eval()
+    )
+    reference = Model(
+        f"fp32 model merged with {name}",
+        adapter_dir,
+        torch_logits_fn(merged),
+        partial(torch_greedy, merged),
+        end_of_turn(merged, AutoTokenizer.from_pretrained(hf_dir)),
+    )
+    model = Model(
+        f"engine with adapter {name}",
+        engine_dir,
+        session_logits_fn(engine.session, partial(engine.lora.slot_feeds, slot)),
+        partial(runner_greedy, engine, adapter=name),
+        engine.end_id,
+    )
+    return model, reference
+
+
 def runner_model(name: str, path: Path, runner, answers_key: str | None = None) -> Model:
     return Model(
         name,
@@ -59,10 +97,12 @@ def runner_model(name: str, path: Path, runner, answers_key: str | None = None) 
     )
 
 
-def runner_greedy(runner, prompt: list[int], max_new_tokens: int, end_id: int) -> list[int]:
+def runner_greedy(runner, prompt: list[int], max_new_tokens: int, end_id: int, adapter: str | None = None) -> list[int]:
     """A ModelRunner's greedy continuation as `quality.torch_greedy` reports it (the runner leaves end_id out).
     Batch size 1, so that the answer does not depend on which prompts share the batch."""
-    out = runner.generate([prompt], max_new_tokens=max_new_tokens, end_id=end_id, return_dict=True)
+    out = runner.generate(
+        [prompt], max_new_tokens=max_new_tokens, end_id=end_id, return_dict=True, lora_uids=adapter and [adapter]
+    )
     answer = out["output_ids"][0, 0, len(prompt) : int(out["sequence_lengths"][0, 0])].tolist()
     return answer + [end_id] if len(answer) < max_new_tokens else answer
 
@@ -86,9 +126,10 @@ def empty_past(session, batch: int) -> dict[str, np.ndarray]:
         if spec.name.startswith("past_key_values."):
             kv_heads, head_size = spec.shape[1], spec.shape[3]
             feeds[spec.name] = np.zeros((batch, kv_heads, 0, head_size), dtype=np.float32)
-        elif spec.name.startswith("lora"):  # pipeline.runtime.lora: no slot bound (its other symbolic dims: 0)
-            shape = [batch if d == "batch" else 0 if isinstance(d, str) else d for d in spec.shape]
-            feeds[spec.name] = np.zeros(shape, dtype=np.float32)
+        elif spec.name == MASK:  # pipeline.runtime.lora: no slot bound
+            feeds[spec.name] = np.zeros((0, 1, 1), dtype=np.float32)
+        elif spec.name.startswith("lora."):  # the weights of no slot, zero-width
+            feeds[spec.name] = np.zeros([0 if isinstance(d, str) else d for d in spec.shape], dtype=np.float32)
     return feeds
 
 
@@ -96,8 +137,9 @@ def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
     return session_logits_fn(ort_session(onnx_path, threads))
 
 
-def session_logits_fn(session) -> LogitsFn:
-    """Logits of every position of a whole-prompt forward pass (no cache) of an exported decoder."""
+def session_logits_fn(session, lora_feeds=None) -> LogitsFn:
+    """Logits of every position of a whole-prompt forward pass (no cache) of an exported decoder; `lora_feeds(tokens)`
+    gives the LoRA inputs of a fused graph carrying LoRA (default: none bound, the base model)."""
     names = {i.name for i in session.get_inputs()}
     fused = "seqlens_k" in names  # the graph of pipeline/targets/onnxruntime/graph.py
 
@@ -110,6 +152,7 @@ def session_logits_fn(session) -> LogitsFn:
                 "total_sequence_length": np.array(length, dtype=np.int32),
                 "logits_index": np.arange(batch * length),
                 **empty_past(session, batch),
+                **(lora_feeds(batch * length) if lora_feeds else {}),
             }
             return session.run(["logits"], feeds)[0].reshape(batch, length, -1)
         feeds = {
