@@ -125,3 +125,18 @@ def test_slots_are_reused_least_recently_used_first_and_misfits_are_refused(
     with pytest.raises(ValueError, match="rank 16 exceeds lora.max_lora_rank 8; raise max_lora_rank to 16"):
         runner.lora.register("wide", wide)
     assert runner.lora.holders == [0, 0]
+
+
+def test_adapters_keep_their_tokens_with_speculation_and_batch_invariance(lora_engine):
+    """Drafts are verified on the row's own adapter (a 1-row pass); a batch-invariant engine's dummy rows and tokens
+    take no slot."""
+    from pipeline.runtime.speculative import NGram
+
+    repetitive = [np.array([4, 5, 6, 4, 5, 6, 4, 5, 6, 4, 5]), np.array([7, 8, 9, 10, 7, 8, 9])]
+    uids = ["0", "1"]
+    plain = generate(runner_for(lora_engine), repetitive, uids)
+    paths = [lora_engine / "lora" / n for n in ADAPTERS]
+    for options in ({"speculative": NGram(max_draft_len=4, max_matching_ngram_size=2)}, {"batch_invariant": True}):
+        runner = ModelRunner.from_dir(lora_engine / "engine", num_threads=1, lora_dir=paths, **options)
+        assert generate(runner, repetitive, uids) == plain, options
+        assert [generate(runner, [ids], [uid])[0] for ids, uid in zip(repetitive, uids)] == plain, options
