@@ -66,8 +66,10 @@ def lora_cost(
     def steps(runner: ModelRunner, batch: int, adapters: int) -> list[float]:
         prompts = [[(7 * row + i) % 1000 + 100 for i in range(input_len)] for row in range(batch)]
         requests = [Request(p, SamplingParams(max_new_tokens=output_len, end_id=-1)) for p in prompts]
-        names = [f"bench-{row % adapters}" if adapters else None for row in range(batch)]
-        runner.assign_adapters(requests, names)
+        for row, request in enumerate(requests):
+            request.adapter = f"bench-{row % adapters}" if adapters else None
+        if runner.lora is not None:
+            runner.lora.hold(requests)
         walls, last = [], time.perf_counter()
         try:
             for _ in runner.run(requests):
@@ -75,7 +77,8 @@ def lora_cost(
                 walls.append(now - last)
                 last = now
         finally:
-            runner.release_adapters(requests)
+            if runner.lora is not None:
+                runner.lora.release(requests)
         return walls[1:]  # the first is the prefill
 
     cases = [(b, k) for b in batches for k in ("base", *ADAPTER_COUNTS) if k == "base" or k <= b]

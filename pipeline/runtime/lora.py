@@ -62,6 +62,34 @@ class LoraSpec:
         return None if lora is None else cls(lora["target_modules"], lora["max_lora_rank"], lora["max_loras"])
 
 
+def check_names(lora: "LoraSlots | None", names: list[str | None], engine: str) -> None:
+    """Refuse rows naming adapters (None: the base model) that `lora`, the LoRA of `engine`, cannot serve together:
+    an engine without LoRA, an unknown adapter, more distinct ones than max_loras (they could never run)."""
+    named = {name for name in names if name is not None}
+    if named and lora is None:
+        raise ValueError(f"{engine} was built without LoRA: selecting an adapter needs an engine with a lora section")
+    unknown = sorted(named - set(lora.adapters)) if named else []
+    if unknown:
+        raise ValueError(f"unknown LoRA adapter {unknown[0]!r}; known: {lora.names}")
+    if named and len(named) > lora.spec.max_loras:
+        raise ValueError(
+            f"the rows use {len(named)} LoRA adapters, more than the engine's max_loras {lora.spec.max_loras}"
+        )
+
+
+def task_adapters(lora: "LoraSlots | None", task_ids: list[int], engine: str) -> list[str | None]:
+    """Each row's adapter from its Triton `lora_task_id` (0: the base model), checked as `check_names` does."""
+    if any(task_ids) and lora is None:
+        check_names(None, ["?"], engine)
+    unknown = [t for t in task_ids if t and t not in lora.task_names] if any(task_ids) else []
+    if unknown:
+        known = ", ".join(f"{i} ({n})" for i, n in sorted(lora.task_names.items())) or "none"
+        raise ValueError(f"lora_task_id {unknown[0]} names no loaded LoRA adapter; loaded: {known}")
+    names = [lora.task_names[t] if t else None for t in task_ids]
+    check_names(lora, names, engine)
+    return names
+
+
 class LoraSlots:
     """The adapters a runner knows (by name) and the `max_loras` slots they are applied from."""
 
@@ -143,9 +171,20 @@ class LoraSlots:
                 self.recent.move_to_end(slot)
         return slots
 
-    def release(self, slot: int | None) -> None:
-        if slot is not None:
-            self.holders[slot] -= 1
+    def hold(self, requests: list) -> bool:
+        """Slots for the requests' adapters (`Request.adapter`), held until `release`; False (nothing held) when they
+        need more slots than running rows leave free: the requests wait."""
+        names = [request.adapter for request in requests]
+        slots = self.acquire(names) if any(names) else [None] * len(requests)
+        for request, slot in zip(requests, slots or []):
+            request.lora_slot = slot
+        return slots is not None
+
+    def release(self, requests: list) -> None:
+        for request in requests:
+            if request.lora_slot is not None:
+                self.holders[request.lora_slot] -= 1
+                request.lora_slot = None
 
     def _resident(self, slot: int) -> str | None:
         return next((name for name, s in self.slot_of.items() if s == slot), None)

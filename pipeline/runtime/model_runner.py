@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.models import ModelFacts
 from pipeline.runtime.guided import Grammars, constrain
 from pipeline.runtime.kv_layouts import Batch, ConcatCache, SharedCache
-from pipeline.runtime.lora import MASK, LoraSlots, LoraSpec
+from pipeline.runtime.lora import MASK, LoraSlots, LoraSpec, check_names
 from pipeline.runtime.sampling import (
     OPS,
     SAMPLING_CHECKS,
@@ -500,7 +500,13 @@ class ModelRunner:
         ]
         self.check_sampling([r.params for r in requests])
         if lora_uids is not None:
-            self.assign_adapters(requests, [None if str(u) == "-1" or u is None else str(u) for u in lora_uids])
+            if len(lora_uids) != len(requests):
+                raise ValueError(f"lora_uids has {len(lora_uids)} entries for {len(requests)} prompts: one per prompt")
+            for request, uid in zip(requests, lora_uids):
+                request.adapter = None if uid is None or str(uid) == "-1" else str(uid)
+            check_names(self.lora, [r.adapter for r in requests], str(self.engine_dir))
+            if self.lora is not None:
+                self.lora.hold(requests)  # no other rows hold slots here: it cannot fail
 
         def result():
             output_ids = torch.full((len(requests), 1, self.max_seq_len), end_id, dtype=torch.int32)
@@ -532,37 +538,12 @@ class ModelRunner:
             pass
         return result()
 
-    def assign_adapters(self, requests: list[Request], names: list[str | None]) -> None:
-        """Give each request its LoRA adapter and a slot holding it (held until `release_adapters`)."""
-        if len(names) != len(requests):
-            raise ValueError(f"lora_uids has {len(names)} entries for {len(requests)} prompts: give one per prompt")
-        if any(names) and self.lora is None:
-            raise ValueError(f"{self.engine_dir} was built without LoRA: lora_uids need an engine with a lora section")
-        if not any(names):
-            return
-        try:
-            slots = self.lora.acquire(names)
-        except KeyError as exc:
-            raise ValueError(f"unknown LoRA adapter {exc.args[0]!r}; known: {self.lora.names}") from None
-        if slots is None:
-            raise ValueError(
-                f"the prompts use {len(set(filter(None, names)))} LoRA adapters, more than the engine's max_loras "
-                f"{self.lora.spec.max_loras}"
-            )
-        for request, name, slot in zip(requests, names, slots):
-            request.adapter, request.lora_slot = name, slot
-
-    def release_adapters(self, requests: list[Request]) -> None:
-        for request in requests:
-            if request.lora_slot is not None:
-                self.lora.release(request.lora_slot)
-                request.lora_slot = None
-
     def _releasing(self, requests: list[Request], steps: Iterator) -> Iterator:
         try:
             yield from steps
         finally:
-            self.release_adapters(requests)
+            if self.lora is not None:
+                self.lora.release(requests)
 
 
 def default_threads() -> int:

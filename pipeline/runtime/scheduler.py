@@ -35,6 +35,7 @@ import numpy as np
 from pipeline.runtime.guided import Guide
 from pipeline.runtime.kv_cache import BlockManager
 from pipeline.runtime.kv_layouts import Batch
+from pipeline.runtime.lora import task_adapters
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.sampling import Request, SamplingParams, to_words_list
 
@@ -138,18 +139,6 @@ def guides_of(inputs: Mapping[str, np.ndarray], rows: int) -> list[Guide | None]
     return guides
 
 
-def adapter_of(runner: ModelRunner, task_id: int) -> str | None:
-    """The LoRA adapter a row's `lora_task_id` names (0: none)."""
-    if not task_id:
-        return None
-    if runner.lora is None:
-        raise ValueError(f"lora_task_id {task_id}: this engine was built without LoRA (add a lora section, rebuild)")
-    if task_id not in runner.lora.task_names:
-        known = ", ".join(f"{i} ({n})" for i, n in sorted(runner.lora.task_names.items())) or "none"
-        raise ValueError(f"lora_task_id {task_id} names no loaded LoRA adapter; loaded: {known}")
-    return runner.lora.task_names[task_id]
-
-
 def parse_job(
     inputs: Mapping[str, np.ndarray],
     runner: ModelRunner,
@@ -198,13 +187,8 @@ def parse_job(
         for row, prompt in enumerate(prompts)
     ]
     runner.check_sampling([r.params for r in requests])
-    for request, task_id in zip(requests, per_row("lora_task_id", 0, int)):
-        request.adapter = adapter_of(runner, task_id)
-    distinct = {request.adapter for request in requests} - {None}
-    if runner.lora is not None and len(distinct) > runner.lora.spec.max_loras:
-        raise ValueError(
-            f"the rows use {len(distinct)} LoRA adapters, more than the engine's max_loras {runner.lora.spec.max_loras}"
-        )
+    for request, adapter in zip(requests, task_adapters(runner.lora, per_row("lora_task_id", 0, int), "the engine")):
+        request.adapter = adapter
     guides = guides_of(inputs, rows)
     for request, guide in zip(requests, guides):
         if guide is None:
@@ -488,7 +472,7 @@ class Scheduler:
                     continue
                 rows = self._running_rows() + len(self.prefilling) + len(admitted) + len(job.rows)
                 reservations = self.kv.reserve(job.rows) if rows <= self.runner.max_batch_size else None
-                if reservations is not None and not self._hold_adapters(job.rows):
+                if reservations is not None and self.runner.lora and not self.runner.lora.hold(job.rows):
                     for request in job.rows:
                         self.kv.release(request)
                     reservations = None
@@ -510,16 +494,6 @@ class Scheduler:
             }
         )
         return admitted
-
-    def _hold_adapters(self, rows: list[Request]) -> bool:
-        """Slots for the rows' LoRA adapters (False: every slot is held by running rows; the job waits)."""
-        names = [request.adapter for request in rows]
-        if not any(names):
-            return True
-        slots = self.runner.lora.acquire(names)
-        for request, slot in zip(rows, slots or []):
-            request.lora_slot = slot
-        return slots is not None
 
     def _prefill_chunks(self) -> None:
         """Run prompt pieces within this step's token budget; finished prompts join the batch."""
@@ -562,7 +536,8 @@ class Scheduler:
             with self._wake:
                 del self.jobs[id(request)]
             self.kv.release(request)
-            self.runner.release_adapters([request])
+            if self.runner.lora is not None:
+                self.runner.lora.release([request])
             job.finished_rows += 1
             if job.failed:
                 continue  # answered with its error; its other rows end unanswered
@@ -597,7 +572,8 @@ class Scheduler:
         for job in held:
             for request in job.rows:
                 self.kv.release(request)
-            self.runner.release_adapters(job.rows)
+            if self.runner.lora is not None:
+                self.runner.lora.release(job.rows)
             job.finished_rows = len(job.rows)
             job.responder.send_error(error)
 

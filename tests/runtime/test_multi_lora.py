@@ -115,7 +115,7 @@ def test_slots_are_reused_least_recently_used_first_and_misfits_are_refused(
     alone = {uid: generate(runner, prompt, [uid]) for uid in ("0", "1", "2")}  # "2" evicts "0", the oldest
     assert runner.lora.slot_of == {"1": 1, "2": 0}
     assert generate(runner, prompt, ["0"]) == alone["0"]  # back in the slot "1" held
-    with pytest.raises(ValueError, match="the prompts use 3 LoRA adapters, more than the engine's max_loras 2"):
+    with pytest.raises(ValueError, match="the rows use 3 LoRA adapters, more than the engine's max_loras 2"):
         generate(runner, prompt * 3, ["0", "1", "2"])
     with pytest.raises(ValueError, match=r"unknown LoRA adapter '7'; known: \['0', '1', '2'\]"):
         generate(runner, prompt, ["7"])

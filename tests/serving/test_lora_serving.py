@@ -15,7 +15,7 @@ from pipeline.runtime.model_runner import ModelRunner
 from pipeline.triton.client import stream_text
 from pipeline.triton.server import TritonServer
 from tests.conftest import run_cli, slow_fixture, write_config
-from tests.runtime.test_lora import ADAPTERS, make_adapter
+from tests.runtime.test_multi_lora import ADAPTERS, make_adapter
 from tests.serving.test_openai import MODEL, running
 from tests.serving.test_serving import metric
 
