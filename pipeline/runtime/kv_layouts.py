@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.runtime.lora import MASK
 from pipeline.runtime.sampling import Request
 
 # Upper bound on the prefill logits buffer ([rows, chunk, vocab] float32): bounds the chunk width.
@@ -32,7 +31,7 @@ class Batch:
     lengths: np.ndarray | None = None  # SharedCache: int [rows], tokens in each row's cache
     bindings: dict = field(default_factory=dict)  # SharedCache: rows bound -> I/O binding of `past`, reused
     row_bindings: dict = field(default_factory=dict)  # SharedCache: row -> binding of its 1-row view (speculation)
-    lora_bound: dict = field(default_factory=dict)  # SharedCache with LoRA: id(binding) -> the slot range it binds
+    lora_bound: dict = field(default_factory=dict)  # SharedCache with LoRA: id(binding) -> the weights it binds
 
     @property
     def length(self) -> int:
@@ -226,7 +225,7 @@ class SharedCache:
         binding = self._binding(batch, len(input_ids), row)
         if self.lora is not None:
             own = [r.lora_slot for r in (batch.requests[:rows] if row is None else [batch.requests[row]])]
-            self._bind_lora(batch, binding, own + [None] * (len(input_ids) - len(own)), input_ids.shape[1])
+            self._bind_lora(batch, binding, own + [None] * (len(input_ids) - len(own)))
         # logits into a buffer of ours: no output to fetch, which would wrap every bound KV buffer too (0.3 ms a step)
         logits = np.empty((len(logits_index), self.logits_width), dtype=np.float32)
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
@@ -237,15 +236,17 @@ class SharedCache:
         self.session.run_with_iobinding(binding)
         return logits[:wanted]
 
-    def _bind_lora(self, batch: Batch, binding, slots: list, tokens: int) -> None:
-        """The pass's LoRA inputs: each token's slot in the mask, and the weights of the slot range its rows use
-        (rebound only when the range changes, as rows with other adapters come and go)."""
-        bounds, mask = self.lora.feeds(slots, tokens)
-        if batch.lora_bound.get(id(binding)) != bounds:
-            for name, value in self.lora.views(bounds).items():
-                binding.bind_ortvalue_input(name, value)
-            batch.lora_bound[id(binding)] = bounds
-        binding.bind_cpu_input(MASK, mask)
+    def _bind_lora(self, batch: Batch, binding, slots: list) -> None:
+        """The pass's LoRA inputs: each row's slot in the masks, and the weights of the slot range its rows use
+        (rebound only when they change, as rows with other adapters come and go)."""
+        bounds, masks = self.lora.feeds(slots)
+        weights = self.lora.weights(bounds)
+        if batch.lora_bound.get(id(binding)) is not weights:
+            for name, value in weights.items():
+                binding.bind_cpu_input(name, value)
+            batch.lora_bound[id(binding)] = weights
+        for name, mask in masks.items():
+            binding.bind_cpu_input(name, mask)
 
     def _binding(self, batch: Batch, rows: int, row: int | None):
         """The I/O binding of the batch's first `rows` buffer rows, or of row `row` alone; kept, so the next steps

@@ -1,19 +1,24 @@
 """Multi-LoRA on the fused graph: adapters resident in slots, every row of a batch applying its own (or none).
 
 Graph side (`pipeline/targets/onnxruntime/graph.py`): each fused linear (qkv, o, gate_up, down) whose parts the
-engine carries LoRA on gets a branch over the pass's tokens x [tokens, in] and the k slots bound for the pass,
-    out += ReduceSum_k( ((x @ A[k]) * lora_mask[k, token]) @ B[k] )
-with A [k, in, width], B [k, width, out] (a slot's B holds its parts' B on the diagonal, so q, k and v are one GEMM
-pair) and lora_mask 1 where the token's row uses the slot: 2k GEMMs per branch, whatever the batch. The base weights
-stay quantized; the branch runs in float32. Measured alternatives (`bench lora`, SmolLM2-135M int8, rank 16 on all
-seven modules, 2026-11-26): batching rows and slots apart ([k, 1, in, width] against [rows, seq, in]: k x rows
-small GEMMs) cost batch 8 with 4 adapters 1.50x the base step; binding every slot always (two GEMMs over
-max_loras x width columns) 1.41x with 4 adapters but 1.76x at batch 1 with 1, since every slot's weights are read.
+engine carries LoRA on gets four nodes,
+    out += ((x @ A) * mask) @ B
+A [in, k x width] holding the A of the k slots the pass binds side by side, B [k x width, out] their B stacked (a
+slot's block holding its parts' B on the diagonal, so q, k and v are one GEMM pair), and the mask [rows, 1,
+k x width] 1 on the columns of the row's slot: two GEMMs a branch whatever the batch and its adapters. The base
+weights stay quantized; the branch runs in float32.
 
-Runner side (`LoraSlots`): the slots are numpy buffers [max_loras, ...]; a pass binds the contiguous slot range its
-rows use (a view: no copy), so it reads only those adapters' weights, and a pass without adapters an empty range.
-Adapters are registered once (host copies); one is copied into a slot when a row needs it and no slot holds it,
-evicting the least recently used slot no running row holds, as TensorRT-LLM's LoRA cache and vLLM's max_loras do.
+Runner side (`LoraSlots`): the slots are numpy buffers [max_loras, ...]. A pass binds the contiguous slot range its
+rows use: B's range is a view; A's, whose columns are not contiguous, a copy made when the range or a slot in it
+changes (a request with another adapter joining or the last one leaving), kept while it holds. A pass without
+adapters binds zero-width weights, so the branch multiplies nothing. Adapters are registered once (host copies); one
+is copied into a slot when a row needs it and no slot holds it, evicting the least recently used slot no running row
+holds, as TensorRT-LLM's LoRA cache and vLLM's max_loras do.
+
+Measured before this layout (`bench lora`, SmolLM2-135M int8, 2026-11-26): a branch over [k, 1, in, width] slots
+against [rows, seq, in] (five nodes, k x rows small GEMMs summed) cost 1.50x the base step at batch 8 with 4
+adapters; one over the pass's tokens ([tokens, in] against [k, in, width], seven nodes with its reshapes) 1.52x and
+1.29x at batch 1 with none: the branch's node count, more than its bytes, sets its price.
 Written by hand: ONNX Runtime has no multi-LoRA operator for CPU (onnxruntime-genai's adapters are one per session).
 """
 
@@ -35,11 +40,15 @@ BRANCHES = {
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
 }
-MASK = "lora_mask"  # float [slots bound, tokens, 1]: 1 where the token's row uses the slot
 
 
 def input_names(layer: int, branch: str) -> tuple[str, str]:
     return f"lora.{layer}.{branch}.a", f"lora.{layer}.{branch}.b"
+
+
+def mask_name(parts: int) -> str:
+    """The mask of the branches of `parts` parts (slots parts x max_lora_rank wide): float [rows, 1, k x width]."""
+    return f"lora_mask.{parts}"
 
 
 def branch_parts(target_modules: list[str]) -> dict[str, tuple[str, ...]]:
@@ -110,7 +119,7 @@ class LoraSlots:
         self.slot_of: dict[str, int] = {}
         self.holders = [0] * spec.max_loras  # running rows per slot
         self.recent: OrderedDict[int, None] = OrderedDict((slot, None) for slot in range(spec.max_loras))
-        self._views: dict[tuple[int, int], dict] = {}
+        self._views: dict[tuple[int, int], dict] = {}  # slot range -> its weight inputs (A's a copy)
 
     @property
     def names(self) -> list[str]:
@@ -198,6 +207,7 @@ class LoraSlots:
                 a_name, b_name = input_names(layer, branch)
                 a, b = self.a[a_name][slot], self.b[b_name][slot]
                 a[:], b[:] = 0, 0
+                self._views = {bounds: v for bounds, v in self._views.items() if not bounds[0] <= slot < bounds[1]}
                 offsets = np.cumsum([0] + [shapes[m][1] for m in BRANCHES[branch]])
                 for index, module in enumerate(parts):
                     pair = adapter.weights.get((layer, module))
@@ -209,30 +219,35 @@ class LoraSlots:
                     a[:, index * rank : index * rank + r] = lora_a.T
                     b[index * rank : index * rank + r, offsets[column] : offsets[column + 1]] = lora_b.T
 
-    def feeds(self, slots: list[int | None], tokens: int) -> tuple[tuple[int, int], np.ndarray]:
-        """The slot range [lo, hi) a pass over rows using `slots` (None: no adapter), `tokens` tokens each, binds
-        (empty when no row uses one), and its lora_mask [hi - lo, rows x tokens, 1]."""
+    def feeds(self, slots: list[int | None]) -> tuple[tuple[int, int], dict[str, np.ndarray]]:
+        """The slot range [lo, hi) a pass over rows using `slots` (None: no adapter) binds (empty when no row uses
+        one), and its masks, one per branch width."""
         used = [s for s in slots if s is not None]
         lo, hi = (min(used), max(used) + 1) if used else (0, 0)
-        mask = np.zeros((hi - lo, len(slots), tokens, 1), np.float32)
-        for row, slot in enumerate(slots):
-            if slot is not None:
-                mask[slot - lo, row] = 1
-        return (lo, hi), mask.reshape(hi - lo, len(slots) * tokens, 1)
+        masks = {}
+        for parts in sorted({len(p) for p in self.parts.values()}):
+            width = parts * self.spec.max_lora_rank
+            mask = np.zeros((len(slots), 1, (hi - lo) * width), np.float32)
+            for row, slot in enumerate(slots):
+                if slot is not None:
+                    mask[row, 0, (slot - lo) * width : (slot - lo + 1) * width] = 1
+            masks[mask_name(parts)] = mask
+        return (lo, hi), masks
 
-    def slot_feeds(self, slot: int, tokens: int) -> dict[str, np.ndarray]:
-        """The LoRA inputs of a plain `session.run` over `tokens` tokens, all using `slot` (the quality gate's)."""
-        weights = {name: buffer[slot : slot + 1] for name, buffer in [*self.a.items(), *self.b.items()]}
-        return weights | {MASK: np.ones((1, tokens, 1), np.float32)}
-
-    def views(self, bounds: tuple[int, int]) -> dict:
-        """The weight inputs of the slot range as OrtValues wrapping the buffers (made once per range)."""
-        import onnxruntime as ort
-
+    def weights(self, bounds: tuple[int, int]) -> dict[str, np.ndarray]:
+        """The weight inputs of the slot range [lo, hi): A [in, k x width] (a copy, kept until a slot in the range
+        changes), B [k x width, out] (a view)."""
         if bounds not in self._views:
             lo, hi = bounds
-            self._views[bounds] = {
-                name: ort.OrtValue.ortvalue_from_numpy(buffer[lo:hi])
-                for name, buffer in [*self.a.items(), *self.b.items()]
+            a = {
+                name: np.ascontiguousarray(buffer[lo:hi].transpose(1, 0, 2).reshape(buffer.shape[1], -1))
+                for name, buffer in self.a.items()
             }
+            b = {name: buffer[lo:hi].reshape(-1, buffer.shape[2]) for name, buffer in self.b.items()}
+            self._views[bounds] = a | b
         return self._views[bounds]
+
+    def slot_feeds(self, slot: int, rows: int) -> dict[str, np.ndarray]:
+        """The LoRA inputs of a plain `session.run` over `rows` rows that all use `slot` (the quality gate's)."""
+        bounds, masks = self.feeds([slot] * rows)
+        return self.weights(bounds) | masks

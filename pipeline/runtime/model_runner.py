@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.models import ModelFacts
 from pipeline.runtime.guided import Grammars, constrain
 from pipeline.runtime.kv_layouts import Batch, ConcatCache, SharedCache
-from pipeline.runtime.lora import MASK, LoraSlots, LoraSpec, check_names
+from pipeline.runtime.lora import LoraSlots, LoraSpec, check_names
 from pipeline.runtime.sampling import (
     OPS,
     SAMPLING_CHECKS,
@@ -100,7 +100,8 @@ class ModelRunner:
             )
         layout = SharedCache if "seqlens_k" in inputs else ConcatCache
         spec = LoraSpec.from_engine(config)
-        self.lora = LoraSlots(spec, self._facts()) if MASK in inputs and spec else None
+        carries_lora = any(name.startswith("lora.") for name in inputs)
+        self.lora = LoraSlots(spec, self._facts()) if carries_lora and spec else None
         if batch_invariant and layout is ConcatCache:
             raise ValueError(
                 f"{engine_dir / ONNX_FILE}: batch-invariant decoding needs the fused graph (target.onnx_graph: fused); "

@@ -19,8 +19,8 @@ Interface (see `pipeline.runtime.kv_layouts.SharedCache`, the runner side):
   total_sequence_length  int32 []                    max over rows of seqlens_k + 1
   logits_index           int64 [n]                   flat indices into batch*seq whose logits to return
   past_key_values.{i}.key/value  float [batch, kv_heads, capacity, head_dim]
-  lora.{i}.{linear}.a/b  float [slots, in, width] / [slots, width, out]  with LoRA: the weights of the slots bound
-  lora_mask              float [slots, batch * seq, 1]  1 where the token's row uses the slot (`pipeline.runtime.lora`)
+  lora.{i}.{linear}.a/b  float [in, width] / [width, out]  with LoRA: the bound slots' weights side by side
+  lora_mask.{parts}      float [batch, 1, width]  1 on the columns of the row's slot (`pipeline.runtime.lora`)
   -> logits float [n, vocab], present.{i}.key/value (the same buffers when bound to them)
 """
 
@@ -204,8 +204,7 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
         return normed, total
 
     lora_branches = lora.branch_parts(list(lora_modules))
-    lora_inputs = {}  # name -> value info of the graph input
-    lora_token_shapes: dict[int, str] = {}  # in features -> the initializer reshaping x to [tokens, in]
+    lora_inputs = {}  # name -> value info of the graph input (the masks shared by branches of one width: once)
 
     def linear(x: str, module: str, parts: list[str], layer: int) -> str:
         """x @ W for the HF modules `parts` concatenated along the output axis (+ bias when they have one, + the
@@ -223,21 +222,14 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
             return out
         a_name, b_name = lora.input_names(layer, branch)
         fan_in, fan_out = matrix.shape
-        width = f"lora_width_{branch}"
-        lora_inputs[a_name] = helper.make_tensor_value_info(a_name, TensorProto.FLOAT, ["lora_slots", fan_in, width])
-        lora_inputs[b_name] = helper.make_tensor_value_info(b_name, TensorProto.FLOAT, ["lora_slots", width, fan_out])
-        if fan_in not in lora_token_shapes:  # an initializer each, made once
-            lora_token_shapes[fan_in] = weight(f"lora_tokens_{fan_in}", np.array([-1, fan_in]), np.int64)
-        tokens = node(
-            "Reshape",
-            [x, lora_token_shapes[fan_in]],
-            f"{path(module)}/lora/Reshape",
-        )[0]  # [tokens, in]: one GEMM per slot, not per slot and row
-        down = node("MatMul", [tokens, a_name], f"{path(module)}/lora/MatMul")[0]
-        masked = node("Mul", [down, lora.MASK], f"{path(module)}/lora/Mul")[0]
-        up = node("MatMul", [masked, b_name], f"{path(module)}/lora/MatMul_1")[0]
-        summed = node("ReduceSum", [up, "lora_slot_axis"], f"{path(module)}/lora/ReduceSum", keepdims=0)[0]
-        delta = node("Reshape", [summed, "lora_rows_shape"], f"{path(module)}/lora/Reshape_1")[0]
+        parts_carried = len(lora_branches[branch])
+        width, mask = f"lora_width_{parts_carried}", lora.mask_name(parts_carried)
+        lora_inputs[a_name] = helper.make_tensor_value_info(a_name, TensorProto.FLOAT, [fan_in, width])
+        lora_inputs[b_name] = helper.make_tensor_value_info(b_name, TensorProto.FLOAT, [width, fan_out])
+        lora_inputs[mask] = helper.make_tensor_value_info(mask, TensorProto.FLOAT, ["batch", 1, width])
+        down = node("MatMul", [x, a_name], f"{path(module)}/lora/MatMul")[0]
+        masked = node("Mul", [down, mask], f"{path(module)}/lora/Mul")[0]
+        delta = node("MatMul", [masked, b_name], f"{path(module)}/lora/MatMul_1")[0]
         return node("Add", [out, delta], f"{path(module)}/lora/Add")[0]
 
     def head_norm(x: str, module: str) -> str:
@@ -254,11 +246,6 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
     for prefix, (cos, sin) in caches.items():
         weight(f"{prefix}cos_cache", cos)
         weight(f"{prefix}sin_cache", sin)
-    if lora_branches:
-        weight("lora_slot_axis", np.array([0]), np.int64)
-        rows_and_tokens = node("Shape", ["input_ids"], "/lora/Shape")[0]  # [batch, seq]: the deltas back in rows
-        node("Concat", [rows_and_tokens, weight("lora_features", np.array([-1]), np.int64)], "/lora/Concat", axis=0)
-        nodes[-1].output[0] = "lora_rows_shape"
     if any(name.endswith(".q_norm.weight") for name in weights):
         weight("head_shape", np.array([0, 0, -1, head_dim]), np.int64)
         weight("flat_shape", np.array([0, 0, -1]), np.int64)
@@ -346,8 +333,6 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, cache))
-    if lora_branches:
-        inputs.append(helper.make_tensor_value_info(lora.MASK, TensorProto.FLOAT, ["lora_slots", "tokens_in", 1]))
     graph = helper.make_graph(nodes, "fused_gqa", inputs + list(lora_inputs.values()), outputs, initializers)
     model = helper.make_model(
         graph,

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.quality import LogitsFn, Model
-from pipeline.runtime.lora import MASK
 
 
 def scored(cfg, engine_dir: Path, exported: Path, export_hash: str | None = None) -> tuple[Model, Model]:
@@ -126,10 +125,9 @@ def empty_past(session, batch: int) -> dict[str, np.ndarray]:
         if spec.name.startswith("past_key_values."):
             kv_heads, head_size = spec.shape[1], spec.shape[3]
             feeds[spec.name] = np.zeros((batch, kv_heads, 0, head_size), dtype=np.float32)
-        elif spec.name == MASK:  # pipeline.runtime.lora: no slot bound
-            feeds[spec.name] = np.zeros((0, 1, 1), dtype=np.float32)
-        elif spec.name.startswith("lora."):  # the weights of no slot, zero-width
-            feeds[spec.name] = np.zeros([0 if isinstance(d, str) else d for d in spec.shape], dtype=np.float32)
+        elif spec.name.startswith("lora"):  # pipeline.runtime.lora: no slot bound, every width 0
+            shape = [batch if d == "batch" else 0 if isinstance(d, str) else d for d in spec.shape]
+            feeds[spec.name] = np.zeros(shape, dtype=np.float32)
     return feeds
 
 
@@ -138,7 +136,7 @@ def ort_logits_fn(onnx_path: Path, threads: int | None = None) -> LogitsFn:
 
 
 def session_logits_fn(session, lora_feeds=None) -> LogitsFn:
-    """Logits of every position of a whole-prompt forward pass (no cache) of an exported decoder; `lora_feeds(tokens)`
+    """Logits of every position of a whole-prompt forward pass (no cache) of an exported decoder; `lora_feeds(rows)`
     gives the LoRA inputs of a fused graph carrying LoRA (default: none bound, the base model)."""
     names = {i.name for i in session.get_inputs()}
     fused = "seqlens_k" in names  # the graph of pipeline/targets/onnxruntime/graph.py
@@ -152,7 +150,7 @@ def session_logits_fn(session, lora_feeds=None) -> LogitsFn:
                 "total_sequence_length": np.array(length, dtype=np.int32),
                 "logits_index": np.arange(batch * length),
                 **empty_past(session, batch),
-                **(lora_feeds(batch * length) if lora_feeds else {}),
+                **(lora_feeds(batch) if lora_feeds else {}),
             }
             return session.run(["logits"], feeds)[0].reshape(batch, length, -1)
         feeds = {
