@@ -32,9 +32,14 @@ def test_plan_json_gives_every_stage_with_status_and_reason(tmp_path):
     result = run_cli("plan", "build_configs/smollm2-135m-cpu.yaml", "--output", str(tmp_path / "out"), "--json")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
-    assert [r["stage"] for r in rows] == ["import", "quantize", "export", "engine", "triton_repo"]
+    assert [r["stage"] for r in rows] == ["import", "quantize", "export", "engine", "lora", "triton_repo"]
     assert rows[1]["status"] == "skipped" and "engine stage" in rows[1]["reasons"][0]
-    assert all(r["status"] == "will run" and r["reasons"] == ["never built"] for r in rows if r["stage"] != "quantize")
+    assert rows[4]["status"] == "skipped" and rows[4]["reasons"] == ["no LoRA adapters configured"]
+    assert all(
+        r["status"] == "will run" and r["reasons"] == ["never built"]
+        for r in rows
+        if r["stage"] not in ("quantize", "lora")
+    )
 
 
 def test_a_knob_the_target_ignores_fails_validate_with_exit_2():

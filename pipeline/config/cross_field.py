@@ -78,7 +78,7 @@ def _lora_problems(cfg: BuildConfig, facts: ModelFacts) -> list[tuple[tuple, str
     """Each adapter read from its directory and checked against the model and the engine's LoRA limits."""
     out, adapters = [], lora_adapters(cfg)
     for position, (section, adapter) in enumerate(zip(cfg.lora.adapters, adapters)):
-        where = ("lora", "adapters", position, "path")
+        where = ("lora", "adapters", str(position), "path")
         if isinstance(adapter, PipelineError):
             out.append((where, str(adapter)))
             continue

@@ -4,6 +4,7 @@ transformers model token for token, alone and mixed in one batch."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -47,14 +48,12 @@ def adapters(tiny_llama, tmp_path_factory) -> dict[str, Path]:
     return {name: make_adapter(tiny_llama, work / name, seed, **s) for seed, (name, s) in enumerate(ADAPTERS.items())}
 
 
-@slow_fixture(scope="module")
-def lora_engine(tiny_llama, adapters, tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("lora-engine")
-    listed = ", ".join(f"{{name: {name}, path: {path}}}" for name, path in adapters.items())
-    config = write_config(
-        work / "tiny-lora.yaml",
+def lora_config(path: Path, base: Path, adapters: dict[str, Path]) -> Path:
+    listed = ", ".join(f"{{name: {name}, path: {adapter}}}" for name, adapter in adapters.items())
+    return write_config(
+        path,
         f"""
-        model: {{source: hf, path: {tiny_llama}}}
+        model: {{source: hf, path: {base}}}
         target: {{onnx_graph: fused}}
         build: {{max_batch_size: 8, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
         lora:
@@ -63,6 +62,12 @@ def lora_engine(tiny_llama, adapters, tmp_path_factory) -> Path:
           adapters: [{listed}]
         """,
     )
+
+
+@slow_fixture(scope="module")
+def lora_engine(tiny_llama, adapters, tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("lora-engine")
+    config = lora_config(work / "tiny-lora.yaml", tiny_llama, adapters)
     result = run_cli("build", str(config), "--output", str(work / "out"), "--until", "lora")
     assert result.returncode == 0, result.stdout + result.stderr
     return work / "out"
@@ -102,6 +107,31 @@ def test_each_adapter_equals_peft_merged_alone_and_in_one_mixed_batch(tiny_llama
     rows = [ids[i % len(ids)] for i in range(len(mixed))]
     assert generate(runner, rows, mixed) == [expected[uid][i % len(ids)] for i, uid in enumerate(mixed)]
     assert runner.lora.holders == [0, 0]  # generate gave its slots back
+
+
+def test_an_added_adapter_reruns_the_lora_stage_not_the_engine(tiny_llama, adapters, lora_engine, tmp_path):
+    third = make_adapter(tiny_llama, tmp_path / "third", 5, r=2, lora_alpha=4, target_modules=["down_proj"])
+    config = lora_config(tmp_path / "more.yaml", tiny_llama, {**adapters, "third": third})
+    result = run_cli("plan", str(config), "--output", str(lora_engine), "--until", "lora", "--json")
+    assert result.returncode == 0, result.stderr
+    status = {row["stage"]: row["status"] for row in json.loads(result.stdout)}
+    assert status == {
+        "import": "up to date",
+        "quantize": "skipped",
+        "export": "up to date",
+        "engine": "up to date",
+        "lora": "will run",
+    }
+
+
+def test_validate_names_the_adapter_file_and_fix(tiny_llama, adapters, tmp_path):
+    wide = make_adapter(tiny_llama, tmp_path / "wide", 6, r=16, lora_alpha=16, target_modules=["q_proj"])
+    result = run_cli("validate", str(lora_config(tmp_path / "wide.yaml", tiny_llama, {"wide": wide})))
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 2
+    assert "lora.adapters.0.path" in message and "rank 16 exceeds lora.max_lora_rank 8" in message, message
+    result = run_cli("validate", str(lora_config(tmp_path / "gone.yaml", tiny_llama, {"gone": tmp_path / "nowhere"})))
+    assert result.returncode == 2 and "nowhere: not a directory" in " ".join(result.stderr.split())
 
 
 def test_slots_are_reused_least_recently_used_first_and_misfits_are_refused(
