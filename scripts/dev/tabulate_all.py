@@ -40,6 +40,7 @@ TABULATORS = {
     "trtllm_checkpoint": "tabulate_trtllm_checkpoint",
     "trtllm_engine_models": "tabulate_trtllm_engine_models",
     "trtllm_build_flags": "tabulate_trtllm_build",
+    "trtllm_lora": "tabulate_trtllm_lora",
     "leaderworkerset": "tabulate_lws",
     "prometheus_adapter": "tabulate_prometheus_adapter",
     "triton_trtllm_images": "tabulate_triton_trtllm_images",
