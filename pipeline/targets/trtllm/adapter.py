@@ -5,7 +5,8 @@ quantize: ModelOpt calibration on CPU; export: TensorRT-LLM + unified HF checkpo
 and quality by a CPU reference forward. What the engine stage writes and what serves it is the backend's
 (`target.trtllm_backend`, registered adapters): `pytorch` (llmapi.py: the unified checkpoint plus an
 LLM-API options YAML for `trtllm-serve` and Triton's `llmapi` model, TensorRT-LLM 1.0+) or `tensorrt`
-(engine.py: a `trtllm-build` engine for Triton's C++ `tensorrtllm` backend, 0.18 to 1.2).
+(engine.py: a `trtllm-build` engine for Triton's C++ `tensorrtllm` backend, 0.18 to 1.2). LoRA adapters, either
+backend: lora.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 
 from pipeline.errors import BuildStepError, PipelineError
+from pipeline.targets.trtllm import lora
 from pipeline.targets.trtllm.backend import BACKEND_TABLES
 from pipeline.targets.trtllm.backends import BACKEND_MODULES, BACKENDS, backend_of, engine_backend
 from pipeline.targets.trtllm.modelopt import (
@@ -53,6 +55,14 @@ class TrtllmTarget:
         "engine": ("pipeline.targets.trtllm.adapter", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),
         "triton_repo": ("pipeline.targets.trtllm.adapter", *BACKEND_MODULES, *BACKEND_TABLES),
         "deploy": ("pipeline.targets.trtllm.serving",),  # its entry point (pyproject.toml)
+        "lora": (
+            "pipeline.targets.trtllm.adapter",
+            "pipeline.targets.trtllm.lora",
+            "pipeline.targets.trtllm.reference",  # the adapter's quality gate
+            "pipeline.quality",
+            TABLES / "trtllm_lora.json",
+            TABLES / "tensorrtllm_backend.json",
+        ),
     }
     backends = BACKENDS  # the config's target.trtllm_backend choices
     gated_stage = "export"  # the checkpoint, by a CPU reference forward: the engine needs a GPU
@@ -61,6 +71,7 @@ class TrtllmTarget:
         "export": ("nvidia-modelopt", "torch", "transformers", "safetensors"),
         "engine": ("tensorrt_llm",),
         "triton_repo": (),
+        "lora": ("numpy", "torch", "transformers", "peft"),
     }
 
     @property
@@ -184,7 +195,7 @@ class TrtllmTarget:
         )
         if t.gpu and divisible:
             out += [(("target", "gpu"), problem) for problem in backend.memory_plan(cfg, facts).problems]
-        return out + backend.config_problems(cfg)
+        return out + backend.config_problems(cfg) + lora.config_problems(cfg)
 
     def skips(self, stage: str, cfg) -> str | None:
         q = cfg.quantization
@@ -255,6 +266,17 @@ class TrtllmTarget:
             )
         ctx.log(f"{deployed.name} conforms to what TensorRT-LLM {release}'s {backend.name} backend loads")
         return {}
+
+    def convert_adapters(self, cfg, ctx) -> dict:
+        return lora.convert_adapters(cfg, ctx)
+
+    def scored_adapter(self, cfg, output: Path, name: str, adapter_dir: Path):
+        """The deployed checkpoint's CPU reference forward with the adapter as the backend's runtime takes it, against
+        PEFT's merge of the adapter into the fp32 model (reference.adapter_models)."""
+        from pipeline.targets.trtllm.reference import adapter_models
+
+        checkpoint, kind = backend_of(cfg).deployed_checkpoint(output / "export")
+        return adapter_models(cfg, output / "import", checkpoint, kind, name, adapter_dir)
 
     def build_engine(self, cfg, ctx) -> dict:
         backend = backend_of(cfg)

@@ -3,6 +3,8 @@ upstream tables they are checked against."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -76,7 +78,16 @@ BACKEND_TABLES = (
     TABLES / "llmapi_model.json",
     TABLES / "trtllm_torch_loader.json",
     TABLES / "trtllm_torch_models.json",
+    TABLES / "trtllm_lora.json",
 )
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where the filesystem allows (an 8B checkpoint is not copied twice), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def lacking(*requirements: tuple[str, object]) -> list[str]:

@@ -15,6 +15,10 @@ parameter filled from the build config and the engine's own recorded build confi
 Guided decoding (structured outputs, 0.19 on) is on: the engine stage writes the xgrammar tokenizer info the C++
 backend loads into the engine directory, and the model names it with `guided_decoding_backend: xgrammar`
 (guided.py); a request then picks a guide with `guided_decoding_guide_type` / `guided_decoding_guide`.
+
+LoRA (0.19 on, float16 engines): trtllm-build gets the LoRA plugin, modules and rank; the lora stage writes each
+adapter's request tensors and the prefetch folder the model names in `lora_prefetch_dir`, so a request selects an
+adapter by `lora_task_id` alone (lora.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS, Problem
+from pipeline.targets.trtllm import lora
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
@@ -37,12 +42,13 @@ from pipeline.targets.trtllm.guided import (
     write_tokenizer_info,
 )
 from pipeline.targets.trtllm.image import whole_config_commands
-from pipeline.targets.trtllm.modelopt import LOADER_QUANTIZED
+from pipeline.targets.trtllm.modelopt import CHECKPOINT_DTYPES, LOADER_QUANTIZED
 from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, required_parameters, template
 
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-# Every template parameter neither template_parameters nor guided.engine_parameters fills is read inside a try block
-# with a default (the table's optional_parameters), so leaving it out keeps the release's default.
+# Every template parameter neither template_parameters nor guided.engine_parameters / lora.engine_parameters fills is
+# read inside a try block with a default (the table's optional_parameters), so leaving it out keeps the release's
+# default: the lora_cache_* ones among them (upstream/trtllm_lora.json cache_parameters).
 DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
 # What the engine stage records beside trtllm-build's config.json for the runtime: the sliding window is no field of
 # the checkpoint or the engine config (LLaMAConfig has none), so ModelRunnerCpp would attend to every cached token.
@@ -69,10 +75,6 @@ def template_parameters(cfg, engine_dir: Path, engine: dict) -> dict[str, object
         "enable_kv_cache_reuse": r.enable_kv_cache_reuse,
         "normalize_log_probs": True,
         "enable_chunked_context": r.enable_chunked_context,
-        "lora_cache_optimal_adapter_size": 8,
-        "lora_cache_max_adapter_size": 64,
-        "lora_cache_gpu_memory_fraction": 0.05,
-        "lora_cache_host_memory_bytes": 1 << 30,
         "executor_worker_path": EXECUTOR_WORKER,
         "gpu_weights_percent": 1.0,
         "enable_context_fmha_fp32_acc": False,
@@ -133,7 +135,11 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
             data_type=mc.DataType.Value(variables.get(row["data_type"], row["data_type"])),
             dims=row["dims"],
         )
-    filled = template_parameters(cfg, engine_dir, engine) | engine_parameters(cfg.target.trtllm_version, engine_dir)
+    filled = (
+        template_parameters(cfg, engine_dir, engine)
+        | engine_parameters(cfg.target.trtllm_version, engine_dir)
+        | lora.engine_parameters(cfg, engine_dir)
+    )
     values = {k: v for k, v in filled.items() if k in spec["parameters"]}  # older templates lack some
     unfilled = set(required_parameters(cfg.target.trtllm_version)) - set(values)
     if unfilled:  # the backend would fail to load: "Cannot find parameter with name"
@@ -158,7 +164,8 @@ def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
 
     Every flag is one that tensorrt_llm/commands/build.py (parse_arguments) or plugin.py (add_plugin_argument)
     defines in every version tabulated into upstream/trtllm_build_flags.json by scripts/dev/tabulate_trtllm_build.py,
-    with a value within its choices there (tests/targets/test_trtllm.py checks it).
+    with a value within its choices there (tests/targets/test_trtllm.py checks it); the LoRA flags where the config
+    has a lora section.
     """
     b = cfg.build
     return [
@@ -180,6 +187,7 @@ def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
         f"--tokens_per_block={b.tokens_per_block}",
         f"--multiple_profiles={_switch(b.multiple_profiles)}",
         f"--workers={cfg.parallel.tp_size * cfg.parallel.pp_size}",
+        *lora.build_flags(cfg, CHECKPOINT_DTYPES[cfg.model.dtype]),
     ]
 
 
@@ -279,10 +287,13 @@ class EngineBackend:
         }
         | GPU_DEPLOY_FIELDS
         | TRITON_DEPLOY_FIELDS
+        | lora.backend_fields("tensorrt")
     )
 
     def engine_reads(self, cfg) -> tuple[str, ...]:
-        return ()  # trtllm-build takes build, quantization and parallel; runtime knobs go to triton_repo
+        # trtllm-build takes build, quantization, parallel and the LoRA modules and rank; runtime knobs go to
+        # triton_repo, the adapters to the lora stage
+        return lora.ENGINE_FIELDS if cfg.lora is not None else ()
 
     def missing(self) -> list[str]:
         return missing_for_engine()
@@ -380,6 +391,8 @@ class EngineBackend:
                 f", {TOKENIZER_INFO_FILE} (guided decoding)" if takes_guided_decoding(cfg.target.trtllm_version) else ""
             ),
             "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)",
+            "lora": f"{', '.join(lora.request_facts()['converter']['files'].values())} per adapter and "
+            f"{lora.PREFETCH_DIR}/<task id>/ (lora_prefetch_dir)",
         }.get(stage, "")
 
     def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:

@@ -8,6 +8,9 @@ tokenizer) and `engine/llm_api_options.yaml`, every key of which is checked agai
 (tabulated from llm_args.py by scripts/dev/tabulate_trtllm_llm_args.py). The Triton repository holds the llmapi
 model's `config.pbtxt` and `model.yaml` (its model.py comes from NVIDIA's container when served, never from here)
 and an ensemble that keeps our clients' tensor names.
+
+LoRA: the options get `lora_config` (lora.py); trtllm-serve then takes an adapter per request (`lora_request`).
+Triton's llmapi model declares no LoRA input in any tabulated release, so through it no request picks an adapter.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import yaml
 
 from pipeline.errors import BuildStepError, PipelineError, TargetUnavailable
 from pipeline.targets import Problem, given_fields
+from pipeline.targets.trtllm import lora
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
     lacking,
+    link_or_copy,
 )
 from pipeline.targets.trtllm.guided import GUIDED_DECODING_BACKEND
 from pipeline.targets.trtllm.image import nvidia_image, whole_config_commands
@@ -133,6 +138,8 @@ def all_options(cfg) -> list[Option]:
     # Guided decoding (structured outputs) on wherever the release has the option: without a backend the LLM
     # refuses a request's guide. No config field sets it, so a release lacking it just goes without.
     options.append(Option(("guided_decoding_backend",), GUIDED_DECODING_BACKEND, "target.trtllm_version"))
+    if cfg.lora is not None:  # its fields are lora.LLM_API_FIELDS, which engine_reads adds
+        options.append(Option(("lora_config",), lora.llm_api_lora_config(cfg), "lora.target_modules"))
     return options
 
 
@@ -225,14 +232,6 @@ def llmapi_ensemble(cfg, llm):
         output_map={theirs: ours for theirs, ours in LLMAPI_TO_CLIENT_OUTPUTS.items()},
     )
     return config
-
-
-def link_or_copy(source: Path, target: Path) -> None:
-    """A hard link where the filesystem allows (an 8B checkpoint is not copied twice), else a copy."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
 
 
 # ---------------------------------------------------------------- running it (GPU)
@@ -431,10 +430,12 @@ class LlmApiBackend:
             "triton.ensemble_name",
             "triton.llm_model_name",
         }
+        | lora.backend_fields("pytorch")
     )
 
     def engine_reads(self, cfg) -> tuple[str, ...]:
-        return tuple(option.field for option in all_options(cfg))  # every field the options YAML holds
+        fields = [option.field for option in all_options(cfg)]  # every field the options YAML holds
+        return tuple(dict.fromkeys([*fields, *(lora.LLM_API_FIELDS if cfg.lora is not None else ())]))
 
     def missing(self) -> list[str]:
         return missing_for_llm_api()

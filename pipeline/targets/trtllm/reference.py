@@ -14,7 +14,8 @@ hand: no library reads TensorRT-LLM checkpoints without a GPU.
 `load_unified_reference` does the same for ModelOpt's unified HF checkpoint (`export/hf_unified/`) with the
 semantics of TensorRT-LLM's PyTorch backend, which deploys that checkpoint: its LinearMethods' loaders
 (tensorrt_llm/_torch/modules/linear.py, the versions tabulated in upstream/trtllm_torch_loader.json) and its TRTLLM
-attention backend. `checkpoint_model(..., kind=)` runs either kind for the quality gate the same way.
+attention backend. `checkpoint_model(..., kind=)` runs either kind for the quality gate the same way, with a LoRA
+adapter added where given (`with_lora`; `adapter_models` scores it against PEFT's merge).
 """
 
 from __future__ import annotations
@@ -340,10 +341,75 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
     return model
 
 
-def checkpoint_model(cfg, hf_dir: Path, checkpoint: Path, kind: str = "trtllm", log=print):
+def with_lora(model, deltas: dict):
+    """`model` (a transformers decoder) adding x @ A.T @ B.T to each adapted linear module's output, `deltas` being
+    {(layer, HF module): (lora_A [r, in], lora_B [out, r] with the scale folded in)}, as TensorRT-LLM's LoRA plugin
+    adds the adapter beside the (quantized) base weight rather than merging it."""
+    from pipeline.lora import ATTENTION_MODULES
+
+    modules = dict(model.named_modules())
+    for (layer, module), (a, b) in deltas.items():
+        block = "self_attn" if module in ATTENTION_MODULES else "mlp"
+        a_t, b_t = torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32)
+        modules[f"model.layers.{layer}.{block}.{module}"].register_forward_hook(
+            lambda m, args, out, a=a_t, b=b_t: out + args[0] @ a.T @ b.T
+        )
+    return model
+
+
+def adapter_deltas(cfg, adapter_dir: Path, facts) -> dict:
+    """The adapter as the backend's runtime takes it: the engine workflow's lora_weights / lora_config (written by the
+    lora stage) read back as the C++ runtime slices them; for the PyTorch backend, which loads the PEFT files itself,
+    their weights with PEFT's scale (lora.loader_problems refuses the adapters its loader would scale otherwise)."""
+    import numpy as np
+
+    from pipeline import lora as peft_lora
+    from pipeline.targets.trtllm import lora
+
+    if cfg.target.trtllm_backend != "tensorrt":
+        return peft_lora.load(adapter_dir).weights
+    files = lora.request_facts()["converter"]["files"]
+    return lora.read_request(
+        np.load(adapter_dir / files["lora_weights"]), np.load(adapter_dir / files["lora_config"]), facts
+    )
+
+
+def peft_reference(hf_dir: Path, adapter_dir: Path, name: str):
+    """PEFT's merge of the adapter into the fp32 transformers model, as a quality.Model."""
+    from functools import partial
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.quality import Model, end_of_turn, torch_greedy, torch_logits_fn
+
+    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().eval()
+    return Model(
+        f"fp32 model merged with {name}",
+        adapter_dir,
+        torch_logits_fn(merged),
+        partial(torch_greedy, merged),
+        end_of_turn(merged, AutoTokenizer.from_pretrained(hf_dir)),
+    )
+
+
+def adapter_models(cfg, hf_dir: Path, checkpoint: Path, kind: str, name: str, adapter_dir: Path, log=print):
+    """(the deployed checkpoint's reference forward with adapter `name` as the runtime takes it, PEFT's fp32 merge)
+    for the lora stage's quality gate."""
+    from pipeline.models import facts_from_hf_dir
+
+    deltas = adapter_deltas(cfg, adapter_dir, facts_from_hf_dir(hf_dir))
+    from dataclasses import replace
+
+    model = checkpoint_model(cfg, hf_dir, checkpoint, kind, log, deltas=deltas)
+    return replace(model, name=f"{model.name} with adapter {name}"), peft_reference(hf_dir, adapter_dir, name)
+
+
+def checkpoint_model(cfg, hf_dir: Path, checkpoint: Path, kind: str = "trtllm", log=print, deltas: dict | None = None):
     """A checkpoint's reference forward as the quality gate (`pipeline.quality`) runs it, with a greedy sample of it
     in its notes. `kind`: "trtllm" (a TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's
-    unified HF checkpoint, as TensorRT-LLM's PyTorch backend runs it)."""
+    unified HF checkpoint, as TensorRT-LLM's PyTorch backend runs it); `deltas`: a LoRA adapter (`with_lora`)."""
     from functools import partial
 
     from transformers import AutoTokenizer
@@ -355,6 +421,8 @@ def checkpoint_model(cfg, hf_dir: Path, checkpoint: Path, kind: str = "trtllm", 
         reference = load_unified_reference(checkpoint, hf_dir, cfg.target.trtllm_version)
     else:
         reference = load_reference(checkpoint, hf_dir)
+    if deltas:
+        with_lora(reference, deltas)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     prompt = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
     with torch.no_grad():
