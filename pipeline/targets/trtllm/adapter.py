@@ -88,6 +88,8 @@ class TrtllmTarget:
         return f"target.trtllm_backend: {' or '.join(others)}" if others else None
 
     def stage_reads(self, stage: str, cfg) -> tuple[str, ...]:
+        if stage == "triton_repo" and cfg.lora is not None:
+            return ("lora.max_lora_rank",)  # the tensorrt_llm model's LoRA cache sizes (lora.engine_parameters)
         return backend_of(cfg).engine_reads(cfg) if stage == "engine" else ()
 
     def unavailable(self) -> str | None:
