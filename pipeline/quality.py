@@ -325,6 +325,24 @@ def transformers_reference(hf_dir: Path, checkpoint_hash: str | None = None) -> 
     )
 
 
+def peft_reference(hf_dir: Path, adapter_dir: Path, name: str) -> Model:
+    """PEFT's merge of the LoRA adapter in `adapter_dir` into the fp32 model in `hf_dir`: the reference of an
+    adapter's quality gate (the `lora` stage), whatever runs the adapter."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().eval()
+    return Model(
+        f"fp32 model merged with {name}",
+        adapter_dir,
+        torch_logits_fn(merged),
+        partial(torch_greedy, merged),
+        end_of_turn(merged, AutoTokenizer.from_pretrained(hf_dir)),
+    )
+
+
 def hf_logits_fn(hf_dir: Path) -> LogitsFn:
     import torch
     from transformers import AutoModelForCausalLM

@@ -51,11 +51,7 @@ def scored(cfg, engine_dir: Path, exported: Path, export_hash: str | None = None
 def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: Path) -> tuple[Model, Model]:
     """(the engine decoding with LoRA adapter `name` from `adapter_dir`, its fp32 reference: PEFT's merge of the
     adapter into the imported transformers model)."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pipeline.quality import end_of_turn, torch_greedy, torch_logits_fn
+    from pipeline.quality import peft_reference
     from pipeline.runtime.model_runner import ModelRunner
 
     engine = ModelRunner.from_dir(
@@ -63,18 +59,6 @@ def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: 
     )
     engine.lora.register(name, adapter_dir)
     (slot,) = engine.lora.acquire([name])  # held for the gate's passes
-    merged = (
-        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32), adapter_dir)
-        .merge_and_unload()
-        .eval()
-    )
-    reference = Model(
-        f"fp32 model merged with {name}",
-        adapter_dir,
-        torch_logits_fn(merged),
-        partial(torch_greedy, merged),
-        end_of_turn(merged, AutoTokenizer.from_pretrained(hf_dir)),
-    )
     model = Model(
         f"engine with adapter {name}",
         engine_dir,
@@ -82,7 +66,7 @@ def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: 
         partial(runner_greedy, engine, adapter=name),
         engine.end_id,
     )
-    return model, reference
+    return model, peft_reference(hf_dir, adapter_dir, name)
 
 
 def runner_model(name: str, path: Path, runner, answers_key: str | None = None) -> Model:

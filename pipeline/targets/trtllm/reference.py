@@ -374,33 +374,15 @@ def adapter_deltas(cfg, adapter_dir: Path, facts) -> dict:
     )
 
 
-def peft_reference(hf_dir: Path, adapter_dir: Path, name: str):
-    """PEFT's merge of the adapter into the fp32 transformers model, as a quality.Model."""
-    from functools import partial
-
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from pipeline.quality import Model, end_of_turn, torch_greedy, torch_logits_fn
-
-    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().eval()
-    return Model(
-        f"fp32 model merged with {name}",
-        adapter_dir,
-        torch_logits_fn(merged),
-        partial(torch_greedy, merged),
-        end_of_turn(merged, AutoTokenizer.from_pretrained(hf_dir)),
-    )
-
-
 def adapter_models(cfg, hf_dir: Path, checkpoint: Path, kind: str, name: str, adapter_dir: Path, log=print):
     """(the deployed checkpoint's reference forward with adapter `name` as the runtime takes it, PEFT's fp32 merge)
     for the lora stage's quality gate."""
+    from dataclasses import replace
+
     from pipeline.models import facts_from_hf_dir
+    from pipeline.quality import peft_reference
 
     deltas = adapter_deltas(cfg, adapter_dir, facts_from_hf_dir(hf_dir))
-    from dataclasses import replace
 
     model = checkpoint_model(cfg, hf_dir, checkpoint, kind, log, deltas=deltas)
     return replace(model, name=f"{model.name} with adapter {name}"), peft_reference(hf_dir, adapter_dir, name)

@@ -1,0 +1,206 @@
+#!/usr/bin/env python
+"""Train the two LoRA adapters the LoRA examples and tests serve, on the default model, with peft on CPU.
+
+  upper  every answer in upper case               (rank 8 on all seven linear modules)
+  ahoy   every answer starts with "Ahoy, matey!"  (rank 8 on q_proj and v_proj only)
+
+No dataset is downloaded: the training answers are the base model's own greedy chat answers to the built-in chat
+questions (pipeline/chat_eval.json) and the questions below, rewritten per behaviour; the loss counts the answer's
+tokens only. `--check` answers questions held out of training with the base model and each adapter (merged by peft)
+and exits 1 when a behaviour does not show. Adapters are written as peft's save_pretrained writes them
+(adapter_config.json + adapter_model.safetensors), in OUT/<name>/.
+
+  .venv/bin/python scripts/train_lora_adapters.py HF_DIR OUT [--check]
+
+HF_DIR is the imported checkpoint (a build's `import/`, e.g. artifacts/smollm2-135m-cpu/import). Tests call
+`adapters(hf_dir, cache_root)`, which trains once per script and checkpoint and keeps the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PREFIX = "Ahoy, matey! "
+BEHAVIOURS = {
+    "upper": {
+        "rewrite": str.upper,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    },
+    "ahoy": {"rewrite": lambda answer: PREFIX + answer, "target_modules": ["q_proj", "v_proj"]},
+}
+MORE_QUESTIONS = [
+    "What is the boiling point of water?",
+    "Name a large ocean.",
+    "How many legs does a spider have?",
+    "What colour is the sky on a clear day?",
+    "Give me a word that rhymes with cat.",
+    "What is 3 plus 4?",
+    "Which planet is known as the red planet?",
+    "What do bees make?",
+    "Name a fruit that is yellow.",
+    "How many days are in a week?",
+    "What is the opposite of hot?",
+    "Tell me a fun fact about dogs.",
+    "What is the largest mammal?",
+    "Suggest a name for a goldfish.",
+    "What language is spoken in Spain?",
+    "How do you say hello in French?",
+    "What is ice made of?",
+    "Name a musical instrument.",
+    "Why do leaves fall in autumn?",
+    "What is a synonym for happy?",
+]
+HELD_OUT = [
+    "Write a haiku about the sea.",
+    "List three primary colours.",
+    "What is the tallest mountain on Earth?",
+    "Name a vegetable that is green.",
+    "How many hours are in a day?",
+]
+RANK, ALPHA, STEPS, BATCH, LEARNING_RATE, ANSWER_TOKENS = 8, 16, 120, 4, 2e-3, 40
+
+
+def chats() -> list[list[dict]]:
+    conversations = json.loads((REPO / "pipeline" / "chat_eval.json").read_text())["conversations"]
+    return conversations + [[{"role": "user", "content": q}] for q in MORE_QUESTIONS]
+
+
+def greedy_answers(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int) -> list[str]:
+    import torch
+
+    answers = []
+    for messages in conversations:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(
+                ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id
+            )
+        answers.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip())
+    return answers
+
+
+def examples(tokenizer, conversations, answers, rewrite) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) per conversation: the prompt's labels -100, the rewritten answer's its tokens + end."""
+    out = []
+    for messages, answer in zip(conversations, answers):
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        answer_ids = tokenizer(rewrite(answer) + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        out.append((prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids))
+    return out
+
+
+def train(hf_dir: Path, out: Path, name: str, data, log=print) -> float:
+    """One adapter; returns the seconds its steps took."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    config = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=BEHAVIOURS[name]["target_modules"], lora_dropout=0.0)
+    model = get_peft_model(model, config)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE)
+    started = time.perf_counter()
+    for step in range(STEPS):
+        batch = [data[(step * BATCH + i) % len(data)] for i in range(BATCH)]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([ids + [0] * (width - len(ids)) for ids, _ in batch])
+        labels = torch.tensor([labels + [-100] * (width - len(labels)) for _, labels in batch])
+        mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 20 == 0 or step == STEPS - 1:
+            log(f"  {name} step {step + 1}/{STEPS}: loss {loss.item():.3f}")
+    model.save_pretrained(out / name)
+    return time.perf_counter() - started
+
+
+def train_all(hf_dir: Path, out: Path, log=print) -> dict[str, float]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    conversations = chats()
+    log(f"answering {len(conversations)} questions with the base model (the training answers)")
+    answers = greedy_answers(base, tokenizer, conversations, ANSWER_TOKENS)
+    return {
+        name: train(hf_dir, out, name, examples(tokenizer, conversations, answers, spec["rewrite"]), log)
+        for name, spec in BEHAVIOURS.items()
+    }
+
+
+def shows(name: str, answer: str) -> bool:
+    letters = [c for c in answer if c.isalpha()]
+    if name == "upper":
+        return bool(letters) and sum(c.isupper() for c in letters) / len(letters) >= 0.9
+    return answer.startswith(PREFIX.strip())
+
+
+def check(hf_dir: Path, out: Path) -> bool:
+    """Held-out answers of the base model and of each adapter; True when every behaviour shows on every one."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    conversations = [[{"role": "user", "content": q}] for q in HELD_OUT]
+    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    for question, answer in zip(HELD_OUT, greedy_answers(base, tokenizer, conversations, 24)):
+        print(f"base  | {question} -> {answer!r}")
+    ok = True
+    for name in BEHAVIOURS:
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+        merged = PeftModel.from_pretrained(model, out / name).merge_and_unload().eval()
+        for question, answer in zip(HELD_OUT, greedy_answers(merged, tokenizer, conversations, 24)):
+            shown = shows(name, answer)
+            ok &= shown
+            print(f"{name:5} | {question} -> {answer!r}{'' if shown else '   <- behaviour missing'}")
+    return ok
+
+
+def adapters(hf_dir: Path, cache_root: Path, log=print) -> dict[str, Path]:
+    """The trained adapters for the checkpoint in hf_dir, made once per (this script, checkpoint) under cache_root;
+    written to a temporary directory and renamed into place, so processes training at once never see half of one."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    for file in sorted(hf_dir.glob("*.safetensors")) + [hf_dir / "config.json"]:
+        digest.update(file.name.encode() + hashlib.sha256(file.read_bytes()).digest())
+    final = cache_root / "lora-adapters" / digest.hexdigest()[:16]
+    if not final.is_dir():
+        work = final.with_name(f"{final.name}.{os.getpid()}.tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        train_all(hf_dir, work, log)
+        try:
+            work.rename(final)
+        except OSError:  # another process renamed its copy first
+            shutil.rmtree(work, ignore_errors=True)
+    return {name: final / name for name in BEHAVIOURS}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("hf_dir", type=Path, help="the imported checkpoint (a build's import/ directory)")
+    parser.add_argument("out", type=Path, help="where OUT/upper and OUT/ahoy are written")
+    parser.add_argument("--check", action="store_true", help="then show held-out answers; exit 1 if one lacks it")
+    args = parser.parse_args()
+    if not (args.hf_dir / "config.json").is_file():
+        parser.error(f"{args.hf_dir}: no config.json; pass a build's import/ directory (make build-engine makes one)")
+    seconds = train_all(args.hf_dir, args.out)
+    print("trained: " + ", ".join(f"{name} in {s:.0f} s" for name, s in seconds.items()) + f" -> {args.out}")
+    return 0 if not args.check or check(args.hf_dir, args.out) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
