@@ -10,7 +10,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
 
-.PHONY: setup build-engine run-batch bench bench-family-decode peers serve plan validate deploy test test-fast format clean tables
+.PHONY: setup build-engine run-batch bench bench-family-decode bench-lora lora-adapters peers serve plan validate deploy test test-fast format clean tables
 
 setup: $(STAMP)
 
@@ -29,6 +29,19 @@ run-batch: build-engine
 
 serve: build-engine
 	$(VENV)/bin/trtllm-pipeline serve $(CONFIG)
+
+# The example LoRA adapters (upper, ahoy) that build_configs/smollm2-135m-cpu-lora.yaml serves, trained on the default
+# build's imported model (~2 min on 2 cores): then `make build-engine CONFIG=build_configs/smollm2-135m-cpu-lora.yaml`.
+LORA_BASE := artifacts/smollm2-135m-cpu
+lora-adapters: $(STAMP)
+	test -f $(LORA_BASE)/import/config.json || $(VENV)/bin/trtllm-pipeline build build_configs/smollm2-135m-cpu.yaml --until import
+	$(VENV)/bin/python scripts/train_lora_adapters.py $(LORA_BASE)/import artifacts/lora-adapters --check
+
+# What multi-LoRA costs a decode step, against the default build (docs/benchmarks.md#lora-adapters).
+bench-lora: lora-adapters
+	$(VENV)/bin/trtllm-pipeline build build_configs/smollm2-135m-cpu.yaml
+	$(VENV)/bin/trtllm-pipeline build build_configs/smollm2-135m-cpu-lora.yaml
+	$(VENV)/bin/trtllm-pipeline bench lora build_configs/smollm2-135m-cpu-lora.yaml --batch 1 --batch 8 --rounds 5
 
 # The engines `make bench` compares against, built from their own packages in their own environments under the
 # cache: llama.cpp (compiled once, ~10 min on 2 cores), OpenVINO GenAI, onnxruntime-genai; see docs/benchmarks.md.
