@@ -234,9 +234,33 @@ def test_shipped_configs_are_valid(config, tmp_path):
         model.get("source") == "hf" and not Path(model["path"]).exists()
     ):  # a GPU example: the checkpoint is downloaded by the user
         overrides = [f"model.path={llama_shape(tmp_path, '70b' if '70b' in config.name else '8b')}"]
+    adapters = (yaml.safe_load(config.read_text()).get("lora") or {}).get("adapters", [])
+    if any(not (config.parent / a["path"]).exists() for a in adapters):  # trained here (make lora-adapters)
+        listed = ", ".join(f"{{name: {a['name']}, path: {smollm2_adapter(tmp_path / a['name'])}}}" for a in adapters)
+        overrides.append(f"lora.adapters=[{listed}]")
     cfg = load_config(config, overrides)
     assert isinstance(cfg, BuildConfig)
     assert "# default" in resolved_yaml(cfg) or cfg.model_fields_set
+
+
+def smollm2_adapter(path: Path) -> Path:
+    """A PEFT LoRA adapter directory of SmolLM2-135M's shapes (rank 8 on the first layer's q_proj), zeros."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path.mkdir()
+    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16}))
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file(
+        {
+            f"{prefix}.lora_A.weight": np.zeros((8, 576), np.float32),
+            f"{prefix}.lora_B.weight": np.zeros((576, 8), np.float32),
+        },
+        str(path / "adapter_model.safetensors"),
+    )
+    return path
 
 
 def test_validate_cli_prints_resolved_config_with_defaults():
