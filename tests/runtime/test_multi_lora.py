@@ -48,7 +48,8 @@ def adapters(tiny_llama, tmp_path_factory) -> dict[str, Path]:
     return {name: make_adapter(tiny_llama, work / name, seed, **s) for seed, (name, s) in enumerate(ADAPTERS.items())}
 
 
-def lora_config(path: Path, base: Path, adapters: dict[str, Path]) -> Path:
+def lora_config(path: Path, base: Path, adapters: dict[str, Path], runtime: str = "{}") -> Path:
+    """A tiny fp32 build serving `adapters` (max_lora_rank 8, max_loras 2), with the `runtime` section given."""
     listed = ", ".join(f"{{name: {name}, path: {adapter}}}" for name, adapter in adapters.items())
     return write_config(
         path,
@@ -56,6 +57,7 @@ def lora_config(path: Path, base: Path, adapters: dict[str, Path]) -> Path:
         model: {{source: hf, path: {base}}}
         target: {{onnx_graph: fused}}
         build: {{max_batch_size: 8, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
+        runtime: {runtime}
         lora:
           max_lora_rank: 8
           max_loras: 2

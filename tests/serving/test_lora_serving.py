@@ -14,8 +14,8 @@ from pipeline.build import cache_dir
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.triton.client import stream_text
 from pipeline.triton.server import TritonServer
-from tests.conftest import run_cli, slow_fixture, write_config
-from tests.runtime.test_multi_lora import ADAPTERS, make_adapter
+from tests.conftest import run_cli, slow_fixture
+from tests.runtime.test_multi_lora import ADAPTERS, lora_config, make_adapter
 from tests.serving.test_openai import MODEL, running
 from tests.serving.test_serving import metric
 
@@ -40,17 +40,7 @@ def lora_build(tiny_llama, tmp_path_factory):
         name: make_adapter(tiny_llama, work / name, seed, **s) for seed, (name, s) in enumerate(ADAPTERS.items())
     }
     extra = make_adapter(tiny_llama, work / "added", 9, r=2, lora_alpha=2, target_modules=["o_proj", "down_proj"])
-    listed = ", ".join(f"{{name: {name}, path: {path}}}" for name, path in adapters.items())
-    config = write_config(
-        work / "tiny-lora.yaml",
-        f"""
-        model: {{source: hf, path: {tiny_llama}}}
-        target: {{onnx_graph: fused}}
-        build: {{max_batch_size: 8, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
-        runtime: {{enable_kv_cache_reuse: true}}
-        lora: {{max_lora_rank: 8, max_loras: 2, adapters: [{listed}]}}
-        """,
-    )
+    config = lora_config(work / "tiny-lora.yaml", tiny_llama, adapters, "{enable_kv_cache_reuse: true}")
     result = run_cli("build", str(config), "--output", str(work / "out"))
     assert result.returncode == 0, result.stdout + result.stderr
     return work / "out", adapters, extra
