@@ -111,3 +111,13 @@ def load_text(spec: str, base_dir: Path, cache: Path, log=print) -> str:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PipelineError(f"cannot read text file {path}: {exc}") from None
+
+
+def calibration_windows(tokenizer, text: str, num_samples: int, seq_len: int) -> list:
+    """num_samples windows of seq_len tokens spread evenly over the calibration text (repeated if short)."""
+    import torch
+
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    ids = ids.repeat(max(1, -(-2 * seq_len // len(ids))))
+    starts = torch.linspace(0, len(ids) - seq_len, num_samples).long().tolist()
+    return [ids[start : start + seq_len].unsqueeze(0) for start in starts]

@@ -37,13 +37,20 @@ def remembered(model: Model) -> Model:
     return replace(model, logits=logits)
 
 
-def score_engines(cfg, output: Path, ours_name: str, workers: list[Worker], cache: Path, log) -> list[dict]:
-    """One row per engine: ours (the target's own scored engine) and each peer worker; transformers is skipped, as
-    it is the reference's own fp32 model."""
+def score_engines(
+    cfg, output: Path, ours_name: str, workers: list[Worker], cache: Path, log, others: list[tuple] = ()
+) -> list[dict]:
+    """One row per engine: ours (the target's own scored engine), our `others` ((name, config, output) of builds of
+    the same model, held to the first build's fp32 reference) and each peer worker; transformers is skipped, as it
+    is the reference's own fp32 model."""
     target = target_of(cfg)
     ours, reference = target.scored(cfg, output, output / target.gated_stage, log)
     reference = remembered(reference)
-    models = [(ours_name, "ours", ours)] + [
+    models = [(ours_name, "ours", ours)]
+    for name, other_cfg, other_output in others:
+        other = target_of(other_cfg)
+        models.append((name, "ours", other.scored(other_cfg, other_output, other_output / other.gated_stage, log)[0]))
+    models += [
         (w.spec.name, w.spec.engine, Model(w.spec.name, Path(w.spec.model), w.logits, w.greedy))
         for w in workers
         if w.spec.engine not in ("ours", "transformers")

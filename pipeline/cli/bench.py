@@ -59,6 +59,12 @@ def bench_peers(
     console.print(f"peers: {manifest.path(output)}")
 
 
+def precision_label(cfg) -> str:
+    """'fp32', or the weights and how they were made ('int4 gptq'), for engines of one model side by side."""
+    q = cfg.quantization
+    return "fp32" if q.weights == "none" else f"{q.weights} {q.method}"
+
+
 @bench_app.command("offline")
 @reports_errors
 def bench_offline(
@@ -81,6 +87,12 @@ def bench_offline(
     quality: bool = typer.Option(
         True, help="Also score every engine's logits and greedy chat answers against the fp32 reference."
     ),
+    also: Optional[list[Path]] = typer.Option(
+        None,
+        "--with",
+        help="Another build config of the same model (repeat), e.g. another quantization: its built engine is "
+        "measured and scored beside ours, labelled by weights and method.",
+    ),
     both_spinning: bool = typer.Option(
         False,
         "--both-spinning",
@@ -95,6 +107,9 @@ def bench_offline(
     --quality) each engine's KL divergence, top-1 agreement and chat-answer match against fp32.
 
     Example: trtllm-pipeline bench offline build_configs/smollm2-135m-cpu.yaml --batch 1 --batch 8 --shape 128x64
+
+    Quantizations side by side: trtllm-pipeline bench offline build_configs/smollm2-135m-cpu-int4.yaml --with
+    build_configs/smollm2-135m-cpu-int4-gptq.yaml --peer none
     """
     from transformers import AutoTokenizer
 
@@ -114,15 +129,22 @@ def bench_offline(
     log = lambda m: console.print(f"  {m}", highlight=False, markup=False)  # noqa: E731
     spinning = (False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",)
     peers, skipped = peer_engines(output, peer)
-    precision = "fp32" if cfg.quantization.weights == "none" else str(cfg.quantization.weights)
+    others = [(path, load(path, []), default_output(path)) for path in also or []]
+    for path, _, other_output in others:
+        if not (other_output / "engine" / "config.json").is_file():
+            raise PipelineError(f"--with {path}: no engine in {other_output / 'engine'}: build it first")
+    label = precision_label if others else (lambda c: str(c.quantization.weights).replace("none", "fp32"))
+    precision = label(cfg)
     engines = our_engines(output, config, precision, spinning) + peers
+    engines += [our_engines(o, path, label(c), spinning)[1] for path, c, o in others]
     threads = threads or default_threads()
     workers = start_workers(engines, threads, output / "peers" / "logs", skipped, log)
     try:
         rows = measure(
             workers, AutoTokenizer.from_pretrained(output / "import"), text, batch or [1, 8], shapes, repeats, log
         )
-        scores = score_engines(cfg, output, f"ours {precision}", workers, cache_dir(), log) if quality else []
+        extra = [(f"ours {label(c)}", c, o) for _, c, o in others]
+        scores = score_engines(cfg, output, f"ours {precision}", workers, cache_dir(), log, extra) if quality else []
     finally:
         for worker in workers:
             worker.close()

@@ -21,10 +21,22 @@ def validate(config: Path = ConfigArg, overrides: Optional[list[str]] = Override
 
     Example: trtllm-pipeline validate build_configs/smollm2-135m-cpu.yaml quantization.weights=int4
     """
+    from pipeline import prequantized
     from pipeline.config import resolved_yaml
 
     cfg = load(config, overrides)
     console.print(f"# {config}: valid", style="green", highlight=False)
+    detected = prequantized.of_config(cfg)
+    if detected is not None:
+        use = {
+            "keep": "the engine keeps its weights as they are",
+            "dequantize": "imported as the float weights its codes stand for",
+        }
+        console.print(
+            f"# the checkpoint is {detected.describe()}: {use[cfg.quantization.checkpoint_quantization]}",
+            highlight=False,
+            markup=False,
+        )
     console.print(resolved_yaml(cfg), highlight=False, markup=False)
 
 

@@ -8,13 +8,14 @@ prints), `loading` (YAML, overrides, line-numbered errors) and `cross_field` (th
 from pipeline.config.deploy import DeploySection
 from pipeline.config.loading import load_config
 from pipeline.config.schema import BuildConfig, dump_value, leaf_field_paths, resolved_yaml
-from pipeline.config.sections import BuildSection, CalibrationSection
+from pipeline.config.sections import BuildSection, CalibrationSection, GptqSection
 
 __all__ = [
     "BuildConfig",
     "BuildSection",
     "CalibrationSection",
     "DeploySection",
+    "GptqSection",
     "dump_value",
     "leaf_field_paths",
     "load_config",

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from pipeline import lora
+from pipeline import lora, prequantized
 from pipeline.architectures import support_problem
 from pipeline.config.schema import BuildConfig, lora_adapters
 from pipeline.config.sections import MODEL_NAME_FIELDS
-from pipeline.errors import PipelineError, shown
+from pipeline.errors import CheckpointError, PipelineError, shown
 from pipeline.models import BUILTIN_MODELS, ModelFacts, checkpoint_problems
 from pipeline.targets import honoured, target_of, unhonoured_problems
 
@@ -63,6 +63,11 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
             )
         names.setdefault(value, name)
 
+    detected = prequantized.of_config(cfg)
+    if isinstance(detected, CheckpointError):
+        out.append((("model", "path"), str(detected)))
+    else:
+        out += prequantized.config_problems(cfg, detected)
     out += unhonoured_problems(cfg)
     out += _deploy_problems(cfg)
     out += target_of(cfg).config_problems(cfg)

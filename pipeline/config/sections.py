@@ -94,17 +94,38 @@ class CalibrationSection(Section):
     seq_len: int = Field(512, ge=16, description="Tokens per calibration sequence.")
 
 
+class GptqSection(Section):
+    """GPTQ's options, named as GPTQModel's QuantizeConfig names them."""
+
+    damp_percent: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="Dampening added to the Hessian's diagonal, as a fraction of its mean (GPTQ's percdamp).",
+    )
+    desc_act: bool = Field(
+        False,
+        description="Quantize each layer's input rows in order of decreasing activation (act-order); the engine "
+        "then gathers its input in that order before each quantized matmul.",
+    )
+    sym: bool = Field(
+        False,
+        description="Symmetric int4 (zero point 8); false: a zero point per block, the onnxruntime int4 default.",
+    )
+
+
 class QuantizationSection(Section):
     weights: Literal["none", "int8", "int4", "fp8", "nvfp4"] = Field(
         "none",
         description="Weight precision of linear layers (nvfp4 is rejected: it cannot be verified without a GPU).",
     )
-    method: Literal["rtn", "awq", "w4a8_awq", "smoothquant", "hqq"] = Field(
+    method: Literal["rtn", "awq", "w4a8_awq", "smoothquant", "hqq", "gptq", "compressed-tensors"] = Field(
         "rtn",
         description="rtn: round-to-nearest (int8/int4 weight-only; fp8 is per-tensor W8A8); awq: "
-        "activation-aware int4 (trtllm); w4a8_awq: AWQ int4 weights with FP8 activations (trtllm); "
-        "smoothquant: int8 weights and activations (trtllm); hqq: half-quadratic int4 with float zero "
-        "points (onnxruntime: most accurate, slow kernel).",
+        "activation-aware int4 (trtllm), or an imported AWQ checkpoint; w4a8_awq: AWQ int4 weights with FP8 "
+        "activations (trtllm); smoothquant: int8 weights and activations (trtllm); hqq: half-quadratic int4 with "
+        "float zero points (onnxruntime: most accurate, slow kernel); gptq: calibrated int4 (onnxruntime), or an "
+        "imported GPTQ checkpoint; compressed-tensors: an imported checkpoint in that format.",
     )
     group_size: int = Field(
         128,
@@ -114,6 +135,14 @@ class QuantizationSection(Section):
     kv_cache: Literal["none", "int8", "fp8"] = Field("none", description="KV-cache precision (needs a paged KV cache).")
     calibration: CalibrationSection | None = Field(
         None, description="Calibration data; required by awq and smoothquant."
+    )
+    gptq: GptqSection | None = Field(None, description="GPTQ's options (method: gptq on onnxruntime).")
+    checkpoint_quantization: Literal["keep", "dequantize"] = Field(
+        "keep",
+        description="For a checkpoint that is already quantized (config.json quantization_config: gptq, awq, "
+        "compressed-tensors): keep builds the engine from its quantized weights as they are (weights, method and "
+        "group_size must then describe them); dequantize imports the float weights they stand for, which any "
+        "quantization may follow.",
     )
     exclude_modules: list[str] = Field(
         [],

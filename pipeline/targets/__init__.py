@@ -130,6 +130,7 @@ COMMON_FIELDS = (
             "quantization.method",
             "quantization.group_size",
             "quantization.exclude_modules",
+            "quantization.checkpoint_quantization",
             "build.max_batch_size",
             "build.max_input_len",
             "build.max_seq_len",

@@ -41,6 +41,7 @@ TABULATORS = {
     "trtllm_engine_models": "tabulate_trtllm_engine_models",
     "trtllm_build_flags": "tabulate_trtllm_build",
     "trtllm_lora": "tabulate_trtllm_lora",
+    "trtllm_prequantized": "tabulate_trtllm_prequantized",
     "leaderworkerset": "tabulate_lws",
     "prometheus_adapter": "tabulate_prometheus_adapter",
     "triton_trtllm_images": "tabulate_triton_trtllm_images",

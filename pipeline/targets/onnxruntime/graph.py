@@ -38,6 +38,14 @@ from pipeline.models import ModelFacts
 from pipeline.runtime import lora
 
 OPSET = 23  # RMSNormalization
+# The graph's fused linears and the HF modules each concatenates along its output axis.
+FUSED_LINEARS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def fused_parts(module: str) -> list[str]:
+    """'model.layers.0.self_attn.qkv_proj' -> its q/k/v_proj modules; any other linear is its own part."""
+    prefix, dot, name = module.rpartition(".")
+    return [f"{prefix}{dot}{part}" for part in FUSED_LINEARS.get(name, (name,))]
 
 
 @dataclass(frozen=True)
@@ -257,7 +265,7 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
         else:
             normed, residual = skip_norm(x, residual, f"{prefix}.input_layernorm")
         attn = f"{prefix}.self_attn"
-        qkv = linear(normed, f"{attn}.qkv_proj", [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"], i)
+        qkv = linear(normed, f"{attn}.qkv_proj", fused_parts(f"{attn}.qkv_proj"), i)
         if f"{attn}.q_norm.weight" in weights:
             q, k, v = node(
                 "Split",
@@ -299,7 +307,7 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
         else:
             normed, residual = skip_norm(attn_out, residual, f"{prefix}.post_attention_layernorm")
         mlp = f"{prefix}.mlp"
-        gate_up = linear(normed, f"{mlp}.gate_up_proj", [f"{mlp}.gate_proj", f"{mlp}.up_proj"], i)
+        gate_up = linear(normed, f"{mlp}.gate_up_proj", fused_parts(f"{mlp}.gate_up_proj"), i)
         gate, up = node("Split", [gate_up], f"{path(mlp)}/Split", outputs=2, axis=-1, num_outputs=2)
         if gelu:
             act = node("Gelu", [gate], f"{path(mlp)}/Gelu", approximate=gelu)[0]

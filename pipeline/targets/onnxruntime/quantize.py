@@ -13,8 +13,12 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.errors import BuildStepError
+from pipeline.prequantized import QuantizedLinear
 from pipeline.targets.onnxruntime import ONNX_NAME
+from pipeline.targets.onnxruntime.graph import fused_parts
 
 INT8_BLOCK = 32  # int8 MatMulNBits block: with accuracy_level 4 it also sets the activation quantization block
 BLOCK_SIZES = (32, 64, 128)  # MatMulNBits blocks measured here (docs/research/onnx-export-study.md)
@@ -49,6 +53,105 @@ def untie_lm_head(model) -> bool:
     return True
 
 
+def fuse(linears: dict[str, QuantizedLinear], parts: list[str]) -> QuantizedLinear:
+    """The quantized parts of one graph matmul stacked along the output axis, as the graph stacks their weights;
+    act-order parts must order their input rows alike (GPTQ's parts reading one input do)."""
+    first = linears[parts[0]]
+    for part in parts[1:]:
+        other = linears[part]
+        same_rows = (first.g_idx is None) == (other.g_idx is None) and (
+            first.g_idx is None or np.array_equal(first.g_idx, other.g_idx)
+        )
+        if not same_rows or (other.bits, other.group_size) != (first.bits, first.group_size):
+            raise BuildStepError(
+                f"{part} and {parts[0]} read one input but group it differently (act-order g_idx, bits or group size), "
+                "so the engine cannot run them as one matmul; set quantization.checkpoint_quantization: dequantize"
+            )
+    stacked = {
+        key: np.concatenate([getattr(linears[part], key) for part in parts]) for key in ("codes", "scales", "zeros")
+    }
+    return QuantizedLinear(**stacked, g_idx=first.g_idx, bits=first.bits, group_size=first.group_size)
+
+
+def matmul_nbits(node, linear: QuantizedLinear, accuracy_level: int | None) -> tuple[list, list]:
+    """MatMulNBits nodes and initializers holding `linear`'s codes, scales and zero points exactly (an act-order
+    linear's input is gathered into group order first, so the fast contiguous-block kernels run it)."""
+    import onnx
+    from onnx import numpy_helper
+
+    rows, columns = linear.codes.shape  # [N, K]
+    size = columns if linear.group_size == -1 else linear.group_size
+    block = next((b for b in (128, 64, 32, 16) if size % b == 0), None)
+    if block is None:
+        raise BuildStepError(
+            f"{module_name(node.name)}: groups of {size} rows fit no MatMulNBits block (16, 32, 64 or 128); set "
+            "quantization.checkpoint_quantization: dequantize"
+        )
+    name, x, nodes, codes = node.name, node.input[0], [], linear.codes
+    if linear.g_idx is not None:
+        order = np.argsort(linear.g_idx, kind="stable")
+        if not np.array_equal(linear.g_idx[order], np.arange(columns) // size):
+            raise BuildStepError(f"{module_name(name)}: act-order groups are not {size} rows each")
+        codes = codes[:, order]
+        permutation = numpy_helper.from_array(order.astype(np.int64), f"{name}_order")
+        nodes.append(onnx.helper.make_node("Gather", [x, permutation.name], [f"{name}_ordered"], axis=-1))
+        x, initializers = f"{name}_ordered", [permutation]
+    else:
+        initializers = []
+    blocks = -(-columns // block)
+    group_of_block = np.arange(blocks) * block // size
+    padded = np.zeros((rows, blocks * block), np.uint8)
+    padded[:, :columns] = codes
+    if linear.bits == 4:
+        padded = padded[:, ::2] | (padded[:, 1::2] << 4)  # the first of two values in the low nibble
+    weight = numpy_helper.from_array(padded.reshape(rows, blocks, -1), f"{name}_B")
+    scales = numpy_helper.from_array(linear.scales[:, group_of_block].astype(np.float32).ravel(), f"{name}_scales")
+    inputs, initializers = [x, weight.name, scales.name], [*initializers, weight, scales]
+    zeros = linear.zeros[:, group_of_block]
+    if np.any(zeros != 2 ** (linear.bits - 1)):  # MatMulNBits' default zero point otherwise
+        if linear.bits == 4:
+            zeros = np.pad(zeros, ((0, 0), (0, blocks % 2)))
+            zeros = zeros[:, ::2] | (zeros[:, 1::2] << 4)
+        initializers.append(numpy_helper.from_array(zeros.astype(np.uint8).ravel(), f"{name}_zero_points"))
+        inputs.append(initializers[-1].name)
+    attributes = dict(K=columns, N=rows, bits=linear.bits, block_size=block)
+    if accuracy_level:
+        attributes["accuracy_level"] = accuracy_level
+    nodes.append(
+        onnx.helper.make_node(
+            "MatMulNBits",
+            inputs,
+            list(node.output),
+            name=f"{name}_Q{linear.bits}",
+            domain="com.microsoft",
+            **attributes,
+        )
+    )
+    return nodes, initializers
+
+
+def place_linears(model, linears: dict[str, QuantizedLinear], accuracy_level: int | None) -> list[str]:
+    """Replace every MatMul whose HF modules `linears` holds by MatMulNBits of their codes; the names replaced."""
+    import onnx
+
+    replaced = []
+    for node in list(model.graph.node):
+        if node.op_type != "MatMul" or not all(p in linears for p in fused_parts(module_name(node.name))):
+            continue
+        nodes, initializers = matmul_nbits(node, fuse(linears, fused_parts(module_name(node.name))), accuracy_level)
+        index = list(model.graph.node).index(node)
+        model.graph.node.remove(node)
+        for offset, new in enumerate(nodes):
+            model.graph.node.insert(index + offset, new)
+        weight = next(i for i in model.graph.initializer if i.name == node.input[1])
+        model.graph.initializer.remove(weight)
+        model.graph.initializer.extend(initializers)
+        replaced.append(node.name)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return replaced
+
+
 def quantize_graph(
     export_dir: Path,
     out_dir: Path,
@@ -61,6 +164,7 @@ def quantize_graph(
     accuracy_level: int | None = None,
     quantize_embedding: bool = False,
     int8_modules: list[str] | tuple[str, ...] = (),
+    linears: dict[str, QuantizedLinear] | None = None,
 ) -> dict:
     """Write the engine's ONNX graph: fp32 as exported, or MatMulNBits weight-only int8/int4.
 
@@ -72,7 +176,9 @@ def quantize_graph(
     ['lm_head', '*.down_proj']; lm_head is quantized unless excluded (a tied embedding is untied
     first, see `untie_lm_head`). quantize_embedding turns the token-embedding Gather into a 4-bit
     GatherBlockQuantized (ORT only has 4-bit Gather quantization).
-    Measured defaults and their cost: docs/research/onnx-export-study.md.
+    Measured defaults and their cost: docs/research/onnx-export-study.md. `linears` (HF module -> integer codes:
+    GPTQ's, or an imported checkpoint's) are placed as they are instead of rounding the graph's weights; matmuls
+    they lack stay float unless int8_modules names them.
     """
     import onnx
 
@@ -88,8 +194,8 @@ def quantize_graph(
         }
     if weights not in ("int8", "int4"):
         raise BuildStepError(f"onnxruntime target supports weights none/int8/int4, not {weights!r}")
-    if method not in ("rtn", "hqq"):
-        raise BuildStepError(f"onnxruntime target supports method rtn/hqq, not {method!r}")
+    if method not in ("rtn", "hqq") and linears is None:
+        raise BuildStepError(f"onnxruntime target rounds weights with rtn or hqq, not {method!r}")
 
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
@@ -108,7 +214,10 @@ def quantize_graph(
     block = group_size
     if symmetric is None:
         symmetric = weights == "int8"
-    if method == "hqq":
+    if linears is not None:
+        accuracy_level = 4 if accuracy_level is None else accuracy_level
+        symmetric = None  # as the codes have it
+    elif method == "hqq":
         config = HQQWeightOnlyQuantConfig(block_size=block, bits=bits)
         accuracy_level = None  # float zero points: no int8-compute kernel
         symmetric = None
@@ -123,17 +232,24 @@ def quantize_graph(
         if bits == 4
         else []
     )
-    quantizer = MatMulNBitsQuantizer(
-        model,
-        bits=bits,
-        block_size=block,
-        is_symmetric=bool(symmetric),
-        accuracy_level=accuracy_level,
-        nodes_to_exclude=excluded + eight,
-        algo_config=config,
-    )
-    quantizer.process()
-    model = quantizer.model.model
+    if linears is not None:
+        kept = {n for n in matmuls if n not in excluded and n not in eight}
+        placed = place_linears(
+            model, {m: linears[m] for n in kept for m in fused_parts(module_name(n)) if m in linears}, accuracy_level
+        )
+    else:
+        quantizer = MatMulNBitsQuantizer(
+            model,
+            bits=bits,
+            block_size=block,
+            is_symmetric=bool(symmetric),
+            accuracy_level=accuracy_level,
+            nodes_to_exclude=excluded + eight,
+            algo_config=config,
+        )
+        quantizer.process()
+        model = quantizer.model.model
+        placed = []
     if eight:
         config8 = DefaultWeightOnlyQuantConfig(block_size=INT8_BLOCK, is_symmetric=True, bits=8, accuracy_level=4)
         quantizer = MatMulNBitsQuantizer(
@@ -168,6 +284,7 @@ def quantize_graph(
         "symmetric": symmetric,
         "accuracy_level": accuracy_level,
         "quantized_matmuls": quantized,
+        "placed_matmuls": len(placed),
         "excluded_matmuls": excluded,
         "int8_matmuls": eight,
         "lm_head_untied": untied,

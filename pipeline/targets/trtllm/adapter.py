@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 
 from pipeline.errors import BuildStepError, PipelineError
-from pipeline.targets.trtllm import lora
+from pipeline.prequantized import kept
+from pipeline.targets.trtllm import lora, prequantized
 from pipeline.targets.trtllm.backend import BACKEND_TABLES
 from pipeline.targets.trtllm.backends import BACKEND_MODULES, BACKENDS, backend_of, engine_backend
 from pipeline.targets.trtllm.modelopt import (
@@ -44,12 +45,14 @@ class TrtllmTarget:
             "pipeline.targets.trtllm.checkpoint",
             "pipeline.targets.trtllm.torch_checkpoint",
             "pipeline.targets.trtllm.reference",
+            "pipeline.targets.trtllm.prequantized",  # a kept checkpoint's conformance and converter command
             "pipeline.quality",
             *BACKEND_MODULES,  # export_problems and deployed_checkpoint
             TABLES / "trtllm_checkpoint.json",
             TABLES / "trtllm_engine_models.json",  # engine_family, decoder_type, repair
             TABLES / "trtllm_torch_loader.json",
             TABLES / "trtllm_torch_models.json",
+            TABLES / "trtllm_prequantized.json",
         ),
         # both backends' modules and tables: a superset of what one build executes
         "engine": ("pipeline.targets.trtllm.adapter", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),
@@ -154,7 +157,7 @@ class TrtllmTarget:
                     f"smoothquant quantizes to int8, but weights is {q.weights}; set weights: int8",
                 )
             )
-        if q.method in ("awq", "w4a8_awq", "smoothquant") and q.calibration is None:
+        if q.method in ("awq", "w4a8_awq", "smoothquant") and q.calibration is None and kept(cfg) is None:
             out.append(
                 (
                     ("quantization", "calibration"),
@@ -197,11 +200,13 @@ class TrtllmTarget:
         )
         if t.gpu and divisible:
             out += [(("target", "gpu"), problem) for problem in backend.memory_plan(cfg, facts).problems]
-        return out + backend.config_problems(cfg) + lora.config_problems(cfg)
+        return out + backend.config_problems(cfg) + lora.config_problems(cfg) + prequantized.config_problems(cfg)
 
     def skips(self, stage: str, cfg) -> str | None:
         q = cfg.quantization
         calibrated = (q.weights, q.method) in MODELOPT_PRESETS or q.kv_cache != "none" or q.modelopt_recipe
+        if stage == "quantize" and kept(cfg) is not None:
+            return "the checkpoint is already quantized"
         if stage == "quantize" and not calibrated:
             return (
                 "TensorRT-LLM's loader quantizes int8 weight-only checkpoints itself"
@@ -212,6 +217,8 @@ class TrtllmTarget:
 
     def writes(self, stage: str, cfg) -> str:
         q = cfg.quantization
+        if stage == "export" and kept(cfg) is not None:
+            return "nothing: the kept checkpoint's tensors checked, then the convert_checkpoint.py command (exit 4)"
         return {
             "quantize": f"ModelOpt-calibrated model ({q.weights} weights, {q.kv_cache} KV cache)",
         }.get(stage) or backend_of(cfg).writes(stage, cfg)
@@ -237,7 +244,9 @@ class TrtllmTarget:
 
     def export(self, cfg, ctx) -> dict:
         """The checkpoint the backend deploys (and the unified one), checked for conformance (the stage then gates
-        its quality)."""
+        its quality). A checkpoint kept as it is gets no ModelOpt: prequantized.export_kept checks it and stops."""
+        if (detected := kept(cfg)) is not None:
+            return prequantized.export_kept(cfg, ctx, detected, backend_of(cfg).name)
         quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / "modelopt_state.pth").is_file() else None
         hf_dir = ctx.upstream("import")
         dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
@@ -312,8 +321,16 @@ class TrtllmTarget:
         return checkpoint_model(cfg, hf_dir, checkpoint, kind, log), quality.transformers_reference(hf_dir, imported)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
+        import shlex
+
         backend = backend_of(cfg)
-        notes = backend.plan_notes(cfg, output)
+        commands = prequantized.kept_commands(cfg, output)
+        notes = (
+            [f"kept checkpoint: TensorRT-LLM's converter (not run here):\n  {shlex.join(commands[0])}"]
+            if commands
+            else []
+        )
+        notes += backend.plan_notes(cfg, output)
         facts = cfg.model_facts()
         if cfg.target.gpu and facts:
             notes.append("memory plan:\n  " + "\n  ".join(backend.memory_plan(cfg, facts).lines()))

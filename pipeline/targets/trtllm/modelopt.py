@@ -8,6 +8,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+from pipeline.fetch import calibration_windows
 from pipeline.targets.trtllm.checkpoint import EXPECTED_ALGO, EngineFamily
 
 # (weights, method) -> the ModelOpt preset; int4 presets get their block size from quantization.group_size.
@@ -80,16 +81,6 @@ def modelopt_config(q) -> dict:
     return {"quant_cfg": entries, "algorithm": algorithm}
 
 
-def calibration_batches(tokenizer, text: str, num_samples: int, seq_len: int) -> list:
-    """num_samples windows of seq_len tokens spread evenly over the calibration text (repeated if short)."""
-    import torch
-
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
-    ids = ids.repeat(max(1, -(-2 * seq_len // len(ids))))
-    starts = torch.linspace(0, len(ids) - seq_len, num_samples).long().tolist()
-    return [ids[start : start + seq_len].unsqueeze(0) for start in starts]
-
-
 def calibrate(hf_dir: Path, q, text: str, progress) -> object:
     """The HF model with ModelOpt quantizers inserted and calibrated on CPU (float32 forward passes)."""
     import modelopt.torch.quantization as mtq
@@ -98,7 +89,7 @@ def calibrate(hf_dir: Path, q, text: str, progress) -> object:
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     calibration = q.calibration
-    batches = calibration_batches(
+    batches = calibration_windows(
         AutoTokenizer.from_pretrained(hf_dir), text, calibration.num_samples, calibration.seq_len
     )
     if q.modelopt_recipe:

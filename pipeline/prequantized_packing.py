@@ -1,0 +1,285 @@
+"""Unpacking pre-quantized checkpoints' integer packings into `QuantizedLinear`, with numpy and safetensors only.
+
+Each packing stores the integer codes of one linear in int32 words, several codes to a word, the first code in the
+lowest bits; the packings differ in the dimension they pack along, the order of codes in a word and how the zero
+points are stored. Sources (repository, path, commit) of each fact:
+
+  GPT = ModelCloud/GPTQModel gptqmodel/nn_modules/qlinear/__init__.py @ f4c327a17eb3e24524d5a97a3d682e3696ae6a28
+  GPM = ModelCloud/GPTQModel gptqmodel/utils/model.py @ f4c327a17eb3e24524d5a97a3d682e3696ae6a28
+  GPQ = ModelCloud/GPTQModel gptqmodel/quantization/gptq.py @ f4c327a17eb3e24524d5a97a3d682e3696ae6a28
+  AWG = casper-hansen/AutoAWQ awq/modules/linear/gemm.py @ 88e4c76b20755db275574e6a03c83c84ba3bece5
+  AWU = casper-hansen/AutoAWQ awq/utils/packing_utils.py @ 88e4c76b20755db275574e6a03c83c84ba3bece5
+  CTP = neuralmagic/compressed-tensors src/compressed_tensors/compressors/quantized_compressors/pack_quantized.py
+        @ 2dd1b627950b4a068f2c1af19bc6f31b7fbb3316 (tag 0.12.2)
+  CTB = the same repository, .../quantized_compressors/base.py @ ed3ac7c10cc533aa8535a28b803cb7cf46d3b7ee and ^ (the
+        commit that began packing asymmetric zero points; before it they were saved unpacked, int8)
+  CTI = the same repository, src/compressed_tensors/quantization/lifecycle/initialize.py @ 2dd1b627950b...
+
+GPTQ (GPT `_register_gptq_buffers`, `pack_block`): per linear `qweight` int32 [in*bits/32, out] packed along the
+  input dimension (input row k*n+j in bits j*bits.. of word row k, n = 32/bits); `qzeros` int32 [groups,
+  out*bits/32] packed along the output dimension the same way; `scales` float16 [groups, out]; `g_idx` int32 [in]
+  (i // group_size unless act-order; group_size -1 is one group of all inputs); optional `bias` [out]. With
+  act-order, g_idx[i] = (rank of input i in the act order) // group_size (GPQ). checkpoint_format "gptq" (v1) stores
+  each zero point minus one, by subtracting 0x11111111 (4 bits) or 0x01010101 (8 bits) from the whole packed word;
+  loading adds it back the same way (GPM convert_gptq_v2_to_v1_format_module / convert_gptq_v1_to_v2_format_module);
+  "gptq_v2" stores zero points as they are. Symmetric GPTQ stores the zero 2**(bits-1) like any other.
+AWQ GEMM (AWG WQLinear_GEMM, 4 bits only): `qweight` int32 [in, out/8] packed along the output dimension, field i
+  of word c holding output column 8c + (0, 2, 4, 6, 1, 3, 5, 7)[i] (AWU AWQ_ORDER); `qzeros` int32 [groups, out/8] in
+  the same order, the zero points as they are; `scales` float16 [groups, out]; no g_idx.
+compressed-tensors pack-quantized (CTP): `weight_packed` int32 [out, ceil(in*bits/32)] packed along the input
+  dimension in natural order, each code stored as its signed value plus 2**(bits-1), the last word zero-padded;
+  `weight_shape` [2] = (out, in); `weight_scale` [out, groups] in the weight's dtype (CTI); asymmetric group/channel
+  weights only: `weight_zero_point` int32 [ceil(out*bits/32), groups] packed along the output dimension with the
+  same offset (CTP since 0.10.0; earlier int8 [out, groups], signed, unpacked: CTB); group act-order only:
+  `weight_g_idx` int32 [in] (CTI). A symmetric scheme's zero is the signed 0, code 2**(bits-1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import CheckpointError
+from pipeline.prequantized import CheckpointQuantization, QuantizedLinear
+
+WORD_BITS = 32
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # field i of an AWQ word holds column AWQ_ORDER[i] of its eight (AWU)
+SCALE_DTYPES = (np.float16, np.float32)  # bfloat16 scales arrive here as float32 (see `_read_safetensors`)
+# The tensor whose name marks a module as quantized, per packing, and every tensor such a module may have.
+MARKER = {"gptq_v1": "qweight", "gptq_v2": "qweight", "awq_gemm": "qweight", "pack_quantized": "weight_packed"}
+MODULE_TENSORS = {
+    "qweight": ("qweight", "qzeros", "scales", "g_idx", "bias"),
+    "weight_packed": ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "bias"),
+}
+
+
+def codes_per_word(bits: int) -> int:
+    return WORD_BITS // bits
+
+
+def unpack_fields(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """uint8 codes of int32 `words`, each word's codes (lowest bits first) laid out consecutively along `axis`."""
+    n = codes_per_word(bits)
+    unsigned = np.ascontiguousarray(words).view(np.uint32)
+    fields = np.stack([(unsigned >> np.uint32(j * bits)) & np.uint32(2**bits - 1) for j in range(n)], axis=axis + 1)
+    shape = list(words.shape)
+    shape[axis] *= n
+    return fields.reshape(shape).astype(np.uint8)
+
+
+def _check(where: str, name: str, array: np.ndarray | None, shape: tuple, dtypes: tuple) -> np.ndarray:
+    expected = " or ".join(np.dtype(d).name for d in dtypes)
+    if array is None:
+        raise CheckpointError(f"{where}{name} is missing: expected {expected} {list(shape)}")
+    if array.dtype not in [np.dtype(d) for d in dtypes] or tuple(array.shape) != tuple(shape):
+        raise CheckpointError(
+            f"{where}{name}: expected {expected} {list(shape)}, found {array.dtype.name} {list(array.shape)}"
+        )
+    return array
+
+
+def _matrix(where: str, name: str, array: np.ndarray | None, shape: str, dtypes: tuple) -> np.ndarray:
+    """A 2-D tensor of one of `dtypes`, before its sizes can be checked against the others'."""
+    if array is None or array.ndim != 2 or array.dtype not in [np.dtype(d) for d in dtypes]:
+        found = "nothing" if array is None else f"{array.dtype.name} {list(array.shape)}"
+        raise CheckpointError(
+            f"{where}{name}: expected {' or '.join(np.dtype(d).name for d in dtypes)} {shape}, found {found}"
+        )
+    return array
+
+
+def _groups(rows: int, group_size: int) -> int:
+    return 1 if group_size == -1 else -(-rows // group_size)
+
+
+def _g_idx(where: str, name: str, g_idx: np.ndarray | None, rows: int, groups: int, group_size: int, required: bool):
+    """The checkpoint's g_idx, or None where it is absent or only says the contiguous groups."""
+    if g_idx is None:
+        if required:
+            raise CheckpointError(f"{where}{name} is missing: expected int32 [{rows}] (the checkpoint says act-order)")
+        return None
+    g_idx = _check(where, name, g_idx, (rows,), (np.int32, np.int64)).astype(np.int32)
+    if rows and (g_idx.min() < 0 or g_idx.max() >= groups):
+        raise CheckpointError(f"{where}{name}: values from {g_idx.min()} to {g_idx.max()}, expected 0 to {groups - 1}")
+    size = rows if group_size == -1 else group_size
+    return None if np.array_equal(g_idx, np.arange(rows) // size) else g_idx
+
+
+def _bias(where: str, bias: np.ndarray | None, out: int) -> np.ndarray | None:
+    return None if bias is None else _check(where, "bias", bias, (out,), SCALE_DTYPES)
+
+
+def _unpack_gptq(t: dict, q: CheckpointQuantization, where: str) -> QuantizedLinear:
+    n = codes_per_word(q.bits)
+    qweight = _matrix(where, "qweight", t.get("qweight"), "[in*bits/32, out]", (np.int32,))
+    scales = _matrix(where, "scales", t.get("scales"), "[groups, out]", SCALE_DTYPES)
+    g_idx = t.get("g_idx")  # the input count where present: qweight's rows are only a multiple of it
+    rows, out = (g_idx.shape[0] if g_idx is not None and g_idx.ndim == 1 else qweight.shape[0] * n), scales.shape[1]
+    if rows % n:
+        raise CheckpointError(f"{where}g_idx: {rows} inputs do not fill whole int32 words of {n} codes (qweight)")
+    groups = _groups(rows, q.group_size)
+    _check(where, "qweight", qweight, (rows // n, out), (np.int32,))
+    _check(where, "scales", scales, (groups, out), SCALE_DTYPES)
+    if out % n:
+        raise CheckpointError(f"{where}scales: {out} outputs do not fill whole int32 words of {n} codes (qzeros)")
+    qzeros = _check(where, "qzeros", t.get("qzeros"), (groups, out // n), (np.int32,))
+    if q.packing == "gptq_v1":  # undo the whole-word "minus one" (GPM)
+        one_each = sum(1 << (j * q.bits) for j in range(n))
+        qzeros = (qzeros.view(np.uint32).astype(np.uint64) + one_each).astype(np.uint32).view(np.int32)
+    return QuantizedLinear(
+        codes=unpack_fields(qweight, q.bits, axis=0).T.copy(),
+        scales=scales.T.copy(),
+        zeros=unpack_fields(qzeros, q.bits, axis=1).T.copy(),
+        g_idx=_g_idx(where, "g_idx", g_idx, rows, groups, q.group_size, required=q.desc_act),
+        bits=q.bits,
+        group_size=q.group_size,
+        bias=_bias(where, t.get("bias"), out),
+    )
+
+
+def _unpack_awq(t: dict, q: CheckpointQuantization, where: str) -> QuantizedLinear:
+    if q.bits != 4:
+        raise CheckpointError(f"{where}AWQ's GEMM packing holds 4-bit codes only, the config says {q.bits}")
+    qweight = _matrix(where, "qweight", t.get("qweight"), "[in, out/8]", (np.int32,))
+    rows, out = qweight.shape[0], qweight.shape[1] * 8
+    groups = _groups(rows, q.group_size)
+    if q.group_size != -1 and rows % q.group_size:
+        raise CheckpointError(f"{where}qweight: {rows} inputs are not whole groups of {q.group_size}")
+    _check(where, "qweight", qweight, (rows, out // 8), (np.int32,))
+    scales = _check(where, "scales", t.get("scales"), (groups, out), SCALE_DTYPES)
+    qzeros = _check(where, "qzeros", t.get("qzeros"), (groups, out // 8), (np.int32,))
+    if t.get("g_idx") is not None:
+        raise CheckpointError(f"{where}g_idx: AWQ's GEMM packing has no act-order, found {list(t['g_idx'].shape)}")
+
+    def natural(words):  # field i of each word is column AWQ_ORDER[i] of its eight
+        fields = unpack_fields(words, 4, axis=1).reshape(words.shape[0], -1, 8)
+        columns = np.empty_like(fields)
+        columns[:, :, list(AWQ_ORDER)] = fields
+        return columns.reshape(words.shape[0], -1)
+
+    return QuantizedLinear(
+        codes=natural(qweight).T.copy(),
+        scales=scales.T.copy(),
+        zeros=natural(qzeros).T.copy(),
+        g_idx=None,
+        bits=4,
+        group_size=q.group_size,
+        bias=_bias(where, t.get("bias"), out),
+    )
+
+
+def _unpack_compressed_tensors(t: dict, q: CheckpointQuantization, where: str) -> QuantizedLinear:
+    n, offset = codes_per_word(q.bits), 2 ** (q.bits - 1)
+    shape = _check(where, "weight_shape", t.get("weight_shape"), (2,), (np.int32, np.int64))
+    out, rows = (int(v) for v in shape)
+    words = -(-rows // n)
+    groups = _groups(rows, q.group_size)
+    packed = _check(where, "weight_packed", t.get("weight_packed"), (out, words), (np.int32,))
+    scales = _check(where, "weight_scale", t.get("weight_scale"), (out, groups), SCALE_DTYPES)
+    codes = unpack_fields(packed, q.bits, axis=1)[:, :rows]
+    zero_point = t.get("weight_zero_point")
+    if q.symmetric:
+        if zero_point is not None and (zero_point.dtype != np.int8 or np.any(zero_point)):
+            raise CheckpointError(
+                f"{where}weight_zero_point: a symmetric scheme's zero points are int8 zeros, found "
+                f"{zero_point.dtype.name} {list(zero_point.shape)}"
+            )
+        zeros = np.full((out, groups), offset, np.uint8)
+    elif zero_point is not None and zero_point.dtype == np.int8:  # before compressed-tensors 0.10.0 (CTB)
+        zeros = (_check(where, "weight_zero_point", zero_point, (out, groups), (np.int8,)) + offset).astype(np.uint8)
+    else:
+        zero_point = _check(where, "weight_zero_point", zero_point, (-(-out // n), groups), (np.int32,))
+        zeros = unpack_fields(zero_point, q.bits, axis=0)[:out]
+    return QuantizedLinear(
+        codes=codes,
+        scales=scales.copy(),
+        zeros=zeros,
+        g_idx=_g_idx(where, "weight_g_idx", t.get("weight_g_idx"), rows, groups, q.group_size, required=False),
+        bits=q.bits,
+        group_size=q.group_size,
+        bias=_bias(where, t.get("bias"), out),
+    )
+
+
+UNPACKERS = {
+    "gptq_v1": _unpack_gptq,
+    "gptq_v2": _unpack_gptq,
+    "awq_gemm": _unpack_awq,
+    "pack_quantized": _unpack_compressed_tensors,
+}
+
+
+def unpack(tensors: dict[str, np.ndarray], q: CheckpointQuantization, module: str = "") -> QuantizedLinear:
+    """One linear's tensors (names without the module prefix) as a QuantizedLinear; CheckpointError names the tensor
+    (prefixed by `module`) and what was expected of it."""
+    where = f"{module}." if module else ""
+    if q.bits not in (4, 8) or q.packing not in UNPACKERS:
+        raise CheckpointError(f"{module or 'linear'}: {q.packing} with {q.bits} bits cannot be unpacked")
+    known = set(MODULE_TENSORS[MARKER[q.packing]])
+    unknown = sorted(set(tensors) - known)
+    if unknown:
+        raise CheckpointError(f"{where}{unknown[0]}: not a tensor of {q.packing} (expected {', '.join(sorted(known))})")
+    return UNPACKERS[q.packing](tensors, q, where)
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of one file as numpy; bfloat16 (which numpy lacks) becomes float32 exactly, from its bits."""
+    from safetensors import safe_open
+
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        out = {}
+        with safe_open(str(path), framework="np") as reader:
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                if info["dtype"] == "BF16":
+                    start, end = info["data_offsets"]
+                    raw = np.fromfile(path, np.uint16, count=(end - start) // 2, offset=8 + size + start)
+                    out[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
+                else:
+                    out[name] = reader.get_tensor(name)
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{path}: unreadable safetensors file ({error})") from error
+
+
+def read_checkpoint(
+    hf_dir: Path, q: CheckpointQuantization
+) -> tuple[dict[str, QuantizedLinear], dict[str, np.ndarray]]:
+    """The quantized linears by HF module name, and every other tensor (floating ones as float32), from all the
+    directory's *.safetensors files (shards included)."""
+    files = sorted(Path(hf_dir).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{hf_dir}: no *.safetensors files")
+    tensors: dict[str, np.ndarray] = {}
+    for path in files:
+        tensors.update(_read_safetensors(path))
+    marker = MARKER[q.packing]
+    suffix = f".{marker}"
+    modules = sorted(name[: -len(suffix)] for name in tensors if name.endswith(suffix))
+    if not modules:
+        raise CheckpointError(f"{hf_dir}: no '*{suffix}' tensors, yet config.json says {q.describe()}")
+    linears = {}
+    for module in modules:
+        own = {n: tensors.pop(f"{module}.{n}") for n in MODULE_TENSORS[marker] if f"{module}.{n}" in tensors}
+        linears[module] = unpack(own, q, module)
+    others = {
+        name: value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
+        for name, value in tensors.items()
+    }
+    return linears, others
+
+
+def dequantized_state_dict(hf_dir: Path, q: CheckpointQuantization) -> dict[str, np.ndarray]:
+    """The float checkpoint the quantized one stands for: each quantized module's weight (and bias) in float32."""
+    linears, state = read_checkpoint(hf_dir, q)
+    for module, linear in linears.items():
+        state[f"{module}.weight"] = linear.dequantize()
+        if linear.bias is not None:
+            state[f"{module}.bias"] = linear.bias.astype(np.float32)
+    return state
