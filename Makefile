@@ -10,7 +10,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
 
-.PHONY: setup build-engine run-batch bench bench-family-decode bench-lora lora-adapters peers serve plan validate deploy test test-fast format clean tables
+.PHONY: setup build-engine run-batch bench bench-family-decode bench-lora bench-quantization lora-adapters peers serve plan validate deploy test test-fast format clean tables
 
 setup: $(STAMP)
 
@@ -56,6 +56,13 @@ bench: peers
 	$(VENV)/bin/trtllm-pipeline bench profile $(CONFIG) --batch 1 --batch 8 --shape 128x64
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --protocol openai --peer llama-server --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --workload shared-prefix --workload grounded --concurrency 1 --concurrency 8 --requests 8 --output-len 64
+
+# The int4 methods side by side on the default model (round-to-nearest, HQQ, GPTQ) and the default int8 engine: decode
+# speed and quality against the same fp32 reference, in one run (docs/targets.md#quantization-and-the-shipped-configs).
+QUANT_CONFIGS := build_configs/smollm2-135m-cpu-int4-gptq.yaml build_configs/smollm2-135m-cpu-int4-hqq.yaml build_configs/smollm2-135m-cpu.yaml
+bench-quantization: $(STAMP)
+	for config in build_configs/smollm2-135m-cpu-int4.yaml $(QUANT_CONFIGS); do $(VENV)/bin/trtllm-pipeline build $$config || exit 1; done
+	$(VENV)/bin/trtllm-pipeline bench offline build_configs/smollm2-135m-cpu-int4.yaml $(QUANT_CONFIGS:%=--with %) --peer none --batch 1 --batch 8 --shape 128x64 --repeats 3
 
 # The fused graph's decode speed per registered family, as ratios to Llama of SmolLM2-135M's size (int8 engines).
 bench-family-decode: $(STAMP)

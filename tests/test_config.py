@@ -44,6 +44,37 @@ INVALID = {
         "quantization.calibration",
         3,
     ),
+    "gptq_at_8_bits_on_cpu": (
+        "quantization:\n  weights: int8\n  method: gptq\n  calibration: {num_samples: 8}\n",
+        "quantization.method",
+        3,
+    ),
+    "gptq_without_calibration_on_cpu": (
+        "quantization:\n  weights: int4\n  method: gptq\n",
+        "quantization.calibration",
+        1,
+    ),
+    "calibration_for_rtn_on_cpu": (
+        "quantization:\n  weights: int8\n  calibration: {num_samples: 8}\n",
+        "quantization.calibration",
+        3,
+    ),
+    "calibration_text_missing": (
+        "quantization:\n  weights: int4\n  group_size: 32\n  method: gptq\n  calibration: {text: no/such.txt}\n",
+        "quantization.calibration.text",
+        5,
+    ),
+    "gptq_options_for_rtn": ("quantization:\n  weights: int4\n  gptq: {desc_act: true}\n", "quantization.gptq", 3),
+    "compressed_tensors_of_a_float_model": (
+        "quantization:\n  weights: int4\n  method: compressed-tensors\n",
+        "quantization.method",
+        3,
+    ),
+    "dequantizing_a_float_model": (
+        "quantization:\n  checkpoint_quantization: dequantize\n",
+        "quantization.checkpoint_quantization",
+        2,
+    ),
     "unknown_weights_value": ("quantization:\n  weights: int3\n", "quantization.weights", 2),
     "negative_batch": ("build:\n  max_batch_size: 0\n", "build.max_batch_size", 2),
     "beam_on_cpu": ("build:\n  max_beam_width: 4\n", "build.max_beam_width", 2),
@@ -89,12 +120,6 @@ UNHONOURED = {
     "cuda_graphs_on_cpu": ("runtime:\n  cuda_graph_mode: false\n", "runtime.cuda_graph_mode", 2, "onnxruntime"),
     "batching_strategy_on_cpu": ("runtime:\n  batching_strategy: V1\n", "runtime.batching_strategy", 2, "onnxruntime"),
     "plugin_on_cpu": ("build:\n  gemm_plugin: float16\n", "build.gemm_plugin", 2, "onnxruntime"),
-    "calibration_on_cpu": (
-        "quantization:\n  weights: int8\n  calibration: {num_samples: 8}\n",
-        "quantization.calibration.num_samples",
-        3,
-        "onnxruntime",
-    ),
     "tp_on_cpu": ("parallel:\n  tp_size: 1\n", "parallel.tp_size", 2, "onnxruntime"),
     "cpu_threads_on_trtllm": (
         "target:\n  name: trtllm\nruntime:\n  cpu_threads: 4\n",

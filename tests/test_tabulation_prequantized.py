@@ -82,6 +82,46 @@ def load_weights_from_gptq(path, config):
     load(gptq_key_list[0])
 """
 
+ARGUMENTS = """
+def parse_arguments():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--model_dir', type=str, default=None)
+    parser.add_argument('--output_dir', type=str, default='out', help='where')
+    parser.add_argument('--dtype', type=str, default='auto', choices=['auto', 'float16'])
+    parser.add_argument('--tp_size', type=int, default=1)
+    parser.add_argument('--pp_size', type=int, default=1)
+    parser.add_argument('--workers', type=int, default=1)
+    parser.add_argument('--level', '-l', nargs='?', const='x', default=Mode.DEFAULT)
+    parser.add_argument('--use_weight_only', action="store_true", default=False)
+    return parser.parse_args()
+
+
+def convert_and_save_hf(args):
+    quant_config = args_to_quant_config(args)
+    try:
+        config = AutoConfig.from_pretrained(args.model_dir)
+        quant_config, extra = update_quant_config_from_hf(quant_config, config, {})
+    except:
+        pass
+"""
+
+
+def test_converter_arguments_and_where_the_quantization_comes_from():
+    arguments = tab.converter_arguments(ARGUMENTS)
+    assert arguments["dtype"] == {"choices": ["auto", "float16"], "default": "auto", "type": "str"}
+    assert arguments["use_weight_only"] == {"action": "store_true", "default": False}
+    assert arguments["level"] == {"const": "x", "default": {"expr": "Mode.DEFAULT"}, "nargs": "?", "aliases": ["-l"]}
+    assert tab.quantization_from_checkpoint(ARGUMENTS)
+    flags_only = ARGUMENTS.replace("quant_config, extra = update", "extra = update")
+    assert not tab.quantization_from_checkpoint(flags_only)
+    source = {"path": "examples/x/convert_checkpoint.py"}
+    converter = tab.converter(arguments, True, source)
+    assert converter["script"] == source["path"] and list(converter["arguments"]) == list(tab.COMMAND_FLAGS)
+    with pytest.raises(tab.UnrecognizedSource):
+        tab.converter(arguments, False, source)
+    with pytest.raises(tab.UnrecognizedSource):
+        tab.converter({k: v for k, v in arguments.items() if k != "workers"}, True, source)
+
 
 def test_pytorch_quant_methods_from_a_method_of_a_slice():
     assert tab.pytorch_quant_methods(MODEL_CONFIG) == ["fp8", "compressed-tensors"]
@@ -147,3 +187,11 @@ def test_committed_table():
     assert table["releases"]["0.19"]["pytorch"] is None
     for source in table["tensorrt"]["source"] + table["pytorch"]["source"]:
         assert len(source["commit"]) == 40
+    for release in ("0.18", "1.2"):
+        for method in ("gptq", "awq"):
+            converter = table["releases"][release]["tensorrt"][method]["converter"]
+            assert converter["quantization_from_checkpoint_config"] and converter["script"].endswith(
+                "convert_checkpoint.py"
+            )
+            assert converter["arguments"]["dtype"]["choices"] == ["auto", "float16", "bfloat16", "float32"]
+    assert "int4_gptq" in table["tensorrt"]["converter_arguments"]["weight_only_precision"]["choices"]

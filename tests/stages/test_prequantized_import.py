@@ -1,10 +1,12 @@
 """Already-quantized checkpoints on the onnxruntime target (pipeline/prequantized.py): `validate` names what it
 detects and refuses a config that would quantize it again; a build keeps the checkpoint's codes in the engine bit for
 bit (read back from the engine's MatMulNBits initializers) and decodes greedily as transformers does on the float
-weights those codes stand for. The checkpoints are written here from the tiny Llama (tests/prequantized_checkpoints.py)."""
+weights those codes stand for. The checkpoints are written here from the tiny Llama
+(tests/prequantized_checkpoints.py)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -133,29 +135,51 @@ def test_the_engine_holds_the_checkpoint_codes_bit_for_bit(checkpoint, built):
         np.testing.assert_array_equal(zeros, want.zeros[:, group_of_block])
 
 
-def test_greedy_tokens_equal_transformers_on_the_dequantized_weights(built):
-    """Token for token, up to a near tie of transformers' top two logits (gap < 0.01): the engine computes with int8
-    activations (MatMulNBits accuracy_level 4), which may settle such a tie the other way; it must then have picked
-    the runner-up, and the rows after it are not compared."""
+def greedy_pairs(engine_dir: Path, import_dir: Path):
+    """(the engine's greedy continuation, transformers' on the imported float weights, transformers' top-2 logits at
+    each position) for each prompt."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(built / "import")
-    reference = AutoModelForCausalLM.from_pretrained(built / "import", dtype=torch.float32).eval()
-    runner = ModelRunner.from_dir(built / "engine", num_threads=1)
+    tokenizer = AutoTokenizer.from_pretrained(import_dir)
+    reference = AutoModelForCausalLM.from_pretrained(import_dir, dtype=torch.float32).eval()
+    runner = ModelRunner.from_dir(engine_dir, num_threads=1)
     ids = [torch.tensor(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS]
     out = runner.generate(ids, max_new_tokens=8, end_id=-1, return_dict=True)
-    compared = 0
     for row, prompt in enumerate(ids):
         with torch.no_grad():
             want = reference.generate(
                 prompt[None], max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
             )
             top = reference(want).logits[0].topk(2, dim=-1)
-        got = out["output_ids"][row, 0, : want.shape[1]].tolist()
-        for position in range(len(prompt), want.shape[1]):
-            if got[position] != want[0, position]:
+        yield out["output_ids"][row, 0, : want.shape[1]].tolist(), want[0].tolist(), top, len(prompt)
+
+
+def test_with_float_activations_greedy_tokens_equal_transformers_on_the_dequantized_weights(built, tmp_path):
+    """The engine's MatMulNBits set to compute in float32 (accuracy_level 0) multiply the checkpoint's exact
+    weights: greedy decoding is transformers' token for token."""
+    engine = tmp_path / "engine"
+    shutil.copytree(built / "engine", engine)
+    model = onnx.load(str(engine / ONNX_NAME))
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+    onnx.save(model, str(engine / ONNX_NAME), save_as_external_data=True, location=ONNX_NAME + ".data")
+    for got, want, _, _ in greedy_pairs(engine, built / "import"):
+        assert got == want
+
+
+def test_greedy_tokens_equal_transformers_on_the_dequantized_weights(built):
+    """As built (int8 activations, MatMulNBits accuracy_level 4): token for token up to a near tie of transformers'
+    top two logits (gap < 0.01), which int8 activations may settle the other way; the engine must then have picked
+    the runner-up, and the tokens after it are not compared."""
+    compared = 0
+    for got, want, top, start in greedy_pairs(built / "engine", built / "import"):
+        for position in range(start, len(want)):
+            if got[position] != want[position]:
                 gap = float(top.values[position - 1, 0] - top.values[position - 1, 1])
-                assert gap < 0.01 and got[position] == top.indices[position - 1, 1], (row, position, gap)
+                assert gap < 0.01 and got[position] == top.indices[position - 1, 1], (position, gap)
                 break
             compared += 1
     assert compared >= 12

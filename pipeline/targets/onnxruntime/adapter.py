@@ -442,7 +442,10 @@ class OnnxRuntimeTarget:
             f"{q.calibration.text}"
         )
         text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log)
-        return calibrated_linears(hf_dir, q, options, text, ctx.progress, skipped)
+        started = time.perf_counter()
+        linears = calibrated_linears(hf_dir, q, options, text, ctx.progress, skipped)
+        ctx.log(f"GPTQ: {len(linears)} linears rounded in {time.perf_counter() - started:.0f} s")
+        return linears
 
     def fields_read(self, cfg) -> frozenset[str]:
         return self.honours

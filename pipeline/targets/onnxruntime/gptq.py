@@ -27,26 +27,32 @@ LAZY_BLOCK = 128  # columns rounded before the error reaches the rest of the mat
 
 def input_hessians(model, batches, modules: dict[str, str]) -> dict[str, np.ndarray]:
     """{key: 2/n * sum x^T x} over the calibration batches, x the n input rows of the HF module each key names in
-    `modules` (key -> module name); accumulated in float32, as GPTQModel does (float64 took most of the time)."""
+    `modules` (key -> module name); accumulated in float32, as GPTQModel does. The decoder runs without the output
+    head (whose vocabulary-wide product took most of a forward): the head's input is the decoder's output."""
     import torch
 
     sums: dict[str, torch.Tensor] = {}
     rows = dict.fromkeys(modules, 0)
     named = dict(model.named_modules())
+    head = model.get_output_embeddings()
 
-    def hook(key):
-        def accumulate(_module, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-            sums[key] = sums.get(key, 0) + x.T @ x
-            rows[key] += x.shape[0]
+    def accumulate(key: str, x) -> None:
+        x = x.detach().reshape(-1, x.shape[-1]).float()
+        sums[key] = sums.get(key, 0) + x.T @ x
+        rows[key] += x.shape[0]
 
-        return accumulate
-
-    handles = [named[module].register_forward_pre_hook(hook(key)) for key, module in modules.items()]
+    at_head = [key for key, module in modules.items() if named[module] is head]
+    handles = [
+        named[module].register_forward_pre_hook(lambda _m, args, key=key: accumulate(key, args[0]))
+        for key, module in modules.items()
+        if key not in at_head
+    ]
     try:
         with torch.inference_mode():
             for batch in batches:
-                model(batch)
+                hidden = model.get_decoder()(batch).last_hidden_state
+                for key in at_head:
+                    accumulate(key, hidden)
     finally:
         for handle in handles:
             handle.remove()

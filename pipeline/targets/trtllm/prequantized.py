@@ -271,14 +271,17 @@ def export_kept(cfg, ctx, detected: CheckpointQuantization, backend: str) -> dic
             f"{quantized} does not conform to what TensorRT-LLM {release}'s {backend} backend reads:\n  "
             + "\n  ".join(problems)
         )
-    ctx.log(f"{quantized.name}/ ({detected.describe()}) conforms to what TensorRT-LLM {release}'s {backend} reads")
+    ctx.log(
+        f"{quantized.name}/ ({detected.describe()}) conforms to what TensorRT-LLM {release}'s {backend} backend reads"
+    )
     convert, build = kept_commands(cfg, ctx.output)
     missing = missing_for_engine()
     why = f"needs {' and '.join(missing)}" if missing else "is an example script this pipeline does not run"
+    version = container(release)["tensorrt_llm"]
     raise TargetUnavailable(
         f"the checkpoint is kept as it is ({detected.describe()}); its tensors conform to what TensorRT-LLM "
         f"{release}'s convert_checkpoint.py reads ({quantized}). Converting them is TensorRT-LLM's own code, which "
         f"{why}; nothing was written. On a GPU machine, in NVIDIA's container {nvidia_image(release)}, from the root "
-        f"of TensorRT-LLM {container(release)['tensorrt_llm']}'s source tree (the wheel ships no examples), run:\n  "
+        f"of TensorRT-LLM {version}'s source tree (the script is one of its examples), run:\n  "
         f"{shlex.join(convert)}\nthen build the engine:\n  {shlex.join(build)}"
     )
