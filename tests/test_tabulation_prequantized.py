@@ -110,7 +110,7 @@ def test_converter_arguments_and_where_the_quantization_comes_from():
     arguments = tab.converter_arguments(ARGUMENTS)
     assert arguments["dtype"] == {"choices": ["auto", "float16"], "default": "auto", "type": "str"}
     assert arguments["use_weight_only"] == {"action": "store_true", "default": False}
-    assert arguments["level"] == {"const": "x", "default": {"expr": "Mode.DEFAULT"}, "nargs": "?", "aliases": ["-l"]}
+    assert arguments["level"] == {"const": "x", "default": {"named": "Mode.DEFAULT"}, "nargs": "?", "aliases": ["-l"]}
     assert tab.quantization_from_checkpoint(ARGUMENTS)
     flags_only = ARGUMENTS.replace("quant_config, extra = update", "extra = update")
     assert not tab.quantization_from_checkpoint(flags_only)

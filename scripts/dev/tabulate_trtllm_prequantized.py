@@ -28,7 +28,7 @@ import re
 import textwrap
 
 from tabulate_trtllm_backend import RELEASES as ENGINE_RELEASES
-from upstream_source import REPO, UnrecognizedSource, Upstream, cite, stored_releases
+from upstream_source import REPO, UnrecognizedSource, Upstream, cite, dotted_name, stored_releases
 from upstream_source import value as literal
 
 MODEL_CONFIG = "tensorrt_llm/_torch/model_config.py"
@@ -305,8 +305,10 @@ def converter_arguments(source: str) -> dict[str, dict]:
                 continue
             if keyword.arg == "type":
                 entry["type"] = ast.unparse(keyword.value)
+            elif isinstance(found := literal(keyword.value), dict):  # not a literal: the name it refers to, if any
+                entry[keyword.arg] = {"named": dotted_name(keyword.value)}
             else:
-                entry[keyword.arg] = literal(keyword.value)
+                entry[keyword.arg] = found
         aliases = [n for n in names if n != long]
         out[long[2:]] = dict(sorted(entry.items())) | ({"aliases": aliases} if aliases else {})
     if not out:

@@ -13,15 +13,15 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import run_cli, write_config
 from onnx import numpy_helper
-from prequantized_checkpoints import rtn_linears, write_checkpoint
 from safetensors.numpy import load_file
 
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.targets.onnxruntime import ONNX_NAME
 from pipeline.targets.onnxruntime.graph import fused_parts
 from pipeline.targets.onnxruntime.quantize import fuse, module_name
+from tests.conftest import run_cli, write_config
+from tests.prequantized_checkpoints import rtn_linears, write_checkpoint
 
 # (packing, bits, group_size, desc_act, symmetric, method): act-order GPTQ, AWQ, per-channel symmetric 8-bit
 CASES = [
