@@ -2,7 +2,8 @@
 
 A Hugging Face checkpoint says so in config.json's `quantization_config` (transformers' quantizers dispatch on its
 `quant_method`). `detect` reads that block into a `CheckpointQuantization` without loading a tensor; the packings
-themselves are unpacked by `pipeline.prequantized_packing`. Formats and their sources: docs/quantization.md.
+themselves are unpacked by `pipeline.prequantized_packing` (each layout cited there); what each target does with
+them: docs/targets.md.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 from pipeline.errors import CheckpointError
 
 METHODS = ("gptq", "awq", "compressed-tensors")
+QUANTIZED_DIR = "quantized"  # <output>/import/quantized/: the import stage's copy of the checkpoint's own files
 
 
 @dataclass(frozen=True)

@@ -59,10 +59,10 @@ def bench_peers(
     console.print(f"peers: {manifest.path(output)}")
 
 
-def precision_label(cfg) -> str:
-    """'fp32', or the weights and how they were made ('int4 gptq'), for engines of one model side by side."""
+def precision_label(cfg, with_method: bool) -> str:
+    """'fp32', or the weights ('int8'), with how they were made ('int4 gptq') for engines of one model side by side."""
     q = cfg.quantization
-    return "fp32" if q.weights == "none" else f"{q.weights} {q.method}"
+    return "fp32" if q.weights == "none" else f"{q.weights} {q.method}" if with_method else str(q.weights)
 
 
 @bench_app.command("offline")
@@ -133,17 +133,16 @@ def bench_offline(
     for path, _, other_output in others:
         if not (other_output / "engine" / "config.json").is_file():
             raise PipelineError(f"--with {path}: no engine in {other_output / 'engine'}: build it first")
-    label = precision_label if others else (lambda c: str(c.quantization.weights).replace("none", "fp32"))
-    precision = label(cfg)
+    precision = precision_label(cfg, bool(others))
     engines = our_engines(output, config, precision, spinning) + peers
-    engines += [our_engines(o, path, label(c), spinning)[1] for path, c, o in others]
+    engines += [our_engines(o, path, precision_label(c, True), spinning)[1] for path, c, o in others]
     threads = threads or default_threads()
     workers = start_workers(engines, threads, output / "peers" / "logs", skipped, log)
     try:
         rows = measure(
             workers, AutoTokenizer.from_pretrained(output / "import"), text, batch or [1, 8], shapes, repeats, log
         )
-        extra = [(f"ours {label(c)}", c, o) for _, c, o in others]
+        extra = [(f"ours {precision_label(c, True)}", c, o) for _, c, o in others]
         scores = score_engines(cfg, output, f"ours {precision}", workers, cache_dir(), log, extra) if quality else []
     finally:
         for worker in workers:

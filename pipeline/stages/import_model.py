@@ -27,7 +27,6 @@ TOOLS = ("transformers", "gguf", "safetensors", "torch")
 SOURCES: tuple[Path, ...] = ()
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
-QUANTIZED_DIR = "quantized"  # <output>/import/quantized/: an already-quantized checkpoint's config.json and tensors
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -285,9 +284,9 @@ def run(cfg: BuildConfig, ctx) -> dict:
     model.save_pretrained(ctx.out_dir, safe_serialization=True)
     if "quantization" in info:  # the codes themselves, for an engine that keeps them (`pipeline.prequantized`)
         source = cfg.resolve_path(cfg.model.path)
-        (ctx.out_dir / QUANTIZED_DIR).mkdir()
+        (ctx.out_dir / prequantized.QUANTIZED_DIR).mkdir()
         for file in [source / "config.json", *sorted(source.glob("*.safetensors"))]:
-            shutil.copy2(file, ctx.out_dir / QUANTIZED_DIR / file.name)
+            shutil.copy2(file, ctx.out_dir / prequantized.QUANTIZED_DIR / file.name)
     tokenizer.save_pretrained(ctx.out_dir)
     _drop_gguf_copy(ctx.out_dir)
     n_params = sum(p.numel() for p in model.parameters())

@@ -428,10 +428,9 @@ class OnnxRuntimeTarget:
         kept = prequantized.kept(cfg)
         if kept is not None:
             from pipeline.prequantized_packing import read_checkpoint
-            from pipeline.stages.import_model import QUANTIZED_DIR
 
             ctx.log(f"placing the checkpoint's {kept.describe()} codes as they are")
-            return read_checkpoint(hf_dir / QUANTIZED_DIR, kept)[0]
+            return read_checkpoint(hf_dir / prequantized.QUANTIZED_DIR, kept)[0]
         if q.method != "gptq":
             return None
         import fnmatch

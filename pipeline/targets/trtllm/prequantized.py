@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from pipeline.errors import BuildStepError
-from pipeline.prequantized import CheckpointQuantization, kept, of_config
+from pipeline.prequantized import QUANTIZED_DIR, CheckpointQuantization, kept, of_config
 from pipeline.upstream import facts
 
 TABLE = "trtllm_prequantized"
@@ -238,7 +238,6 @@ def converter_command(cfg, detected: CheckpointQuantization, quantized_dir: Path
 def kept_commands(cfg, output: Path) -> tuple[list[str], list[str]] | None:
     """(convert_checkpoint.py, trtllm-build) for a kept checkpoint on the engine workflow, with absolute paths under
     `output`; None where no checkpoint is kept there."""
-    from pipeline.stages.import_model import QUANTIZED_DIR
     from pipeline.targets.trtllm.engine import trtllm_build_command
 
     detected = kept(cfg)
@@ -260,7 +259,6 @@ def export_kept(cfg, ctx, detected: CheckpointQuantization, backend: str) -> dic
     import shlex
 
     from pipeline.errors import TargetUnavailable
-    from pipeline.stages.import_model import QUANTIZED_DIR
     from pipeline.targets.trtllm.engine import missing_for_engine
     from pipeline.targets.trtllm.image import container, nvidia_image
 
