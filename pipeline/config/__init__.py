@@ -8,7 +8,7 @@ prints), `loading` (YAML, overrides, line-numbered errors) and `cross_field` (th
 from pipeline.config.deploy import DeploySection
 from pipeline.config.loading import load_config
 from pipeline.config.schema import BuildConfig, dump_value, leaf_field_paths, resolved_yaml
-from pipeline.config.sections import BuildSection, CalibrationSection, GptqSection
+from pipeline.config.sections import BuildSection, CalibrationSection, GptqSection, SmoothQuantSection
 
 __all__ = [
     "BuildConfig",
@@ -16,6 +16,7 @@ __all__ = [
     "CalibrationSection",
     "DeploySection",
     "GptqSection",
+    "SmoothQuantSection",
     "dump_value",
     "leaf_field_paths",
     "load_config",

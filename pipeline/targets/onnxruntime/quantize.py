@@ -19,6 +19,7 @@ from pipeline.errors import BuildStepError
 from pipeline.prequantized import QuantizedLinear
 from pipeline.targets.onnxruntime import ONNX_NAME
 from pipeline.targets.onnxruntime.graph import fused_parts
+from pipeline.targets.onnxruntime.smoothquant import Smoothing
 
 INT8_BLOCK = 32  # int8 MatMulNBits block: with accuracy_level 4 it also sets the activation quantization block
 BLOCK_SIZES = (32, 64, 128)  # MatMulNBits blocks measured here (docs/research/onnx-export-study.md)
@@ -165,6 +166,7 @@ def quantize_graph(
     quantize_embedding: bool = False,
     int8_modules: list[str] | tuple[str, ...] = (),
     linears: dict[str, QuantizedLinear] | None = None,
+    smoothing: Smoothing | None = None,
 ) -> dict:
     """Write the engine's ONNX graph: fp32 as exported, or MatMulNBits weight-only int8/int4.
 
@@ -178,7 +180,8 @@ def quantize_graph(
     GatherBlockQuantized (ORT only has 4-bit Gather quantization).
     Measured defaults and their cost: docs/research/onnx-export-study.md. `linears` (HF module -> integer codes:
     GPTQ's, or an imported checkpoint's) are placed as they are instead of rounding the graph's weights; matmuls
-    they lack stay float unless int8_modules names them.
+    they lack stay float unless int8_modules names them. `smoothing` (method smoothquant) first moves the
+    activations' outliers into the float weights (`smoothquant`), which are then rounded to nearest.
     """
     import onnx
 
@@ -194,7 +197,7 @@ def quantize_graph(
         }
     if weights not in ("int8", "int4"):
         raise BuildStepError(f"onnxruntime target supports weights none/int8/int4, not {weights!r}")
-    if method not in ("rtn", "hqq") and linears is None:
+    if method not in ("rtn", "hqq", "smoothquant") and linears is None:
         raise BuildStepError(f"onnxruntime target rounds weights with rtn or hqq, not {method!r}")
 
     from onnxruntime.quantization.matmul_nbits_quantizer import (
@@ -210,6 +213,7 @@ def quantize_graph(
     matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
     excluded = [n for n in matmuls if any(fnmatch.fnmatchcase(module_name(n), p) for p in exclude_modules)]
     untied = not any(module_name(n) == "lm_head" for n in excluded) and untie_lm_head(model)
+    smoothed = smoothing.apply(model) if smoothing is not None else None
     bits = 8 if weights == "int8" else 4
     block = group_size
     if symmetric is None:
@@ -289,6 +293,7 @@ def quantize_graph(
         "int8_matmuls": eight,
         "lm_head_untied": untied,
         "embedding_bits": embedding_bits,
+        **({"smoothquant": smoothed} if smoothed else {}),
         "engine_bytes": sum(f.stat().st_size for f in out_dir.glob("model.onnx*")),
     }
 
