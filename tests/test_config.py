@@ -65,6 +65,44 @@ INVALID = {
         5,
     ),
     "gptq_options_for_rtn": ("quantization:\n  weights: int4\n  gptq: {desc_act: true}\n", "quantization.gptq", 3),
+    "smoothquant_at_4_bits_on_cpu": (
+        "quantization:\n  weights: int4\n  method: smoothquant\n  calibration: {num_samples: 8}\n",
+        "quantization.method",
+        3,
+    ),
+    "smoothquant_without_calibration_on_cpu": (
+        "quantization:\n  weights: int8\n  method: smoothquant\n",
+        "quantization.calibration",
+        1,
+    ),
+    "smoothquant_options_for_rtn": (
+        "quantization:\n  weights: int8\n  smoothquant: {alpha: 0.6}\n",
+        "quantization.smoothquant",
+        3,
+    ),
+    "smoothquant_alpha_above_one": (
+        "quantization:\n  weights: int8\n  method: smoothquant\n  calibration: {num_samples: 8}\n"
+        "  smoothquant: {alpha: 1.5}\n",
+        "quantization.smoothquant.alpha",
+        5,
+    ),
+    "smoothquant_on_the_optimum_graph": (
+        "target:\n  onnx_graph: optimum\nquantization:\n  weights: int8\n  method: smoothquant\n"
+        "  calibration: {num_samples: 8}\n",
+        "quantization.method",
+        5,
+    ),
+    "module_group_size_not_a_block": (
+        "quantization:\n  weights: int8\n  module_group_sizes: {lm_head: 48}\n",
+        "quantization.module_group_sizes.lm_head",
+        3,
+    ),
+    "module_group_sizes_with_gptq": (
+        "quantization:\n  weights: int4\n  method: gptq\n  calibration: {num_samples: 8}\n"
+        "  module_group_sizes: {lm_head: 64}\n",
+        "quantization.module_group_sizes",
+        5,
+    ),
     "compressed_tensors_of_a_float_model": (
         "quantization:\n  weights: int4\n  method: compressed-tensors\n",
         "quantization.method",
@@ -128,6 +166,20 @@ UNHONOURED = {
         "trtllm",
     ),
     "onnx_graph_on_trtllm": ("target:\n  name: trtllm\n  onnx_graph: fused\n", "target.onnx_graph", 3, "trtllm"),
+    "smoothquant_options_on_trtllm": (
+        "target:\n  name: trtllm\n  trtllm_backend: tensorrt\nquantization:\n  weights: int8\n  method: smoothquant\n"
+        "  calibration: {num_samples: 8}\n  smoothquant: {alpha: 0.6}\n",
+        "quantization.smoothquant.alpha",
+        8,
+        "trtllm",
+    ),
+    "module_group_sizes_on_trtllm": (
+        "target:\n  name: trtllm\nquantization:\n  weights: int4\n  group_size: 64\n"
+        "  module_group_sizes: {lm_head: 128}\n",
+        "quantization.module_group_sizes",
+        6,
+        "trtllm",
+    ),
     "engine_plugin_on_pytorch_backend": (
         "target:\n  name: trtllm\nbuild:\n  gemm_plugin: float16\n",
         "build.gemm_plugin",

@@ -124,6 +124,10 @@ class SmoothQuantSection(Section):
         description="Migration strength: each input channel is divided by max|x|^alpha / max|w|^(1-alpha), moving "
         "activation outliers into the weights (0: none; the paper's default 0.5).",
     )
+    sym: bool = Field(
+        False,
+        description="Symmetric int8 (zero point 128, as method rtn rounds int8); false: a zero point per block.",
+    )
 
 
 class QuantizationSection(Section):
@@ -145,6 +149,11 @@ class QuantizationSection(Section):
         128,
         description="Weights per scale (block size along the input dimension): 32, 64 or 128. trtllm: int4 only "
         "(int8/fp8 scale per channel or tensor); onnxruntime: int4 and int8.",
+    )
+    module_group_sizes: dict[str, int] = Field(
+        {},
+        description="onnxruntime: other block sizes for some linear layers, fnmatch pattern over HF module names -> "
+        "32, 64 or 128, e.g. {'*.down_proj': 64}; the first pattern that matches a module wins.",
     )
     kv_cache: Literal["none", "int8", "fp8"] = Field("none", description="KV-cache precision (needs a paged KV cache).")
     calibration: CalibrationSection | None = Field(

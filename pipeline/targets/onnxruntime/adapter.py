@@ -153,6 +153,7 @@ class OnnxRuntimeTarget:
         "quantization.int8_modules",
         "quantization.gptq",
         "quantization.smoothquant",
+        "quantization.module_group_sizes",
         "quantization.calibration",
         "quantization.quantize_embedding",
         "runtime.cpu_threads",
@@ -318,6 +319,20 @@ class OnnxRuntimeTarget:
                     f"use {', '.join(map(str, BLOCK_SIZES))}",
                 )
             )
+        if q.module_group_sizes and (kept or q.method == "gptq" or q.weights == "none"):
+            out.append(
+                (
+                    ("quantization", "module_group_sizes"),
+                    f"sets the blocks that methods rtn, smoothquant and hqq round in, not {q.method} or weights "
+                    f"{q.weights}; remove it",
+                )
+            )
+        sizes = ", ".join(map(str, BLOCK_SIZES))
+        for pattern, size in q.module_group_sizes.items():
+            if size not in BLOCK_SIZES:
+                out.append(
+                    (("quantization", "module_group_sizes", pattern), f"{size} is not a block size here; use {sizes}")
+                )
         if q.int8_modules and q.weights != "int4":
             out.append(
                 (
@@ -415,6 +430,8 @@ class OnnxRuntimeTarget:
     def build_engine(self, cfg, ctx) -> dict:
         import json
 
+        from pipeline.config import SmoothQuantSection
+
         hf_dir, export_dir = ctx.upstream("import"), ctx.upstream("export")
         q = cfg.quantization
         ctx.log(
@@ -432,6 +449,8 @@ class OnnxRuntimeTarget:
             quantize_embedding=q.quantize_embedding,
             linears=self._integer_linears(cfg, ctx, hf_dir),
             smoothing=self._smoothing(cfg, ctx, hf_dir, export_dir),
+            module_group_sizes=q.module_group_sizes,
+            symmetric=(q.smoothquant or SmoothQuantSection()).sym if q.method == "smoothquant" else None,
         )
         hf_config = json.loads((hf_dir / "config.json").read_text())
         generation_file = hf_dir / "generation_config.json"

@@ -167,6 +167,7 @@ def quantize_graph(
     int8_modules: list[str] | tuple[str, ...] = (),
     linears: dict[str, QuantizedLinear] | None = None,
     smoothing: Smoothing | None = None,
+    module_group_sizes: dict[str, int] | None = None,
 ) -> dict:
     """Write the engine's ONNX graph: fp32 as exported, or MatMulNBits weight-only int8/int4.
 
@@ -182,6 +183,8 @@ def quantize_graph(
     GPTQ's, or an imported checkpoint's) are placed as they are instead of rounding the graph's weights; matmuls
     they lack stay float unless int8_modules names them. `smoothing` (method smoothquant) first moves the
     activations' outliers into the float weights (`smoothquant`), which are then rounded to nearest.
+    `module_group_sizes` (fnmatch pattern over HF module names -> block) gives the modules it names another block
+    than group_size; the first pattern that matches wins.
     """
     import onnx
 
@@ -222,38 +225,50 @@ def quantize_graph(
         accuracy_level = 4 if accuracy_level is None else accuracy_level
         symmetric = None  # as the codes have it
     elif method == "hqq":
-        config = HQQWeightOnlyQuantConfig(block_size=block, bits=bits)
         accuracy_level = None  # float zero points: no int8-compute kernel
         symmetric = None
     else:
         accuracy_level = 4 if accuracy_level is None else accuracy_level  # 4: int8 activations, the fast MLAS kernels
-        config = DefaultWeightOnlyQuantConfig(
-            block_size=block, is_symmetric=symmetric, bits=bits, accuracy_level=accuracy_level
-        )
-    # int4 builds may keep some modules at 8 bits (second pass below); the first pass leaves them alone.
-    eight = (
-        [n for n in matmuls if n not in excluded and any(fnmatch.fnmatchcase(module_name(n), p) for p in int8_modules)]
-        if bits == 4
-        else []
-    )
+
+    def matching(patterns) -> list[str]:
+        return [
+            n for n in matmuls if n not in excluded and any(fnmatch.fnmatchcase(module_name(n), p) for p in patterns)
+        ]
+
+    # int4 builds may keep some modules at 8 bits (a pass of their own below); the first passes leave them alone.
+    eight = matching(int8_modules) if bits == 4 else []
+    resized = {}  # matmul -> its block, where module_group_sizes names one other than group_size (first pattern)
+    for pattern, size in (module_group_sizes or {}).items():
+        resized |= {n: size for n in matching([pattern]) if n not in eight and n not in resized}
     if linears is not None:
         kept = {n for n in matmuls if n not in excluded and n not in eight}
         placed = place_linears(
             model, {m: linears[m] for n in kept for m in fused_parts(module_name(n)) if m in linears}, accuracy_level
         )
     else:
-        quantizer = MatMulNBitsQuantizer(
-            model,
-            bits=bits,
-            block_size=block,
-            is_symmetric=bool(symmetric),
-            accuracy_level=accuracy_level,
-            nodes_to_exclude=excluded + eight,
-            algo_config=config,
-        )
-        quantizer.process()
-        model = quantizer.model.model
         placed = []
+        passes = {block: [n for n in matmuls if n not in excluded and n not in eight and n not in resized]}
+        for node, size in resized.items():
+            passes.setdefault(size, []).append(node)
+        for size, nodes in passes.items():
+            config = (
+                HQQWeightOnlyQuantConfig(block_size=size, bits=bits)
+                if method == "hqq"
+                else DefaultWeightOnlyQuantConfig(
+                    block_size=size, is_symmetric=symmetric, bits=bits, accuracy_level=accuracy_level
+                )
+            )
+            quantizer = MatMulNBitsQuantizer(
+                model,
+                bits=bits,
+                block_size=size,
+                is_symmetric=bool(symmetric),
+                accuracy_level=accuracy_level,
+                nodes_to_exclude=[n for n in matmuls if n not in nodes],  # nodes_to_include alone does not limit it
+                algo_config=config,
+            )
+            quantizer.process()
+            model = quantizer.model.model
     if eight:
         config8 = DefaultWeightOnlyQuantConfig(block_size=INT8_BLOCK, is_symmetric=True, bits=8, accuracy_level=4)
         quantizer = MatMulNBitsQuantizer(
@@ -262,7 +277,7 @@ def quantize_graph(
             block_size=INT8_BLOCK,
             is_symmetric=True,
             accuracy_level=4,
-            nodes_to_include=eight,
+            nodes_to_exclude=[n for n in matmuls if n not in eight],  # the excluded ones stay float
             algo_config=config8,
         )
         quantizer.process()
@@ -291,6 +306,7 @@ def quantize_graph(
         "placed_matmuls": len(placed),
         "excluded_matmuls": excluded,
         "int8_matmuls": eight,
+        "resized_blocks": {m: size for m, size in resized.items()},
         "lm_head_untied": untied,
         "embedding_bits": embedding_bits,
         **({"smoothquant": smoothed} if smoothed else {}),
