@@ -58,7 +58,7 @@ def test_default_cpu_config_deploys_and_the_stage_is_locked(tmp_path):
     assert server["command"][2] == f"{APP_DIR}/{CPU_CONFIG}" and "initContainers" not in pod
     assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert [p["targetPort"] for p in objects["Service"]["spec"]["ports"]] == ["http", "grpc", "metrics", "openai"]
-    overridden = run_cli("deploy", CPU_CONFIG, "quantization.weights=int4", "--output", str(tmp_path / "int4"))
+    overridden = run_cli("deploy", CPU_CONFIG, "quantization.group_size=128", "--output", str(tmp_path / "other"))
     assert overridden.returncode != 0 and "the pods would build other quantization values" in overridden.stderr
     again = run_cli("deploy", CPU_CONFIG, "--output", str(tmp_path))
     assert again.returncode == 0 and "deploy: up to date" in again.stdout

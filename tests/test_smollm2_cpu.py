@@ -14,7 +14,7 @@ def test_default_engine_passes_its_quality_gate_and_records_it(smollm2_build):
     assert (
         engine["weights"] == "int8" and engine["quantized_matmuls"] == 30 * 4 + 1
     )  # qkv, o, gate_up, down per layer + lm_head
-    assert 0 <= engine["perplexity_increase"] <= 0.05
+    assert abs(engine["perplexity_increase"]) <= 0.05  # SmoothQuant's int8 may land a hair below fp32
     # the KL divergence / top-1 / chat gates ran on the 30 built-in questions (their thresholds are in the config)
     assert engine["chat_prompts"] == 30 and 0 < engine["kl_divergence"] and 0 < engine["chat_answer_match"] <= 1
     assert lock["stages"]["export"]["metrics"]["max_abs_logits_diff"] < 1e-3
