@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from pipeline.quality import kl_divergence
 from pipeline.targets.onnxruntime import ONNX_NAME, quantize, scoring, smoothquant
 from pipeline.targets.onnxruntime import adapter as target
+from tests.conftest import TINY_FAMILIES, make_tiny
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,25 @@ def test_folding_the_scales_leaves_the_float_graphs_logits_as_they_were(fused, t
     assert "lm_head.weight_t" in changed and "model.norm.weight" in changed
     smoothed = scoring.ort_logits_fn(save(model, tmp_path / "smoothed") / ONNX_NAME)
     reference = scoring.ort_logits_fn(fused / ONNX_NAME)
+    for ids in windows:
+        np.testing.assert_allclose(smoothed(ids), reference(ids), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_FAMILIES))
+def test_every_familys_fused_graph_keeps_its_logits_when_smoothed(arch, tmp_path):
+    """Qwen2's q/k/v biases, Qwen3's per-head q/k norms, Gemma 3's norms around attention and gelu MLP, Phi-3's fused
+    projections: whatever is smoothed, the float graph computes what it did."""
+    hf_dir = make_tiny(arch, tmp_path / "hf", initializer_range=0.1)
+    export = tmp_path / "fused"
+    target.export_decoder(hf_dir, export, "fused")
+    model = onnx.load(str(export / ONNX_NAME))
+    found = smoothquant.groups(model)
+    layers = sum(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+    assert len(found) == 3 * layers + 1, [g.weights for g in found]  # qkv, gate_up and down per layer, the head
+    windows = token_windows(hf_dir, count=3)
+    smoothing(export, windows, tmp_path).apply(model)
+    smoothed = scoring.ort_logits_fn(save(model, tmp_path / "smoothed") / ONNX_NAME)
+    reference = scoring.ort_logits_fn(export / ONNX_NAME)
     for ids in windows:
         np.testing.assert_allclose(smoothed(ids), reference(ids), rtol=1e-3, atol=1e-4)
 

@@ -169,7 +169,7 @@ def quantize_graph(
     smoothing: Smoothing | None = None,
     module_group_sizes: dict[str, int] | None = None,
 ) -> dict:
-    """Write the engine's ONNX graph: fp32 as exported, or MatMulNBits weight-only int8/int4.
+    """Write the engine's ONNX graph: fp32 as exported, or MatMulNBits int8/int4 weights.
 
     weights: "none" | "int8" | "int4"; method: "rtn" (round-to-nearest, fast MLAS kernels) or "hqq"
     (float zero points: most accurate at 4 bits, but no int8-compute kernel). group_size is the
@@ -201,7 +201,7 @@ def quantize_graph(
     if weights not in ("int8", "int4"):
         raise BuildStepError(f"onnxruntime target supports weights none/int8/int4, not {weights!r}")
     if method not in ("rtn", "hqq", "smoothquant") and linears is None:
-        raise BuildStepError(f"onnxruntime target rounds weights with rtn or hqq, not {method!r}")
+        raise BuildStepError(f"onnxruntime target rounds weights with rtn, smoothquant or hqq, not {method!r}")
 
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
@@ -306,7 +306,7 @@ def quantize_graph(
         "placed_matmuls": len(placed),
         "excluded_matmuls": excluded,
         "int8_matmuls": eight,
-        "resized_blocks": {m: size for m, size in resized.items()},
+        "resized_blocks": dict(resized),
         "lm_head_untied": untied,
         "embedding_bits": embedding_bits,
         **({"smoothquant": smoothed} if smoothed else {}),
