@@ -434,6 +434,7 @@ class OnnxRuntimeTarget:
 
         hf_dir, export_dir = ctx.upstream("import"), ctx.upstream("export")
         q = cfg.quantization
+        smoothquant = (q.smoothquant or SmoothQuantSection()) if q.method == "smoothquant" else None
         ctx.log(
             f"optimising the graph and quantizing weights: {q.weights}"
             + (f" (block {q.group_size})" if q.weights != "none" else "")
@@ -448,9 +449,9 @@ class OnnxRuntimeTarget:
             int8_modules=q.int8_modules,
             quantize_embedding=q.quantize_embedding,
             linears=self._integer_linears(cfg, ctx, hf_dir),
-            smoothing=self._smoothing(cfg, ctx, hf_dir, export_dir),
+            smoothing=self._smoothing(cfg, ctx, hf_dir, export_dir, smoothquant.alpha) if smoothquant else None,
             module_group_sizes=q.module_group_sizes,
-            symmetric=(q.smoothquant or SmoothQuantSection()).sym if q.method == "smoothquant" else None,
+            symmetric=smoothquant.sym if smoothquant else None,
         )
         hf_config = json.loads((hf_dir / "config.json").read_text())
         generation_file = hf_dir / "generation_config.json"
@@ -493,17 +494,13 @@ class OnnxRuntimeTarget:
         return linears
 
     @staticmethod
-    def _smoothing(cfg, ctx, hf_dir: Path, export_dir: Path):
+    def _smoothing(cfg, ctx, hf_dir: Path, export_dir: Path, alpha: float):
         """method smoothquant: each smoothable activation's per-channel range over the calibration text, measured
         on the float graph (`smoothquant`)."""
-        q = cfg.quantization
-        if q.method != "smoothquant":
-            return None
-        from pipeline.config import SmoothQuantSection
         from pipeline.fetch import load_text
         from pipeline.targets.onnxruntime.smoothquant import measured
 
-        alpha, c = (q.smoothquant or SmoothQuantSection()).alpha, q.calibration
+        c = cfg.quantization.calibration
         ctx.log(f"SmoothQuant: alpha {alpha}; {c.num_samples} samples x {c.seq_len} tokens of {c.text}")
         text = load_text(c.text, cfg.resolve_path("."), ctx.cache, ctx.log, calibration=True)
         return measured(export_dir / ONNX_NAME, hf_dir, text, c, alpha, ctx.progress, ctx.out_dir)

@@ -106,10 +106,10 @@ def groups(model) -> list[Group]:
     """Every activation of the graph that can be smoothed, and how (see the module docstring)."""
     producers, readers = _maps(model)
     initializers = {i.name: i for i in model.graph.initializer}
-    uses: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
+
+    def used_once(name: str) -> bool:
+        return len(readers.get(name, [])) == 1
+
     found = []
     for node in model.graph.node:
         tensor = node.output[0] if node.output else ""
@@ -126,10 +126,10 @@ def groups(model) -> list[Group]:
         else:
             continue
         matmuls = _matmuls_reading(tensor, readers)
-        if not matmuls or uses.get(divisor, 0) != 1:
+        if not matmuls or not used_once(divisor):
             continue
         weights = tuple(m.input[1] for m in matmuls)
-        if all(w in initializers and uses.get(w, 0) == 1 for w in weights):
+        if all(w in initializers and used_once(w) for w in weights):
             found.append(Group(tensor, weights, divisor, columns))
     return found
 
