@@ -70,6 +70,10 @@ class Adapter:
         return max((a.shape[0] for a, _ in self.weights.values()), default=0)
 
     @property
+    def shapes(self) -> dict[tuple[int, str], tuple[list, list]]:
+        return {key: (list(a.shape), list(b.shape)) for key, (a, b) in self.weights.items()}
+
+    @property
     def base_model(self) -> str | None:
         return self.config.get("base_model_name_or_path")
 
@@ -98,9 +102,25 @@ def read_config(path: Path) -> dict:
     return config
 
 
-def load(path: Path) -> Adapter:
-    """The adapter in `path`, its scales folded into B (float32). Raises PipelineError naming the file and the fix."""
-    from safetensors.numpy import load_file
+@dataclass(frozen=True)
+class Fit:
+    """What an engine takes of an adapter: the model's sizes, the largest rank and the modules carrying LoRA."""
+
+    facts: ModelFacts
+    max_rank: int
+    target_modules: list[str]
+
+
+# The safetensors dtypes an adapter's weights may have: the floating-point ones numpy reads (no bfloat16).
+FLOAT_DTYPES = ("F16", "F32", "F64")
+
+
+def load(path: Path, fit: Fit | None = None) -> Adapter:
+    """The adapter in `path`, its scales folded into B (float32). With `fit`, the safetensors header (names, dtypes,
+    shapes, rank, modules) is checked against the engine before any tensor is read, so a forged or mismatched file
+    costs no memory. Raises PipelineError naming the file, the tensor and the fix; a weight that is not finite is
+    refused (it would turn its rows' outputs into NaN)."""
+    from safetensors import SafetensorError, safe_open
 
     config = read_config(path)
     weights_file = path / ADAPTER_WEIGHTS
@@ -111,31 +131,60 @@ def load(path: Path) -> Adapter:
             "(peft's save_pretrained does by default)"
         )
     try:
-        tensors = load_file(weights_file)
-    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        with safe_open(weights_file, framework="numpy") as file:
+            pairs = _header_pairs(weights_file, file)
+            if fit is not None:
+                shapes = {key: (a[1], b[1]) for key, (a, b) in pairs.items()}
+                found = header_problems(config, shapes, fit)
+                if found:
+                    raise PipelineError(f"{weights_file}: {'; '.join(found)}")
+            weights = {}
+            for (layer, module), ((a_name, _), (b_name, _)) in sorted(pairs.items()):
+                a, b = _finite(weights_file, file, a_name), _finite(weights_file, file, b_name)
+                weights[layer, module] = (a, b * np.float32(scale(config, f"model.layers.{layer}.{module}", len(a))))
+    except (SafetensorError, OSError) as exc:
         raise PipelineError(f"{weights_file}: cannot read ({exc})") from None
-    halves: dict[tuple[int, str], dict[str, np.ndarray]] = {}
-    for name, tensor in tensors.items():
+    return Adapter(path, config, weights)
+
+
+def _header_pairs(weights_file: Path, file) -> dict[tuple[int, str], tuple[tuple[str, list], tuple[str, list]]]:
+    """Per (layer, module), the (name, shape) of its lora_A and lora_B, from the header alone."""
+    halves: dict[tuple[int, str], dict[str, tuple[str, list]]] = {}
+    for name in file.keys():
         match = _TENSOR.fullmatch(name)
         if match is None:
             raise PipelineError(
                 f"{weights_file}: tensor {name} is not the LoRA A or B of a decoder layer's linear module "
                 f"({', '.join(LINEAR_MODULES)}); embedding and lm_head adapters are not served"
             )
-        layer, module, half = int(match[1]), match[2], match[3]
-        halves.setdefault((layer, module), {})[half] = tensor.astype(np.float32)
-    weights = {}
-    for (layer, module), pair in sorted(halves.items()):
+        tensor = file.get_slice(name)
+        if tensor.get_dtype() not in FLOAT_DTYPES:
+            raise PipelineError(
+                f"{weights_file}: tensor {name} is {tensor.get_dtype()}; LoRA weights must be "
+                f"{', '.join(FLOAT_DTYPES)}: save the adapter in float16 or float32"
+            )
+        halves.setdefault((int(match[1]), match[2]), {})[match[3]] = (name, tensor.get_shape())
+    for (layer, module), pair in halves.items():
         if set(pair) != {"A", "B"}:
             raise PipelineError(f"{weights_file}: layer {layer} {module} has lora_{''.join(pair)} alone")
-        a, b = pair["A"], pair["B"]
-        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+        a, b = pair["A"][1], pair["B"][1]
+        if len(a) != 2 or len(b) != 2 or a[0] != b[1]:
             raise PipelineError(
-                f"{weights_file}: layer {layer} {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not "
-                "make a rank-r pair ([r, in] and [out, r])"
+                f"{weights_file}: layer {layer} {module}: lora_A {a} and lora_B {b} do not make a rank-r pair "
+                "([r, in] and [out, r])"
             )
-        weights[layer, module] = (a, b * np.float32(scale(config, f"model.layers.{layer}.{module}", a.shape[0])))
-    return Adapter(path, config, weights)
+    return {key: (pair["A"], pair["B"]) for key, pair in halves.items()}
+
+
+def _finite(weights_file: Path, file, name: str) -> np.ndarray:
+    tensor = file.get_tensor(name).astype(np.float32)
+    if not np.isfinite(tensor).all():
+        kind = "NaN" if np.isnan(tensor).any() else "an infinite value"
+        raise PipelineError(
+            f"{weights_file}: tensor {name} holds {kind}; a LoRA weight must be finite (the training diverged or "
+            "the file is damaged): retrain or re-save the adapter"
+        )
+    return tensor
 
 
 def scale(config: dict, module: str, rank: int) -> float:
@@ -156,33 +205,40 @@ def _pattern_value(patterns: dict, module: str, default):
 def problems(adapter: Adapter, facts: ModelFacts, max_rank: int, target_modules: list[str]) -> list[str]:
     """Why `adapter` cannot be applied to a model of `facts` by an engine carrying LoRA on `target_modules` up to
     rank `max_rank` (empty when it can)."""
+    return header_problems(adapter.config, adapter.shapes, Fit(facts, max_rank, target_modules))
+
+
+def header_problems(config: dict, shapes: dict[tuple[int, str], tuple[list, list]], fit: Fit) -> list[str]:
+    """Why an adapter of `config` whose lora_A / lora_B have `shapes` per (layer, module) cannot be applied by the
+    engine `fit` describes (empty when it can); needs no tensor read."""
     out = []
     for key, (expected, why) in UNSUPPORTED_SETTINGS.items():
-        if adapter.config.get(key, expected) not in (expected, [], {}):
-            out.append(
-                f"{ADAPTER_CONFIG} sets {key}: {adapter.config[key]!r}; {why} cannot be served; retrain without it"
-            )
-    if adapter.rank > max_rank:
-        out.append(f"rank {adapter.rank} exceeds lora.max_lora_rank {max_rank}; raise max_lora_rank to {adapter.rank}")
-    shapes = module_shapes(facts)
-    missing = [m for m in adapter.modules if m not in target_modules]
+        if config.get(key, expected) not in (expected, [], {}):
+            out.append(f"{ADAPTER_CONFIG} sets {key}: {config[key]!r}; {why} cannot be served; retrain without it")
+    rank = max((a[0] for a, _ in shapes.values()), default=0)
+    if rank > fit.max_rank:
+        out.append(f"rank {rank} exceeds lora.max_lora_rank {fit.max_rank}; raise max_lora_rank to {rank}")
+    facts, model_shapes = fit.facts, module_shapes(fit.facts)
+    unknown = sorted({module for _, module in shapes if module not in model_shapes})
+    if unknown:
+        return out + [f"targets {unknown}, which this architecture does not have (it has {', '.join(model_shapes)})"]
+    modules = sorted({module for _, module in shapes}, key=LINEAR_MODULES.index)
+    missing = [m for m in modules if m not in fit.target_modules]
     if missing:
-        out.append(f"targets {missing}, which lora.target_modules {target_modules} leaves out; add them")
-    base = f" (the adapter was trained on {adapter.base_model})" if adapter.base_model else ""
-    for (layer, module), (a, b) in adapter.weights.items():
+        out.append(f"targets {missing}, which lora.target_modules {fit.target_modules} leaves out; add them")
+    base = config.get("base_model_name_or_path")
+    base = f" (the adapter was trained on {base})" if base else ""
+    for (layer, module), (a, b) in sorted(shapes.items()):
         if layer >= facts.num_hidden_layers:
             out.append(
                 f"has weights for layer {layer}, the model has {facts.num_hidden_layers} layers: a base-model "
                 f"mismatch{base}"
             )
             break
-        fan_in, fan_out = shapes[module] if module in shapes else (None, None)
-        if fan_in is None:
-            out.append(f"targets {module}, which this architecture does not have (it has {', '.join(shapes)})")
-            break
-        if a.shape[1] != fan_in or b.shape[0] != fan_out:
+        fan_in, fan_out = model_shapes[module]
+        if a[1] != fan_in or b[0] != fan_out:
             out.append(
-                f"layer {layer} {module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit the model's "
+                f"layer {layer} {module}: lora_A {list(a)} and lora_B {list(b)} do not fit the model's "
                 f"{module} ({fan_in} in, {fan_out} out): a base-model mismatch{base}"
             )
             break

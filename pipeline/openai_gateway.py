@@ -21,9 +21,9 @@ are those of the engine's tensors: int32 lengths, uint64 seed) or an OpenAI fiel
 stream whose upstream fails after it started ends with an error event and `[DONE]`. Tokenizing runs
 on worker threads, so a huge prompt does not hold up other requests.
 
-With an API key every path needs it, FastAPI's /docs, /redoc and /openapi.json included: the schema
-names every accepted field, and a gateway behind a key should tell an anonymous caller nothing. Read
-it with the key (`curl -H "Authorization: Bearer $KEY" .../openapi.json`), or serve without a key.
+With an API key every path but /health (readiness only) needs it, FastAPI's /docs, /redoc and /openapi.json
+included: the schema names every accepted field, and a gateway behind a key should tell an anonymous caller
+nothing. Read it with the key (`curl -H "Authorization: Bearer $KEY" .../openapi.json`), or serve without a key.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from pipeline.errors import PipelineError
+from pipeline.lora_admin import AdapterAdmin
 from pipeline.openai_protocol import (
     INT32_MAX,
     UNSUPPORTED,
@@ -55,6 +57,7 @@ from pipeline.openai_protocol import (
     OpenAIError,
     Sampling,
     StreamOptions,
+    UnloadLoraAdapter,
     parse_calls,
     tool_prompt,
 )
@@ -156,10 +159,11 @@ class Guard:
     """ASGI middleware checking the API key and the body size before the app reads a byte of the body,
     so neither an unauthenticated client nor an oversized body costs more than its headers: Content-Length
     is checked first, a chunked body is counted as it arrives (and replayed to the app when it fits).
-    With a key, every path needs it, the API schema and its pages (/openapi.json, /docs, /redoc) included."""
+    With a key, every path but /health needs it, the API schema and its pages (/openapi.json, /docs, /redoc)
+    included. Until `ready` is set, every path answers 503."""
 
-    def __init__(self, app, api_key: str | None, max_body_bytes: int):
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+    def __init__(self, app, api_key: str | None, max_body_bytes: int, ready: threading.Event | None = None):
+        self.app, self.api_key, self.max_body_bytes, self.ready = app, api_key, max_body_bytes, ready
 
     def authorized(self, headers: Headers) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
@@ -172,13 +176,17 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = Headers(scope=scope)
-        if self.api_key and not self.authorized(headers):
+        health = scope["path"] == "/health"  # a load balancer's probe: it tells nothing but readiness
+        if self.api_key and not health and not self.authorized(headers):
             error = OpenAIError(
                 401,
                 "a valid API key is required: send the header 'Authorization: Bearer <key>'",
                 code="invalid_api_key",
             )
             return await error.response({"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        if self.ready is not None and not self.ready.is_set():  # a client polling /v1/models must not start early
+            loading = OpenAIError(503, "the model is not ready yet: retry shortly", "server_error", code="not_ready")
+            return await loading.response({"Retry-After": "1"})(scope, receive, send)
         too_large = OpenAIError(
             413, f"the request body exceeds this server's limit of {self.max_body_bytes} bytes", code="body_too_large"
         )
@@ -224,13 +232,15 @@ def create_app(
     default_max_tokens: int = 256,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    adapters: dict[str, int] | None = None,
-    llm_model: str | None = None,
+    lora: AdapterAdmin | None = None,
+    ready: threading.Event | None = None,
 ) -> FastAPI:
-    """The gateway app; with `api_key` (see configured_key), every route needs `Authorization: Bearer <api_key>`.
+    """The gateway app; with `api_key` (see configured_key), every route but /health needs
+    `Authorization: Bearer <api_key>`.
 
-    `adapters`: LoRA adapter name -> Triton lora_task_id, each served as a model of its own (vLLM's --lora-modules);
-    `llm_model`: the repository's LLM model, which /v1/load_lora_adapter registers adapters with (None: no route).
+    `lora`: the served LoRA adapters, each a model of its own (vLLM's --lora-modules), and the operator's routes that
+    add and remove them (`pipeline.lora_admin`); None: the base model only.
+    `ready`: set once tritonserver's models are ready; until then every route answers 503 (None: ready at once).
     """
     import grpc
     from jinja2 import TemplateError
@@ -240,7 +250,7 @@ def create_app(
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     max_input_len, max_seq_len = engine_limits(tokenizer_dir)
     app = FastAPI(title="trtllm-pipeline OpenAI gateway")
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, ready=ready)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_, exc: OpenAIError):
@@ -266,40 +276,49 @@ def create_app(
     async def failed(_, exc: Exception):
         return OpenAIError(500, f"the gateway failed: {exc!r}", "server_error").response()
 
-    adapters = dict(adapters or {})
-    adding = asyncio.Lock()  # one registration at a time: each takes the next task id
+    def adapters() -> dict[str, int]:
+        return lora.served() if lora is not None else {}
+
+    @app.get("/health")
+    async def health():
+        """200 once the model is ready (the Guard answers 503 before), as vLLM's /health; no API key needed."""
+        return PlainTextResponse("ok")
 
     @app.get("/v1/models")
     async def models():
         base = {"id": served_name, "object": "model", "created": 0, "owned_by": "trtllm-pipeline"}
-        return {"object": "list", "data": [base] + [{**base, "id": name, "parent": served_name} for name in adapters]}
+        return {
+            "object": "list",
+            "data": [base] + [{**base, "id": name, "parent": served_name} for name in adapters()],
+        }
 
-    if llm_model is not None:
+    if lora is not None:
 
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(body: LoadLoraAdapter):
-            """vLLM's route: serve the PEFT adapter in `lora_path` (a directory of the server's) as model `lora_name`
-            from now on, until the server stops."""
-            async with adding:
-                if body.lora_name in adapters or body.lora_name == served_name:
-                    raise OpenAIError(400, f"the model '{body.lora_name}' is already served", param="lora_name")
-                task_id = max(adapters.values(), default=0) + 1
-                inputs = {
-                    "lora_task_id": task_id,
-                    "lora_adapter_dir": body.lora_path,
-                    "lora_adapter_name": body.lora_name,
-                }
-                async with contextlib.aclosing(stream_responses(grpc_url, llm_model, client_inputs(inputs))) as stream:
-                    async for _, error in stream:
-                        if error is not None:
-                            raise OpenAIError(400, str(error.message() if hasattr(error, "message") else error))
-                adapters[body.lora_name] = task_id
+            """vLLM's route: serve the PEFT adapter in `lora_path` (in a directory `serve --allow-lora-dir` allows) as
+            model `lora_name` from now on, until it is unloaded or the server stops."""
+            if body.lora_name == served_name:
+                raise OpenAIError(400, f"the model '{body.lora_name}' is already served", param="lora_name")
+            try:
+                await asyncio.to_thread(lora.add, body.lora_name, body.lora_path)
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), param="lora_path") from None
             return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(body: UnloadLoraAdapter):
+            """vLLM's route: stop serving an adapter loaded while serving (requests running on it finish)."""
+            try:
+                await asyncio.to_thread(lora.remove, body.lora_name)
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), param="lora_name") from None
+            return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
     def check(body: Sampling) -> None:
         """The model name and the fields this server cannot honour, before any work is done."""
-        if body.model != served_name and body.model not in adapters:
-            served = ", ".join(repr(name) for name in [served_name, *adapters])
+        if body.model != served_name and body.model not in adapters():
+            served = ", ".join(repr(name) for name in [served_name, *adapters()])
             raise OpenAIError(
                 404,
                 f"The model '{body.model}' does not exist; this server serves {served}",
@@ -330,7 +349,7 @@ def create_app(
             "temperature": None if greedy else (1.0 if body.temperature is None else body.temperature),
             "top_k": 1 if greedy else 0,
             "top_p": None if greedy else (body.top_p or 1.0),
-            "lora_task_id": adapters.get(body.model),
+            "lora_task_id": adapters().get(body.model),
         }
         guide = body.guide
         if guide is not None:

@@ -376,3 +376,11 @@ class LoadLoraAdapter(BaseModel):
 
     lora_name: str = Field(min_length=1, description="The model name requests will select the adapter by.")
     lora_path: str = Field(min_length=1, description="PEFT adapter directory on the server's machine.")
+
+
+class UnloadLoraAdapter(BaseModel):
+    """vLLM's /v1/unload_lora_adapter body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, description="The adapter's model name.")

@@ -123,8 +123,9 @@ def serve(
         "--api-key",
         envvar="TRTLLM_PIPELINE_API_KEY",
         show_default=False,
-        help="Require 'Authorization: Bearer KEY' on every route of the gateway, /docs and /openapi.json included "
-        "(401 otherwise); surrounding whitespace is stripped, an empty key means none; default: no key. "
+        help="Require 'Authorization: Bearer KEY' on every route of the gateway, /docs and /openapi.json included, "
+        "but the readiness probe /health (401 otherwise); surrounding whitespace is stripped, an empty key means "
+        "none; default: no key. "
         "Prefer the environment variable, which stays out of the process list. Example: "
         "TRTLLM_PIPELINE_API_KEY=$(openssl rand -hex 16). tritonserver's own ports have no authentication.",
     ),
@@ -139,6 +140,13 @@ def serve(
         min=0.001,
         help="Largest request body the gateway reads, in MB (1 MB = 1,000,000 bytes); larger ones get 413 "
         "before they are read. Example: --openai-max-body-mb 16.",
+    ),
+    allow_lora_dir: list[Path] = typer.Option(
+        [],
+        "--allow-lora-dir",
+        help="A directory whose PEFT adapters the gateway's POST /v1/load_lora_adapter may load (repeatable; "
+        "symbolic links are resolved first). Without it the route loads nothing: adapters come from the build's "
+        "lora.adapters. Example: --allow-lora-dir /models/adapters.",
     ),
     log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository)."),
     ready_timeout: float = typer.Option(
@@ -179,7 +187,10 @@ def serve(
     from pipeline.triton.server import Ports, host_port
 
     api_key = configured_key(api_key)  # a key of whitespace only fails here, before anything starts
-    gateway = GatewayOptions(openai_port, api_key, openai_max_body_mb) if openai else None
+    missing = [str(d) for d in allow_lora_dir if not d.is_dir()]
+    if missing:
+        raise PipelineError(f"--allow-lora-dir {missing[0]}: not a directory; name a directory holding adapters")
+    gateway = GatewayOptions(openai_port, api_key, openai_max_body_mb, tuple(allow_lora_dir)) if openai else None
     if gateway and not api_key and os.environ.get("TRTLLM_PIPELINE_API_KEY") == "":
         console.print(
             f"[yellow]warning:[/] TRTLLM_PIPELINE_API_KEY is set but empty: the OpenAI gateway on port {openai_port} "

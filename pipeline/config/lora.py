@@ -44,6 +44,13 @@ class LoraSection(Section):
     max_loras: int = Field(
         4, ge=1, description="Adapters resident in the engine at once (one batch mixes at most this many)."
     )
+    max_cpu_loras: int | None = Field(
+        None,
+        ge=1,
+        description="Adapters registered at once, the build's and those added while serving (vLLM's and "
+        "TensorRT-LLM's max_cpu_loras; each holds a host copy); null: max_loras. Loading one more is refused "
+        "until one is unloaded.",
+    )
     target_modules: list[str] = Field(
         list(LINEAR_MODULES),
         description="Linear modules the engine carries LoRA on (default: all seven, as vLLM does); an adapter may "
@@ -68,7 +75,16 @@ class LoraSection(Section):
             raise ValueError(f"adapter names repeat: {names}; each selects one adapter")
         if len(set(ids)) < len(ids):
             raise ValueError(f"adapter task ids repeat: {ids}; each selects one adapter")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < max(self.max_loras, len(self.adapters)):
+            raise ValueError(
+                f"max_cpu_loras {self.max_cpu_loras} is below max_loras {self.max_loras} or the "
+                f"{len(self.adapters)} adapters listed; raise it to {max(self.max_loras, len(self.adapters))}"
+            )
         return self
+
+    def cpu_loras(self) -> int:
+        """Adapters registered at once (max_cpu_loras, by default max_loras or the adapters listed, if more)."""
+        return self.max_cpu_loras or max(self.max_loras, len(self.adapters))
 
     def task_ids(self) -> list[int]:
         return [a.task_id or position for position, a in enumerate(self.adapters, 1)]

@@ -2,11 +2,16 @@
 
 Graph side (`pipeline/targets/onnxruntime/graph.py`): each fused linear (qkv, o, gate_up, down) whose parts the
 engine carries LoRA on gets four nodes,
-    out += ((x @ A) * mask) @ B
+    out += Where(mask, x @ A, 0) @ B
 A [in, k x width] holding the A of the k slots the pass binds side by side, B [k x width, out] their B stacked (a
 slot's block holding its parts' B on the diagonal, so q, k and v are one GEMM pair), and the mask [rows, 1,
-k x width] 1 on the columns of the row's slot: two GEMMs a branch whatever the batch and its adapters. The base
+k x width] true on the columns of the row's slot: two GEMMs a branch whatever the batch and its adapters. The base
 weights stay quantized; the branch runs in float32.
+
+One row's values never reach another's: the Where leaves exact zeros in other slots' columns (a multiply by the
+mask would not: 0 x inf is NaN), and the slots only ever hold finite weights (the second GEMM multiplies every
+row's zeros by every bound slot's B). A row whose own values overflow gets non-finite logits, and the runner fails
+that request alone (`ModelRunner.sample`).
 
 Runner side (`LoraSlots`): the slots are numpy buffers [max_loras, ...]. A pass binds the contiguous slot range its
 rows use: B's range is a view; A's, whose columns are not contiguous, a copy made when the range or a slot in it
@@ -24,14 +29,20 @@ Written by hand: ONNX Runtime has no multi-LoRA operator for CPU (onnxruntime-ge
 
 from __future__ import annotations
 
+import json
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.lora import Adapter, load, module_shapes
+from pipeline.lora import Adapter, Fit, load, module_shapes
 from pipeline.models import ModelFacts
+
+# Names the server's adapter registry file (`Registry`) to the model processes: set by `serve` in tritonserver's
+# environment, which the python backend's model processes inherit and no Triton client can read or change.
+REGISTRY_ENV = "TRTLLM_PIPELINE_LORA_REGISTRY"
 
 # The graph's fused linears and the HF modules each concatenates along its output, in order.
 BRANCHES = {
@@ -47,7 +58,7 @@ def input_names(layer: int, branch: str) -> tuple[str, str]:
 
 
 def mask_name(parts: int) -> str:
-    """The mask of the branches of `parts` parts (slots parts x max_lora_rank wide): float [rows, 1, k x width]."""
+    """The mask of the branches of `parts` parts (slots parts x max_lora_rank wide): bool [rows, 1, k x width]."""
     return f"lora_mask.{parts}"
 
 
@@ -70,6 +81,79 @@ class LoraSpec:
         lora = config.get("lora")
         return None if lora is None else cls(lora["target_modules"], lora["max_lora_rank"], lora["max_loras"])
 
+    def fit(self, facts: ModelFacts) -> Fit:
+        return Fit(facts, self.max_lora_rank, self.target_modules)
+
+
+class AdapterUnavailable(ValueError):
+    """An adapter a queued request names can no longer go into a slot (unloaded, or its weights are not finite): that
+    request fails, no other row is touched."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
+class Registry:
+    """The adapters added while serving: a JSON file {name: {"path", "task_id"}} that `serve` owns, in its server's
+    private work directory (REGISTRY_ENV names it). The gateway's authenticated route writes it; the LLM model reads
+    it before taking a request. Triton's ports carry no authentication, so no request input can load files: a
+    request only names (`lora_task_id`) an adapter that is already registered."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._seen: tuple | None = None
+
+    @classmethod
+    def from_env(cls) -> "Registry | None":
+        value = os.environ.get(REGISTRY_ENV)
+        return cls(Path(value)) if value else None
+
+    def read(self) -> dict[str, dict]:
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def write(self, entries: dict[str, dict]) -> None:
+        """Replace the file at once (a reader sees the old list or the new one, never half of it)."""
+        partial = self.path.with_name(f".{self.path.name}.partial")
+        partial.write_text(json.dumps(entries))
+        os.replace(partial, self.path)
+
+    def changed(self) -> dict[str, dict] | None:
+        """The entries when the file changed since the last call (a stat otherwise), else None."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return None
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        return self.read()
+
+
+def engine_facts(config: dict) -> ModelFacts:
+    """The model's sizes as an engine's config.json (`pretrained_config`) records them."""
+    pretrained = config["pretrained_config"]
+    keys = (
+        "architecture",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+    )
+    head_size = pretrained.get("head_size") or pretrained["hidden_size"] // pretrained["num_attention_heads"]
+    return ModelFacts(**{key: pretrained[key] for key in keys}, head_dim=head_size)
+
+
+def engine_fit(engine_dir: Path) -> Fit | None:
+    """What the engine in `engine_dir` takes of an adapter (None: it was built without LoRA)."""
+    config = json.loads((Path(engine_dir) / "config.json").read_text())
+    spec = LoraSpec.from_engine(config)
+    return None if spec is None else spec.fit(engine_facts(config))
+
 
 def check_names(lora: "LoraSlots | None", names: list[str | None], engine: str) -> None:
     """Refuse rows naming adapters (None: the base model) that `lora`, the LoRA of `engine`, cannot serve together:
@@ -91,6 +175,8 @@ def task_adapters(lora: "LoraSlots | None", task_ids: list[int], engine: str) ->
     if any(task_ids) and lora is None:
         check_names(None, ["?"], engine)
     unknown = [t for t in task_ids if t and t not in lora.task_names] if any(task_ids) else []
+    if unknown and unknown[0] in lora.failed:
+        raise ValueError(lora.failed[unknown[0]])
     if unknown:
         known = ", ".join(f"{i} ({n})" for i, n in sorted(lora.task_names.items())) or "none"
         raise ValueError(f"lora_task_id {unknown[0]} names no loaded LoRA adapter; loaded: {known}")
@@ -102,8 +188,9 @@ def task_adapters(lora: "LoraSlots | None", task_ids: list[int], engine: str) ->
 class LoraSlots:
     """The adapters a runner knows (by name) and the `max_loras` slots they are applied from."""
 
-    def __init__(self, spec: LoraSpec, facts: ModelFacts):
+    def __init__(self, spec: LoraSpec, facts: ModelFacts, max_registered: int | None = None):
         self.spec, self.facts = spec, facts
+        self.max_registered = max_registered  # lora.max_cpu_loras: host copies kept (None: no bound)
         shapes, rank = module_shapes(facts), spec.max_lora_rank
         self.parts = branch_parts(spec.target_modules)
         self.a, self.b = {}, {}  # input name -> buffer [max_loras, in, width] / [max_loras, width, out]
@@ -116,6 +203,7 @@ class LoraSlots:
                 self.b[b_name] = np.zeros((spec.max_loras, len(parts) * rank, fan_out), np.float32)
         self.adapters: dict[str, Adapter] = {}
         self.task_names: dict[int, str] = {}  # Triton lora_task_id -> adapter name
+        self.failed: dict[int, str] = {}  # lora_task_id -> why its adapter could not be served
         self.slot_of: dict[str, int] = {}
         self.holders = [0] * spec.max_loras  # running rows per slot
         self.recent: OrderedDict[int, None] = OrderedDict((slot, None) for slot in range(spec.max_loras))
@@ -137,8 +225,13 @@ class LoraSlots:
 
         if task_id is not None and self.task_names.get(task_id, name) != name:
             raise ValueError(f"lora_task_id {task_id} is adapter {self.task_names[task_id]!r}'s; pick another")
-        try:
-            adapter = load(adapter) if isinstance(adapter, Path) else adapter
+        if name not in self.adapters and self.max_registered is not None and len(self.adapters) >= self.max_registered:
+            raise ValueError(
+                f"LoRA adapter {name!r}: {len(self.adapters)} adapters are registered, lora.max_cpu_loras is "
+                f"{self.max_registered}; unload one or raise lora.max_cpu_loras"
+            )
+        try:  # the header first: shapes that do not fit are refused before a tensor is read
+            adapter = load(adapter, self.spec.fit(self.facts)) if isinstance(adapter, Path) else adapter
         except PipelineError as exc:
             raise ValueError(f"LoRA adapter {name!r}: {exc}") from None
         found = problems(adapter, self.facts, self.spec.max_lora_rank, self.spec.target_modules)
@@ -153,20 +246,32 @@ class LoraSlots:
         self.adapters[name] = adapter
         if task_id is not None:
             self.task_names[task_id] = name
+            self.failed.pop(task_id, None)
         if name in self.slot_of:  # re-registered: the resident copy is stale
             self._write(self.slot_of[name], adapter)
 
+    def unregister(self, name: str) -> None:
+        """Stop serving `name`; rows running on its slot finish with it (the slot is free once they release it).
+        Not while a pass runs, as `register`."""
+        self.adapters.pop(name, None)
+        self.slot_of.pop(name, None)
+        for task_id in [t for t, n in self.task_names.items() if n == name]:
+            del self.task_names[task_id]
+
     def acquire(self, names: list[str | None]) -> list[int | None] | None:
         """Slots for rows using adapters `names` (None: no adapter), loading those not resident; None when they
-        need more slots than are free of running rows (the rows wait). Raises KeyError for an unknown name."""
+        need more slots than are free of running rows (the rows wait). Raises AdapterUnavailable for a name no longer
+        registered or one whose weights are not finite."""
         unknown = [n for n in names if n is not None and n not in self.adapters]
         if unknown:
-            raise KeyError(unknown[0])
+            raise AdapterUnavailable(unknown[0], f"LoRA adapter {unknown[0]!r} was unloaded before the request ran")
         wanted = {n for n in names if n is not None}
         missing = [n for n in wanted if n not in self.slot_of]
         free = [s for s in self.recent if not self.holders[s] and self._resident(s) not in wanted]
         if len(missing) > len(free):
             return None
+        for name in missing:
+            self._check_finite(name)
         for name, slot in zip(missing, free):
             evicted = self._resident(slot)
             if evicted is not None:
@@ -194,6 +299,18 @@ class LoraSlots:
             if request.lora_slot is not None:
                 self.holders[request.lora_slot] -= 1
                 request.lora_slot = None
+
+    def _check_finite(self, name: str) -> None:
+        """The slots only ever hold finite weights: a branch's GEMM sums every bound slot's columns for every row
+        (masked to exact zeros), and 0 x NaN is NaN, so one slot's NaN would reach every row of the pass."""
+        for (layer, module), pair in self.adapters[name].weights.items():
+            for half, weight in zip("AB", pair):
+                if not np.isfinite(weight).all():
+                    raise AdapterUnavailable(
+                        name,
+                        f"LoRA adapter {name!r} holds non-finite weights (layer {layer} {module} lora_{half}); "
+                        "it is no longer served",
+                    )
 
     def _resident(self, slot: int) -> str | None:
         return next((name for name, s in self.slot_of.items() if s == slot), None)
@@ -227,10 +344,10 @@ class LoraSlots:
         masks = {}
         for parts in sorted({len(p) for p in self.parts.values()}):
             width = parts * self.spec.max_lora_rank
-            mask = np.zeros((len(slots), 1, (hi - lo) * width), np.float32)
+            mask = np.zeros((len(slots), 1, (hi - lo) * width), bool)
             for row, slot in enumerate(slots):
                 if slot is not None:
-                    mask[row, 0, (slot - lo) * width : (slot - lo + 1) * width] = 1
+                    mask[row, 0, (slot - lo) * width : (slot - lo + 1) * width] = True
             masks[mask_name(parts)] = mask
         return (lo, hi), masks
 

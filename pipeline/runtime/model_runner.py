@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.models import ModelFacts
 from pipeline.runtime.guided import Grammars, constrain
 from pipeline.runtime.kv_layouts import Batch, ConcatCache, SharedCache
-from pipeline.runtime.lora import LoraSlots, LoraSpec, check_names
+from pipeline.runtime.lora import LoraSlots, LoraSpec, check_names, engine_facts
 from pipeline.runtime.sampling import (
     OPS,
     SAMPLING_CHECKS,
@@ -264,18 +264,7 @@ class ModelRunner:
         return False
 
     def _facts(self) -> ModelFacts:
-        """The model's sizes as the engine's pretrained_config records them."""
-        keys = (
-            "architecture",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
-            "max_position_embeddings",
-        )
-        return ModelFacts(**{k: self._pretrained[k] for k in keys}, head_dim=self.head_size)
+        return engine_facts(self.config)
 
     @functools.cached_property
     def grammars(self) -> Grammars:
@@ -322,14 +311,17 @@ class ModelRunner:
         """Choose one token per row from the batch's logits (a guided row's masked by its grammar first); returns the
         requests that just finished."""
         logits = batch.logits
+        broken = fail_non_finite(batch.requests, logits)
         for row, request in enumerate(batch.requests):
-            if request.matcher is not None:
+            if request.matcher is not None and row not in broken:
                 constrain(request.matcher, logits[row])
         argmax = logits.argmax(axis=1)
         log_probs = greedy_log_probs(logits, argmax)
         done = []
         for row, request in enumerate(batch.requests):
-            if request.params.plain_greedy:
+            if row in broken:
+                pass
+            elif request.params.plain_greedy:
                 append(request, int(argmax[row]), float(log_probs[row]))
             else:
                 append(request, *choose(request, logits[row]))
@@ -545,6 +537,18 @@ class ModelRunner:
         finally:
             if self.lora is not None:
                 self.lora.release(requests)
+
+
+def fail_non_finite(requests: list[Request], logits: np.ndarray) -> set[int]:
+    """Rows whose logits are not finite (an adapter or a prompt that overflowed): each such request fails on its own,
+    naming its adapter; the others go on (no op of the engine mixes rows). Returns those rows."""
+    broken = {int(row) for row in np.flatnonzero(~np.isfinite(logits).all(axis=1))}
+    for row in broken:
+        request = requests[row]
+        source = f"LoRA adapter {request.adapter!r}" if request.adapter else "the model"
+        request.finish_reason = "error"
+        request.error = f"{source} produced non-finite logits (NaN or inf) for this request; it was stopped"
+    return broken
 
 
 def default_threads() -> int:

@@ -127,6 +127,8 @@ def accept(request, drafts: list[int], logits: np.ndarray) -> int:
     taken = 0
     while taken < len(drafts):
         row = logits[taken : taken + 1]
+        if not np.isfinite(row).all():  # left to `sample`, which fails the request
+            break
         if request.matcher is not None:  # the grammar's state moves with each accepted draft (`append`)
             constrain(request.matcher, row[0])
         chosen = row.argmax(axis=1)

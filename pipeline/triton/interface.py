@@ -99,13 +99,9 @@ LLM_INPUTS: list[Tensor] = [
     ("stop", "TYPE_BOOL", SCALAR, True),  # true: stop the running request with this request's id
     *GUIDED_INPUTS,  # pipeline.runtime.guided
 ]
-# The CPU LLM model of an engine built with LoRA: the task id selects a row's adapter; the admin pair registers the
-# PEFT adapter in a directory of the server's under a task id and name (the gateway's /v1/load_lora_adapter).
-LORA_LLM_INPUTS: list[Tensor] = [
-    LORA_TASK_ID,
-    ("lora_adapter_dir", "TYPE_STRING", SCALAR, True),
-    ("lora_adapter_name", "TYPE_STRING", SCALAR, True),
-]
+# The CPU LLM model of an engine built with LoRA: the task id selects a row's adapter among those registered. No input
+# loads an adapter: Triton's ports carry no authentication (adapters come from the build or `serve`'s registry).
+LORA_LLM_INPUTS: list[Tensor] = [LORA_TASK_ID]
 LLM_OUTPUTS: list[Tensor] = [
     ("output_ids", "TYPE_INT32", [-1, -1], False),
     ("sequence_length", "TYPE_INT32", [-1], False),

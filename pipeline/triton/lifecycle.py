@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from pipeline.errors import ConfigError, PipelineError
+from pipeline.lora_admin import AdapterAdmin
 from pipeline.openai_gateway import create_app
+from pipeline.runtime.lora import Registry, engine_fit
 from pipeline.targets.trtllm.llmapi import llmapi_model_name, serve_llm_api
 from pipeline.triton.server import STOP_SIGNALS, Ports, TritonServer, dial_address, host_port, tensorrtllm_world_size
 from pipeline.triton.validate import RepoReport, validate_repo
@@ -28,6 +30,7 @@ class GatewayOptions:
     port: int
     api_key: str | None
     max_body_mb: float
+    allowed_lora_dirs: tuple[Path, ...] = ()  # /v1/load_lora_adapter's only sources (serve --allow-lora-dir)
 
 
 def _loopback(host: str) -> bool:
@@ -69,8 +72,28 @@ def serve_pytorch_backend(repo: Path, host: str, port: int, gateway: GatewayOpti
     serve_llm_api(repo, host, port)
 
 
-def _start_gateway(report: RepoReport, repo: Path, host: str, grpc_port: int, gateway: GatewayOptions):
-    """uvicorn serving the OpenAI gateway on a thread; returns (its Server, the thread).
+def adapter_admin(report: RepoReport, registry: Path, allowed_dirs=()) -> AdapterAdmin | None:
+    """The served LoRA adapters of a repository whose LLM model's engine carries LoRA (None otherwise): the build's,
+    from its lora_dir, and those the gateway adds to `registry`, the file the LLM model reads."""
+    llm = next(
+        (c for c in report.models.values() if "engine_dir" in c.parameters and "max_cpu_loras" in c.parameters), None
+    )
+    fit = engine_fit(Path(llm.parameters["engine_dir"].string_value)) if llm is not None else None
+    if fit is None:
+        return None
+    built = {}
+    if llm.parameters["lora_dir"].string_value:
+        index = Path(llm.parameters["lora_dir"].string_value) / "adapters.json"
+        built = {name: entry["task_id"] for name, entry in json.loads(index.read_text()).items()}
+    capacity = int(llm.parameters["max_cpu_loras"].string_value)
+    return AdapterAdmin(Registry(registry), fit, [Path(d) for d in allowed_dirs], capacity, built)
+
+
+def _start_gateway(
+    report: RepoReport, repo: Path, host: str, server: TritonServer, gateway: GatewayOptions, ready: threading.Event
+):
+    """uvicorn serving the OpenAI gateway on a thread; returns (its Server, the thread). It answers 503 until
+    `ready` is set (tritonserver's models loaded).
 
     Stopping takes two steps around tritonserver's stop: `should_exit` first (no new requests), `join`
     after, so streams cut by the stop still send their error event and [DONE] before the process exits.
@@ -84,22 +107,15 @@ def _start_gateway(report: RepoReport, repo: Path, host: str, grpc_port: int, ga
     if bls is None:
         raise PipelineError(f"{repo} has no BLS model (tensorrt_llm_bls), which --openai forwards to; rebuild it")
     preprocessing = config.parameters["preprocessing_model_name"].string_value
-    llm = report.models.get(config.parameters["tensorrt_llm_model_name"].string_value)
-    adapters, registers = {}, False
-    if llm is not None and "lora_dir" in llm.parameters and llm.parameters["lora_dir"].string_value:
-        index = Path(llm.parameters["lora_dir"].string_value) / "adapters.json"
-        adapters = {name: entry["task_id"] for name, entry in json.loads(index.read_text()).items()}
-    if llm is not None:
-        registers = any(tensor.name == "lora_adapter_dir" for tensor in llm.input)
     app = create_app(
-        dial_address(host, grpc_port),
+        dial_address(host, server.ports.grpc),
         report.models[preprocessing].parameters["tokenizer_dir"].string_value,
         served_name=served_name(repo),
         triton_model=bls,
         api_key=gateway.api_key,
         max_body_bytes=int(gateway.max_body_mb * 1_000_000),
-        adapters=adapters,
-        llm_model=llm.name if registers else None,
+        lora=adapter_admin(report, server.lora_registry, gateway.allowed_lora_dirs),
+        ready=ready,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=gateway.port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="openai-gateway", daemon=True)
@@ -155,6 +171,7 @@ class Serving:
             log=log,
         )
         self._uvicorn = self._uvicorn_thread = None
+        self._ready = threading.Event()  # the gateway answers 503 until tritonserver is ready
         self._handlers: dict = {}
 
     def __enter__(self) -> "Serving":
@@ -172,9 +189,10 @@ class Serving:
         too; then tritonserver, waiting up to `timeout` seconds for its models to load."""
         if self.gateway:
             self._uvicorn, self._uvicorn_thread = _start_gateway(
-                self.report, self.repo, self.host, self.server.ports.grpc, self.gateway
+                self.report, self.repo, self.host, self.server, self.gateway, self._ready
             )
         self.server.start(timeout=timeout)
+        self._ready.set()
 
     def wait(self) -> NoReturn:
         """Until tritonserver exits, which is a failure: serving ends on Ctrl-C or SIGTERM only."""
@@ -186,6 +204,7 @@ class Serving:
     def __exit__(self, *exc) -> None:
         for stop_signal in STOP_SIGNALS:  # a second Ctrl-C must not orphan the server mid-stop
             signal.signal(stop_signal, signal.SIG_IGN)
+        self._ready.clear()
         try:
             if self._uvicorn:
                 self._uvicorn.should_exit = True

@@ -80,19 +80,32 @@ def _optimum_export(hf_dir: Path, out_dir: Path) -> None:
 
 
 def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
-    """Largest |logit difference| between ONNX Runtime and transformers (fp32) over the prompts."""
+    """Largest |logit difference| between ONNX Runtime and transformers (fp32) over the prompts; BuildStepError
+    names the first logit either computes as NaN or infinity (their difference would be NaN, within any limit)."""
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pipeline.quality import hf_logits_fn
+    from pipeline.quality import hf_logits_fn, nonfinite
     from pipeline.targets.onnxruntime.scoring import ort_logits_fn
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     reference, engine = hf_logits_fn(hf_dir), ort_logits_fn(onnx_path)
     worst = 0.0
-    for prompt in prompts:
+    for number, prompt in enumerate(prompts):
         ids = np.asarray([tokenizer(prompt, add_special_tokens=False)["input_ids"]], dtype=np.int64)
-        worst = max(worst, float(np.abs(reference(ids) - engine(ids)).max()))
+        logits = {"transformers'": reference(ids), "ONNX Runtime's": engine(ids)}
+        for name, values in logits.items():
+            if found := nonfinite(values):
+                kind, index, _ = found
+                cause = (
+                    f"the checkpoint in {hf_dir} computes it: look for non-finite weights there"
+                    if name == "transformers'"
+                    else "the export is wrong"
+                )
+                raise BuildStepError(
+                    f"{name} logits are {kind} at check prompt {number} ({prompt!r}), position {index[1]}; {cause}"
+                )
+        worst = max(worst, float(np.abs(logits["transformers'"] - logits["ONNX Runtime's"]).max()))
     return worst
 
 
@@ -419,7 +432,7 @@ class OnnxRuntimeTarget:
         ctx.log("comparing ONNX Runtime logits with transformers")
         diff = compare_logits(hf_dir, ctx.out_dir / ONNX_NAME, list(CHECK_PROMPTS))
         limit = cfg.verify.max_export_logits_diff
-        if diff > limit:
+        if not diff <= limit:  # NaN fails too
             raise BuildStepError(
                 f"ONNX Runtime logits differ from transformers' by {diff:.2e} (> verify.max_export_logits_diff "
                 f"{limit:.0e}); the export is wrong"
@@ -516,6 +529,7 @@ class OnnxRuntimeTarget:
         lora = {
             "export": ("lora.target_modules",),
             "engine": ("lora.target_modules", "lora.max_lora_rank", "lora.max_loras"),
+            "triton_repo": ("lora.max_cpu_loras", "lora.max_loras", "lora.adapters"),
         }
         return lora.get(stage, ()) if cfg.lora is not None else ()
 
@@ -549,6 +563,7 @@ class OnnxRuntimeTarget:
                 "batch_invariant": r.batch_invariant,
                 # the lora stage's adapters (pipeline/stages/lora.py), beside the engine in the build's output
                 "lora_dir": engine_dir.parent / "lora" if cfg.lora and cfg.lora.adapters else "",
+                "max_cpu_loras": cfg.lora.cpu_loras() if cfg.lora else 0,
                 **speculative.to_parameters(speculative.from_config(r.speculative)),
             },
         )

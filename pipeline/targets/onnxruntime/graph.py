@@ -20,7 +20,7 @@ Interface (see `pipeline.runtime.kv_layouts.SharedCache`, the runner side):
   logits_index           int64 [n]                   flat indices into batch*seq whose logits to return
   past_key_values.{i}.key/value  float [batch, kv_heads, capacity, head_dim]
   lora.{i}.{linear}.a/b  float [in, width] / [width, out]  with LoRA: the bound slots' weights side by side
-  lora_mask.{parts}      float [batch, 1, width]  1 on the columns of the row's slot (`pipeline.runtime.lora`)
+  lora_mask.{parts}      bool [batch, 1, width]   true on the columns of the row's slot (`pipeline.runtime.lora`)
   -> logits float [n, vocab], present.{i}.key/value (the same buffers when bound to them)
 """
 
@@ -71,6 +71,7 @@ ACTIVATIONS = {"silu": None, "gelu_pytorch_tanh": "tanh"}
 # longrope switches tables at original_max_position_embeddings, and transformers' Phi-3 `generate` then recomputes
 # the whole KV cache with the long factors (Phi3ForCausalLM.prepare_inputs_for_generation): an in-place cache cannot.
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+LORA_ZERO = "lora_zero"  # the scalar the LoRA branches put in other slots' columns
 
 
 def supports(hf_dir: Path) -> str | None:
@@ -234,9 +235,13 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
         width, mask = f"lora_width_{parts_carried}", lora.mask_name(parts_carried)
         lora_inputs[a_name] = helper.make_tensor_value_info(a_name, TensorProto.FLOAT, [fan_in, width])
         lora_inputs[b_name] = helper.make_tensor_value_info(b_name, TensorProto.FLOAT, [width, fan_out])
-        lora_inputs[mask] = helper.make_tensor_value_info(mask, TensorProto.FLOAT, ["batch", 1, width])
+        lora_inputs[mask] = helper.make_tensor_value_info(mask, TensorProto.BOOL, ["batch", 1, width])
+        if not any(i.name == LORA_ZERO for i in initializers):
+            weight(LORA_ZERO, np.zeros((), np.float32))
         down = node("MatMul", [x, a_name], f"{path(module)}/lora/MatMul")[0]
-        masked = node("Mul", [down, mask], f"{path(module)}/lora/Mul")[0]
+        # Where, not a multiply by the mask: another slot's columns become exact zeros even where a row's own
+        # adapter overflowed them to inf or NaN (0 x inf is NaN), so no row's values reach another row
+        masked = node("Where", [mask, down, LORA_ZERO], f"{path(module)}/lora/Where")[0]
         delta = node("MatMul", [masked, b_name], f"{path(module)}/lora/MatMul_1")[0]
         return node("Add", [out, delta], f"{path(module)}/lora/Add")[0]
 

@@ -111,7 +111,7 @@ def empty_past(session, batch: int) -> dict[str, np.ndarray]:
             feeds[spec.name] = np.zeros((batch, kv_heads, 0, head_size), dtype=np.float32)
         elif spec.name.startswith("lora"):  # pipeline.runtime.lora: no slot bound, every width 0
             shape = [batch if d == "batch" else 0 if isinstance(d, str) else d for d in spec.shape]
-            feeds[spec.name] = np.zeros(shape, dtype=np.float32)
+            feeds[spec.name] = np.zeros(shape, dtype=bool if spec.type == "tensor(bool)" else np.float32)
     return feeds
 
 

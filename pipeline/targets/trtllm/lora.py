@@ -12,10 +12,10 @@ lora stage writes them per adapter as the .npy files the converter names, and li
 `lora_task_id`. The .npy loader reads f2/f4 only and the release templates declare `lora_weights` TYPE_FP16, so the
 engine must be float16.
 
-`pytorch` (1.0-1.2): the LLM-API options get `lora_config` (target modules, max rank, max_loras GPU-resident and as
-many CPU-cached); TensorRT-LLM loads each adapter itself from the PEFT directory a request names (trtllm-serve's
-`lora_request: {lora_name, lora_int_id, lora_path}`). Its loader scales by adapter_config's lora_alpha alone, so an
-adapter with alpha_pattern is refused there.
+`pytorch` (1.0-1.2): the LLM-API options get `lora_config` (target modules, max rank, max_loras GPU-resident and
+max_cpu_loras CPU-cached); TensorRT-LLM loads each adapter itself from the PEFT directory a request names
+(trtllm-serve's `lora_request: {lora_name, lora_int_id, lora_path}`). Its loader scales by adapter_config's lora_alpha
+alone, so an adapter with alpha_pattern is refused there.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32}
 TRITON_DTYPES = {"float16": "TYPE_FP16", "float32": "TYPE_FP32", "bfloat16": "TYPE_BF16"}
 # The config fields each backend's engine stage reads of the lora section (never the adapters: they come later).
 ENGINE_FIELDS = ("lora.target_modules", "lora.max_lora_rank")
-LLM_API_FIELDS = (*ENGINE_FIELDS, "lora.max_loras")
+LLM_API_FIELDS = (*ENGINE_FIELDS, "lora.max_loras", "lora.max_cpu_loras")
 # The template inputs a tensorrt_llm model takes an adapter by (declared in every tabulated release).
 REQUEST_INPUTS = ("lora_task_id", "lora_weights", "lora_config")
 
@@ -257,7 +257,7 @@ def llm_api_lora_config(cfg) -> dict:
         "lora_target_modules": trtllm_modules(lora.target_modules),
         "max_lora_rank": lora.max_lora_rank,
         "max_loras": lora.max_loras,
-        "max_cpu_loras": lora.max_loras,
+        "max_cpu_loras": lora.cpu_loras(),
     }
 
 
