@@ -57,7 +57,16 @@ def test_default_cpu_config_deploys_and_the_stage_is_locked(tmp_path):
     assert server["image"] == "trtllm-pipeline:smollm2-135m-cpu" and "--build" in server["command"]
     assert server["command"][2] == f"{APP_DIR}/{CPU_CONFIG}" and "initContainers" not in pod
     assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
-    assert [p["targetPort"] for p in objects["Service"]["spec"]["ports"]] == ["http", "grpc", "metrics", "openai"]
+    service = objects["Service"]  # the gateway, behind its key, is the only door: Triton's ports carry no key
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["openai"] and "annotations" not in service[
+        "metadata"
+    ]
+    opened = run_cli("deploy", CPU_CONFIG, "deploy.expose_triton_ports=true", "--output", str(tmp_path / "open"))
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    service = written(tmp_path / "open")["Service"]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http", "grpc", "metrics", "openai"]
+    said = service["metadata"]["annotations"]["trtllm-pipeline/unauthenticated-ports"]
+    assert "no request loads files or registers an adapter" in said
     overridden = run_cli("deploy", CPU_CONFIG, "quantization.group_size=128", "--output", str(tmp_path / "other"))
     assert overridden.returncode != 0 and "the pods would build other quantization values" in overridden.stderr
     again = run_cli("deploy", CPU_CONFIG, "--output", str(tmp_path))
@@ -345,7 +354,7 @@ def test_the_cpu_manifest_serves_as_written(smollm2_build, tmp_path):
         assert "▶" not in started and "triton_repo: up to date" in started  # the image's build was current
 
         service = {p["name"]: container_ports[p["targetPort"]] for p in by_kind["Service"]["spec"]["ports"]}
-        assert InferenceServerClient(f"127.0.0.1:{service['grpc']}").is_server_ready()
+        assert InferenceServerClient(f"127.0.0.1:{container_ports['grpc']}").is_server_ready()
         scrape = by_kind["Deployment"]["spec"]["template"]["metadata"]["annotations"]
         with urllib.request.urlopen(
             f"http://127.0.0.1:{scrape['prometheus.io/port']}{scrape['prometheus.io/path']}"

@@ -140,6 +140,12 @@ class DeploySection(Section):
     openai_gateway: bool = Field(
         True, description="Triton-served targets: also serve the OpenAI gateway (trtllm-serve serves /v1 itself)."
     )
+    expose_triton_ports: bool = Field(
+        False,
+        description="With the OpenAI gateway, also put tritonserver's HTTP, gRPC and metrics ports on the Service. "
+        "They carry no authentication (the Service's trtllm-pipeline/unauthenticated-ports annotation says what a "
+        "client there can do); by default the gateway, behind its key, is the only door.",
+    )
     api_key_secret: str | None = Field(
         None,
         description="Secret whose key `api-key` the OpenAI gateway requires as a bearer token; null serves it "

@@ -138,4 +138,6 @@ def dump_value(cfg: BuildConfig, dotted: str) -> Any:
     node: Any = cfg
     for part in dotted.split("."):
         node = getattr(node, part)
+    if isinstance(node, list):  # e.g. lora.adapters
+        return [item.model_dump(mode="json") if isinstance(item, BaseModel) else item for item in node]
     return node.model_dump(mode="json") if isinstance(node, BaseModel) else node

@@ -70,6 +70,9 @@ class Serving:
     artifacts: str  # default placement of the output: "image" or "volume"
     image_problem: str | None  # why the output cannot be built into the image (None: it can)
     port_flags: dict[str, str]  # deploy.ports name -> the server command's option binding it
+    # what any client reaching the server's own ports can do (they carry no authentication): the Service's
+    # annotation UNAUTHENTICATED_ANNOTATION, when it exposes them
+    unauthenticated: str
     health: tuple[str, str, str]  # (port name, readiness path, liveness path); the startup probe is readiness's
     metrics: tuple[str, str] | None  # (port name, path) of its Prometheus metrics
     queue_metric: QueueMetric | None
@@ -90,6 +93,7 @@ class Serving:
 # ---------------------------------------------------------------- served by `trtllm-pipeline serve` (tritonserver)
 
 TRITON_PORT_FLAGS = {"http": "--http-port", "grpc": "--grpc-port", "metrics": "--metrics-port"}
+UNAUTHENTICATED_ANNOTATION = "trtllm-pipeline/unauthenticated-ports"
 
 
 def triton_health() -> tuple[str, str, str]:

@@ -17,7 +17,18 @@ from pathlib import Path
 import yaml
 
 from pipeline.docker import IMAGE_CONFIGS
-from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, SHM_DIR, STARTUP_SECONDS, VOLUME_DIR, PodPaths, Serving, group_shape
+from pipeline.k8s import (
+    APP_DIR,
+    CLI,
+    CONFIG_DIR,
+    SHM_DIR,
+    STARTUP_SECONDS,
+    UNAUTHENTICATED_ANNOTATION,
+    VOLUME_DIR,
+    PodPaths,
+    Serving,
+    group_shape,
+)
 from pipeline.k8s_names import ascii_name
 from pipeline.memory import MiB
 
@@ -110,6 +121,24 @@ def model_mount(cfg) -> str | None:
 
 def claim_name(cfg, dep: Deployment) -> str:
     return cfg.deploy.storage.claim or f"{dep.name}-artifacts"
+
+
+def _service(cfg, dep: Deployment, selector: dict) -> dict:
+    """With the OpenAI gateway the Service exposes it alone (behind its API key), unless deploy.expose_triton_ports;
+    a Service exposing the server's own ports, which carry no authentication, says what a client there can do."""
+    d, s = cfg.deploy, dep.serving
+    gateway_only = "openai" in s.port_flags and not d.expose_triton_ports
+    names = ["openai"] if gateway_only else list(s.port_flags)
+    ports = [{"name": n, "port": getattr(d.ports, n), "targetPort": n, "protocol": "TCP"} for n in names]
+    metadata = _meta(dep.name, cfg, dep.name)
+    if not gateway_only:
+        metadata["annotations"] = {UNAUTHENTICATED_ANNOTATION: s.unauthenticated}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {"type": d.service_type, "selector": selector, "ports": ports},
+    }
 
 
 def _meta(name: str, cfg, app: str) -> dict:
@@ -258,9 +287,7 @@ def render(cfg, dep: Deployment) -> list[dict]:
         workload = _leader_worker_set(cfg, dep, volumes, mounts, init)
         selector = {LWS_NAME_LABEL: dep.workload, LWS_WORKER_INDEX_LABEL: "0"}  # the leaders serve
     objects.append(workload)
-    ports = [{"name": n, "port": getattr(d.ports, n), "targetPort": n, "protocol": "TCP"} for n in s.port_flags]
-    service = {"type": d.service_type, "selector": selector, "ports": ports}
-    objects.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(dep.name, cfg, dep.name), "spec": service})
+    objects.append(_service(cfg, dep, selector))
     if d.autoscaling is not None and s.queue_metric is not None:
         objects.append(_autoscaler(cfg, dep, workload))
     return objects

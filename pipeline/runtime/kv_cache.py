@@ -59,8 +59,9 @@ class Reservation:
 
 
 def chain_keys(tokens: list[int], tokens_per_block: int, adapter: str | None = None) -> list[bytes]:
-    """The chained hash of every full block of `tokens`; a LoRA adapter's name seeds the chain, since its K/V
-    differ from the base model's for the same tokens (blocks are never shared across adapters)."""
+    """The chained hash of every full block of `tokens`; a LoRA adapter's registration seeds the chain, since its K/V
+    differ from the base model's for the same tokens (blocks are never shared across adapters, nor with what a
+    re-registered name served before)."""
     keys, parent = [], b"" if adapter is None else hashlib.blake2b(adapter.encode(), digest_size=16).digest()
     for start in range(0, len(tokens) - tokens_per_block + 1, tokens_per_block):
         block = np.asarray(tokens[start : start + tokens_per_block], dtype=np.int64).tobytes()
@@ -98,7 +99,7 @@ class BlockManager:
         """Reserve the blocks of all `requests` (one job's rows) or of none: None when the pool cannot hold them."""
         plans = []
         for request in requests:
-            keys = chain_keys(request.prompt, self.tokens_per_block, request.adapter) if self.reuse else []
+            keys = chain_keys(request.prompt, self.tokens_per_block, request.adapter_key) if self.reuse else []
             queried = (len(request.prompt) - 1) // self.tokens_per_block if self.reuse else 0  # keep the last token
             hits = []
             for key in keys[:queried]:

@@ -29,6 +29,7 @@ Written by hand: ONNX Runtime has no multi-LoRA operator for CPU (onnxruntime-ge
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import OrderedDict
@@ -204,6 +205,8 @@ class LoraSlots:
         self.adapters: dict[str, Adapter] = {}
         self.task_names: dict[int, str] = {}  # Triton lora_task_id -> adapter name
         self.failed: dict[int, str] = {}  # lora_task_id -> why its adapter could not be served
+        self.registrations: dict[str, int] = {}  # name -> which registration of the runner it is (`identity`)
+        self._serial = itertools.count(1)
         self.slot_of: dict[str, int] = {}
         self.holders = [0] * spec.max_loras  # running rows per slot
         self.recent: OrderedDict[int, None] = OrderedDict((slot, None) for slot in range(spec.max_loras))
@@ -244,11 +247,16 @@ class LoraSlots:
         a pass runs: it may rewrite a resident slot (the scheduler calls it between steps)."""
         adapter = self.check(name, adapter, task_id)
         self.adapters[name] = adapter
+        self.registrations[name] = next(self._serial)
         if task_id is not None:
             self.task_names[task_id] = name
             self.failed.pop(task_id, None)
         if name in self.slot_of:  # re-registered: the resident copy is stale
             self._write(self.slot_of[name], adapter)
+
+    def identity(self, name: str) -> str:
+        """The adapter `name` as registered now: a name registered again (other weights) is another identity."""
+        return f"{name}#{self.registrations[name]}"
 
     def unregister(self, name: str) -> None:
         """Stop serving `name`; rows running on its slot finish with it (the slot is free once they release it).

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.runtime.guided import one_line
 from pipeline.upstream import facts
 
 # TensorRT-LLM's bounds on sampling settings (scripts/dev/tabulate_sampling_checks.py): {checker: [[op, bound]]}
@@ -89,6 +90,8 @@ class Request:
     matcher: object | None = None  # guided decoding: the grammar's state (an llguidance LLMatcher; `guided`)
     error: str | None = None  # why the request failed on its own (finish_reason "error"); the others go on
     adapter: str | None = None  # the LoRA adapter it decodes with (None: the base model)
+    # that adapter's registration (`LoraSlots.identity`), which seeds its prefix blocks' keys
+    adapter_key: str | None = None
     lora_slot: int | None = None  # the slot holding that adapter while the request runs (`pipeline.runtime.lora`)
 
     def __post_init__(self):
@@ -202,7 +205,7 @@ def append(request: Request, token: int, log_prob: float) -> None:
         request.output.append(token)
         request.log_probs.append(log_prob)
     if request.matcher is not None and not request.finished and not request.matcher.consume_token(token):
-        request.finish_reason, request.error = "error", f"guided decoding: {request.matcher.get_error()}"
+        request.finish_reason, request.error = "error", f"guided decoding: {one_line(request.matcher.get_error())}"
 
 
 def greedy_log_probs(logits: np.ndarray, chosen: np.ndarray) -> np.ndarray:

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from pipeline.runtime.model_runner import ModelRunner
+from pipeline.runtime.scheduler import Scheduler
 from tests.conftest import run_cli, slow_fixture, write_config
 from tests.runtime.test_model_runner import encode, hf_greedy
+from tests.runtime.test_scheduler import Recorder, inputs, prompt, run_to_idle
 
 ADAPTERS = {
     "every": {
@@ -48,8 +50,11 @@ def adapters(tiny_llama, tmp_path_factory) -> dict[str, Path]:
     return {name: make_adapter(tiny_llama, work / name, seed, **s) for seed, (name, s) in enumerate(ADAPTERS.items())}
 
 
-def lora_config(path: Path, base: Path, adapters: dict[str, Path], runtime: str = "{}") -> Path:
-    """A tiny fp32 build serving `adapters` (max_lora_rank 8, max_loras 2), with the `runtime` section given."""
+def lora_config(
+    path: Path, base: Path, adapters: dict[str, Path], runtime: str = "{}", cpu_loras: int | None = None
+) -> Path:
+    """A tiny fp32 build serving `adapters` (max_lora_rank 8, max_loras 2, max_cpu_loras `cpu_loras` when given),
+    with the `runtime` section given."""
     listed = ", ".join(f"{{name: {name}, path: {adapter}}}" for name, adapter in adapters.items())
     return write_config(
         path,
@@ -61,6 +66,7 @@ def lora_config(path: Path, base: Path, adapters: dict[str, Path], runtime: str 
         lora:
           max_lora_rank: 8
           max_loras: 2
+          {f"max_cpu_loras: {cpu_loras}" if cpu_loras else ""}
           adapters: [{listed}]
         """,
     )
@@ -172,3 +178,124 @@ def test_adapters_keep_their_tokens_with_speculation_and_batch_invariance(lora_e
         runner = ModelRunner.from_dir(lora_engine / "engine", num_threads=1, lora_dir=paths, **options)
         assert generate(runner, repetitive, uids) == plain, options
         assert [generate(runner, [ids], [uid])[0] for ids, uid in zip(repetitive, uids)] == plain, options
+
+
+# ---------------------------------------------------------------- one tenant's adapter never reaches another's rows
+
+
+def scheduled(runner: ModelRunner, rows: list[tuple[list[int], int]], max_tokens: int = 6) -> list[Recorder]:
+    """Each (prompt, lora_task_id) submitted as a job of its own, all admitted into one batch and run to the end."""
+    scheduler = Scheduler(runner)
+    recorders = [Recorder() for _ in rows]
+    for (ids, task_id), recorder in zip(rows, recorders):
+        scheduler.submit(inputs([ids], max_tokens, end_id=-1, lora_task_id=task_id), recorder)
+    run_to_idle(scheduler)
+    return recorders
+
+
+def served_runner(lora_engine: Path) -> ModelRunner:
+    """The engine with the build's adapters under task ids 1 and 2, as the Triton model registers them."""
+    runner = ModelRunner.from_dir(lora_engine / "engine", num_threads=1)
+    for task_id, name in enumerate(ADAPTERS, 1):
+        runner.lora.register(name, lora_engine / "lora" / name, task_id)
+    return runner
+
+
+def test_nan_in_a_resident_slot_fails_its_own_request_and_no_other_row_changes(lora_engine):
+    """Below every check: NaN written straight into the A of a resident slot. Its x @ A is NaN in that slot's columns
+    for every row of the pass; the branch's Where leaves the other rows exact zeros there, so the base model's and the
+    other adapter's rows in the same batch decode exactly as alone, and the poisoned request fails naming its
+    adapter (a multiply by the mask would have turned every row to NaN)."""
+    runner = served_runner(lora_engine)
+    runner.lora.register("poisoned", lora_engine / "lora" / "qv", 3)
+    rows = [(prompt(5, 1), 0), (prompt(4, 2), 1), (prompt(6, 3), 3)]
+    alone = [scheduled(runner, [row])[0].tokens() for row in rows[:2]]
+    (slot,) = runner.lora.acquire(["poisoned"])
+    runner.lora.holders[slot] -= 1  # resident, held by no row
+    for buffer in runner.lora.a.values():
+        buffer[slot] = np.nan
+    runner.lora._views.clear()  # the bound copies of A are rebuilt from the poisoned slot
+    base, other, poisoned = scheduled(runner, rows)
+    assert [base.tokens(), other.tokens()] == alone
+    assert not base.errors() and not other.errors()
+    assert poisoned.errors() == [
+        "LoRA adapter 'poisoned' produced non-finite logits (NaN or inf) for this request; it was stopped"
+    ]
+
+
+def test_an_adapter_with_nan_weights_never_enters_a_slot_and_later_requests_are_refused(lora_engine):
+    """Below the load check: an adapter object whose B is NaN (the file check would have refused it). B is summed
+    over every row's zeros, so it must never enter a slot: its request fails naming the tensor, the rows beside it
+    decode as alone, and later requests naming it are refused at once."""
+    from pipeline import lora
+
+    runner = served_runner(lora_engine)
+    broken = lora.load(lora_engine / "lora" / "every")
+    a, b = broken.weights[1, "down_proj"]
+    broken.weights[1, "down_proj"] = (a, np.full_like(b, np.nan))
+    runner.lora.register("broken", broken, 3)
+    rows = [(prompt(5, 1), 0), (prompt(4, 2), 2), (prompt(6, 3), 3)]
+    alone = [scheduled(runner, [row])[0].tokens() for row in rows[:2]]
+    base, other, failed = scheduled(runner, rows)
+    assert [base.tokens(), other.tokens()] == alone
+    message = "LoRA adapter 'broken' holds non-finite weights (layer 1 down_proj lora_B); it is no longer served"
+    assert failed.errors() == [message]
+    assert scheduled(runner, [rows[2]])[0].errors() == [message]
+
+
+def test_an_adapter_file_is_checked_header_first_and_a_non_finite_weight_is_refused(lora_engine, tmp_path):
+    """The safetensors header is checked against the engine before a tensor is read (a misfit 8 MB lora_A costs no
+    memory), and a NaN weight is refused naming the file and the tensor."""
+    import shutil
+    import tracemalloc
+
+    from safetensors.numpy import load_file, save_file
+
+    runner = served_runner(lora_engine)
+    source = lora_engine / "lora" / "every"
+    for name, change in {
+        "wide": lambda tensors, key: tensors | {key: np.ones((4, 2**19), np.float32)},
+        "nan": lambda tensors, key: tensors | {key: np.full_like(tensors[key], np.nan)},
+    }.items():
+        shutil.copytree(source, tmp_path / name)
+        tensors = load_file(source / "adapter_model.safetensors")
+        key = next(k for k in tensors if "layers.0.self_attn.q_proj.lora_A" in k)
+        save_file(change(tensors, key), tmp_path / name / "adapter_model.safetensors")
+    tracemalloc.start()
+    with pytest.raises(ValueError, match=r"layer 0 q_proj: lora_A \[4, 524288\] and lora_B \[64, 4\] do not fit"):
+        runner.lora.register("wide", tmp_path / "wide", 3)
+    assert tracemalloc.get_traced_memory()[1] < 2**21  # the 8 MB tensor was never read
+    tracemalloc.stop()
+    with pytest.raises(
+        ValueError,
+        match=r"tensor base_model\.model\.model\.layers\.0\.self_attn\.q_proj\.lora_A\.weight "
+        r"holds NaN; a LoRA weight must be finite",
+    ):
+        runner.lora.register("nan", tmp_path / "nan", 3)
+    assert set(runner.lora.adapters) == set(ADAPTERS)
+
+
+def test_registered_adapters_are_capped_and_the_registry_is_taken_before_a_request(lora_engine, tmp_path):
+    """lora.max_cpu_loras bounds the adapters registered; `serve`'s registry file (the gateway's load and unload
+    routes) is read before each request: a task id names an adapter only once it is registered, never after."""
+    from pipeline.runtime.lora import Registry
+
+    runner = served_runner(lora_engine)
+    runner.lora.max_registered = 3
+    registry = Registry(tmp_path / "registry.json")
+    scheduler = Scheduler(runner, registry=registry)
+    ask = inputs([prompt(4)], 3, end_id=-1, lora_task_id=5)
+    refused = Recorder()
+    scheduler.submit(ask, refused)
+    assert refused.errors() == ["lora_task_id 5 names no loaded LoRA adapter; loaded: 1 (every), 2 (qv)"]
+    registry.write({"added": {"path": str(lora_engine / "lora" / "qv"), "task_id": 5}})
+    served = Recorder()
+    scheduler.submit(ask, served)
+    run_to_idle(scheduler)
+    assert not served.errors() and len(served.tokens()) == 3
+    with pytest.raises(ValueError, match="3 adapters are registered, lora.max_cpu_loras is 3; unload one"):
+        runner.lora.register("fourth", lora_engine / "lora" / "every", 6)
+    registry.write({})
+    gone = Recorder()
+    scheduler.submit(ask, gone)
+    assert gone.errors() == ["lora_task_id 5 names no loaded LoRA adapter; loaded: 1 (every), 2 (qv)"]

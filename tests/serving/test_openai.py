@@ -345,6 +345,27 @@ def test_the_api_schema_and_its_pages_need_the_key_too(server, smollm2_build):
             assert keyed.status_code == 200, (path, keyed.text)
 
 
+def test_every_route_answers_503_until_the_model_is_ready_and_health_needs_no_key(tiny_llama):
+    """The gateway listens before tritonserver is ready (`serve`): until then /v1/models, a chat and /health answer
+    503 with Retry-After, so a client or load balancer polling them is not told to start early."""
+    ready = threading.Event()
+    key = {"Authorization": "Bearer sk-test-key"}
+    chat = {"model": MODEL, "messages": QUESTION, "max_tokens": 4}
+    with running(1, tiny_llama, api_key="sk-test-key", ready=ready) as url:
+        health = f"{url.removesuffix('/v1')}/health"
+        for reply in (
+            httpx.get(f"{url}/models", headers=key),
+            httpx.post(f"{url}/chat/completions", json=chat, headers=key),
+            httpx.get(health),
+        ):
+            assert reply.status_code == 503 and reply.headers["retry-after"] == "1", reply.text
+            assert reply.json()["error"]["code"] == "not_ready"
+        ready.set()
+        assert httpx.get(f"{url}/models", headers=key).status_code == 200
+        assert httpx.get(health).status_code == 200
+        assert httpx.get(f"{url}/models").status_code == 401  # /health alone needs no key
+
+
 @pytest.mark.parametrize("key", [" ", "\n", " \t\r\n"])
 def test_a_whitespace_key_is_refused_when_the_app_is_created(key):
     from pipeline.errors import PipelineError

@@ -33,6 +33,8 @@ def serving(cfg) -> Serving:
         artifacts="image",
         image_problem=None,
         port_flags=triton_port_flags(cfg),
+        unauthenticated="Triton HTTP and gRPC: run the served models and pick an adapter by lora_task_id; no "
+        "request loads files or registers an adapter (those come from the build and the gateway's keyed route)",
         health=triton_health(),
         metrics=("metrics", "/metrics"),
         queue_metric=QueueMetric(f"{METRIC_PREFIX}queued_requests", "pipeline/runtime/scheduler.py GAUGES"),

@@ -102,6 +102,9 @@ def engine_serving(cfg) -> Serving:
         cfg,
         # a group's leader runs mpirun, not `serve`: no OpenAI gateway beside it
         port_flags=TRITON_PORT_FLAGS if multi_node(cfg) else triton_port_flags(cfg),
+        unauthenticated="Triton HTTP and gRPC: run the served models; TensorRT-LLM's tensorrt_llm model takes "
+        "lora_weights and lora_config in a request and caches them under its lora_task_id for every later request "
+        "(its design), so a client there can change what an adapter id serves for all",
         health=triton_health(),
         metrics=("metrics", "/metrics"),
         queue_metric=QueueMetric(series, engine["queue_metric"]["from"], labels),
@@ -127,6 +130,8 @@ def llm_api_serving(cfg) -> Serving:
     return gpu_serving(
         cfg,
         port_flags={"http": "--port"},
+        unauthenticated="trtllm-serve's OpenAI API, which has no API key: generate, and name a LoRA adapter "
+        "directory of the server's in a request's lora_request (TensorRT-LLM loads it)",
         health=("http", HEALTH_ROUTE, HEALTH_ROUTE),
         metrics=None,
         queue_metric=None,
