@@ -4,7 +4,9 @@
 
 Only the operator adds adapters: from directories `serve --allow-lora-dir` names (a path is resolved, symbolic links
 included, before it is compared, and a refusal names only the allowed directories, never whether another path
-exists), up to `lora.max_cpu_loras` registered at once. An adapter is checked whole here, its safetensors header
+exists), up to `lora.max_cpu_loras` registered at once; past it a load is refused, or, with
+`lora.evict_idle_adapters`, takes the place of the adapter loaded while serving that the gateway used least recently
+and is running none of its requests. An adapter is checked whole here, its safetensors header
 against the engine before any tensor is read, then its weights (finite), so a bad one is a 400 naming the tensor and
 never reaches the model. Task ids are never reused: a Triton client still naming an unloaded adapter's id is refused
 rather than served another adapter.
@@ -12,8 +14,11 @@ rather than served another adapter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,9 +37,12 @@ class AdapterAdmin:
     allowed_dirs: list[Path]
     capacity: int  # lora.max_cpu_loras
     built: dict[str, int]
+    evict_idle: bool = False  # lora.evict_idle_adapters
     added: dict[str, dict] = field(default_factory=dict)  # name -> {"path", "task_id"}, as the registry holds them
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _last_task_id: int = 0
+    _running: Counter = field(default_factory=Counter)  # name -> the gateway's requests on it now
+    _used: dict[str, float] = field(default_factory=dict)  # name -> when the gateway last started a request on it
 
     def __post_init__(self):
         self.allowed_dirs = [Path(os.path.realpath(d)) for d in self.allowed_dirs]
@@ -66,23 +74,47 @@ class AdapterAdmin:
     def add(self, name: str, lora_path: str) -> int:
         """Serve the adapter in `lora_path` as `name`; returns its task id. Raises ValueError (a 400) naming what
         is wrong: the name, the path, the cap or the adapter itself (its file and tensor)."""
+        if name in self.served():
+            raise ValueError(f"the model '{name}' is already served")
+        path = self.adapter_dir(lora_path)
+        try:  # read outside the lock: requests starting meanwhile only wait for the lock's short sections
+            load(path, self.fit)  # header, then every weight: the model gets only adapters that fit
+        except PipelineError as exc:
+            raise ValueError(f"LoRA adapter {name!r}: {exc}") from None
         with self._lock:
-            if name in self.served():
+            if name in self.served():  # loaded by a concurrent call meanwhile
                 raise ValueError(f"the model '{name}' is already served")
             if len(self.served()) >= self.capacity:
-                raise ValueError(
-                    f"{len(self.served())} adapters are served, lora.max_cpu_loras is {self.capacity}: unload one "
-                    "(/v1/unload_lora_adapter) or raise lora.max_cpu_loras and rebuild"
-                )
-            path = self.adapter_dir(lora_path)
-            try:
-                load(path, self.fit)  # header, then every weight: the model gets only adapters that fit
-            except PipelineError as exc:
-                raise ValueError(f"LoRA adapter {name!r}: {exc}") from None
+                self._evict()
             self._last_task_id += 1
             self.added[name] = {"path": str(path), "task_id": self._last_task_id}
             self.registry.write(self.added)
             return self._last_task_id
+
+    def _evict(self) -> None:
+        """Make room for one more adapter (the caller holds the lock), or say why there is none."""
+        full = f"{len(self.served())} adapters are served, lora.max_cpu_loras is {self.capacity}"
+        if not self.evict_idle:
+            raise ValueError(
+                f"{full}: unload one (/v1/unload_lora_adapter), raise lora.max_cpu_loras and rebuild, or set "
+                "lora.evict_idle_adapters"
+            )
+        idle = [name for name in self.added if not self._running[name]]
+        if not idle:
+            raise ValueError(f"{full}, and every adapter loaded while serving is running requests: retry shortly")
+        del self.added[min(idle, key=lambda name: self._used.get(name, 0.0))]
+
+    @contextlib.contextmanager
+    def using(self, name: str):
+        """Around a request the gateway forwards to adapter `name`: it is not evicted while the request runs."""
+        with self._lock:
+            self._running[name] += 1
+            self._used[name] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running[name] -= 1
 
     def remove(self, name: str) -> None:
         """Stop serving an adapter added while serving; requests already running on it finish."""

@@ -355,19 +355,23 @@ def create_app(
         if guide is not None:
             params["guided_decoding_guide_type"], params["guided_decoding_guide"] = guide
         started = False
+        adapter = lora.using(body.model) if body.model in adapters() else contextlib.nullcontext()
         try:
-            async with contextlib.aclosing(stream_responses(grpc_url, triton_model, client_inputs(params))) as stream:
-                async for result, error in stream:
-                    if error is not None:  # before any text the request was refused; after it, the server failed
-                        message = str(error.message() if hasattr(error, "message") else error)
-                        if DEAD_MODEL in message:  # not the client's fault: `serve` is stopping tritonserver
-                            raise OpenAIError(503, f"a model process of the server died: {message}", "server_error")
-                        raise OpenAIError(502, message, "server_error") if started else OpenAIError(400, message)
-                    response = result.get_response()
-                    if any(o.name == "text_output" for o in response.outputs):
-                        text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1))
-                        started = True
-                        yield text, np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
+            with adapter:  # not evicted while it runs (lora.evict_idle_adapters)
+                async with contextlib.aclosing(
+                    stream_responses(grpc_url, triton_model, client_inputs(params))
+                ) as stream:
+                    async for result, error in stream:
+                        if error is not None:  # before any text the request was refused; after it, the server failed
+                            message = str(error.message() if hasattr(error, "message") else error)
+                            if DEAD_MODEL in message:  # not the client's fault: `serve` is stopping tritonserver
+                                raise OpenAIError(503, f"a model process of the server died: {message}", "server_error")
+                            raise OpenAIError(502, message, "server_error") if started else OpenAIError(400, message)
+                        response = result.get_response()
+                        if any(o.name == "text_output" for o in response.outputs):
+                            text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1))
+                            started = True
+                            yield text, np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
         except grpc.aio.AioRpcError as exc:  # tritonserver stopped, crashed or unreachable
             status = 503 if exc.code() == grpc.StatusCode.UNAVAILABLE else 502
             raise OpenAIError(status, f"the inference server failed: {exc.details()}", "server_error") from None

@@ -49,7 +49,12 @@ class LoraSection(Section):
         ge=1,
         description="Adapters registered at once, the build's and those added while serving (vLLM's and "
         "TensorRT-LLM's max_cpu_loras; each holds a host copy); null: max_loras. Loading one more is refused "
-        "until one is unloaded.",
+        "until one is unloaded, or evicted (evict_idle_adapters).",
+    )
+    evict_idle_adapters: bool = Field(
+        False,
+        description="When max_cpu_loras adapters are served, a load through the gateway unloads the adapter loaded "
+        "while serving that it used least recently and is running no request (false: the load is refused).",
     )
     target_modules: list[str] = Field(
         list(LINEAR_MODULES),

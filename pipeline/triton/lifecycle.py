@@ -86,7 +86,8 @@ def adapter_admin(report: RepoReport, registry: Path, allowed_dirs=()) -> Adapte
         index = Path(llm.parameters["lora_dir"].string_value) / "adapters.json"
         built = {name: entry["task_id"] for name, entry in json.loads(index.read_text()).items()}
     capacity = int(llm.parameters["max_cpu_loras"].string_value)
-    return AdapterAdmin(Registry(registry), fit, [Path(d) for d in allowed_dirs], capacity, built)
+    evict = llm.parameters["evict_idle_adapters"].string_value.lower() == "true"
+    return AdapterAdmin(Registry(registry), fit, [Path(d) for d in allowed_dirs], capacity, built, evict)
 
 
 def _start_gateway(

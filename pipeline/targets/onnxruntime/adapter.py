@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from pipeline import prequantized
-from pipeline.errors import BuildStepError
+from pipeline.errors import BuildStepError, CheckpointError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS
 from pipeline.targets.onnxruntime import ONNX_NAME
 from pipeline.targets.onnxruntime.quantize import BLOCK_SIZES, quantize_graph
@@ -85,7 +85,7 @@ def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pipeline.quality import hf_logits_fn, nonfinite
+    from pipeline.quality import hf_logits_fn, nonfinite, nonfinite_weight
     from pipeline.targets.onnxruntime.scoring import ort_logits_fn
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
@@ -97,13 +97,11 @@ def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
         for name, values in logits.items():
             if found := nonfinite(values):
                 kind, index, _ = found
-                cause = (
-                    f"the checkpoint in {hf_dir} computes it: look for non-finite weights there"
-                    if name == "transformers'"
-                    else "the export is wrong"
-                )
+                weight = nonfinite_weight(hf_dir)
+                cause = "the export is wrong" if name == "ONNX Runtime's" else f"the checkpoint in {hf_dir} computes it"
                 raise BuildStepError(
-                    f"{name} logits are {kind} at check prompt {number} ({prompt!r}), position {index[1]}; {cause}"
+                    f"{name} logits are {kind} at check prompt {number} ({prompt!r}), position {index[1]}; "
+                    + (f"the imported checkpoint is the cause: {weight}" if weight else cause)
                 )
         worst = max(worst, float(np.abs(logits["transformers'"] - logits["ONNX Runtime's"]).max()))
     return worst
@@ -214,6 +212,8 @@ class OnnxRuntimeTarget:
 
         if cfg.model.source != "hf" or cfg.model_facts() is None:
             return []
+        if isinstance(prequantized.of_config(cfg), CheckpointError):
+            return []  # validate names the quantization_config; transformers' AutoConfig would fail on it
         hf_dir, out = cfg.resolve_path(cfg.model.path), []
         why_not = fused_onnx.supports(hf_dir)
         if why_not and cfg.target.onnx_graph == "fused":
@@ -529,7 +529,7 @@ class OnnxRuntimeTarget:
         lora = {
             "export": ("lora.target_modules",),
             "engine": ("lora.target_modules", "lora.max_lora_rank", "lora.max_loras"),
-            "triton_repo": ("lora.max_cpu_loras", "lora.max_loras", "lora.adapters"),
+            "triton_repo": ("lora.max_cpu_loras", "lora.evict_idle_adapters", "lora.max_loras", "lora.adapters"),
         }
         return lora.get(stage, ()) if cfg.lora is not None else ()
 
@@ -564,6 +564,7 @@ class OnnxRuntimeTarget:
                 # the lora stage's adapters (pipeline/stages/lora.py), beside the engine in the build's output
                 "lora_dir": engine_dir.parent / "lora" if cfg.lora and cfg.lora.adapters else "",
                 "max_cpu_loras": cfg.lora.cpu_loras() if cfg.lora else 0,
+                "evict_idle_adapters": bool(cfg.lora and cfg.lora.evict_idle_adapters),
                 **speculative.to_parameters(speculative.from_config(r.speculative)),
             },
         )

@@ -1,0 +1,60 @@
+"""The gateway's adapter routes' rules (`pipeline.lora_admin`), on a tiny Llama's real PEFT adapter: the cap
+lora.max_cpu_loras, eviction of the least recently used idle adapter where lora.evict_idle_adapters allows it, and
+the registry file the LLM model reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.lora import Fit
+from pipeline.lora_admin import AdapterAdmin
+from pipeline.models import ModelFacts
+from pipeline.runtime.lora import Registry
+from tests.runtime.test_multi_lora import make_adapter
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_llama, tmp_path_factory):
+    allowed = tmp_path_factory.mktemp("allowed")
+    return make_adapter(tiny_llama, allowed / "one", 3, r=2, lora_alpha=4, target_modules=["q_proj"])
+
+
+def admin(tiny_llama, adapter, tmp_path, evict: bool) -> AdapterAdmin:
+    """Three adapters at most, the build's `built` (task id 1) among them."""
+    facts = ModelFacts.from_hf_config(json.loads((tiny_llama / "config.json").read_text()))
+    fit = Fit(facts, 8, ["q_proj", "v_proj"])
+    return AdapterAdmin(Registry(tmp_path / "registry.json"), fit, [adapter.parent], 3, {"built": 1}, evict)
+
+
+def test_past_max_cpu_loras_a_load_is_refused_naming_the_ways_out(tiny_llama, adapter, tmp_path):
+    served = admin(tiny_llama, adapter, tmp_path, evict=False)
+    assert [served.add(name, str(adapter)) for name in ("x", "y")] == [2, 3]
+    with pytest.raises(
+        ValueError,
+        match="3 adapters are served, lora.max_cpu_loras is 3: unload one .* or set lora.evict_idle_adapters",
+    ):
+        served.add("z", str(adapter))
+    served.remove("x")
+    assert served.add("z", str(adapter)) == 4  # a new task id: a client still naming 2 is refused, not served z
+    assert json.loads((tmp_path / "registry.json").read_text()) == {
+        "y": {"path": str(adapter), "task_id": 3},
+        "z": {"path": str(adapter), "task_id": 4},
+    }
+
+
+def test_with_evict_idle_adapters_the_least_recently_used_idle_one_makes_room(tiny_llama, adapter, tmp_path):
+    served = admin(tiny_llama, adapter, tmp_path, evict=True)
+    served.add("x", str(adapter))
+    served.add("y", str(adapter))
+    with served.using("y"):
+        pass
+    with served.using("x"):  # x used last, and running: y goes
+        served.add("z", str(adapter))
+        assert sorted(served.served()) == ["built", "x", "z"]
+        with served.using("z"), pytest.raises(ValueError, match="every adapter loaded while serving is running"):
+            served.add("w", str(adapter))
+    served.add("w", str(adapter))  # both idle now; x's request started before z's: x goes
+    assert sorted(served.served()) == ["built", "w", "z"]
+    assert sorted(Registry(tmp_path / "registry.json").read()) == ["w", "z"]  # the build's stay in the build
