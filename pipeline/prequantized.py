@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal, TypeVar, get_args
 
 import numpy as np
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from pipeline.errors import CheckpointError
+from pipeline.errors import CheckpointError, shown
 
 METHODS = ("gptq", "awq", "compressed-tensors")
 QUANTIZED_DIR = "quantized"  # <output>/import/quantized/: the import stage's copy of the checkpoint's own files
@@ -77,101 +79,205 @@ class QuantizedLinear:
 
 def detect(hf_dir: Path) -> CheckpointQuantization | None:
     """The checkpoint's quantization per its config.json, None for a float checkpoint; CheckpointError names the
-    field when the block is one this pipeline cannot read."""
+    field, the value found and what can be imported when the block is one this pipeline cannot read."""
     config_file = hf_dir / "config.json"
     try:
-        block = json.loads(config_file.read_text()).get("quantization_config")
+        config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError):
         return None  # the import stage's checks name an unreadable config.json
-    if not block:
+    block = config.get("quantization_config") if isinstance(config, dict) else None
+    if block is None:
         return None
     where = f"{config_file}: quantization_config"
+    if not isinstance(block, dict):
+        raise CheckpointError(
+            f"{where} is {shown(block)}: expected an object (quant_method, bits, group_size, ...) as the tool that "
+            "quantized the checkpoint writes it; remove the key if the checkpoint is a float one"
+        )
     method = block.get("quant_method")
     if method == "gptq":
-        return _gptq(block, where)
+        return _gptq(_validated(GptqBlock, block, config_file), where)
     if method == "awq":
-        return _awq(block, where)
+        return _awq(_validated(AwqBlock, block, config_file), where)
     if method == "compressed-tensors":
-        return _compressed_tensors(block, where)
+        return _compressed_tensors(_validated(CompressedTensorsBlock, block, config_file), where)
     raise CheckpointError(
-        f"{where}.quant_method is {method!r}; the checkpoints this pipeline imports as they are: "
+        f"{where}.quant_method is {shown(method)}; the checkpoints this pipeline imports as they are: "
         f"{', '.join(METHODS)}. Use the float checkpoint instead and quantize it with quantization.weights"
     )
 
 
-def _bits(block: dict, where: str, key: str = "bits", default: int | None = None) -> int:
-    bits = block.get(key, default)
-    if bits not in (4, 8):
-        raise CheckpointError(f"{where}.{key} is {bits!r}; 4 and 8 bits can be imported")
-    return bits
+def _lower(value):
+    """Names compared case-insensitively, as transformers lowercases checkpoint_format and compressed-tensors its
+    strategy, type and actorder."""
+    return value.lower() if isinstance(value, str) else value
 
 
-def _gptq(block: dict, where: str) -> CheckpointQuantization:
+def _group_size(value: int) -> int:
+    if value == 0 or value < -1:
+        raise ValueError("a group size is positive, or -1")
+    return value
+
+
+GroupSize = Annotated[int, AfterValidator(_group_size)]
+GROUP_SIZE = (
+    "the input rows per group of scales, as the checkpoint was quantized: a positive integer (128 is usual), or -1 "
+    "for one scale per output channel"
+)
+BOOLEAN = "true or false (a JSON boolean, not a string or number): "
+
+
+class _Block(BaseModel):
+    """Fields of a quantization_config block this pipeline reads, each in JSON's own type, with what to write as its
+    description; fields it does not read (true_sequential, damp_percent, ...) are not checked. Strict, so that the
+    string "false" is refused rather than guessed at: GPTQModel's QuantizeConfig takes bool(desc_act), which makes it
+    true (ModelCloud/GPTQModel gptqmodel/quantization/config.py @ 007b793087646a7d9507be4e4c4411f65a274c67,
+    `BaseQuantizeConfig.__post_init__`, which refuses a group_size of 0 or below -1 as this does)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class GptqBlock(_Block):
+    bits: Literal[4, 8] = Field(description="4 or 8, the bit widths this pipeline unpacks")
+    group_size: GroupSize = Field(128, description=GROUP_SIZE)
+    desc_act: bool = Field(False, description=BOOLEAN + "whether g_idx orders the input rows (act-order)")
+    sym: bool = Field(True, description=BOOLEAN + "whether every zero point is 2**(bits-1)")
+    checkpoint_format: str | None = Field(None, description="gptq (v1) or gptq_v2, a string")
+    format: str | None = Field(None, description="gptq (v1) or gptq_v2 (GPTQModel's name for checkpoint_format)")
+    pack_dtype: Literal["int32"] = Field("int32", description="int32: codes packed in int32 words only")
+
+
+class AwqBlock(_Block):
+    bits: Literal[4] = Field(4, description="4: AWQ's gemm packing holds 4-bit codes only")
+    group_size: GroupSize = Field(128, description=GROUP_SIZE)
+    zero_point: bool = Field(True, description=BOOLEAN + "AWQ's gemm packing is written with zero points (true)")
+    version: Annotated[str, BeforeValidator(_lower)] = Field("gemm", description="gemm, AutoAWQ's packing")
+    modules_to_not_convert: list[str] | None = Field(None, description="a list of module names left float, or null")
+
+
+class CompressedTensorsWeights(_Block):
+    num_bits: Literal[4, 8] = Field(8, description="4 or 8, the bit widths this pipeline unpacks")
+    type: Annotated[str, BeforeValidator(_lower)] = Field("int", description="int: integer weights only")
+    symmetric: bool = Field(True, description=BOOLEAN + "whether the zero points are left out (all the signed 0)")
+    group_size: GroupSize | None = Field(None, description=GROUP_SIZE + " (null with strategy channel)")
+    strategy: Annotated[str | None, BeforeValidator(_lower)] = Field(None, description="group or channel")
+    actorder: Annotated[
+        Literal[True, False, "group", "weight", "static", "dynamic"] | None, BeforeValidator(_lower)
+    ] = Field(None, description="group, weight, static, dynamic, true, false or null (compressed-tensors' values)")
+
+
+class CompressedTensorsScheme(_Block):
+    weights: CompressedTensorsWeights | None = Field(
+        None, description="an object (num_bits, type, symmetric, strategy, group_size, actorder)"
+    )
+    input_activations: dict | None = Field(None, description="null: weight-only schemes (W4A16, W8A16) only")
+
+
+class CompressedTensorsBlock(_Block):
+    format: Literal["pack-quantized"] = Field(
+        description="pack-quantized: compressed-tensors' pack-quantized (W4A16/W8A16) can be imported"
+    )
+    config_groups: dict[str, CompressedTensorsScheme] = Field(
+        {}, description="an object holding one scheme (an object with weights), applied to every linear"
+    )
+    ignore: list[str] | None = Field(None, description="a list of module names left float, or null")
+
+
+B = TypeVar("B", bound=_Block)
+
+
+def _validated(model: type[B], block: dict, config_file: Path) -> B:
+    """`block` as `model`; CheckpointError names each field that is not, the value found and what to write."""
+    try:
+        return model.model_validate(block)
+    except ValidationError as exc:
+        problems = "; ".join(_field_problem(model, error) for error in exc.errors())
+        raise CheckpointError(
+            f"{config_file}: {problems}. Correct the quantization_config to what the checkpoint's tensors were "
+            "quantized with (its quantizer writes it), or import the float checkpoint instead"
+        ) from None
+
+
+def _field_problem(model: type[BaseModel], error) -> str:
+    """One pydantic error as the field, the value found and the field's description (what to write there)."""
+    field, owner = None, model
+    for key in error["loc"]:  # a key that names no field is a dict's (config_groups' group name)
+        if owner is not None and key in owner.model_fields:
+            field = owner.model_fields[key]
+            owner = next((t for t in _types(field.annotation) if issubclass(t, BaseModel)), None)
+    found = "missing" if error["type"] == "missing" else shown(error["input"])
+    wanted = field.description if field is not None else error["msg"]
+    return f"quantization_config.{'.'.join(map(str, error['loc']))} is {found}, expected {wanted}"
+
+
+def _types(annotation) -> list[type]:
+    """The classes an annotation names, through Optional, dict[...] and Annotated."""
+    if isinstance(annotation, type) and not get_args(annotation):
+        return [annotation]
+    return [t for arg in get_args(annotation) for t in _types(arg)]
+
+
+def _gptq(block: GptqBlock, where: str) -> CheckpointQuantization:
     # transformers' GPTQConfig lowercases checkpoint_format; GPTQModel also writes it as `format`
-    packing = str(block.get("checkpoint_format", block.get("format", "gptq"))).lower()
+    packing = (block.checkpoint_format or block.format or "gptq").lower()
     if packing not in ("gptq", "gptq_v2"):
         raise CheckpointError(
             f"{where}.checkpoint_format is {packing!r}; gptq (v1) and gptq_v2 packings can be imported"
         )
-    if block.get("pack_dtype", "int32") != "int32":
-        raise CheckpointError(f"{where}.pack_dtype is {block['pack_dtype']!r}; codes packed in int32 words only")
     return CheckpointQuantization(
         method="gptq",
         packing="gptq_v1" if packing == "gptq" else "gptq_v2",
-        bits=_bits(block, where),
-        group_size=int(block.get("group_size", 128)),
-        desc_act=bool(block.get("desc_act", False)),
-        symmetric=bool(block.get("sym", True)),
+        bits=block.bits,
+        group_size=block.group_size,
+        desc_act=block.desc_act,
+        symmetric=block.sym,
     )
 
 
-def _awq(block: dict, where: str) -> CheckpointQuantization:
-    version = str(block.get("version", "gemm")).lower()
-    if version != "gemm":
-        raise CheckpointError(f"{where}.version is {version!r}; AWQ's gemm packing can be imported")
-    if _bits(block, where, default=4) != 4:
-        raise CheckpointError(f"{where}.bits is {block['bits']!r}; AWQ's gemm packing holds 4-bit codes only")
-    if not block.get("zero_point", True):
+def _awq(block: AwqBlock, where: str) -> CheckpointQuantization:
+    if block.version != "gemm":
+        raise CheckpointError(f"{where}.version is {block.version!r}; AWQ's gemm packing can be imported")
+    if not block.zero_point:
         raise CheckpointError(f"{where}.zero_point is false; AWQ's gemm packing is written with zero points only")
     return CheckpointQuantization(
         method="awq",
         packing="awq_gemm",
         bits=4,
-        group_size=int(block.get("group_size", 128)),
+        group_size=block.group_size,
         desc_act=False,
         symmetric=False,
-        skipped_modules=tuple(block.get("modules_to_not_convert") or ()),
+        skipped_modules=tuple(block.modules_to_not_convert or ()),
     )
 
 
-def _compressed_tensors(block: dict, where: str) -> CheckpointQuantization:
-    if block.get("format") != "pack-quantized":
-        raise CheckpointError(
-            f"{where}.format is {block.get('format')!r}; compressed-tensors' pack-quantized (W4A16/W8A16) can be "
-            "imported"
-        )
-    groups = block.get("config_groups") or {}
+def _compressed_tensors(block: CompressedTensorsBlock, where: str) -> CheckpointQuantization:
+    groups = block.config_groups
     if len(groups) != 1:
         raise CheckpointError(f"{where}.config_groups has {len(groups)} groups; one (every linear alike) is supported")
-    scheme = next(iter(groups.values()))
-    weights = scheme.get("weights") or {}
-    if scheme.get("input_activations"):
+    name, scheme = next(iter(groups.items()))
+    weights = scheme.weights or CompressedTensorsWeights()
+    where = f"{where}.config_groups.{name}"
+    if scheme.input_activations:
         raise CheckpointError(f"{where}: activations are quantized too; weight-only schemes (W4A16, W8A16) only")
-    if weights.get("type", "int") != "int":
-        raise CheckpointError(f"{where}: weights.type is {weights['type']!r}; integer weights only")
-    group_size = weights.get("group_size")
-    inferred = {None: "tensor", -1: "channel"}.get(group_size, "group")  # compressed-tensors' own inference
-    strategy = weights.get("strategy") or inferred
+    if weights.type != "int":
+        raise CheckpointError(f"{where}.weights.type is {weights.type!r}; integer weights only")
+    inferred = {None: "tensor", -1: "channel"}.get(weights.group_size, "group")  # compressed-tensors' own inference
+    strategy = weights.strategy or inferred
     if strategy not in ("group", "channel"):
-        raise CheckpointError(f"{where}: weights.strategy is {strategy!r}; group or channel can be imported")
+        raise CheckpointError(f"{where}.weights.strategy is {strategy!r}; group or channel can be imported")
+    if (strategy == "group") != (inferred == "group"):
+        raise CheckpointError(
+            f"{where}.weights.group_size is {shown(weights.group_size)} with strategy {strategy}; expected "
+            + ("a positive group size" if strategy == "group" else "null or -1 (one scale per output channel)")
+        )
     return CheckpointQuantization(
         method="compressed-tensors",
         packing="pack_quantized",
-        bits=_bits(weights, f"{where}.weights", "num_bits", default=8),
-        group_size=int(group_size) if strategy == "group" else -1,
-        desc_act=weights.get("actorder") in (True, "group", "dynamic"),  # "weight"/"static" store no g_idx
-        symmetric=bool(weights.get("symmetric", True)),
-        skipped_modules=tuple(block.get("ignore") or ()),
+        bits=weights.num_bits,
+        group_size=weights.group_size if strategy == "group" else -1,
+        desc_act=weights.actorder in (True, "group", "dynamic"),  # "weight"/"static" store no g_idx
+        symmetric=weights.symmetric,
+        skipped_modules=tuple(block.ignore or ()),
     )
 
 

@@ -43,6 +43,7 @@ import numpy as np
 
 from pipeline.errors import CheckpointError
 from pipeline.prequantized import CheckpointQuantization, QuantizedLinear
+from pipeline.quality import nonfinite_tensor
 
 WORD_BITS = 32
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # field i of an AWQ word holds column AWQ_ORDER[i] of its eight (AWU)
@@ -94,12 +95,16 @@ def _groups(rows: int, group_size: int) -> int:
     return 1 if group_size == -1 else -(-rows // group_size)
 
 
-def _g_idx(where: str, name: str, g_idx: np.ndarray | None, rows: int, groups: int, group_size: int, required: bool):
-    """The checkpoint's g_idx, or None where it is absent or only says the contiguous groups."""
+def _g_idx(where: str, name: str, g_idx, rows: int, groups: int, group_size: int, required: bool, rows_from: str):
+    """The checkpoint's g_idx, or None where it is absent or only says the contiguous groups; `rows_from` says which
+    tensor gives the input count `rows`."""
     if g_idx is None:
         if required:
             raise CheckpointError(f"{where}{name} is missing: expected int32 [{rows}] (the checkpoint says act-order)")
         return None
+    if g_idx.shape != (rows,):  # one entry per input row
+        found = g_idx.shape[0] if g_idx.ndim == 1 else f"shape {list(g_idx.shape)}"
+        raise CheckpointError(f"{where}{name}: expected {rows} entries (one per input row: {rows_from}), found {found}")
     g_idx = _check(where, name, g_idx, (rows,), (np.int32, np.int64)).astype(np.int32)
     if rows and (g_idx.min() < 0 or g_idx.max() >= groups):
         raise CheckpointError(f"{where}{name}: values from {g_idx.min()} to {g_idx.max()}, expected 0 to {groups - 1}")
@@ -115,10 +120,8 @@ def _unpack_gptq(t: dict, q: CheckpointQuantization, where: str) -> QuantizedLin
     n = codes_per_word(q.bits)
     qweight = _matrix(where, "qweight", t.get("qweight"), "[in*bits/32, out]", (np.int32,))
     scales = _matrix(where, "scales", t.get("scales"), "[groups, out]", SCALE_DTYPES)
-    g_idx = t.get("g_idx")  # the input count where present: qweight's rows are only a multiple of it
-    rows, out = (g_idx.shape[0] if g_idx is not None and g_idx.ndim == 1 else qweight.shape[0] * n), scales.shape[1]
-    if rows % n:
-        raise CheckpointError(f"{where}g_idx: {rows} inputs do not fill whole int32 words of {n} codes (qweight)")
+    rows, out = qweight.shape[0] * n, scales.shape[1]  # the codes themselves say how many inputs there are
+    packed = f"qweight int32 {list(qweight.shape)}"  # what gives the input count
     groups = _groups(rows, q.group_size)
     _check(where, "qweight", qweight, (rows // n, out), (np.int32,))
     _check(where, "scales", scales, (groups, out), SCALE_DTYPES)
@@ -132,7 +135,7 @@ def _unpack_gptq(t: dict, q: CheckpointQuantization, where: str) -> QuantizedLin
         codes=unpack_fields(qweight, q.bits, axis=0).T.copy(),
         scales=scales.T.copy(),
         zeros=unpack_fields(qzeros, q.bits, axis=1).T.copy(),
-        g_idx=_g_idx(where, "g_idx", g_idx, rows, groups, q.group_size, required=q.desc_act),
+        g_idx=_g_idx(where, "g_idx", t.get("g_idx"), rows, groups, q.group_size, q.desc_act, packed),
         bits=q.bits,
         group_size=q.group_size,
         bias=_bias(where, t.get("bias"), out),
@@ -196,7 +199,7 @@ def _unpack_compressed_tensors(t: dict, q: CheckpointQuantization, where: str) -
         codes=codes,
         scales=scales.copy(),
         zeros=zeros,
-        g_idx=_g_idx(where, "weight_g_idx", t.get("weight_g_idx"), rows, groups, q.group_size, required=False),
+        g_idx=_g_idx(where, "weight_g_idx", t.get("weight_g_idx"), rows, groups, q.group_size, False, "weight_shape"),
         bits=q.bits,
         group_size=q.group_size,
         bias=_bias(where, t.get("bias"), out),
@@ -243,9 +246,21 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
                     out[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
                 else:
                     out[name] = reader.get_tensor(name)
-        return out
+                _refuse_nonfinite(path, name, out[name])
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"{path}: unreadable safetensors file ({error})") from error
+    return out
+
+
+def _refuse_nonfinite(path: Path, name: str, values: np.ndarray) -> None:
+    """A NaN or infinite scale makes every weight of its group so, and the quality gate's scores NaN after it: the
+    tensor is named as it is read, before anything is built from it."""
+    problem = nonfinite_tensor(name, values)
+    if problem:
+        raise CheckpointError(
+            f"{path}: {problem}: the file is damaged or its quantizer diverged. Download the checkpoint again, or "
+            "quantize the float model (quantization.weights with method rtn, gptq or awq) instead"
+        )
 
 
 def read_checkpoint(

@@ -10,7 +10,9 @@ built and its fp32 reference (`Target.scored`, as `Model`s); everything else is 
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -89,7 +91,9 @@ def measure(cfg: BuildConfig, model: Model, reference: Model, hf_dir: Path, cach
     ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"][: cfg.verify.eval_tokens], dtype=np.int64)
     log(f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the {reference.name} and the {model.name}")
     windows = text_windows(ids, WINDOW, WINDOW, special_prefix(tokenizer))
-    scores = compare(reference.logits, model.logits, windows)
+    nonfinite_logits: list[str] = []
+    watch = partial(watched, found=nonfinite_logits)
+    scores = compare(watch(reference, "eval-text window"), watch(model, "eval-text window"), windows)
     reference_ppl, engine_ppl = np.exp(scores["reference_nll"].mean()), np.exp(scores["engine_nll"].mean())
     report = {
         "eval_text": cfg.verify.eval_text,
@@ -108,8 +112,69 @@ def measure(cfg: BuildConfig, model: Model, reference: Model, hf_dir: Path, cach
         end_id = model.end_id if model.end_id is not None else reference.end_id
         chat = chat_reference(reference, tokenizer, end_id, cfg.verify.chat_max_new_tokens, cache, log)
         log(f"scoring the {model.name} on {len(chat.prompts)} chat answers and generating its own")
-        report |= chat_quality(reference.logits, model.logits, chat, model.greedy)
+        report |= chat_quality(watch(reference, "chat prompt"), watch(model, "chat prompt"), chat, model.greedy)
+    if nonfinite_logits:
+        report["nonfinite_logits"] = nonfinite_logits[0]
     return {**report, **model.notes}
+
+
+def watched(model: Model, sequences: str, found: list[str]) -> LogitsFn:
+    """`model`'s logits, noting in `found` where they first hold NaN or an infinity (call n scores sequence n of
+    `sequences`): the scores made from them are NaN, which compares false with every threshold, so the gate fails
+    on them by name."""
+    calls = itertools.count()
+
+    def logits(ids: np.ndarray) -> np.ndarray:
+        out, number = model.logits(ids), next(calls)
+        problem = None if found else nonfinite_logits(f"the {model.name}'s", out, f"{sequences} {number}")
+        if problem:
+            found.append(problem)
+        return out
+
+    return logits
+
+
+def nonfinite_logits(name: str, logits: np.ndarray, where: str) -> str | None:
+    """The message `<name> logits are NaN at <where>, position 3` for [1, n, vocab] logits holding NaN or inf."""
+    found = nonfinite(logits)
+    return found and f"{name} logits are {found[0]} at {where}, position {found[1][1]}"
+
+
+def nonfinite(values: np.ndarray) -> tuple[str, tuple[int, ...], int] | None:
+    """(NaN, inf or -inf, the index of the first such value, how many values are not finite) for an array holding
+    any; None when every value is finite (integers always are)."""
+    if values.dtype.kind not in "fc":
+        return None
+    finite = np.isfinite(values)
+    if finite.all():
+        return None
+    index = np.unravel_index(int(np.argmin(finite)), values.shape)
+    value = values[index]
+    kind = "NaN" if np.isnan(value) else "inf" if value > 0 else "-inf"
+    return kind, tuple(int(i) for i in index), int(values.size - np.count_nonzero(finite))
+
+
+def nonfinite_tensor(name: str, values: np.ndarray) -> str | None:
+    """The message `<name> holds NaN (first at [0, 3]; 1 of 64 values not finite)` for an array holding NaN or inf."""
+    found = nonfinite(values)
+    return (
+        found and f"{name} holds {found[0]} (first at {list(found[1])}; {found[2]} of {values.size} values not finite)"
+    )
+
+
+def nonfinite_weight(hf_dir: Path) -> str | None:
+    """`nonfinite_tensor` of the first tensor of the checkpoint's *.safetensors holding NaN or an infinity, after its
+    file; read one tensor at a time. Logits do not always show such a weight: transformers' default SDPA attention on
+    CPU (torch 2.13) gave finite logits from a q_proj weight holding NaN, eager attention NaN ones."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(hf_dir).glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point() and (problem := nonfinite_tensor(name, tensor.float().numpy())):
+                    return f"{file}: {problem}"
+    return None
 
 
 def report_line(report: dict) -> str:
@@ -129,8 +194,9 @@ def report_line(report: dict) -> str:
 
 
 def gate_problem(cfg: BuildConfig, report: dict) -> str | None:
-    """Every `verify` threshold the report crosses, with the field to change; None when it passes."""
-    problems = []
+    """Every `verify` threshold the report crosses, with the field to change; None when it passes. A NaN or infinite
+    score fails whatever its threshold (NaN compares false with every number), as do logits that were not finite."""
+    problems, not_numbers = [], []
     for name, (fields, bound) in THRESHOLDS.items():
         limit = getattr(cfg.verify, name)
         if limit is None:
@@ -143,10 +209,19 @@ def gate_problem(cfg: BuildConfig, report: dict) -> str | None:
             )
         for metric in measured:
             value = report[metric]
-            if (value > limit) if bound == "max" else (value < limit):
+            if not math.isfinite(value):  # NaN compares false with every limit: it would pass
+                not_numbers.append(f"{metric} is {value}")
+            elif (value > limit) if bound == "max" else (value < limit):
                 problems.append(
                     f"{metric} {value:.4g} {'exceeds' if bound == 'max' else 'is below'} verify.{name} {limit:.4g}"
                 )
+    not_numbers += [report["nonfinite_logits"]] if "nonfinite_logits" in report else []
+    if not_numbers:
+        return (
+            "; ".join(not_numbers) + ": a score that is NaN or infinite fails every verify threshold. The model "
+            "computes NaN or infinity: look for non-finite weights in the checkpoint (a pre-quantized one's are "
+            "refused at import), and build with quantization.weights: none to tell whether the quantization does it"
+        )
     if not problems:
         return None
     return (

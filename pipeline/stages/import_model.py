@@ -127,9 +127,33 @@ def _load_hf(cfg: BuildConfig, ctx):
         raise StageError(NAME, str(exc)) from None
     if detected is None:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, low_cpu_mem_usage=True, **kwargs)
+        _refuse_nonfinite(path, model)
         return model, tokenizer, {"source": str(path)}
     ctx.log(f"the checkpoint is {detected.describe()}: importing the float weights its codes stand for")
     return _dequantized(path, detected, kwargs), tokenizer, {"source": str(path), "quantization": detected.describe()}
+
+
+def _refuse_nonfinite(path: Path, model) -> None:
+    """StageError naming the first weight holding NaN or an infinity, and its file: the quality gate would meet it
+    only in logits, where attention may hide it (`quality.nonfinite_weight`). The loaded tensors are checked one at
+    a time, the files read again only to name one (an already-quantized checkpoint's are checked as they are read,
+    `pipeline.prequantized_packing`)."""
+    import torch
+
+    from pipeline.quality import nonfinite_weight
+
+    tensors = model.state_dict().items()
+    bad = next((n for n, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is None:
+        return
+    where = nonfinite_weight(path)
+    raise StageError(
+        NAME,
+        f"{where}: the file is damaged or the model diverged. Download the checkpoint again, or fix the tensor"
+        if where
+        else f"{path}: {bad} is not finite as loaded in {model.dtype}: a value past that dtype's range (set "
+        "model.dtype: float32) or a NaN in weights that are not *.safetensors",
+    )
 
 
 def _dequantized(path: Path, detected, kwargs: dict):

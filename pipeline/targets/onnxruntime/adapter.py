@@ -85,7 +85,7 @@ def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pipeline.quality import hf_logits_fn, nonfinite, nonfinite_weight
+    from pipeline.quality import hf_logits_fn, nonfinite_logits, nonfinite_weight
     from pipeline.targets.onnxruntime.scoring import ort_logits_fn
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
@@ -95,13 +95,11 @@ def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
         ids = np.asarray([tokenizer(prompt, add_special_tokens=False)["input_ids"]], dtype=np.int64)
         logits = {"transformers'": reference(ids), "ONNX Runtime's": engine(ids)}
         for name, values in logits.items():
-            if found := nonfinite(values):
-                kind, index, _ = found
-                weight = nonfinite_weight(hf_dir)
+            if problem := nonfinite_logits(name, values, f"check prompt {number} ({prompt!r})"):
                 cause = "the export is wrong" if name == "ONNX Runtime's" else f"the checkpoint in {hf_dir} computes it"
+                weight = nonfinite_weight(hf_dir)
                 raise BuildStepError(
-                    f"{name} logits are {kind} at check prompt {number} ({prompt!r}), position {index[1]}; "
-                    + (f"the imported checkpoint is the cause: {weight}" if weight else cause)
+                    f"{problem}; " + (f"the imported checkpoint is the cause: {weight}" if weight else cause)
                 )
         worst = max(worst, float(np.abs(logits["transformers'"] - logits["ONNX Runtime's"]).max()))
     return worst
@@ -210,10 +208,9 @@ class OnnxRuntimeTarget:
         checked at export, once imported)."""
         from pipeline.targets.onnxruntime import graph as fused_onnx
 
-        if cfg.model.source != "hf" or cfg.model_facts() is None:
+        unreadable = isinstance(prequantized.of_config(cfg), CheckpointError)  # named by validate; AutoConfig fails
+        if cfg.model.source != "hf" or cfg.model_facts() is None or unreadable:
             return []
-        if isinstance(prequantized.of_config(cfg), CheckpointError):
-            return []  # validate names the quantization_config; transformers' AutoConfig would fail on it
         hf_dir, out = cfg.resolve_path(cfg.model.path), []
         why_not = fused_onnx.supports(hf_dir)
         if why_not and cfg.target.onnx_graph == "fused":

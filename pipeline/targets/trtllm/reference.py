@@ -77,8 +77,23 @@ def load_ranks(checkpoint: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
     from safetensors.torch import load_file
 
     config = json.loads((checkpoint / "config.json").read_text())
-    ranks = [load_file(checkpoint / f"rank{r}.safetensors") for r in range(config["mapping"]["world_size"])]
-    return config, ranks
+    files = [checkpoint / f"rank{r}.safetensors" for r in range(config["mapping"]["world_size"])]
+    return config, [finite(file, load_file(file)) for file in files]
+
+
+def finite(file: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors`, as read from `file`; CheckpointError names the first holding NaN or an infinity: the reference
+    (transformers' SDPA attention) may compute finite logits from it (`quality.nonfinite_weight`)."""
+    from pipeline.errors import CheckpointError
+    from pipeline.quality import nonfinite_tensor
+
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and (problem := nonfinite_tensor(name, tensor.float().numpy())):
+            raise CheckpointError(
+                f"{file}: {problem}. Rebuild with quantization.weights: none to tell whether the quantization wrote "
+                "it or the imported checkpoint holds it"
+            )
+    return tensors
 
 
 def load_reference(checkpoint: Path, hf_dir: Path):
@@ -261,7 +276,7 @@ def unified_checkpoint(unified_dir: Path) -> tuple[dict, torch.dtype, dict[str, 
     config = json.loads((unified_dir / "config.json").read_text())
     tensors = {}
     for file in sorted(unified_dir.glob("*.safetensors")):
-        tensors |= load_file(file)
+        tensors |= finite(file, load_file(file))
     return config, getattr(torch, config.get("torch_dtype") or config.get("dtype") or "float16"), tensors
 
 
