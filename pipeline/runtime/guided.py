@@ -2,10 +2,16 @@
 
 A request names its guide as TensorRT-LLM's `tensorrt_llm` model takes it: `guided_decoding_guide_type` (one of
 `GUIDE_TYPES`, tabulated from the release's model) and `guided_decoding_guide` (the schema, regex or grammar text).
-`Grammars` compiles each guide once per engine (cached, at submit time: never on the decode loop) into a matcher
-whose copy follows the request: `constrain` masks a row's logits with the tokens the grammar allows next, and
-`sampling.append` advances the matcher by the chosen token, so sampling, speculative drafts and their verification
-all see the same state.
+`Grammars` compiles each guide once per engine (cached) on a thread of its own into a matcher whose copy follows the
+request: `constrain` masks a row's logits with the tokens the grammar allows next, and `sampling.append` advances the
+matcher by the chosen token, so sampling, speculative drafts and their verification all see the same state.
+
+Why a thread of its own: a 1 MB schema took 1.5-9 s to compile here, and compiled where the request arrives (the
+Triton model's `execute`, which takes the instance's next request only once it returns: triton-inference-server/
+python_backend README.md, "Async Execute", 00f0cb8873651fd0d93bb7273727178e6814d9ab) every request behind it waited
+that long. llguidance drops the GIL while it builds a matcher (guidance-ai/llguidance python/llguidance/_lib.pyi,
+`LLMatcher`, b89c8ebaefde9c20d15b06266fb02686a60fc216; measured too), so the decode loop goes on meanwhile; the
+request waits for its own guide alone, COMPILE_SECONDS at most.
 
 Why llguidance: measured against xgrammar 0.2.8 on this engine's 49,152-token vocabulary (docs/serving.md, "Guided
 decoding"), both compute a step's mask in a small fraction of a decode step, but xgrammar's matcher needs torch
@@ -16,9 +22,10 @@ backend TensorRT-LLM's LLM API accepts (`guided_decoding_backend: llguidance`).
 
 from __future__ import annotations
 
-import json
+import functools
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +43,14 @@ GUIDE_TYPES: tuple[str, ...] = tuple(facts("tensorrtllm_backend")["releases"]["0
 # flexible whitespace lets a small model spend its tokens on newlines and indentation.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHED_GRAMMARS = 64
+# llguidance's limits bound a compile's work: grammars of 50,000 symbols at most (its default: 500,000), which compiled
+# here in 0.5-1.4 s (schemas of 30,000-60,000 symbols, 0.4-0.8 MB), 3 s for an object of 4,000 optional properties;
+# 9,000 such properties were refused after 6 s, where they compiled in 25 s (under a load of 6 on 2 cores). Errors
+# come without llguidance's parser state and grammar (up to the whole schema).
+LIMITS = llguidance.LLParserLimits(max_grammar_size=50_000, verbose_errors=False)
+# How long a request waits for its guide's compile: llguidance's limits count sizes and fuel, not time. A compile
+# cannot be interrupted: it goes on past the bound, and its guide is cached for the next request.
+COMPILE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -51,12 +66,11 @@ def grammar(guide: Guide) -> str:
     """The guide as an llguidance grammar; ValueError naming the problem for a guide that does not compile."""
     if guide.kind == "json":  # TensorRT-LLM's "any JSON": an object (OpenAI's json_object)
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
-    if guide.kind == "json_schema":
+    if guide.kind == "json_schema":  # the text as is: parsed by llguidance, not into Python objects first
         try:
-            schema = json.loads(guide.text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"guided_decoding_guide: the JSON schema is not valid JSON: {exc}") from None
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(guide.text, defaults=JSON_OPTIONS)
+        except ValueError as exc:
+            raise ValueError(f"guided_decoding_guide (json_schema): not valid JSON, or not an object: {exc}") from None
     if guide.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(guide.text)
     if guide.kind == "ebnf_grammar":  # GBNF / xgrammar's EBNF (`root ::= ...`), as TensorRT-LLM's xgrammar reads it
@@ -69,37 +83,66 @@ def grammar(guide: Guide) -> str:
     )
 
 
+def one_line(error: str) -> str:
+    """An llguidance error as one line: its lines joined, without the marker that stands for the left-out state."""
+    return " ".join(line.strip() for line in error.splitlines() if line.strip() not in ("", "<non-verbose/>"))
+
+
 class Grammars:
     """Guides compiled for one engine's tokenizer, the last CACHED_GRAMMARS kept: a request gets a copy of its
-    guide's matcher, so a schema many requests share is compiled once."""
+    guide's matcher, so a schema many requests share is compiled once. One thread compiles, one guide at a time: a
+    compile takes one core from the decode loop, never more."""
 
-    def __init__(self, tokenizer_file: Path, end_id: int, vocab_size: int):
-        tokenizer = tokenizer_file.read_text(encoding="utf-8")
-        self.tokenizer = llguidance.LLTokenizer(tokenizer, n_vocab=vocab_size, eos_token=end_id)
-        self._compiled: OrderedDict[Guide, llguidance.LLMatcher] = OrderedDict()
+    def __init__(self, tokenizer_file: Path, end_id: int, vocab_size: int, max_seq_len: int):
+        self._tokenizer = (tokenizer_file, end_id, vocab_size)
+        self.max_seq_len = max_seq_len
+        self._compiled: OrderedDict[Guide, Future[llguidance.LLMatcher]] = OrderedDict()
         self._lock = threading.Lock()  # submits arrive on Triton's threads
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="guide-compiler")
 
-    def matcher(self, guide: Guide) -> llguidance.LLMatcher:
-        """A fresh matcher for `guide`; ValueError, with a message for the client, when it does not compile."""
+    @functools.cached_property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        """Built by the first compile, on the compiling thread (0.4 s for 49,152 tokens, the GIL held throughout)."""
+        tokenizer_file, end_id, vocab_size = self._tokenizer
+        return llguidance.LLTokenizer(tokenizer_file.read_text(encoding="utf-8"), n_vocab=vocab_size, eos_token=end_id)
+
+    def compile(self, guide: Guide) -> Future[llguidance.LLMatcher]:
+        """The guide's compiled matcher, to be copied for each request, once the compiling thread has it (at once
+        when cached); its exception, a ValueError with a message for the client, when the guide does not compile."""
         with self._lock:
             compiled = self._compiled.get(guide)
             if compiled is not None:
                 self._compiled.move_to_end(guide)
-                return compiled.deep_copy()
-        text = grammar(guide)
-        error = llguidance.LLMatcher.validate_grammar(text, self.tokenizer)
-        if error:
-            raise ValueError(f"guided_decoding_guide ({guide.kind}): {error}")
-        compiled = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+                return compiled
+            compiled = self._compiled[guide] = self._worker.submit(self._compile, guide)
+            while len(self._compiled) > CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
+            return compiled
+
+    def matcher(self, guide: Guide) -> llguidance.LLMatcher:
+        """A fresh matcher for `guide`, waiting for its compile; ValueError when it does not compile."""
+        return self.compile(guide).result().deep_copy()
+
+    def _compile(self, guide: Guide) -> llguidance.LLMatcher:
+        compiled = llguidance.LLMatcher(self.tokenizer, grammar(guide), log_level=0, limits=LIMITS)
         first = np.zeros(llguidance.numpy.get_bitmask_shape(1, self.tokenizer.vocab_size), dtype=np.int32)
         llguidance.numpy.fill_next_token_bitmask(compiled, first, 0)  # builds the lexer now, not on the first step
         if compiled.is_error():
-            raise ValueError(f"guided_decoding_guide ({guide.kind}): {compiled.get_error()}")
-        with self._lock:
-            self._compiled[guide] = compiled
-            while len(self._compiled) > CACHED_GRAMMARS:
-                self._compiled.popitem(last=False)
-        return compiled.deep_copy()
+            raise ValueError(f"guided_decoding_guide ({guide.kind}): {one_line(compiled.get_error())}")
+        # The tokens the guide forces before the model chooses any, taken on a copy: a guide that has no finite
+        # instance forces them without end (llguidance stops at its limits), and fails at the first token otherwise.
+        forced = compiled.deep_copy()
+        tokens = forced.compute_ff_tokens()
+        if len(tokens) >= self.max_seq_len:
+            raise ValueError(
+                f"guided_decoding_guide ({guide.kind}): the output the guide forces is longer than max_seq_len "
+                f"{self.max_seq_len} (a guide with no finite instance, such as a required property that refers back "
+                "to its own object, forces one without end); let its recursion end, e.g. make that property optional"
+            )
+        forced.consume_tokens(tokens)
+        if forced.is_error():
+            raise ValueError(f"guided_decoding_guide ({guide.kind}): {one_line(forced.get_error())}")
+        return compiled
 
 
 def constrain(matcher: llguidance.LLMatcher, logits: np.ndarray) -> None:

@@ -269,7 +269,7 @@ class ModelRunner:
     @functools.cached_property
     def grammars(self) -> Grammars:
         """Guided decoding's compiled guides, for this engine's tokenizer and logits (made on the first guide)."""
-        return Grammars(self.engine_dir / "tokenizer.json", self.end_id, self.vocab_size_padded)
+        return Grammars(self.engine_dir / "tokenizer.json", self.end_id, self.vocab_size_padded, self.max_seq_len)
 
     # ------------------------------------------------------------ steps (shared with in-flight batching)
 

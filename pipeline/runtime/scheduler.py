@@ -16,6 +16,7 @@ Every step
 4. runs one decode step for the rest (with runtime.speculative: verifies n-gram drafts, possibly several tokens per
    row; `pipeline.runtime.speculative`).
 A step that raises fails the jobs whose rows it held, one error response each; the scheduler goes on with the queue.
+A job whose guide is not compiled yet waits outside the queue (`compiling`), never holding up the others.
 Should the thread itself die, the owner is told (`on_death`) and every held, queued and later job gets the error.
 Written by hand because no library schedules requests for an ONNX Runtime decoder this way.
 """
@@ -27,15 +28,17 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
-from pipeline.runtime.guided import Guide
+from pipeline.runtime.guided import COMPILE_SECONDS, Guide
 from pipeline.runtime.kv_cache import BlockManager
 from pipeline.runtime.kv_layouts import Batch
-from pipeline.runtime.lora import task_adapters
+from pipeline.runtime.lora import AdapterUnavailable, Registry, task_adapters
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.sampling import Request, SamplingParams, to_words_list
 
@@ -99,6 +102,7 @@ class Job:
     finished_rows: int = 0
     stopped: bool = False  # by a `stop` naming this request's id, or by the client cancelling
     failed: bool = False  # a row failed on its own (`Request.error`): the job got that error as its answer
+    guides: list[tuple[Request, Guide, Future]] = field(default_factory=list)  # guided rows, their guides' compiles
     arrival: float = field(default_factory=time.monotonic)
 
     def __post_init__(self):
@@ -153,7 +157,8 @@ def parse_job(
     [batch, 1] or one value for every row).
 
     Raises ValueError, with a message for the client, for what the engine cannot run (`ModelRunner.check_inputs`) and
-    for a job whose rows alone need more KV-cache blocks than the pool: it could never be admitted.
+    for a job whose rows alone need more KV-cache blocks than the pool: it could never be admitted. The guided rows'
+    guides start compiling, on `Grammars`' thread (`Job.guides`).
     """
     ids = inputs.get("input_ids")
     if ids is None:
@@ -189,8 +194,9 @@ def parse_job(
     runner.check_sampling([r.params for r in requests])
     for request, adapter in zip(requests, task_adapters(runner.lora, per_row("lora_task_id", 0, int), "the engine")):
         request.adapter = adapter
-    guides = guides_of(inputs, rows)
-    for request, guide in zip(requests, guides):
+        request.adapter_key = runner.lora.identity(adapter) if adapter else None
+    guided = []
+    for request, guide in zip(requests, guides_of(inputs, rows)):
         if guide is None:
             continue
         if request.params.end_id != runner.end_id:
@@ -200,7 +206,7 @@ def parse_job(
             )
         if request.params.min_length:
             raise ValueError("min_length with guided decoding: the guide decides where the output ends; leave it unset")
-        request.matcher = runner.grammars.matcher(guide)
+        guided.append((request, guide))
     need = sum(kv.blocks_for(request) for request in requests)
     if need > kv.num_blocks:
         raise ValueError(
@@ -214,6 +220,7 @@ def parse_job(
         streaming=per_row("streaming", False, bool)[0],
         exclude_input=per_row("exclude_input_in_output", exclude_input_default, bool)[0],
         is_cancelled=is_cancelled,
+        guides=[(request, guide, runner.grammars.compile(guide)) for request, guide in guided],
     )
 
 
@@ -234,6 +241,7 @@ class Scheduler:
         on_metrics: called with (counter increments, gauge values) on every metrics update, under one lock.
         log_error: where a failed step is reported.
         on_death: called with the reason when the thread dies (see `_die`); the Triton model exits its process.
+        registry: the adapters added while serving (`pipeline.runtime.lora.Registry`), taken before each request.
     """
 
     def __init__(
@@ -249,8 +257,11 @@ class Scheduler:
         on_metrics: Callable[[dict[str, float], dict[str, float]], None] | None = None,
         log_error: Callable[[str], None] = log.error,
         on_death: Callable[[str], None] | None = None,
+        registry: Registry | None = None,
     ):
         self.runner = runner
+        self.registry = registry
+        self._registered: dict[str, str] = {}  # the registry's adapters being served: name -> path
         self.kv_budget = kv_budget or runner.max_batch_size * runner.max_seq_len
         if kv_cache_reuse and not runner.reuses_kv:
             log_error("KV-cache reuse needs the fused graph (target.onnx_graph: fused); this engine does not reuse")
@@ -263,6 +274,7 @@ class Scheduler:
         self.on_death = on_death
         self.dead: str | None = None  # why the thread died: every job from then on gets it as its error
         self.queue: deque[Job] = deque()
+        self.compiling: dict[int, Job] = {}  # id(job) -> a job whose guides are compiling: it joins the queue after
         self.jobs: dict[int, Job] = {}  # id(Request) -> job, for every admitted row not yet answered
         self.batch: Batch | None = None  # the running batch
         # chunked context: prompts being prefilled, (request, its partial 1-row batch)
@@ -285,7 +297,9 @@ class Scheduler:
         request_id: str = "",
         is_cancelled: Callable[[], bool] = never,
     ) -> Job | None:
-        """Queue a request (see `parse_job`); one the engine cannot run is answered with its error at once (None)."""
+        """Queue a request (see `parse_job`); one the engine cannot run is answered with its error at once (None). A
+        guided one joins the queue once its guides are compiled, or fails after COMPILE_SECONDS."""
+        self.sync_adapters()
         try:
             job = parse_job(
                 inputs,
@@ -299,36 +313,105 @@ class Scheduler:
         except ValueError as exc:
             responder.send_error(str(exc))
             return None
+        if not job.guides:
+            return job if self._enqueue(job) else None
+        with self._wake:  # queued once its guides are compiled; this thread (Triton's execute) goes on at once
+            self.compiling[id(job)] = job
+        for _, _, compiled in job.guides:
+            compiled.add_done_callback(lambda _: self._guides_compiled(job))
+        with self._wake:
+            waiting = id(job) in self.compiling
+        if waiting:
+            timeout = threading.Timer(COMPILE_SECONDS, self._compile_timeout, (job,))
+            timeout.daemon = True
+            timeout.start()
+        return job
+
+    def _enqueue(self, job: Job) -> bool:
         with self._wake:
             if self.dead is None:
                 self.queue.append(job)
                 self._wake.notify()
-                return job
-        responder.send_error(self.dead)
-        return None
+                return True
+        job.responder.send_error(self.dead)
+        return False
 
-    def register_adapter(self, name: str, path: str, task_id: int, responder: Responder) -> None:
-        """Serve the PEFT adapter in `path` as `name` under `task_id` (the gateway's load_lora_adapter): read and
-        checked here, on the caller's thread; taken in between two steps, when the answer (an empty final) goes."""
-        from pathlib import Path
-
+    def _guides_compiled(self, job: Job) -> None:
+        """A guide of a compiling job is ready (on the compiling thread; at submit when cached): once all are, each
+        guided row takes a copy of its matcher and the job joins the queue, or it gets its guide's error."""
+        with self._wake:
+            if not all(compiled.done() for _, _, compiled in job.guides) or self.compiling.pop(id(job), None) is None:
+                return  # another guide to wait for; or answered already (stopped, timed out, another guide's call)
         try:
-            if self.runner.lora is None:
-                raise ValueError("this engine was built without LoRA (add a lora section and rebuild)")
-            if task_id < 1:
-                raise ValueError(f"lora_task_id must be at least 1 (0 means no adapter), got {task_id}")
-            adapter = self.runner.lora.check(name, Path(path), task_id)
-        except ValueError as exc:
-            responder.send_error(str(exc))
+            for request, _, compiled in job.guides:
+                request.matcher = compiled.result().deep_copy()
+        except Exception as exc:  # a ValueError names the guide and its fault; anything else must answer the job too
+            job.responder.send_error(str(exc) if isinstance(exc, ValueError) else f"guided decoding: {exc!r}")
             return
+        self._enqueue(job)
 
-        def take() -> None:
-            self.runner.lora.register(name, adapter, task_id)
-            responder.send_final()
+    def _compile_timeout(self, job: Job) -> None:
+        """The job has waited COMPILE_SECONDS for its guides: it fails; the compiles go on, their guides cached."""
+        with self._wake:
+            if self.compiling.pop(id(job), None) is None:
+                return
+        kind = next((guide.kind for _, guide, compiled in job.guides if not compiled.done()), job.guides[0][1].kind)
+        job.responder.send_error(
+            f"guided_decoding_guide ({kind}): did not compile within {COMPILE_SECONDS:g} s; simplify it, or send it "
+            "again later (its compile goes on, and the compiled guide is kept)"
+        )
+
+    def sync_adapters(self) -> None:
+        """Take the registry's changes (the gateway's load and unload routes) before a request can name them: new
+        adapters are read and checked here, on the caller's thread; the tables change between two steps, which the
+        caller waits for (only when the file changed: a stat otherwise)."""
+        lora = self.runner.lora
+        entries = self.registry.changed() if self.registry is not None and lora is not None else None
+        if entries is None:
+            return
+        gone = [name for name, path in self._registered.items() if entries.get(name, {}).get("path") != path]
+        loaded, failed = {}, {}
+        for name, entry in entries.items():
+            if self._registered.get(name) == entry["path"]:
+                continue
+            try:
+                loaded[name] = (lora.check(name, Path(entry["path"])), entry["task_id"], entry["path"])
+            except ValueError as exc:
+                failed[entry["task_id"]] = str(exc)
+                self.log_error(str(exc))
+
+        def apply() -> None:
+            for name in gone:
+                lora.unregister(name)
+                del self._registered[name]
+            for name, (adapter, task_id, path) in loaded.items():
+                try:
+                    lora.register(name, adapter, task_id)
+                    self._registered[name] = path
+                except ValueError as exc:
+                    failed[task_id] = str(exc)
+            lora.failed.update(failed)
+
+        self._between_steps_wait(apply)
+
+    def _between_steps_wait(self, change: Callable[[], None]) -> None:
+        """Run `change` on the scheduler thread before its next step and wait for it (at once when no thread runs)."""
+        if self._thread is None:
+            change()
+            return
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                change()
+            finally:
+                done.set()
 
         with self._wake:
-            self._between_steps.append(take)
+            self._between_steps.append(run)
             self._wake.notify()
+        while not done.wait(0.1) and self.dead is None and self._thread.is_alive():
+            pass
 
     def stop(self, request_id: str) -> None:
         """TensorRT-LLM's `stop` input: the queued or running job with this id stops at the next step.
@@ -336,15 +419,23 @@ class Scheduler:
         The BLS uses it when its client cancels, since Triton 2.51 cannot cancel a BLS sub-request.
         """
         with self._wake:
-            for job in [*self.queue, *self.jobs.values()]:
+            for job in [*self.queue, *self.jobs.values(), *self.compiling.values()]:
                 if request_id and job.request_id == request_id:
                     job.stopped = True
+            compiling = [self.compiling.pop(key) for key, job in list(self.compiling.items()) if job.stopped]
+        for job in compiling:  # answered now, not when its guide is ready
+            job.responder.send_final()
 
     # ------------------------------------------------------------ stepping
 
     @property
     def idle(self) -> bool:
-        """Nothing queued, prefilling or running."""
+        """Nothing compiling, queued, prefilling or running."""
+        return not self.compiling and self._nothing_to_step
+
+    @property
+    def _nothing_to_step(self) -> bool:
+        """What the thread waits for: a job whose guides are compiling wakes it when it joins the queue."""
         return not self.queue and self.batch is None and not self.prefilling and not self._between_steps
 
     def step(self) -> None:
@@ -381,7 +472,7 @@ class Scheduler:
         try:
             while True:
                 with self._wake:
-                    while not self._stopping and self.idle:
+                    while not self._stopping and self._nothing_to_step:
                         self._wake.wait()
                     if self._stopping:
                         return
@@ -472,7 +563,16 @@ class Scheduler:
                     continue
                 rows = self._running_rows() + len(self.prefilling) + len(admitted) + len(job.rows)
                 reservations = self.kv.reserve(job.rows) if rows <= self.runner.max_batch_size else None
-                if reservations is not None and self.runner.lora and not self.runner.lora.hold(job.rows):
+                try:
+                    slots = reservations is None or not self.runner.lora or self.runner.lora.hold(job.rows)
+                except AdapterUnavailable as exc:  # this job alone fails; its adapter is served no more
+                    for request in job.rows:
+                        self.kv.release(request)
+                    self.queue.popleft()
+                    self._retire_adapter(exc)
+                    job.responder.send_error(str(exc))
+                    continue
+                if not slots:
                     for request in job.rows:
                         self.kv.release(request)
                     reservations = None
@@ -494,6 +594,13 @@ class Scheduler:
             }
         )
         return admitted
+
+    def _retire_adapter(self, exc: AdapterUnavailable) -> None:
+        """Later requests naming the adapter get its error at once (until it is registered again)."""
+        lora = self.runner.lora
+        for task_id in [t for t, n in lora.task_names.items() if n == exc.name]:
+            lora.failed[task_id] = str(exc)
+        lora.unregister(exc.name)
 
     def _prefill_chunks(self) -> None:
         """Run prompt pieces within this step's token budget; finished prompts join the batch."""

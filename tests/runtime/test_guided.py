@@ -9,17 +9,23 @@ import json
 import random
 import re
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import jsonschema
 import numpy as np
 import pytest
 
+from pipeline.runtime import guided as guided_module
+from pipeline.runtime import scheduler as scheduler_module
+from pipeline.runtime.guided import Grammars, Guide
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.scheduler import Scheduler
 from pipeline.runtime.speculative import NGram
 from tests.conftest import run_cli, slow_fixture, write_config
-from tests.runtime.test_scheduler import Recorder, inputs
+from tests.runtime.conftest import MAX_SEQ_LEN
+from tests.runtime.test_scheduler import NO_END, Recorder, generate_alone, inputs, prompt
 
 # Ten schemas a client might send, each bounding its strings and arrays so that a random model ends them too.
 NAME = {"type": "string", "minLength": 1, "maxLength": 12}
@@ -47,6 +53,11 @@ SCHEMAS = [
      "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
 ]  # fmt: skip
 MAX_TOKENS = 120  # room for the longest instance of any schema above
+# No finite instance: "a" is required and is again such an object (issue #45's example).
+ENDLESS_SCHEMA = '{"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}'
+# 5,000 alternatives of 12 grammar symbols each (0.4 MB): past the 50,000 symbols of `guided.LIMITS`.
+TOO_BIG_SCHEMA = json.dumps({"anyOf": [{"type": "object", "properties": {f"p{i}": {"type": "integer"}},
+                                        "required": [f"p{i}"]} for i in range(5000)]})  # fmt: skip
 
 
 def guided(kind: str, text: str = "") -> dict[str, np.ndarray]:
@@ -198,6 +209,10 @@ def test_a_mixed_batch_guides_its_guided_rows_and_leaves_the_others_their_own_to
             "guided_decoding_guide (regex)",
         ),
         ({"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": "root ::= ("}, "does not parse"),
+        (
+            {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": ENDLESS_SCHEMA},
+            "the output the guide forces is longer than max_seq_len",
+        ),
         ({"guided_decoding_guide_type": "json", "min_length": 5}, "min_length with guided decoding"),
         ({"guided_decoding_guide_type": "json", "end_id": 7}, "end_id 7 with guided decoding"),
     ],
@@ -226,3 +241,134 @@ def test_a_guided_row_keeps_its_tokens_in_any_batch_of_a_batch_invariant_engine(
     together = run(runner, [*guided_jobs, inputs([chat(runner, "Name a colour.")], 40)])
     alone = [run(runner, [job])[0].tokens() for job in guided_jobs]
     assert [recorder.tokens() for recorder in together[:3]] == alone
+
+
+# ---------------------------------------------------------------- compiling off the decode loop
+
+
+def byte_tokenizer(directory: Path) -> Path:
+    """A byte-level BPE tokenizer.json of printable ASCII, one token a character (ids 3-97 after <unk>, <s>, </s>):
+    llguidance reads it, not the tiny engines' word-level one, and its ids fit their vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for byte in range(0x20, 0x7F):
+        vocab[byte_level.pre_tokenize_str(chr(byte))[0][0]] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
+    tokenizer.pre_tokenizer, tokenizer.decoder = byte_level, decoders.ByteLevel()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory / "tokenizer.json"
+
+
+def ascii_text(tokens: list[int]) -> str:
+    return "".join(chr(token - 3 + 0x20) for token in tokens)
+
+
+def wait_for(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def held_compiles(runner, tmp_path, monkeypatch):
+    """The tiny engine with its guides on a byte-level tokenizer, every compile held until the gate returned opens:
+    a compile as long as the test needs, on any machine."""
+    grammars = Grammars(byte_tokenizer(tmp_path), runner.end_id, runner.vocab_size_padded, runner.max_seq_len)
+    monkeypatch.setitem(runner.__dict__, "grammars", grammars)
+    gate, compile_text = threading.Event(), guided_module.grammar
+    monkeypatch.setattr(guided_module, "grammar", lambda guide: gate.wait(60) and compile_text(guide))
+    yield gate
+    gate.set()
+
+
+def test_a_guide_compiling_holds_up_no_other_request(runner, held_compiles):
+    """Issue #45: a request submitted right after a new guide (as Triton's `execute` takes them, one after the other)
+    decodes every one of its tokens while that guide still compiles; the guided request follows once it is ready."""
+    scheduler = Scheduler(runner)
+    scheduler.start()
+    waiting, other = Recorder(), Recorder()
+    try:
+        scheduler.submit(inputs([prompt(5)], 8) | guided("regex", "(yes|no)"), waiting)
+        scheduler.submit(inputs([prompt(6, 1)], 24, end_id=NO_END, streaming=True), other)
+        wait_for(other.finals)
+        assert not held_compiles.is_set() and not waiting.events and len(scheduler.compiling) == 1
+        assert other.tokens() == generate_alone(runner, prompt(6, 1), 24) and len(other.events) == 24
+        held_compiles.set()
+        wait_for(waiting.finals)
+        assert not waiting.errors() and ascii_text(waiting.tokens()) in {"yes", "no"}, waiting.events
+        wait_for(lambda: scheduler.idle)
+    finally:
+        held_compiles.set()
+        scheduler.close()
+
+
+def test_a_request_waiting_for_its_guide_stops_at_once_or_ends_cancelled_when_it_is_ready(runner, held_compiles):
+    scheduler = Scheduler(runner)
+    scheduler.start()
+    stopped, cancelled = Recorder(), Recorder()
+    job = inputs([prompt(5)], 8) | guided("regex", "[a-z]{3}")
+    scheduler.submit(job, stopped, request_id="stopped")
+    scheduler.submit(job, cancelled, request_id="cancelled", is_cancelled=lambda: True)
+    scheduler.stop("stopped")
+    assert stopped.events == [("final",)] and not cancelled.events and not scheduler.idle
+    held_compiles.set()
+    wait_for(lambda: scheduler.idle)
+    assert stopped.events == [("final",)] and cancelled.events == [("final",)]
+    scheduler.close()
+    assert "inflight-batching" not in [thread.name for thread in threading.enumerate()]
+
+
+def test_a_guide_not_compiled_within_the_bound_fails_naming_it_and_its_compile_is_kept(
+    runner, held_compiles, monkeypatch
+):
+    monkeypatch.setattr(scheduler_module, "COMPILE_SECONDS", 0.2)
+    scheduler = Scheduler(runner)
+    scheduler.start()
+    job, late, again = inputs([prompt(5)], 8) | guided("regex", "(yes|no)"), Recorder(), Recorder()
+    try:
+        scheduler.submit(job, late)
+        wait_for(late.finals)
+        assert late.errors() == [
+            "guided_decoding_guide (regex): did not compile within 0.2 s; simplify it, or send it again later (its "
+            "compile goes on, and the compiled guide is kept)"
+        ]
+        held_compiles.set()
+        wait_for(runner.grammars.compile(Guide("regex", "(yes|no)")).done)
+        scheduler.submit(job, again)
+        wait_for(again.finals)
+        assert not again.errors() and ascii_text(again.tokens()) in {"yes", "no"}, again.events
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize(
+    "guide, error",
+    [
+        (
+            Guide("json_schema", ENDLESS_SCHEMA),
+            f"guided_decoding_guide (json_schema): the output the guide forces is longer than max_seq_len "
+            f"{MAX_SEQ_LEN} (a guide with no finite instance, such as a required property that refers back to its "
+            "own object, forces one without end); let its recursion end, e.g. make that property optional",
+        ),
+        (  # past the bound on a compile's work (`guided.LIMITS`)
+            Guide("json_schema", TOO_BIG_SCHEMA),
+            "guided_decoding_guide (json_schema): grammar size (number of symbols) too big (limit for this grammar: "
+            "50000)",
+        ),
+        (  # llguidance's own error, on one line
+            Guide("regex", "(unclosed"),
+            'guided_decoding_guide (regex): at 1(8): invalid regex "(unclosed" (in regex): regex parse error: '
+            "(unclosed ^ error: unclosed group 1 | start: /(unclosed/ ^",
+        ),
+    ],
+)
+def test_a_guide_that_cannot_compile_is_refused_in_one_line_without_the_parser_state(tmp_path, guide, error):
+    """Issue #45: the endless schema's 400 carried 893 characters of llguidance's parser state, and only after its
+    first token; it is refused when its guide compiles, saying why."""
+    grammars = Grammars(byte_tokenizer(tmp_path), end_id=2, vocab_size=253, max_seq_len=MAX_SEQ_LEN)
+    with pytest.raises(ValueError) as refused:
+        grammars.matcher(guide)
+    assert str(refused.value) == error
