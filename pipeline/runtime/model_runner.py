@@ -38,6 +38,7 @@ from pipeline.runtime.sampling import (
     Request,
     SamplingParams,
     append,
+    broken_rows,
     choose,
     greedy_log_probs,
     to_words_list,
@@ -542,7 +543,7 @@ class ModelRunner:
 def fail_non_finite(requests: list[Request], logits: np.ndarray) -> set[int]:
     """Rows whose logits are not finite (an adapter or a prompt that overflowed): each such request fails on its own,
     naming its adapter; the others go on (no op of the engine mixes rows). Returns those rows."""
-    broken = {int(row) for row in np.flatnonzero(~np.isfinite(logits).all(axis=1))}
+    broken = {int(row) for row in np.flatnonzero(broken_rows(logits))}
     for row in broken:
         request = requests[row]
         source = f"LoRA adapter {request.adapter!r}" if request.adapter else "the model"

@@ -213,3 +213,9 @@ def greedy_log_probs(logits: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     speculative acceptance, so both report the same log-probs."""
     top = logits[np.arange(len(logits)), chosen]
     return top - (top + np.log(np.exp(logits - top[:, None]).sum(axis=1)))
+
+
+def broken_rows(logits: np.ndarray) -> np.ndarray:
+    """Per row of [rows, vocab] logits, whether the engine computed NaN or +inf (or nothing finite) there. -inf alone
+    is a masked token (guided decoding, bad words), not a fault."""
+    return np.isnan(logits).any(axis=-1) | np.isposinf(logits).any(axis=-1) | ~np.isfinite(logits).any(axis=-1)

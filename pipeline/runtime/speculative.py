@@ -27,7 +27,7 @@ from typing import Mapping
 import numpy as np
 
 from pipeline.runtime.guided import constrain
-from pipeline.runtime.sampling import append, finish_reason, greedy_log_probs
+from pipeline.runtime.sampling import append, broken_rows, finish_reason, greedy_log_probs
 
 # After m verifications in a row that accepted nothing, a request drafts only every 2**min(m, MAX_BACKOFF)-th token:
 # text that does not repeat itself then costs (nearly) plain decoding's passes. Output does not depend on it.
@@ -127,7 +127,7 @@ def accept(request, drafts: list[int], logits: np.ndarray) -> int:
     taken = 0
     while taken < len(drafts):
         row = logits[taken : taken + 1]
-        if not np.isfinite(row).all():  # left to `sample`, which fails the request
+        if broken_rows(row)[0]:  # left to `sample`, which fails the request
             break
         if request.matcher is not None:  # the grammar's state moves with each accepted draft (`append`)
             constrain(request.matcher, row[0])

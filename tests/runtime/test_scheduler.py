@@ -10,9 +10,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pipeline.runtime.jobs import parse_job
 from pipeline.runtime.kv_cache import BlockManager
 from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.scheduler import Scheduler, parse_job
+from pipeline.runtime.scheduler import Scheduler
 from tests.runtime.conftest import MAX_BATCH_SIZE, MAX_INPUT_LEN, MAX_NUM_TOKENS, MAX_SEQ_LEN
 
 NO_END = -1  # an end_id no token equals: outputs run to max_tokens
