@@ -171,6 +171,7 @@ TRITON_DEPLOY_FIELDS = frozenset(
         "deploy.ports.metrics",
         "deploy.ports.openai",
         "deploy.openai_gateway",
+        "deploy.expose_triton_ports",
         "deploy.api_key_secret",
     }
 )
