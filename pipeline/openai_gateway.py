@@ -3,13 +3,13 @@
 `/v1/models`, `/v1/completions` and `/v1/chat/completions` (streaming as server-sent events) are
 translated into requests to the repository's `tensorrt_llm_bls` model over gRPC streaming; the BLS is
 used rather than the ensemble because only it stops generating when the client goes away (the
-gateway cancels its gRPC stream on disconnect). Chat messages go through the model's chat template;
-`usage` counts and `logprobs` come from the engine (one log-probability per generated token).
+gateway stops it on disconnect: `pipeline.triton.client.stream_responses`). Chat messages go through the model's
+chat template; `usage` counts and `logprobs` come from the engine (one log-probability per generated token).
 
 Stop strings are found in the text by the gateway (a stop string may end inside a token, where the
 engine's token-level stop words cannot see it): the streamed and the non-streamed answer are made by
 one iterator, which holds back text that may begin a stop string and cuts at the first one; the engine, given the
-same stop words, ends generation there, or the gateway cancels it. With `stream_options.include_usage`, usage comes
+same stop words, ends generation there, or the gateway stops it. With `stream_options.include_usage`, usage comes
 in a last chunk with no choices (and, with vLLM's `continuous_usage_stats`, in every chunk). vLLM's `ignore_eos`
 generates on past end of sequence, to max_tokens. `response_format`, vLLM's `structured_outputs` and `tools` become
 the engine's guided-decoding guide (`pipeline.openai_protocol`); with tools, an answer that calls them comes back as
@@ -67,8 +67,8 @@ DEFAULT_MAX_BODY_BYTES = 4_000_000
 # tritonserver 2.51's python backend answers this for a model whose process died, until `serve`'s watchdog stops it
 DEAD_MODEL = "is not healthy"
 # After a stop string the engine, given the same stop words, usually ends the generation itself within a step, so
-# the rest of the stream is read rather than cancelled (see `generate`). A stop string the engine does not see (one
-# that does not end on a token boundary) is cancelled after this grace.
+# the rest of the stream is read rather than stopped (see `generate`). A stop string the engine does not see (one
+# that does not end on a token boundary) is stopped after this grace.
 STOP_DRAIN_S = 0.5
 
 
@@ -96,7 +96,7 @@ class Generation:
     async def pieces(self, upstream: AsyncIterator[tuple[str, list[float]]]) -> AsyncIterator[tuple[str, float]]:
         """The visible (text, log-probability) pieces. Text that may begin a stop string is held back until the
         next pieces tell; at the first stop string the text is cut, and the upstream is read to its end or, after
-        STOP_DRAIN_S, closed, which cancels generation (the BLS stops the engine)."""
+        STOP_DRAIN_S, closed, which stops generation (`stream_responses` sends the LLM model a `stop`)."""
         held: list[tuple[str, float]] = []  # pieces not yet visible (none of them before a visible one)
         unseen = 0.0  # log-probability of tokens that added no text yet
         try:
@@ -332,7 +332,7 @@ def create_app(
 
     async def generate(prompt: str, body: Sampling, max_tokens: int) -> AsyncIterator[tuple[str, list[float]]]:
         """(text delta, log-probs of its tokens) as the BLS streams them, until the RPC ends (the aio client
-        cannot ask for the empty final response); cancelling the iterator cancels generation. An error
+        cannot ask for the empty final response); closing the iterator stops generation. An error
         response or a failed RPC (tritonserver stopped or unreachable) is an OpenAIError."""
 
         greedy = body.temperature == 0
@@ -453,7 +453,9 @@ def create_app(
                 return [piece async for piece in visible]
 
             task = asyncio.ensure_future(collect())
-            while not task.done():  # a client that hangs up stops the generation (cancelling closes the gRPC stream)
+            while (
+                not task.done()
+            ):  # a client that hangs up stops the generation (cancelling closes the stream: a `stop`)
                 await asyncio.wait({task}, timeout=0.25)
                 if not task.done() and await request.is_disconnected():
                     task.cancel()
@@ -497,7 +499,7 @@ def create_app(
             except Exception as exc:  # after the 200 the error can only go in-band (e.g. tritonserver stopped)
                 error = exc if isinstance(exc, OpenAIError) else OpenAIError(500, repr(exc), "server_error")
                 yield event(error.body())
-            finally:  # client gone: cancel the gRPC stream, the BLS stops the engine
+            finally:  # client gone: closing the stream stops the engine (`stream_responses`)
                 await visible.aclose()
             yield "data: [DONE]\n\n"
 

@@ -6,6 +6,7 @@ Inputs are typed from the interface table, so a caller passes plain Python value
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import uuid
 from typing import AsyncIterator, Iterator
@@ -31,6 +32,8 @@ _WIRE = {
     "TYPE_BOOL": "BOOL",
     "TYPE_FP16": "FP16",
 }
+# A stream closed early: how often it is stopped (`_stop`), and how long it is read towards its end each time.
+STOP_ATTEMPTS, STOP_WAIT_S = 3, 2.0
 _TYPES = {name: dtype for name, dtype, _, _ in CLIENT_INPUTS + LORA_LLM_INPUTS}
 
 
@@ -93,19 +96,78 @@ def stream_text(
 async def stream_responses(url: str, model: str, inputs: list) -> AsyncIterator[tuple]:
     """(result, error) of one streamed request over tritonclient's asyncio gRPC client, to the RPC's own end.
 
-    Read to that end, not only to the final response: a client closed before the server has ended the stream
-    cancels it, and a cancelled stream of a completed request keeps tritonserver 2.51 from unloading its model until
-    the 30 s exit timeout. Closing this iterator early cancels the request (that is how generation is stopped).
+    Closing this iterator early stops the generation, but never by cancelling the stream: tritonserver 2.51's gRPC
+    frontend crashed under clients cancelling BLS streams (a segfault or a heap corruption within two minutes of 4-8
+    clients doing it; none without cancelling, nor cancelling the LLM model's own streams), and a cancel that reached
+    it while the request completed held the model at a stop until the 30 s exit timeout. So a `stop` naming the
+    request goes to the LLM model (`_stop`), and the stream is read to its end; after an error, the request's final
+    response (the models send errors with the final flag), it is only read to its end. A stream still running then
+    is cancelled after all.
     """
     import tritonclient.grpc.aio as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
+    request_id = uuid.uuid4().hex
 
     async def requests():
-        yield {"model_name": model, "inputs": inputs, "request_id": uuid.uuid4().hex}
+        yield {"model_name": model, "inputs": inputs, "request_id": request_id}
 
+    responses = client.stream_infer(requests())
+    ended = failed = False
     try:
-        async for result, error in client.stream_infer(requests()):
+        async for result, error in responses:
+            failed = error is not None
             yield result, error
+        ended = True
     finally:
-        await client.close()
+        try:
+            if not ended:
+                await _end(client, model, request_id, responses, stop=not failed)
+        except Exception:  # the server failed or stopped: nothing left to end
+            pass
+        finally:
+            await client.close()
+
+
+async def _end(client, model: str, request_id: str, responses, stop: bool) -> None:
+    """Read `responses` to the RPC's end, the generation stopped first when `stop` (`_stop`), again each time the
+    stream does not end within STOP_WAIT_S (a stop that came before the BLS had asked the LLM model stops nothing);
+    a stream running after STOP_ATTEMPTS is left to the caller's close, which cancels it."""
+    for _ in range(STOP_ATTEMPTS):
+        if stop:
+            await _stop(client, model, request_id)
+        try:
+            async with asyncio.timeout(STOP_WAIT_S):
+                async for _response in responses:
+                    pass
+            return
+        except TimeoutError:
+            pass
+
+
+async def _stop(client, model: str, request_id: str) -> None:
+    """TensorRT-LLM's `stop` input, naming `request_id`, to the model that generates for `model`: the LLM model a BLS
+    names in its config (the BLS passes its request id on to it), or `model` itself when it takes `stop`."""
+    config = (await client.get_model_config(model, as_json=True))["config"]
+    target = config.get("parameters", {}).get("tensorrt_llm_model_name", {}).get("string_value")
+    if not target and any(tensor["name"] == "stop" for tensor in config.get("input", [])):
+        target = model
+    if not target:
+        return
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, value, dtype in (
+        ("stop", True, "BOOL"),
+        ("input_lengths", 0, "INT32"),
+        ("request_output_len", 0, "INT32"),
+    ):
+        tensor = grpcclient.InferInput(name, [1, 1], dtype)
+        tensor.set_data_from_numpy(np.array([[value]], dtype=bool if dtype == "BOOL" else np.int32))
+        inputs.append(tensor)
+
+    async def requests():
+        yield {"model_name": target, "inputs": inputs, "request_id": request_id}
+
+    async for _ in client.stream_infer(requests()):  # one empty final response, then the RPC's end
+        pass

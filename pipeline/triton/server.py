@@ -32,6 +32,8 @@ import psutil
 
 from pipeline.errors import PipelineError
 from pipeline.fetch import fetch_wheel
+from pipeline.runtime.lora import REGISTRY_ENV
+from pipeline.triton.postmortem import UNLOADING, exit_status, log_size, log_text, model_output, still_loaded
 from pipeline.triton.reaper import remove_server_files
 
 CONTAINER_TRITON = Path("/opt/tritonserver")  # NVIDIA's tritonserver:<version>-trtllm-python-py3 image
@@ -262,6 +264,7 @@ class Ports:
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+UNLOAD_S = 5.0  # how long `stop` lets the models unload once tritonserver logs UNLOADING
 
 
 @contextmanager
@@ -324,9 +327,15 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.reaper: subprocess.Popen | None = None  # see pipeline.triton.reaper
         self.stubs: dict[psutil.Process, str] = {}  # the model processes, with their model's name
-        self.failure: str | None = None  # set by the watchdog: which model process died
+        self.failure: str | None = None  # set by the watchdog: which model process died, and how
         self._watching = threading.Event()
         self._watchdog: threading.Thread | None = None
+
+    @property
+    def lora_registry(self) -> Path:
+        """The LoRA adapters added while serving (`pipeline.runtime.lora.Registry`): a file in the private work dir,
+        named to the model processes through their environment, so no Triton client can read or change it."""
+        return Path(tempfile.gettempdir()) / f"{WORK_PREFIX}{self.token}" / "lora_registry.json"
 
     def gpu_command(self) -> list[str]:
         """One tritonserver per rank under mpirun, as tensorrtllm_backend's launch_triton_server.py does."""
@@ -388,6 +397,7 @@ class TritonServer:
             [str(Path(sys.executable).parent), env.get("PATH", "")]
         )  # the stub finds pyvenv.cfg via PATH
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        env[REGISTRY_ENV] = str(self.lora_registry)
         # The CPU repository's python models only tokenize with transformers: without torch its import takes 1.5 s
         # instead of 7 (three models at once on two cores: start-up 18 s -> 6 s, measured), and it says so once.
         env.setdefault("USE_TORCH", "0")
@@ -400,7 +410,7 @@ class TritonServer:
         else:
             home = install_tritonserver(self.cache, self.log)
             reclaim_orphans(self.log)
-            self.work_dir = Path(tempfile.gettempdir()) / f"{WORK_PREFIX}{self.token}"
+            self.work_dir = self.lora_registry.parent
             self.work_dir.mkdir(mode=0o700)
             (self.work_dir / OWNER).write_text(json.dumps(_owner_record()))
             command, env = self.command(home, python_backend_dir(home, self.work_dir)), self.environment(home)
@@ -459,22 +469,29 @@ class TritonServer:
         clients waiting out the exit timeout.
         """
         self._watching.clear()
+        ready = log_size(self.log_file)
+        server = psutil.Process(self.process.pid)
         self.stubs = {
-            process: self._model_of(process)
-            for process in psutil.Process(self.process.pid).children(recursive=True)
-            if process.name() == STUB
+            process: self._model_of(process) for process in server.children(recursive=True) if process.name() == STUB
         }
 
         def watch() -> None:
             while not self._watching.wait(interval):
                 dead = next((stub for stub in self.stubs if _exited(stub)), None)
                 if dead is not None:
-                    self.failure = f"the process of model '{self.stubs[dead]}' (pid {dead.pid}) died"
-                    self.log(f"{self.failure}: stopping tritonserver")
+                    if _exited(server):  # it died first and its models after it: `exit_reason` says how it ended
+                        return
+                    status = exit_status(dead.pid)  # while it is a zombie, before anyone reaps it
+                    self.failure = f"the process of model '{self.stubs[dead]}' (pid {dead.pid}) died: {status}"
                     try:
                         os.killpg(self.process.pid, signal.SIGKILL)
                     except ProcessLookupError:  # tritonserver went first
                         pass
+                    self.log(f"{self.failure}: stopped tritonserver")
+                    self.log(
+                        f"the model processes' stderr since ready (in {self.log_file}):\n"
+                        + model_output(self.log_file, ready, self.process.pid)
+                    )
                     return
 
         self._watchdog = threading.Thread(target=watch, name="tritonserver-watchdog", daemon=True)
@@ -501,7 +518,8 @@ class TritonServer:
             return "(no log)"
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGINT (models unload), then make sure no python-backend stub of this server outlives it.
+        """SIGINT (models unload, within `_exits`' bounds), then make sure no python-backend stub of this server
+        outlives it.
 
         On a loaded machine tritonserver may exit before its stubs do; they share its process group,
         so the group is drained (SIGTERM, then SIGKILL) and their shared-memory regions removed.
@@ -510,10 +528,9 @@ class TritonServer:
         if self._watchdog:
             self._watchdog.join()
         if self.process and self.process.poll() is None:
+            since = log_size(self.log_file)
             os.killpg(self.process.pid, signal.SIGINT)  # tritonserver unloads models and exits on SIGINT
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
+            if not self._exits(timeout, since):
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         if self.process:
@@ -524,6 +541,34 @@ class TritonServer:
             self.reaper.kill()
             self.reaper.wait()
             self.reaper = None
+
+    def _exits(self, timeout: float, since: int) -> bool:
+        """Whether tritonserver exits within `timeout` s of SIGINT, and within UNLOAD_S of beginning to unload the
+        models (UNLOADING in its log: no inference in flight any more).
+
+        Our models unload in a second or two. One that does not is held by a request that tritonserver 2.51's gRPC
+        frontend never completes, after a client's cancel reached it while the request completed (a client that
+        closes its stream on the last answer, before the stream's end): it would hold the exit for the whole
+        --exit-timeout-secs with nothing left to do.
+        """
+        deadline, unloading = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            try:
+                self.process.wait(0.1)
+                return True
+            except subprocess.TimeoutExpired:
+                pass
+            if unloading is None and UNLOADING in log_text(self.log_file, since):
+                unloading = time.monotonic()
+                deadline = min(deadline, unloading + UNLOAD_S)
+        if unloading is not None:
+            held = ", ".join(still_loaded(log_text(self.log_file, since), set(self.stubs.values())))
+            self.log(
+                f"tritonserver still held model(s) {held} {time.monotonic() - unloading:.0f} s into unloading: killed"
+            )
+        else:
+            self.log(f"tritonserver had not exited {timeout:.0f} s after SIGINT: killed")
+        return False
 
     @staticmethod
     def _drain_group(pgid: int, grace: float = 10.0) -> None:

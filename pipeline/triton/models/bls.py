@@ -5,7 +5,9 @@ Why a BLS next to the ensemble: Triton does not pass a client's cancellation int
 ensemble, so a cancelled ensemble request keeps generating to max_tokens. Here each request runs on
 its own thread, checks `is_cancelled()` after every LLM response and then sends the LLM model a
 `stop` request with the generation's request id (TensorRT-LLM's interface for stopping a request;
-Triton 2.51 has no cancel for BLS sub-requests), which retires the row from the running batch.
+Triton 2.51 has no cancel for BLS sub-requests), which retires the row from the running batch. That id is the
+client's request id, so a client can send that `stop` itself instead of cancelling, which crashed tritonserver 2.51
+(pipeline.triton.client.stream_responses).
 Streamed text is detokenized from the accumulated tokens and sent as deltas, so multi-token
 characters and leading spaces come out right; text never ends inside a character (its bytes are
 dropped when generation ends there).
@@ -13,12 +15,15 @@ dropped when generation ends there).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import threading
 import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+faulthandler.enable()  # a crash dumps every thread's stack to stderr: tritonserver's log, which `serve` quotes
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -85,16 +90,17 @@ class TritonPythonModel:
             # them later crashed the stub (segfault in libpython under the soak, scripts/soak.py)
             inputs = {t.name(): t.as_numpy().copy() for t in request.inputs()}
             sender = request.get_response_sender()
-            threading.Thread(target=self._serve, args=(inputs, sender), daemon=True).start()
+            request_id = request.request_id() or f"bls-{uuid.uuid4().hex}"
+            threading.Thread(target=self._serve, args=(inputs, sender, request_id), daemon=True).start()
         return None
 
-    def _serve(self, inputs: dict, sender) -> None:
+    def _serve(self, inputs: dict, sender, request_id: str) -> None:
         try:
-            self._generate(inputs, sender)
+            self._generate(inputs, sender, request_id)
         except Exception as exc:  # report to this client only
             sender.send(_error(str(exc)), flags=FINAL)
 
-    def _generate(self, inputs: dict, sender) -> None:
+    def _generate(self, inputs: dict, sender, request_id: str) -> None:
         stream = bool(inputs["stream"].reshape(-1)[0]) if "stream" in inputs else False
         if "beam_width" in inputs and int(inputs["beam_width"].reshape(-1)[0]) > 1 and stream:
             raise ValueError("streaming with beam_width > 1 is not supported")
@@ -112,7 +118,6 @@ class TritonPythonModel:
         llm_inputs = [pb_utils.Tensor(FROM_PREPROCESSING[t.name()], t.as_numpy()) for t in pre.output_tensors()]
         llm_inputs += [pb_utils.Tensor(self.to_llm[name], value) for name, value in inputs.items() if name in TO_LLM]
         llm_inputs.append(pb_utils.Tensor("streaming", np.array([[stream]], dtype=bool)))
-        request_id = f"bls-{uuid.uuid4().hex}"
         responses = pb_utils.InferenceRequest(
             model_name=self.llm, requested_output_names=LLM_OUTPUTS, inputs=llm_inputs, request_id=request_id
         ).exec(decoupled=True)

@@ -13,6 +13,8 @@ the package rather than copied next to this file.
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import json
 import os
 import sys
@@ -21,9 +23,12 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from pipeline.runtime.lora import Registry
 from pipeline.runtime.model_runner import ModelRunner
 from pipeline.runtime.scheduler import COUNTERS, GAUGES, LABELLED_COUNTERS, METRIC_PREFIX, Scheduler
 from pipeline.runtime.speculative import from_parameters
+
+faulthandler.enable()  # a crash dumps every thread's stack to stderr: tritonserver's log, which `serve` quotes
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -71,6 +76,8 @@ class TritonPythonModel:
             speculative=from_parameters(params),
             batch_invariant=params.get("batch_invariant", "false").lower() == "true",
         )
+        if runner.lora is not None:
+            runner.lora.max_registered = int(params.get("max_cpu_loras") or 0) or None
         if params.get("lora_dir"):  # the build's adapters (pipeline/stages/lora.py: adapters.json, a directory each)
             lora_dir = Path(params["lora_dir"])
             for name, entry in json.loads((lora_dir / "adapters.json").read_text()).items():
@@ -97,6 +104,7 @@ class TritonPythonModel:
             on_metrics=self._forward_metrics,
             log_error=lambda message: pb_utils.Logger.log_error(f"{self.model_name}: {message}"),
             on_death=self._exit,
+            registry=Registry.from_env(),  # the adapters `serve` adds while serving; no request input loads files
         )
         self.scheduler.start()
         pb_utils.Logger.log_info(
@@ -126,14 +134,6 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             responder = TritonResponder(sender, self.model_name)
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
-            if "lora_adapter_dir" in inputs:  # the gateway's load_lora_adapter
-                self.scheduler.register_adapter(
-                    str(inputs.get("lora_adapter_name", inputs["lora_adapter_dir"]).reshape(-1)[0], "utf-8"),
-                    str(inputs["lora_adapter_dir"].reshape(-1)[0], "utf-8"),
-                    int(inputs.get("lora_task_id", np.zeros(1)).reshape(-1)[0]),
-                    responder,
-                )
-                continue
             stop = inputs.get("stop")
             if stop is not None and stop.any():
                 self.scheduler.stop(request.request_id())
@@ -143,4 +143,13 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        """What holds pb_utils objects (the metrics; the scheduler, its jobs' response senders in reference cycles)
+        goes here, while the stub lives: left to the interpreter's exit, it was destroyed after the 2.51 stub and the
+        process segfaulted at nearly every stop (while garbage-collecting; python_backend fixed that use-after-free
+        later, commit 47f9e030ea1ef6d33f7069ab129747fe756ace70)."""
         self.scheduler.close()
+        self.scheduler.on_metrics = None  # a step outliving close() touches no metric
+        self.scheduler = None
+        self.metrics.clear()
+        self.metric_families.clear()
+        gc.collect()

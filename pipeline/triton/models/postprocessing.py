@@ -9,11 +9,14 @@ whole. (The LLM model holds back tokens that end inside a UTF-8 character.)
 
 from __future__ import annotations
 
+import faulthandler
 import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
+
+faulthandler.enable()  # a crash dumps every thread's stack to stderr: tritonserver's log, which `serve` quotes
 
 
 class TritonPythonModel:

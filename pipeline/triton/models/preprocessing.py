@@ -7,11 +7,14 @@ span several tokens), encoded without special tokens.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
+
+faulthandler.enable()  # a crash dumps every thread's stack to stderr: tritonserver's log, which `serve` quotes
 
 
 def _strings(request, name: str) -> list[list[str]] | None:
