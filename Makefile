@@ -31,7 +31,8 @@ serve: build-engine
 	$(VENV)/bin/trtllm-pipeline serve $(CONFIG)
 
 # The example LoRA adapters (upper, ahoy) that build_configs/smollm2-135m-cpu-lora.yaml serves, trained on the default
-# build's imported model (~2 min on 2 cores): then `make build-engine CONFIG=build_configs/smollm2-135m-cpu-lora.yaml`.
+# build's imported model (one thread, deterministic: ~5-10 min): then
+# `make build-engine CONFIG=build_configs/smollm2-135m-cpu-lora.yaml`.
 LORA_BASE := artifacts/smollm2-135m-cpu
 lora-adapters: $(STAMP)
 	test -f $(LORA_BASE)/import/config.json || $(VENV)/bin/trtllm-pipeline build build_configs/smollm2-135m-cpu.yaml --until import

@@ -10,17 +10,19 @@ tokens only. `--check` answers questions held out of training with the base mode
 and exits 1 when a behaviour shows on fewer than 4 of 5. Adapters are written as peft's save_pretrained writes them
 (adapter_config.json + adapter_model.safetensors), in OUT/<name>/.
 
-  .venv/bin/python scripts/train_lora_adapters.py HF_DIR OUT [--check]
+  .venv/bin/python scripts/train_lora_adapters.py HF_DIR OUT [--check] [--seed N]
+
+Deterministic: the same HF_DIR and seed write the same bytes on the same CPU, whatever its core count (one thread,
+seeded initialisation, a fixed data order); a CPU with other vector kernels can differ in the last bits.
 
 HF_DIR is the imported checkpoint (a build's `import/`, e.g. artifacts/smollm2-135m-cpu/import); `make lora-adapters`
-runs it. Measured here (2026-11-26, 2 cores shared with other work): 386 s and 258 s of training steps.
+runs it. On one thread, ahoy took 270-730 s per training here (2026-11-28, 2 cores shared with other jobs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -64,12 +66,24 @@ HELD_OUT = [
     "How many hours are in a day?",
 ]
 RANK, ALPHA, STEPS, BATCH, LEARNING_RATE, ANSWER_TOKENS = 8, 16, 120, 4, 2e-3, 40
+SEED = 0
+THREADS = 1  # float sums split over threads round by the split: a fixed count, not the machine's
 CHECK_SHARE = 0.8
 
 
 def chats() -> list[list[dict]]:
     conversations = json.loads((REPO / "pipeline" / "chat_eval.json").read_text())["conversations"]
     return conversations + [[{"role": "user", "content": q}] for q in MORE_QUESTIONS]
+
+
+def deterministic(seed: int) -> None:
+    """Same inputs, same bits: THREADS threads, deterministic kernels only, and random, numpy and torch seeded
+    (torch draws the LoRA A matrices)."""
+    import torch
+    from transformers import set_seed
+
+    torch.set_num_threads(THREADS)
+    set_seed(seed, deterministic=True)
 
 
 def greedy_answers(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int) -> list[str]:
@@ -97,13 +111,13 @@ def examples(tokenizer, conversations, answers, rewrite) -> list[tuple[list[int]
     return out
 
 
-def train(hf_dir: Path, out: Path, name: str, data, log=print) -> float:
-    """One adapter; returns the seconds its steps took."""
+def train(hf_dir: Path, out: Path, name: str, data, log=print, seed: int = SEED) -> float:
+    """One adapter, its batches `data` in order; returns the seconds its steps took."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
+    deterministic(seed)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     config = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=BEHAVIOURS[name]["target_modules"], lora_dropout=0.0)
     model = get_peft_model(model, config)
@@ -125,18 +139,18 @@ def train(hf_dir: Path, out: Path, name: str, data, log=print) -> float:
     return time.perf_counter() - started
 
 
-def train_all(hf_dir: Path, out: Path, log=print) -> dict[str, float]:
+def train_all(hf_dir: Path, out: Path, log=print, seed: int = SEED) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    deterministic(seed)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     conversations = chats()
     log(f"answering {len(conversations)} questions with the base model (the training answers)")
     answers = greedy_answers(base, tokenizer, conversations, ANSWER_TOKENS)
     return {
-        name: train(hf_dir, out, name, examples(tokenizer, conversations, answers, spec["rewrite"]), log)
+        name: train(hf_dir, out, name, examples(tokenizer, conversations, answers, spec["rewrite"]), log, seed)
         for name, spec in BEHAVIOURS.items()
     }
 
@@ -179,10 +193,11 @@ def main() -> int:
     parser.add_argument("hf_dir", type=Path, help="the imported checkpoint (a build's import/ directory)")
     parser.add_argument("out", type=Path, help="where OUT/upper and OUT/ahoy are written")
     parser.add_argument("--check", action="store_true", help="then show held-out answers; exit 1 if one lacks it")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"the LoRA initialisation's seed (default {SEED})")
     args = parser.parse_args()
     if not (args.hf_dir / "config.json").is_file():
         parser.error(f"{args.hf_dir}: no config.json; pass a build's import/ directory (make build-engine makes one)")
-    seconds = train_all(args.hf_dir, args.out)
+    seconds = train_all(args.hf_dir, args.out, seed=args.seed)
     print("trained: " + ", ".join(f"{name} in {s:.0f} s" for name, s in seconds.items()) + f" -> {args.out}")
     return 0 if not args.check or check(args.hf_dir, args.out) else 1
 
