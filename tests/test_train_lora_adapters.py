@@ -28,11 +28,11 @@ def torch_settings():
 def test_same_inputs_train_the_same_bytes(tiny_llama, tmp_path, torch_settings):
     data = [([1, *range(3 + i, 13 + i)], [-100] * 6 + list(range(8 + i, 13 + i))) for i in range(6)]
 
-    def trained(out, seed=0):
-        torch.set_num_threads(2)  # the caller's thread count must not matter
+    def trained(out, threads, seed=0):
+        torch.set_num_threads(threads)  # the caller's: `train` sets its own
         train_lora_adapters.train(tiny_llama, out, "ahoy", data, log=lambda _: None, seed=seed)
         return hashlib.sha256((out / "ahoy" / "adapter_model.safetensors").read_bytes()).hexdigest()
 
-    first = trained(tmp_path / "a")
-    assert trained(tmp_path / "b") == first
-    assert trained(tmp_path / "c", seed=1) != first
+    first = trained(tmp_path / "a", threads=2)
+    assert trained(tmp_path / "b", threads=1) == first
+    assert trained(tmp_path / "c", threads=2, seed=1) != first

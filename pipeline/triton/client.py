@@ -132,17 +132,22 @@ async def stream_responses(url: str, model: str, inputs: list) -> AsyncIterator[
 async def _end(client, model: str, request_id: str, responses, stop: bool) -> None:
     """Read `responses` to the RPC's end, the generation stopped first when `stop` (`_stop`), again each time the
     stream does not end within STOP_WAIT_S (a stop that came before the BLS had asked the LLM model stops nothing);
-    a stream running after STOP_ATTEMPTS is left to the caller's close, which cancels it."""
-    for _ in range(STOP_ATTEMPTS):
-        if stop:
-            await _stop(client, model, request_id)
-        try:
-            async with asyncio.timeout(STOP_WAIT_S):
-                async for _response in responses:
-                    pass
-            return
-        except TimeoutError:
-            pass
+    a stream running after STOP_ATTEMPTS is cancelled. The read is waited on, never timed out: grpc's asyncio client
+    cancels the RPC whose read is cancelled (that was the cancel a loaded machine sent after 2 s)."""
+    reading = asyncio.ensure_future(_read_to_end(responses))
+    try:
+        for _ in range(STOP_ATTEMPTS):
+            if stop:
+                await _stop(client, model, request_id)
+            if (await asyncio.wait({reading}, timeout=STOP_WAIT_S))[0]:
+                return reading.result()
+    finally:
+        reading.cancel()
+
+
+async def _read_to_end(responses) -> None:
+    async for _response in responses:
+        pass
 
 
 async def _stop(client, model: str, request_id: str) -> None:
