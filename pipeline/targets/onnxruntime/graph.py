@@ -29,13 +29,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from pipeline.errors import BuildStepError
 from pipeline.models import ModelFacts
 from pipeline.runtime import lora
+from pipeline.targets.onnxruntime.external_data import DataWriter
 
 OPSET = 23  # RMSNormalization
 # The graph's fused linears and the HF modules each concatenates along its output axis.
@@ -156,12 +157,34 @@ def sliding_windows(config) -> list[int]:
     return [window if kind == "sliding_attention" else 0 for kind in types]
 
 
+class CheckpointTensors(Mapping[str, np.ndarray]):
+    """The checkpoint's tensors by name, each read from its safetensors file as float32 when asked for: the graph
+    is fp32, the checkpoint may be bf16, and no more than one weight is in memory at a time. A float32 tensor may be
+    a private mapping of the file: never change one in place."""
+
+    def __init__(self, hf_dir: Path):
+        from safetensors import safe_open
+
+        self.files = {}
+        for file in sorted(hf_dir.glob("*.safetensors")):
+            handle = safe_open(file, "pt")  # torch: reads bf16/fp16 tensors (numpy has no bfloat16)
+            self.files |= {name: handle for name in handle.keys()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.files[name].get_tensor(name).float().numpy()
+
+    def __iter__(self):
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
 def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dict:
     """Write the fused graph for the checkpoint in hf_dir to out_path (weights in out_path + '.data'), with a
     multi-LoRA branch on the linears holding `lora_modules` (`pipeline.runtime.lora`)."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    from safetensors.torch import load_file  # torch: reads bf16/fp16 checkpoints too (numpy has no bfloat16)
+    from onnx import TensorProto, helper
     from transformers import AutoConfig
 
     why_not = supports(hf_dir)
@@ -169,9 +192,7 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
         raise BuildStepError(f"{hf_dir}: cannot build the fused graph: {why_not}; set target.onnx_graph: optimum")
     config = AutoConfig.from_pretrained(hf_dir)  # with derived fields (layer_types) and the family's defaults
     family = FAMILIES[next(a for a in config.architectures if a in FAMILIES)]
-    weights: dict[str, np.ndarray] = {}
-    for file in sorted(hf_dir.glob("*.safetensors")):
-        weights.update({name: tensor.float().numpy() for name, tensor in load_file(file).items()})  # the graph is fp32
+    weights = CheckpointTensors(hf_dir)
     facts = ModelFacts.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
     layers, hidden = facts.num_hidden_layers, facts.hidden_size
     heads, kv_heads, head_dim = facts.num_attention_heads, facts.num_key_value_heads, facts.head_size
@@ -181,9 +202,11 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
     windows = sliding_windows(config)
 
     nodes, initializers = [], []
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    data = DataWriter(out_path.with_name(out_path.name + ".data"))
 
     def weight(name: str, array: np.ndarray, dtype=np.float32) -> str:
-        initializers.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name))
+        initializers.append(data.add(name, np.asarray(array, dtype=dtype)))
         return name
 
     def node(op: str, inputs: list[str], name: str, outputs: int = 1, domain: str = "", **attrs) -> list[str]:
@@ -250,9 +273,11 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
         heads_view = node("Reshape", [x, "head_shape"], f"{path(module)}/Reshape")[0]
         return node("Reshape", [rms_norm(heads_view, module), "flat_shape"], f"{path(module)}/Reshape_1")[0]
 
-    embed = weights["model.embed_tokens.weight"]
-    table = embed * np.float32(hidden**0.5) if family.embed_scale else embed  # scaled once here, not per token
+    table = weights["model.embed_tokens.weight"]
+    if family.embed_scale:  # scaled once here, not per token (a new array: the read one may map the file)
+        table = table * np.float32(hidden**0.5)
     x = node("Gather", [weight("model.embed_tokens.weight", table), "input_ids"], "/model/embed_tokens/Gather")[0]
+    del table
     caches = {"": rotary_cache(config)}
     if family.local_rope_base:
         caches["local_"] = rotary_cache(config, float(getattr(config, family.local_rope_base)))
@@ -324,7 +349,8 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
     final, _ = skip_norm(x, residual, "model.norm")
     flat = node("Reshape", [final, weight("hidden_shape", np.array([-1, hidden]), np.int64)], "/model/norm/Reshape")[0]
     picked = node("Gather", [flat, "logits_index"], "/model/logits_index/Gather", axis=0)[0]
-    lm_head = weights.get("lm_head.weight", embed)  # tied embeddings: lm_head gets its own copy, quantizable apart
+    # tied embeddings: lm_head gets its own copy, quantizable apart
+    lm_head = weights["lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"]
     logits = node("MatMul", [picked, weight("lm_head.weight_t", lm_head.T)], "/lm_head/MatMul")[0]
     cap = getattr(config, "final_logit_softcapping", None)
     if cap:  # Gemma: tanh(logits / cap) * cap
@@ -352,15 +378,8 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
         producer_name="trtllm-pipeline",
     )
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(
-        model,
-        str(out_path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=out_path.name + ".data",
-        size_threshold=1024,
-    )
+    data.close()
+    onnx.save(model, str(out_path))  # the weights are in the data file already
     return {
         "graph": "fused_gqa",
         "layers": layers,

@@ -18,6 +18,7 @@ import numpy as np
 from pipeline.errors import BuildStepError
 from pipeline.prequantized import QuantizedLinear
 from pipeline.targets.onnxruntime import ONNX_NAME
+from pipeline.targets.onnxruntime.external_data import Initializers
 from pipeline.targets.onnxruntime.graph import fused_parts
 from pipeline.targets.onnxruntime.smoothquant import Smoothing
 
@@ -30,24 +31,18 @@ def module_name(node_name: str) -> str:
     return node_name.strip("/").rsplit("/", 1)[0].replace("/", ".")
 
 
-def untie_lm_head(model) -> bool:
+def untie_lm_head(model, store: Initializers) -> bool:
     """Give lm_head its own (transposed) weight when it reads the tied embedding through a Transpose.
 
     optimum exports tied embeddings as MatMul(x, Transpose(embed_tokens)); a non-constant weight
     cannot be quantized, so without this the largest matmul of a small model stays fp32.
     """
-    import numpy as np
-    from onnx import numpy_helper
-
     producers = {out: node for node in model.graph.node for out in node.output}
     head = next((n for n in model.graph.node if n.op_type == "MatMul" and module_name(n.name) == "lm_head"), None)
     transpose = producers.get(head.input[1]) if head is not None else None
     if transpose is None or transpose.op_type != "Transpose":
         return False
-    embedding = next(i for i in model.graph.initializer if i.name == transpose.input[0])
-    model.graph.initializer.append(
-        numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(embedding).T), "lm_head.weight")
-    )
+    store.put("lm_head.weight", store.array(transpose.input[0]).T)
     head.input[1] = "lm_head.weight"
     if not any(transpose.output[0] in n.input for n in model.graph.node):
         model.graph.node.remove(transpose)
@@ -131,9 +126,12 @@ def matmul_nbits(node, linear: QuantizedLinear, accuracy_level: int | None) -> t
     return nodes, initializers
 
 
-def place_linears(model, linears: dict[str, QuantizedLinear], accuracy_level: int | None) -> list[str]:
-    """Replace every MatMul whose HF modules `linears` holds by MatMulNBits of their codes; the names replaced."""
+def place_linears(model, linears: dict[str, QuantizedLinear], accuracy_level: int | None, add=None) -> list[str]:
+    """Replace every MatMul whose HF modules `linears` holds by MatMulNBits of their codes; the names replaced.
+    `add` puts each new initializer in the graph (default: as it is; `Initializers.add` writes its bytes out)."""
     import onnx
+
+    add = add or model.graph.initializer.append
 
     replaced = []
     for node in list(model.graph.node):
@@ -146,7 +144,8 @@ def place_linears(model, linears: dict[str, QuantizedLinear], accuracy_level: in
             model.graph.node.insert(index + offset, new)
         weight = next(i for i in model.graph.initializer if i.name == node.input[1])
         model.graph.initializer.remove(weight)
-        model.graph.initializer.extend(initializers)
+        for initializer in initializers:
+            add(initializer)
         replaced.append(node.name)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
@@ -212,11 +211,12 @@ def quantize_graph(
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(
         logging.WARNING
     )  # one INFO line per node
-    model = onnx.load(str(source))
+    model = onnx.load(str(source), load_external_data=False)  # each weight is read when it is quantized
+    store = Initializers(model, export_dir, out_dir / ".unsaved.data")
     matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
     excluded = [n for n in matmuls if any(fnmatch.fnmatchcase(module_name(n), p) for p in exclude_modules)]
-    untied = not any(module_name(n) == "lm_head" for n in excluded) and untie_lm_head(model)
-    smoothed = smoothing.apply(model) if smoothing is not None else None
+    untied = not any(module_name(n) == "lm_head" for n in excluded) and untie_lm_head(model, store)
+    smoothed = smoothing.apply(model, store) if smoothing is not None else None
     bits = 8 if weights == "int8" else 4
     block = group_size
     if symmetric is None:
@@ -243,7 +243,10 @@ def quantize_graph(
     if linears is not None:
         kept = {n for n in matmuls if n not in excluded and n not in eight}
         placed = place_linears(
-            model, {m: linears[m] for n in kept for m in fused_parts(module_name(n)) if m in linears}, accuracy_level
+            model,
+            {m: linears[m] for n in kept for m in fused_parts(module_name(n)) if m in linears},
+            accuracy_level,
+            store.add,
         )
     else:
         placed = []
@@ -267,8 +270,8 @@ def quantize_graph(
                 nodes_to_exclude=[n for n in matmuls if n not in nodes],  # nodes_to_include alone does not limit it
                 algo_config=config,
             )
-            quantizer.process()
-            model = quantizer.model.model
+            one_weight_at_a_time(quantizer, store).process()
+            model = store.model = quantizer.model.model
     if eight:
         config8 = DefaultWeightOnlyQuantConfig(block_size=INT8_BLOCK, is_symmetric=True, bits=8, accuracy_level=4)
         quantizer = MatMulNBitsQuantizer(
@@ -280,20 +283,13 @@ def quantize_graph(
             nodes_to_exclude=[n for n in matmuls if n not in eight],  # the excluded ones stay float
             algo_config=config8,
         )
-        quantizer.process()
-        model = quantizer.model.model
+        one_weight_at_a_time(quantizer, store).process()
+        model = store.model = quantizer.model.model
     embedding_bits = None
     if quantize_embedding:
-        embedding_bits = quantize_embedding_gather(model, bits, block)
+        embedding_bits = quantize_embedding_gather(model, bits, block, store)
     quantized = sum(1 for n in model.graph.node if n.op_type == "MatMulNBits")
-    onnx.save(
-        model,
-        str(out_dir / ONNX_NAME),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=ONNX_NAME + ".data",
-        size_threshold=1024,
-    )
+    store.save(out_dir / ONNX_NAME)
     onnx.checker.check_model(str(out_dir / ONNX_NAME))
     return {
         "weights": weights,
@@ -314,7 +310,24 @@ def quantize_graph(
     }
 
 
-def quantize_embedding_gather(model, bits: int, block_size: int) -> int | None:
+def one_weight_at_a_time(quantizer, store: Initializers):
+    """`quantizer` (ONNX Runtime's MatMulNBitsQuantizer) with each node's weight read just before the node is
+    quantized and its results written out just after, so that it never holds the model's weights."""
+    quantize = quantizer.node_quantizer.quantize
+
+    def one_node(node, graph_stack):
+        weights = store.scratch_graph(node.input)
+        if not weights.initializer:
+            return quantize(node, graph_stack)
+        nodes = quantize(node, [weights])
+        store.take_new(weights, node.input)
+        return nodes
+
+    quantizer.node_quantizer.quantize = one_node
+    return quantizer
+
+
+def quantize_embedding_gather(model, bits: int, block_size: int, store: Initializers) -> int | None:
     """Replace the token-embedding Gather (constant table) by GatherBlockQuantized.
 
     8 bits: symmetric uint8 (zero point 128, ORT's default when none is given), one scale per
@@ -322,7 +335,6 @@ def quantize_embedding_gather(model, bits: int, block_size: int) -> int | None:
     """
     import numpy as np
     import onnx
-    from onnx import numpy_helper
 
     initializers = {i.name: i for i in model.graph.initializer}
     node = next(
@@ -337,19 +349,20 @@ def quantize_embedding_gather(model, bits: int, block_size: int) -> int | None:
         return None
     table = initializers[node.input[0]]
     if bits == 8:
-        weight = numpy_helper.to_array(table).astype(np.float32)
+        weight = store.array(table.name).astype(np.float32)
         rows, cols = weight.shape
         blocks = weight.reshape(rows, cols // block_size, block_size)
         scales = np.abs(blocks).max(axis=-1) / 127.0
         scales[scales == 0] = 1.0
         quantized = (np.clip(np.rint(blocks / scales[..., None]), -127, 127) + 128).astype(np.uint8).reshape(rows, cols)
-        data = numpy_helper.from_array(quantized, table.name + "_Q8")
-        scale = numpy_helper.from_array(scales.astype(np.float32), table.name + "_scales")
-        model.graph.initializer.extend([data, scale])
+        data, scale = table.name + "_Q8", table.name + "_scales"
+        store.put(data, quantized)
+        store.put(scale, scales.astype(np.float32))
+        del weight, blocks, quantized
         new_nodes = [
             onnx.helper.make_node(
                 "GatherBlockQuantized",
-                [data.name, node.input[1], scale.name],
+                [data, node.input[1], scale],
                 [node.output[0]],
                 name=node.name + "_Q8",
                 domain="com.microsoft",
@@ -368,7 +381,9 @@ def quantize_embedding_gather(model, bits: int, block_size: int) -> int | None:
         config = DefaultWeightOnlyQuantConfig(
             block_size=block_size, is_symmetric=False, bits=4, op_types_to_quantize=("Gather",)
         )
-        new_nodes = DefaultWeightOnlyQuantizer(config).quantize_gather(node, [model.graph])
+        weights = store.scratch_graph([table.name])
+        new_nodes = DefaultWeightOnlyQuantizer(config).quantize_gather(node, [weights])
+        store.take_new(weights, [table.name])
     index = list(model.graph.node).index(node)
     model.graph.node.remove(node)
     for offset, new in enumerate(new_nodes):

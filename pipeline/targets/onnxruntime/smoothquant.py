@@ -141,8 +141,8 @@ class Smoothing:
     maxima: dict[str, np.ndarray]  # activation -> per-channel max |x| over the calibration windows
     alpha: float
 
-    def apply(self, model) -> dict:
-        return fold(model, [g for g in groups(model) if g.tensor in self.maxima], self.maxima, self.alpha)
+    def apply(self, model, store) -> dict:
+        return fold(store, [g for g in groups(model) if g.tensor in self.maxima], self.maxima, self.alpha)
 
 
 def measured(onnx_path: Path, hf_dir: Path, text: str, calibration, alpha: float, progress, scratch: Path) -> Smoothing:
@@ -197,23 +197,22 @@ def activation_maxima(onnx_path: Path, tensors: list[str], windows, scratch: Pat
     return maxima
 
 
-def fold(model, found: list[Group], maxima: dict, alpha: float) -> dict:
-    """Scale `model`'s weights in place by each group's smoothing factors; what was done, for the build report."""
-    from onnx import numpy_helper
-
-    initializers = {i.name: i for i in model.graph.initializer}
+def fold(store, found: list[Group], maxima: dict, alpha: float) -> dict:
+    """Scale the graph's weights by each group's smoothing factors, one group's at a time through `store`
+    (`external_data.Initializers`); what was done, for the build report."""
     factors = []
     for group in found:
-        weights = [_array(initializers[name]) for name in group.weights]
+        weights = [store.array(name) for name in group.weights]
         weight_peak = np.max([np.abs(w).max(axis=1) for w in weights], axis=0)
         scale = np.clip(maxima[group.tensor], 1e-5, None) ** alpha / np.clip(weight_peak, 1e-5, None) ** (1 - alpha)
         scale = np.clip(scale, 1e-5, None).astype(np.float32)
         for name, weight in zip(group.weights, weights):
-            initializers[name].CopyFrom(numpy_helper.from_array(weight * scale[:, None], name))
-        divisor = _array(initializers[group.divisor]).copy()
+            store.put(name, weight * scale[:, None])
+        del weights
+        divisor = store.array(group.divisor)
         start, stop = group.columns
         divisor[..., start:stop] /= scale
-        initializers[group.divisor].CopyFrom(numpy_helper.from_array(divisor, group.divisor))
+        store.put(group.divisor, divisor)
         factors.append(scale)
     spread = [float(s.max() / s.min()) for s in factors]
     return {
