@@ -22,6 +22,7 @@ from rich.console import Console
 
 from pipeline.config import BuildConfig
 from pipeline.errors import BuildStepError, PipelineError, StageError
+from pipeline.host_memory import available_memory, check_fits, predict, shown_bytes
 from pipeline.lock import hash_paths, read_lock, remove_lock_temps, write_lock
 from pipeline.plan import SKIPPED, UP_TO_DATE, Decision, decide
 from pipeline.stages import STAGES, selected
@@ -136,6 +137,19 @@ def run_stage(decision: Decision, cfg: BuildConfig, output: Path, lock: dict, co
     return entry
 
 
+def _preflight(name: str, prediction, console: Console, check_memory: bool) -> None:
+    """Say what the stage is predicted to hold and write; stop it before it starts when this machine cannot hold it
+    (read just before each stage: earlier ones, or other processes, change what is available)."""
+    available = available_memory()
+    console.print(
+        f"[dim]  {name}: predicted peak host memory {shown_bytes(prediction.host_bytes)} ({prediction.peak}; "
+        f"{shown_bytes(available)} available), disk {shown_bytes(prediction.disk_bytes)}[/]",
+        highlight=False,
+    )
+    if check_memory:
+        check_fits(name, prediction, available)
+
+
 def build(
     cfg: BuildConfig,
     output: Path,
@@ -144,10 +158,13 @@ def build(
     force: bool = False,
     only: str | None = None,
     wait: bool = False,
+    check_memory: bool = True,
 ) -> list[Decision]:
     """Run every stage (of `selected(until, only)`) that is not up to date, in order; returns what happened to each.
-    `wait`: wait for another build of `output` to finish instead of failing (replicas building onto one claim)."""
+    `wait`: wait for another build of `output` to finish instead of failing (replicas building onto one claim).
+    `check_memory`: stop before a stage whose predicted peak host memory exceeds what is available here (exit 4)."""
     done: list[Decision] = []
+    predictions = predict(cfg)
     with exclusive(output, wait, console):
         _remove_leftovers(output)
         lock = read_lock(output)
@@ -159,6 +176,8 @@ def build(
             elif decision.status == UP_TO_DATE:
                 console.print(f"[green]✓ {name}[/]: up to date")
             else:
+                if name in predictions:
+                    _preflight(name, predictions[name], console, check_memory)
                 console.print(f"[bold cyan]▶ {name}[/]: running ({'; '.join(decision.reasons)})")
                 entry = run_stage(decision, cfg, output, lock, console)
                 console.print(f"[green]✓ {name}[/]: done in {entry['duration_s']:.1f}s → {output / name}")

@@ -67,5 +67,10 @@ class TargetUnavailable(PipelineError):
     exit_code = 4
 
 
+class NotEnoughMemory(TargetUnavailable):
+    """A stage's predicted peak host memory exceeds what this machine has available (`pipeline.host_memory`): stopped
+    before it starts rather than killed by the kernel hours into it."""
+
+
 class CheckpointError(BuildStepError):
     """A model file is unreadable or malformed; the message names the file and what is wrong with it."""

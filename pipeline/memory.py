@@ -3,9 +3,9 @@
 Estimates, per GPU (the busiest rank): weights by quantization, activations and workspace for
 `max_num_tokens`, the CUDA context, the PyTorch backend's CUDA graph pool (its graphs share one pool, sized by
 the largest captured decode batch), then the KV cache per token and how many tokens and full-length
-sequences fit in `kv_cache_free_gpu_mem_fraction` of what remains. Also the host RAM the ModelOpt
-conversion needs (the float32 model plus an export copy). Estimates, not measurements: they err
-on the safe side so that a refused config would really not fit.
+sequences fit in `kv_cache_free_gpu_mem_fraction` of what remains. Estimates, not measurements: they err
+on the safe side so that a refused config would really not fit. The host memory each build stage needs is
+`pipeline.host_memory`'s.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ class MemoryPlan:
     kv_budget_bytes: int
     kv_tokens: int
     full_sequences: int
-    host_ram_bytes: int
     problems: list[str]
 
     def lines(self) -> list[str]:
@@ -54,7 +53,6 @@ class MemoryPlan:
             f"KV cache: {self.kv_bytes_per_token / 1024:.1f} KiB per token; {g(self.kv_budget_bytes)} -> "
             f"{self.kv_tokens:,} tokens, "
             f"{self.full_sequences:,} full-length sequences",
-            f"host RAM for the ModelOpt conversion: about {g(self.host_ram_bytes)}",
         ]
 
 
@@ -126,7 +124,6 @@ def plan_memory(cfg, facts, cuda_graph_batch: int = 0) -> MemoryPlan:
     free = total - weights - activations - CUDA_CONTEXT_BYTES - graphs
     budget = max(0, int(free * r.kv_cache_free_gpu_mem_fraction))
     tokens = budget // kv_per_token
-    host = conversion_host_bytes(facts)
     plan = MemoryPlan(
         gpu,
         total,
@@ -138,7 +135,6 @@ def plan_memory(cfg, facts, cuda_graph_batch: int = 0) -> MemoryPlan:
         budget,
         tokens,
         tokens // b.max_seq_len,
-        host,
         [],
     )
     if free <= 0:

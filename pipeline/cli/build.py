@@ -3,6 +3,7 @@ manifests."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -50,6 +51,30 @@ def _decision_table(decisions, title: str) -> Table:
     return table
 
 
+def _print_predictions(decisions, predictions: dict) -> None:
+    """One line per stage that will run: its predicted peak host memory and disk, flagged where it exceeds what this
+    machine has available (the build would stop there)."""
+    from pipeline.host_memory import available_memory, prediction_line, shown_bytes
+    from pipeline.plan import WILL_RUN
+
+    running = [d.stage for d in decisions if d.status == WILL_RUN and d.stage in predictions]
+    if not running:
+        return
+    available = available_memory()
+    console.print(
+        f"predicted per stage (pipeline/host_memory.py; {shown_bytes(available)} of host memory available here):",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for name in running:
+        prediction = predictions[name]
+        line = f"  {prediction_line(name, prediction)}"
+        if prediction.host_bytes > available:
+            lower = f"; {prediction.lowered_by} lowers it" if prediction.lowered_by else ""
+            line += f"; [red]more than is available: the build would stop here (exit 4){lower}[/]"
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 def _check_until(until: Optional[str]) -> None:
     from pipeline.stages import STAGES
 
@@ -75,11 +100,13 @@ def plan(
     ),
 ):
     """Show which stages are up to date, which would run and why (the config value, input file, tool
-    version or source file that changed), and what each writes. Runs nothing.
+    version or source file that changed), what each writes, and each running stage's predicted peak host memory
+    and disk. Runs nothing.
 
     Example: trtllm-pipeline plan build_configs/smollm2-135m-cpu.yaml runtime.max_queue_delay_microseconds=500
     """
     from pipeline.build import default_output
+    from pipeline.host_memory import predict
     from pipeline.lock import read_lock
     from pipeline.plan import WILL_RUN
     from pipeline.plan import plan as make_plan
@@ -91,15 +118,19 @@ def plan(
     decisions = make_plan(cfg, output, read_lock(output), until=until, force=force)
     if check:
         raise typer.Exit(int(any(d.status == WILL_RUN for d in decisions)))
+    predictions = predict(cfg)
     if as_json:
-        print(
-            json.dumps(
-                [{"stage": d.stage, "status": d.status, "reasons": d.reasons, "writes": d.writes} for d in decisions],
-                indent=2,
+        rows = []
+        for d in decisions:
+            predicted = predictions.get(d.stage)
+            rows.append(
+                {"stage": d.stage, "status": d.status, "reasons": d.reasons, "writes": d.writes}
+                | ({"predicted": dataclasses.asdict(predicted)} if predicted and d.status == WILL_RUN else {})
             )
-        )
+        print(json.dumps(rows, indent=2))
         return
     console.print(_decision_table(decisions, f"plan for {config} → {output}"))
+    _print_predictions(decisions, predictions)
     target = target_of(cfg)
     unavailable = target.unavailable()
     if unavailable:
@@ -136,9 +167,16 @@ def build(
     wait: bool = typer.Option(
         False, "--wait", help="Wait for another build of the same output directory instead of failing (pods)."
     ),
+    ignore_memory_check: bool = typer.Option(
+        False,
+        "--ignore-memory-check",
+        help="Run a stage even when its predicted peak host memory exceeds what this machine has available "
+        "(`plan` prints the predictions).",
+    ),
 ):
     """Run the pipeline. Up-to-date stages are skipped (checked against build.lock.json); each stage's
-    output appears only when complete.
+    output appears only when complete. A stage whose predicted peak host memory exceeds what this machine has
+    available is not started (exit 4, naming the setting that lowers it; --ignore-memory-check runs it anyway).
 
     Example: trtllm-pipeline build build_configs/smollm2-135m-cpu.yaml --until import
     """
@@ -150,7 +188,9 @@ def build(
     cfg = load(config, overrides)
     published = output is None
     output = output or default_output(config)
-    decisions = run_build(cfg, output, console, until=until, force=force, wait=wait)
+    decisions = run_build(
+        cfg, output, console, until=until, force=force, wait=wait, check_memory=not ignore_memory_check
+    )
     if published and (output / "triton_repo").is_dir():
         link = _publish_repo(output / "triton_repo", config.stem)
         console.print(f"Triton repository: {link} -> {output / 'triton_repo'}")

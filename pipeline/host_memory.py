@@ -1,0 +1,311 @@
+"""Each stage's peak host memory and the disk it writes, predicted from the config and the checkpoint's headers, so that
+`plan` shows them and `build` stops before a stage this machine cannot hold (exit 4) rather than being OOM-killed in it.
+
+The stages stream (issue #46): import, the ONNX export, quantization and ModelOpt's export hold about one tensor at a
+time; only the parts that run a model hold one, and one at a time (the quality gate's reference, released before the
+engine runs). A stage's peak is then its libraries, plus the largest of its phases: a few float32 copies of the
+largest tensor while converting, or the one model it runs with that run's activations and logits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import CheckpointError, NotEnoughMemory, PipelineError
+from pipeline.memory import DTYPE_BYTES, GiB, MiB, parameter_counts, plan_cpu_serving, weight_bytes_per_param
+from pipeline.models import ModelFacts, path_problem, read_gguf
+from pipeline.quality import WINDOW as SCORED_WINDOW  # tokens the quality gate and the export's check run at once
+from pipeline.stages import STAGES
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """How each stage's peak grows with the model. Set by reasoning over what each stage holds once it streams, not
+    yet measured at scale: `make bench-scale` measures every stage's peak at real sizes, and these are to be set from
+    its table (the plan's target: within 20% of the measured peak)."""
+
+    # python, torch, transformers and onnxruntime imported and at work: the imports and a tiny Llama forward measured
+    # 0.42 GiB RSS here (/usr/bin/time -v, 2026-11-28); the default build's peak before streaming, 2.9 GiB, less its
+    # four float32 copies of the weights (2.0 GiB), leaves 0.9 GiB for libraries, tokenizer, sessions and text
+    libraries_bytes: int = int(0.9 * GiB)
+    # ModelOpt imported on top of them (0.51 against 0.31 GiB for the imports alone, measured the same way)
+    modelopt_bytes: int = int(0.2 * GiB)
+    # a streamed tensor in float32: upcast from its mapped file, and what it is converted to (quantized, rescaled)
+    streamed_tensor_copies: float = 2.0
+    # a forward's live float32 activations per token, in hidden sizes and intermediate sizes (residual, norm,
+    # attention in and out; gate, up and their product)
+    hidden_copies_per_token: float = 4.0
+    intermediate_copies_per_token: float = 3.0
+    # float32 logits of one scored window held at once: the model's, its log-softmax, and the other model's cached
+    logits_copies: float = 3.0
+    # an int8/int4 engine's files and side buffers (tokenizer, configs, ONNX protobuf) beside its weights
+    side_files_bytes: int = 8 * MiB
+
+
+COEFFICIENTS = Coefficients()
+REFERENCE_DTYPES = {"float32": 4, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One stage's predicted peak host memory and the bytes it writes to disk."""
+
+    host_bytes: int
+    disk_bytes: int
+    lowered_by: str  # the setting that lowers the peak, e.g. verify.reference_dtype=bfloat16; "" when none does
+    peak: str = ""  # what the stage holds at its peak
+
+
+@dataclass(frozen=True)
+class CheckpointShape:
+    """What the predictions are computed from, read without loading a weight."""
+
+    parameters: int  # stored elements, an untied lm_head included
+    largest_tensor: int  # elements of the largest tensor (usually the embedding table)
+    checkpoint_bytes: int  # the weights in the checkpoint's own dtype, as import keeps them on disk
+    compute_bytes: int  # bytes per parameter of the dtype the pipeline computes in (model.dtype)
+    embedding: int  # elements of the token-embedding table
+    tied: bool  # the lm_head is the embedding table
+    facts: ModelFacts
+
+
+def _safetensors_headers(directory: Path) -> list[tuple[str, int, int]]:
+    """(dtype, elements, bytes) of every tensor in the directory's *.safetensors headers (the data is not read)."""
+    tensors = []
+    for file in sorted(directory.glob("*.safetensors")):
+        problem = path_problem(file, "regular file")  # opening a FIFO would wait for a writer forever
+        if problem:
+            raise ValueError(problem)
+        with open(file, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            if header_size > file.stat().st_size - 8:
+                raise ValueError(f"{file}: its header is longer than the file")
+            header = json.loads(f.read(header_size))
+        for name, info in header.items():
+            if name != "__metadata__":
+                begin, end = info["data_offsets"]
+                tensors.append((info["dtype"], math.prod(info["shape"]), end - begin))
+    return tensors
+
+
+def checkpoint_shape(cfg) -> CheckpointShape | None:
+    """The configured checkpoint's sizes from config.json, safetensors or GGUF headers, or the built-in model's facts;
+    None when they cannot be read (the config's own checks say why)."""
+    facts = cfg.model_facts()
+    if facts is None:
+        return None
+    linear, embedding = parameter_counts(facts)
+    largest = max(embedding, facts.hidden_size * facts.intermediate_size)
+    tied, own_bytes = True, 4  # the built-in and GGUF checkpoints are dequantized to float32 (model.dtype auto)
+    parameters = linear + embedding
+    stored = None  # the checkpoint's bytes, where its headers give them
+    if cfg.model.source == "hf":
+        path = cfg.resolve_path(cfg.model.path)
+        try:
+            tensors = _safetensors_headers(path)
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # the config's checkpoint rule names what is wrong with it
+        tied = bool(config.get("tie_word_embeddings", False))
+        floats = [(elements, size) for dtype, elements, size in tensors if dtype in ("F64", "F32", "F16", "BF16")]
+        if floats:
+            own_bytes = round(sum(size for _, size in floats) / sum(elements for elements, _ in floats))
+        else:  # pytorch_model*.bin, or a config.json alone (planning an 8B without its weights)
+            own_bytes = DTYPE_BYTES.get(config.get("torch_dtype") or config.get("dtype"), 4)
+        largest = max([largest, *(elements for _, elements, _ in tensors)])
+        parameters = max(sum(elements for _, elements, _ in tensors), linear + embedding * (1 if tied else 2))
+        stored = sum(size for _, _, size in tensors) or None
+    elif cfg.model.source == "gguf":
+        try:
+            names = {tensor.name for tensor in read_gguf(cfg.resolve_path(cfg.model.path)).tensors}
+        except CheckpointError:
+            return None
+        tied = "output.weight" not in names
+        parameters = linear + embedding * (1 if tied else 2)
+    compute = own_bytes if cfg.model.dtype == "auto" else DTYPE_BYTES[cfg.model.dtype]
+    checkpoint = stored or parameters * own_bytes
+    return CheckpointShape(parameters, largest, checkpoint, compute, embedding, tied, facts)
+
+
+def _forward_bytes(shape: CheckpointShape, tokens: int) -> int:
+    """Live float32 activations of one forward over `tokens` tokens: the layer's hidden states and MLP intermediates,
+    one head's attention scores at a time being a fraction of these, plus the logits."""
+    f, c = shape.facts, COEFFICIENTS
+    per_token = c.hidden_copies_per_token * f.hidden_size + c.intermediate_copies_per_token * f.intermediate_size
+    return int(tokens * (per_token + c.logits_copies * f.vocab_size) * 4)
+
+
+def _streamed_bytes(shape: CheckpointShape) -> int:
+    return int(COEFFICIENTS.streamed_tensor_copies * shape.largest_tensor * 4)
+
+
+def _reference_bytes_per_param(cfg) -> int:
+    # verify.reference_dtype arrives with the streaming gate (issue #46 item 2); float32 until then
+    return REFERENCE_DTYPES[getattr(cfg.verify, "reference_dtype", "float32")]
+
+
+Phases = dict[str, tuple[int, str]]  # what a stage holds at a time -> (its bytes, the setting lowering it, or "")
+
+
+def _gate_phases(cfg, shape: CheckpointShape) -> Phases:
+    """The quality gate's two models, one at a time: the reference, released, then what was built (onnxruntime: the
+    engine with its runtime's buffers; trtllm: the checkpoint dequantized for a forward in the reference's dtype)."""
+    reference = _reference_bytes_per_param(cfg)
+    window = _forward_bytes(shape, SCORED_WINDOW)
+    phases = {
+        f"the quality gate's {'float32' if reference == 4 else 'bfloat16'} reference ({reference} B/param)": (
+            reference * shape.parameters + window,
+            "verify.reference_dtype=bfloat16" if reference == 4 else "",
+        )
+    }
+    if cfg.target.name != "onnxruntime":
+        return phases
+    f, b = shape.facts, cfg.build
+    weights = plan_cpu_serving(cfg, f).weights_bytes
+    # the engine's runner prefills at most max_num_tokens at once, and the gate gives it at most a window
+    run = _forward_bytes(shape, min(b.max_num_tokens, SCORED_WINDOW))
+    kv_one_row = b.max_seq_len * f.num_hidden_layers * 2 * f.num_key_value_heads * f.head_size * 4
+    setting = "a smaller build.max_num_tokens" if run > weights else ""
+    return phases | {"the quality gate's run of the engine": (weights + run + kv_one_row, setting)}
+
+
+def _cpu_engine_phases(cfg, shape: CheckpointShape) -> Phases:
+    q, f = cfg.quantization, shape.facts
+    phases = {"quantization, one weight at a time": (_streamed_bytes(shape), "")}
+    if q.calibration is not None and q.method in ("smoothquant", "gptq"):
+        hessian = 2 * f.intermediate_size**2 * 4 if q.method == "gptq" else 0  # the widest layer's, and its inverse
+        held, setting = _calibration_phase(shape, 4 * shape.parameters, q.calibration.seq_len, "")
+        phases[f"{q.method} calibration over the float32 graph"] = (held + hessian, setting)
+    return phases | _gate_phases(cfg, shape)
+
+
+def _calibration_phase(shape: CheckpointShape, model_bytes: int, seq_len: int, model_setting: str) -> tuple[int, str]:
+    """A calibration's model and the forward of one calibration sequence (pipeline.fetch.calibration_windows: batches
+    of one, so num_samples changes the time, not the memory), with the setting lowering the larger of the two."""
+    forward = _forward_bytes(shape, seq_len)
+    return (
+        model_bytes + forward,
+        "a smaller quantization.calibration.seq_len" if forward > model_bytes else model_setting,
+    )
+
+
+def _stage_phases(name: str, cfg, shape: CheckpointShape) -> tuple[Phases, int]:
+    """(the stage's phases beside its libraries; the bytes it writes)."""
+    q, target = cfg.quantization, cfg.target.name
+    streamed = {"one tensor at a time": (_streamed_bytes(shape), "")}
+    table_copies = 1 if shape.tied else 2
+    if name == "import":
+        return streamed, shape.checkpoint_bytes if cfg.model.source == "hf" else shape.parameters * shape.compute_bytes
+    if name == "export" and target == "onnxruntime":
+        check = "the export's logits check on the float32 graph (4 B/param)"
+        phases = streamed | {check: (4 * shape.parameters + _forward_bytes(shape, SCORED_WINDOW), "")}
+        # the fused graph holds the table and the lm_head apart, tied or not
+        return phases, 4 * (shape.parameters + (shape.embedding if shape.tied else 0))
+    if name == "engine" and target == "onnxruntime":
+        built = plan_cpu_serving(cfg, shape.facts).weights_bytes + COEFFICIENTS.side_files_bytes
+        return _cpu_engine_phases(cfg, shape), built
+    if name == "lora":  # each adapter gated as the base model is: its merged reference, then the engine with it
+        return _gate_phases(cfg, shape), COEFFICIENTS.side_files_bytes
+    linear = shape.parameters - table_copies * shape.embedding
+    checkpoint = int(
+        linear * weight_bytes_per_param(q.weights, q.group_size, shape.compute_bytes)
+        + table_copies * shape.embedding * shape.compute_bytes
+    )
+    if name == "quantize":  # writes ModelOpt's quantizer state: a float32 amax per output channel of every linear
+        seq_len = q.calibration.seq_len if q.calibration else SCORED_WINDOW
+        in_its_dtype = shape.compute_bytes * shape.parameters
+        smaller_dtype = "model.dtype=bfloat16" if shape.compute_bytes == 4 else ""
+        calibration = {
+            "ModelOpt calibration of the model in its dtype": _calibration_phase(
+                shape, in_its_dtype, seq_len, smaller_dtype
+            )
+        }
+        return calibration, linear // shape.facts.hidden_size * 4
+    if name == "export":  # trtllm: the unified export, tensor by tensor, of the model with its quantizers restored
+        export = {
+            "the export of the model in its dtype": (
+                shape.compute_bytes * shape.parameters + _streamed_bytes(shape),
+                "",
+            )
+        }
+        return export | _gate_phases(cfg, shape), checkpoint
+    if name == "engine" and cfg.target.trtllm_backend == "tensorrt":  # trtllm-build stages the checkpoint on the host
+        return {"trtllm-build reading the checkpoint": (checkpoint, "")}, checkpoint
+    return {}, COEFFICIENTS.side_files_bytes  # configs and tokenizer files only
+
+
+def predict(cfg) -> dict[str, Prediction]:
+    """Stage name -> its prediction, for every stage this config runs (those on request included); empty when the
+    checkpoint's sizes cannot be read."""
+    shape = checkpoint_shape(cfg)
+    if shape is None:
+        return {}
+    predictions = {}
+    for name, stage in STAGES.items():
+        if stage.applies(cfg) is not None:
+            continue
+        phases, disk = _stage_phases(name, cfg, shape)
+        libraries = COEFFICIENTS.libraries_bytes
+        if cfg.target.name == "trtllm" and name in ("quantize", "export"):
+            libraries += COEFFICIENTS.modelopt_bytes
+        peak, (held, lowered_by) = max(phases.items(), key=lambda item: item[1][0], default=("libraries", (0, "")))
+        predictions[name] = Prediction(libraries + held, disk, lowered_by, peak)
+    return predictions
+
+
+def shown_bytes(size: int) -> str:
+    return f"{size / GiB:.2f} GiB" if size >= GiB else f"{size / MiB:,.0f} MiB"
+
+
+def prediction_line(name: str, prediction: Prediction) -> str:
+    return (
+        f"{name}: peak host memory {shown_bytes(prediction.host_bytes)} ({prediction.peak}), "
+        f"disk {shown_bytes(prediction.disk_bytes)}"
+    )
+
+
+AVAILABLE_MEMORY_ENV = "TRTLLM_PIPELINE_AVAILABLE_MEMORY"
+_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1 << 10, "MIB": MiB, "GIB": GiB}
+
+
+def parse_size(text: str) -> int:
+    """'1MiB', '16GiB', '512 MB' or a byte count."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{text!r} is not a size such as 512MiB or 16GiB")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+
+
+def available_memory() -> int:
+    """Memory a stage may take here: $TRTLLM_PIPELINE_AVAILABLE_MEMORY when set, else what the kernel could give
+    without swapping (psutil's `available`, /proc/meminfo's MemAvailable)."""
+    override = os.environ.get(AVAILABLE_MEMORY_ENV)
+    if override:
+        try:
+            return parse_size(override)
+        except ValueError as exc:
+            raise PipelineError(f"{AVAILABLE_MEMORY_ENV}: {exc}") from None
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def check_fits(name: str, prediction: Prediction, available: int) -> None:
+    """Stop before stage `name` when its predicted peak exceeds what this machine has available."""
+    if prediction.host_bytes <= available:
+        return
+    lower = (
+        f"{prediction.lowered_by} lowers it"
+        if prediction.lowered_by
+        else "no setting lowers it: use a machine with more memory"
+    )
+    raise NotEnoughMemory(
+        f"stage '{name}' would need about {shown_bytes(prediction.host_bytes)} of host memory at its peak "
+        f"({prediction.peak}), but this machine has {shown_bytes(available)} available; {lower}, or run "
+        "`build --ignore-memory-check` to try anyway"
+    )
