@@ -1,4 +1,4 @@
-"""`trtllm-pipeline bench`: the benchmark sub-commands (offline, family-decode, serve, compare), each writing a
+"""`trtllm-pipeline bench`: the benchmark sub-commands (offline, family-decode, serve, compare, scale), each writing a
 report folder."""
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import typer
 
 from pipeline.architectures import ARCHITECTURES
 from pipeline.architectures import architecture as registered
+from pipeline.bench.scale import SIZES as SCALE_SIZES
 from pipeline.cli.common import ConfigArg, OutputOpt, console, load, reports_errors
 from pipeline.errors import PipelineError
 
 bench_app = typer.Typer(
     help="Benchmarks: peers (build llama.cpp, OpenVINO GenAI and onnxruntime-genai), offline (ours vs them), "
-    "family-decode (fused graph per family), serve (load on Triton), compare.",
+    "family-decode (fused graph per family), serve (load on Triton), compare, scale (every stage's memory and time "
+    "at real model sizes).",
     no_args_is_help=True,
 )
 BenchOut = typer.Option(
@@ -503,3 +505,93 @@ def bench_lora(
     folder = report.write_report(out, "lora", f"lora: {config}", results, summary, lambda path: None, "")
     console.print(summary, highlight=False, soft_wrap=True)
     console.print(f"report: {folder}")
+
+
+@bench_app.command("scale")
+@reports_errors
+def bench_scale(
+    sizes: str = typer.Option(
+        ",".join(SCALE_SIZES),
+        "--sizes",
+        help="Comma-separated sizes: 0.5b (~0.48B params), 1.1b (TinyLlama's shape), 3b (Llama-3.2-3B's widths and "
+        "depth, ~3.0B with this vocabulary), 8b-2l (Llama-3.1-8B's widths, 2 layers).",
+    ),
+    targets: str = typer.Option(
+        "onnxruntime,trtllm",
+        "--targets",
+        help="Comma-separated: onnxruntime (build_configs/smollm2-135m-cpu.yaml, every stage) and trtllm "
+        "(build_configs/smollm2-135m-fp8.yaml up to export: its engine needs a GPU).",
+    ),
+    force: bool = typer.Option(False, "--force", help="Measure again the sizes x targets already measured."),
+    keep_checkpoints: bool = typer.Option(
+        False,
+        "--keep-checkpoints",
+        help="Keep each random checkpoint under WORK/checkpoints for later runs (the 3B is 6 GB); default: deleted "
+        "once its size is measured.",
+    ),
+    calibration_samples: int = typer.Option(
+        16, help="trtllm only: ModelOpt FP8 calibration samples (the config's 64 take ~4x as long on CPU)."
+    ),
+    tokenizer: Optional[Path] = typer.Option(
+        None, help="The checkpoints' tokenizer (its length is the vocabulary); default SmolLM2's (its import in WORK)."
+    ),
+    overrides: Optional[list[str]] = typer.Option(
+        None, "--set", help="Another override of both targets' configs (repeat), e.g. verify.eval_tokens=1024."
+    ),
+    ignore_memory_check: bool = typer.Option(
+        False, "--ignore-memory-check", help="Run the stages the memory plan says will not fit (default: exit 4)."
+    ),
+    report_only: bool = typer.Option(
+        False,
+        "--report-only",
+        help="Build nothing: rewrite the table and plot from the results kept in OUT (predictions recomputed).",
+    ),
+    work: Path = typer.Option(
+        Path("bench_results/scale-work"), help="Checkpoints and builds while measured (deleted after each size)."
+    ),
+    out: Path = typer.Option(
+        Path("bench_results/scale"),
+        "--out",
+        help="Results: OUT/SIZE/TARGET.json and OUT/SIZE/logs/, then OUT/summary.md, results.json and "
+        "bytes_per_parameter.png.",
+    ),
+):
+    """What every build stage costs at real model sizes, on both targets: random-weight Llama checkpoints of real
+    shapes (bfloat16, SmolLM2's tokenizer, seeded), each built from the shipped config with `model.source=hf`, each
+    stage in its own process. Per size x target x stage: wall and CPU seconds, peak anonymous RSS of the stage's
+    process tree (sampled every 50 ms) and the kernel's ru_maxrss, bytes per parameter, disk written, and the
+    memory plan's prediction beside them (`-` until `pipeline.host_memory` predicts). The quality gate's thresholds
+    are relaxed (a random model's answers are noise); what it computes is a user's default.
+
+    How long: hours on 2 cores for every size (the 3B alone about an hour per target; ModelOpt's calibration is
+    the slowest part of trtllm). Disk: each build is deleted once measured (a 3B CPU build writes ~24 GB).
+
+    Resuming: each size x target is written to OUT/SIZE/TARGET.json as it finishes, and a run skips those measured
+    there; run the same command again after an interruption (--force measures them again). A stage that fails (e.g.
+    killed for memory) is recorded with its log in OUT/SIZE/logs/, the run goes on, and the next run tries it again.
+
+    Example: trtllm-pipeline bench scale --sizes 0.5b,1.1b --targets onnxruntime
+    """
+    from pipeline.bench.scale import load_results, repredict, run_scale, write_summary
+
+    log = lambda m: console.print(f"  {m}", highlight=False, markup=False)  # noqa: E731
+    if report_only:
+        results = load_results(out)
+        repredict(out, work, results, log)
+    else:
+        results = run_scale(
+            [name.strip() for name in sizes.split(",") if name.strip()],
+            [name.strip() for name in targets.split(",") if name.strip()],
+            out,
+            work,
+            tokenizer=tokenizer,
+            force=force,
+            keep_checkpoints=keep_checkpoints,
+            calibration_samples=calibration_samples,
+            extra=overrides or [],
+            check_memory=not ignore_memory_check,
+            log=log,
+        )
+    summary = write_summary(out, results)
+    console.print(summary.read_text(), highlight=False, markup=False, soft_wrap=True)
+    console.print(f"report: {summary}")

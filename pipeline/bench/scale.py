@@ -1,0 +1,574 @@
+"""`bench scale`: what every build stage costs at real model sizes (peak host memory, CPU-seconds, wall time, disk,
+bytes per parameter) on random-weight Llama checkpoints of real shapes, each stage in its own process, beside the
+memory plan's prediction.
+
+Why (issue #46): everything else is measured on one 135M model, and a stage that holds a whole model in memory only
+shows it at 1B and up. Random weights are enough for memory and time: what a stage holds and does depends on the
+shapes, not on the values. Their answers are noise, so the quality gate's thresholds are relaxed to what a random
+model meets; what the gate computes (`eval_tokens`, the chat set) stays what a user's build computes.
+
+Peak memory is the anonymous RSS (`RssAnon` of /proc/PID/status: heap, not the mapped checkpoint a kernel may drop)
+of the stage's process and its children, summed and sampled every 50 ms, keeping the maximum; the kernel's own
+high-water mark (`ru_maxrss`: VmHWM of the largest process, file-backed pages included) is kept beside it. Results
+are kept per size and target, so a run that stops resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from pipeline.errors import PipelineError
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama checkpoint's sizes; the vocabulary is the tokenizer's (SmolLM2's: 49,152)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    tie_word_embeddings: bool
+    about: str = ""
+
+
+SIZES = {
+    "0.5b": Shape(1024, 4096, 28, 16, 4, True, "about 0.48B parameters with SmolLM2's vocabulary"),
+    "1.1b": Shape(2048, 5632, 22, 32, 4, False, "TinyLlama-1.1B's shape"),
+    "3b": Shape(3072, 8192, 28, 24, 8, True, "Llama-3.2-3B's widths and depth"),
+    "8b-2l": Shape(4096, 14336, 2, 32, 8, False, "Llama-3.1-8B's widths, 2 layers: a layer's memory at real width"),
+}
+
+
+@dataclass(frozen=True)
+class TargetBuild:
+    """The shipped config a target is built from, and the stage it stops after (trtllm's engine needs a GPU)."""
+
+    config: Path
+    until: str | None = None
+
+
+TARGETS = {
+    "onnxruntime": TargetBuild(Path("build_configs/smollm2-135m-cpu.yaml")),
+    "trtllm": TargetBuild(Path("build_configs/smollm2-135m-fp8.yaml"), until="export"),
+}
+# What a random model meets: its answers are noise, so the engine's agree with the reference's by chance only. Only
+# the thresholds a config sets are relaxed (a null one stays null, so the chat set runs exactly where a user's does).
+RELAXED_GATE = dict(
+    max_perplexity_increase=10.0, max_kl_divergence=10.0, min_top1_agreement=0.0, min_chat_answer_match=0.0
+)
+# The first line the quality gate logs (`pipeline.quality.measure`): from it to the stage's end is the gate's time.
+GATE_STARTS = ("scoring ", " tokens of ")
+SAMPLE_SECONDS = 0.05
+IGNORE_MEMORY_CHECK = "--ignore-memory-check"
+DEFAULT_CONFIG = Path("build_configs/smollm2-135m-cpu.yaml")  # its import holds SmolLM2's tokenizer
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------------
+
+
+def smollm2_tokenizer(work: Path, log: Callable[[str], None]) -> Path:
+    """SmolLM2's tokenizer files: the default build's import stage, built into `work` once (about 15 s)."""
+    output = work / "smollm2-import"
+    log(f"SmolLM2's tokenizer: {DEFAULT_CONFIG} --until import into {output}")
+    command = [sys.executable, "-m", "pipeline.cli", "build", str(REPO / DEFAULT_CONFIG), "-o", str(output)]
+    done = subprocess.run([*command, "--until", "import"], cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"building SmolLM2's import for its tokenizer failed:\n{done.stdout}{done.stderr}")
+    return output / "import"
+
+
+def make_checkpoint(shape: Shape, tokenizer_dir: Path, path: Path, seed: int = 0) -> Path:
+    """A random bfloat16 Llama checkpoint of `shape` with the tokenizer of `tokenizer_dir`, made without an fp32
+    copy: built on the meta device, given empty bfloat16 storage and filled tensor by tensor (small normals, norm
+    scales 1), seeded. One already at `path` is reused."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if (path / "config.json").is_file():
+        return path
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    sizes = {key: value for key, value in asdict(shape).items() if key != "about"}
+    config = LlamaConfig(
+        **sizes,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="bfloat16",
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to(torch.bfloat16).to_empty(device="cpu")
+    model.tie_weights()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, parameter in model.named_parameters():  # tied ones once
+            if parameter.ndim == 1:
+                parameter.fill_(1.0)
+            else:
+                parameter.normal_(0.0, config.initializer_range, generator=generator)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(path)
+    return path
+
+
+def parameter_count(checkpoint: Path) -> int:
+    """Parameters stored in the checkpoint's safetensors (a tied embedding once), read from their headers."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(file, framework="numpy") as tensors:
+            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    return total
+
+
+# --- configs and the plan's prediction ---------------------------------------------------------------------------
+
+
+def build_overrides(config: Path, checkpoint: Path, calibration_samples: int | None, extra: list[str]) -> list[str]:
+    """The command line's overrides of a target's shipped config for one checkpoint: the model, the relaxed gate
+    (only the thresholds the config sets), the trtllm calibration size, then the user's own."""
+    from pipeline.config import load_config
+
+    overrides = ["model.source=hf", f"model.path={checkpoint.resolve()}"]
+    if calibration_samples is not None:
+        overrides.append(f"quantization.calibration.num_samples={calibration_samples}")
+    verify = load_config(REPO / config, overrides + extra).verify
+    relaxed = [f"verify.{key}={value}" for key, value in RELAXED_GATE.items() if getattr(verify, key) is not None]
+    return overrides + relaxed + extra
+
+
+def predicted(config: Path, overrides: list[str], log: Callable[[str], None]) -> dict[str, dict]:
+    """Stage -> the plan's predicted host and disk bytes (`pipeline.host_memory.predict`), or {} while that module
+    does not exist or cannot predict this config: a measurement is never lost to a prediction."""
+    try:
+        from pipeline.host_memory import predict
+    except ImportError:
+        return {}
+    from pipeline.config import load_config
+
+    try:
+        stages = predict(load_config(REPO / config, overrides))
+        return {name: {"host_bytes": p.host_bytes, "disk_bytes": p.disk_bytes} for name, p in stages.items()}
+    except Exception as exc:  # noqa: BLE001 - the prediction is a column beside the measurement
+        log(f"no prediction: {type(exc).__name__}: {exc}")
+        return {}
+
+
+# --- measuring one stage -----------------------------------------------------------------------------------------
+
+
+def status_kib(pid: int, field: str) -> int:
+    """A `kB` field of /proc/PID/status (0 once the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        pass
+    return 0
+
+
+def tree_anon_bytes(pid: int) -> int:
+    """RssAnon of a process and all its descendants, summed."""
+    import psutil
+
+    try:
+        pids = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return 0
+    return 1024 * sum(status_kib(each, "RssAnon") for each in pids)
+
+
+def measure_process(command: list[str], log_file: Path, env: dict | None = None) -> dict:
+    """Run `command`, its output timestamped into `log_file`, sampling its process tree's anonymous RSS every 50 ms:
+    wall seconds, CPU seconds (user + system of it and its waited-for children, from wait4), the sampled peak, the
+    kernel's ru_maxrss, the exit code (negative: killed by that signal) and when the quality gate began."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})},
+    )
+    peak, done, marks, tail = [0], threading.Event(), {}, []
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], tree_anon_bytes(process.pid))
+            done.wait(SAMPLE_SECONDS)
+
+    def copy_output():
+        with open(log_file, "w") as out:
+            for line in process.stdout:
+                offset = time.monotonic() - started
+                if "gate" not in marks and all(part in line for part in GATE_STARTS):
+                    marks["gate"] = offset
+                out.write(f"[{offset:8.1f}s] {line}")
+                tail[:] = [*tail[-29:], line.rstrip()]
+
+    threads = [threading.Thread(target=sample, daemon=True), threading.Thread(target=copy_output, daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        _, status, usage = os.wait4(process.pid, 0)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    finally:
+        done.set()
+    wall = time.monotonic() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    for thread in threads:
+        thread.join(timeout=10)
+    return {
+        "returncode": process.returncode,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_anon_bytes": peak[0],
+        "ru_maxrss_bytes": usage.ru_maxrss * 1024,
+        "gate_s": None if "gate" not in marks else round(wall - marks["gate"], 2),
+        "log_tail": tail,
+    }
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes of the files under `path`, each hard-linked file once."""
+    seen, total = set(), 0
+    for file in path.rglob("*") if path.exists() else ():
+        info = file.lstat()
+        if file.is_file() and not file.is_symlink() and (info.st_dev, info.st_ino) not in seen:
+            seen.add((info.st_dev, info.st_ino))
+            total += info.st_size
+    return total
+
+
+def failure(returncode: int) -> str:
+    """An exit status in words: a SIGKILL is most likely the kernel's OOM killer, exit 4 the plan's preflight."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        return f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+    return f"exit {returncode}" + (" (this machine cannot: predicted not to fit)" if returncode == 4 else "")
+
+
+# --- one size on one target --------------------------------------------------------------------------------------
+
+
+def measure_target(
+    size: str,
+    target: str,
+    checkpoint: Path,
+    output: Path,
+    logs: Path,
+    overrides: list[str],
+    log,
+    check_memory: bool = True,
+) -> dict:
+    """Every stage of `target`'s build of `checkpoint`, each in its own process into a fresh `output`; a stage that
+    fails ends the target (the later ones read its output)."""
+    from pipeline.config import load_config
+    from pipeline.stages import STAGES, selected
+
+    build = TARGETS[target]
+    cfg = load_config(REPO / build.config, overrides)
+    prediction = predicted(build.config, overrides, log)
+    shutil.rmtree(output, ignore_errors=True)
+    stages, failed = [], None
+    for name in selected(build.until):
+        row = {"stage": name}
+        skipped = STAGES[name].applies(cfg)
+        if skipped or failed:
+            stages.append(row | {"status": "skipped" if skipped else "not run", "reason": skipped or failed})
+            continue
+        log(f"{size} {target}: {name}")
+        command = [sys.executable, "-m", "pipeline.bench.scale", name, str(REPO / build.config), str(output)]
+        command += [] if check_memory else [IGNORE_MEMORY_CHECK]
+        measured = measure_process(command + overrides, logs / f"{target}-{name}.log")
+        row |= measured | {"status": "ok" if measured["returncode"] == 0 else "failed"}
+        if measured["returncode"] != 0:
+            last = next((line.strip() for line in reversed(measured["log_tail"]) if line.strip()), "")
+            failed = f"{name} failed: {failure(measured['returncode'])}: {last[:300]}"
+            row["reason"] = failed
+            log(f"{size} {target}: {failed}; log: {logs / f'{target}-{name}.log'}")
+        else:
+            del row["log_tail"]
+            row["disk_bytes"] = disk_bytes(output / name)
+            lock = json.loads((output / "build.lock.json").read_text())
+            row["metrics"] = lock["stages"].get(name, {}).get("metrics", {})
+            log(
+                f"{size} {target}: {name} {row['wall_s']:.0f} s, {row['cpu_s']:.0f} CPU-s, "
+                f"peak anon {row['peak_anon_bytes'] / GIB:.2f} GiB, disk {row['disk_bytes'] / GIB:.2f} GiB"
+            )
+        row["predicted"] = prediction.get(name)
+        stages.append(row)
+    return {
+        "status": "failed" if failed else "ok",
+        "config": str(build.config),
+        "overrides": overrides,
+        "stages": stages,
+        "build_disk_bytes": disk_bytes(output),
+    }
+
+
+def result_path(out: Path, size: str, target: str) -> Path:
+    return out / size / f"{target}.json"
+
+
+def measured_already(out: Path, size: str, target: str) -> bool:
+    """Measured with every stage done: a failed one is tried again (after a fix, or with more memory free)."""
+    path = result_path(out, size, target)
+    return path.is_file() and json.loads(path.read_text()).get("status") == "ok"
+
+
+def run_scale(
+    sizes: list[str],
+    targets: list[str],
+    out: Path,
+    work: Path,
+    *,
+    tokenizer: Path | None = None,
+    force: bool = False,
+    keep_checkpoints: bool = False,
+    calibration_samples: int | None = 16,
+    extra: list[str] = (),
+    check_memory: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Measure every size x target not measured yet or failed (all with `force`), a size at a time: make its
+    checkpoint, build and measure each target, delete the build before the next, the checkpoint too unless
+    `keep_checkpoints`. `check_memory` False runs the stages the plan predicts will not fit. Returns every result."""
+    from pipeline.bench.report import machine_info, write_json
+
+    unknown = [name for name in sizes if name not in SIZES] + [name for name in targets if name not in TARGETS]
+    if unknown:
+        raise PipelineError(f"unknown {', '.join(unknown)}: sizes are {', '.join(SIZES)}; targets {', '.join(TARGETS)}")
+    tokenizer_given = tokenizer
+    for size in sizes:
+        pending = [t for t in targets if force or not measured_already(out, size, t)]
+        for target in sorted(set(targets) - set(pending)):
+            log(f"{size} {target}: measured already ({result_path(out, size, target)}; --force measures again)")
+        if not pending:
+            continue
+        tokenizer = tokenizer or smollm2_tokenizer(work, log)
+        checkpoint = work / "checkpoints" / size
+        log(f"{size}: random checkpoint {SIZES[size]} in {checkpoint}")
+        started = time.monotonic()
+        # in a process of its own: this one stays small (no torch) while the stages it measures run beside it
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pool.submit(make_checkpoint, SIZES[size], tokenizer, checkpoint).result()
+        made_s, params = round(time.monotonic() - started, 1), parameter_count(checkpoint)
+        log(f"{size}: {params / 1e9:.3f}B parameters ({made_s:.0f} s)")
+        (out / size / "shape").mkdir(parents=True, exist_ok=True)  # for predictions once the checkpoint is gone
+        shutil.copy2(checkpoint / "config.json", out / size / "shape" / "config.json")
+        for target in pending:
+            samples = calibration_samples if target == "trtllm" else None
+            overrides = build_overrides(TARGETS[target].config, checkpoint, samples, list(extra))
+            output = work / f"{size}-{target}"
+            try:
+                logs = out / size / "logs"
+                result = measure_target(size, target, checkpoint, output, logs, overrides, log, check_memory)
+            finally:
+                shutil.rmtree(output, ignore_errors=True)  # disk is tight: a 3B CPU build writes about 24 GB
+            result |= {
+                "size": size,
+                "target": target,
+                "shape": asdict(SIZES[size]),
+                "parameters": params,
+                "checkpoint_seconds": made_s,
+                "tokenizer": "SmolLM2's" if tokenizer_given is None else str(tokenizer_given),
+                "trtllm_calibration_samples": samples,
+                "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "machine": machine_info(),
+            }
+            write_json(result_path(out, size, target), result)
+        if not keep_checkpoints:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+    return load_results(out)
+
+
+def load_results(out: Path) -> list[dict]:
+    """Every stored result, smallest model first."""
+    results = [json.loads(path.read_text()) for path in sorted(out.glob("*/*.json"))]
+    return sorted(results, key=lambda r: (r["parameters"], r["target"]))
+
+
+def repredict(out: Path, work: Path, results: list[dict], log) -> None:
+    """The predictions again from today's plan (`--report-only`): against the kept checkpoint, else its config.json."""
+    for result in results:
+        checkpoint = work / "checkpoints" / result["size"]
+        shape = checkpoint if (checkpoint / "config.json").is_file() else out / result["size"] / "shape"
+        overrides = [
+            o if not o.startswith("model.path=") else f"model.path={shape.resolve()}" for o in result["overrides"]
+        ]
+        fresh = predicted(Path(result["config"]), overrides, log)
+        for row in result["stages"]:
+            row["predicted"] = fresh.get(row["stage"], row.get("predicted"))
+
+
+# --- the report --------------------------------------------------------------------------------------------------
+
+COLUMNS = (
+    "size|params B|target|stage|wall s|CPU s|peak anon RSS GiB|ru_maxrss GiB|B/param (peak anon)|disk GiB|"
+    "predicted GiB|predicted / measured|predicted disk GiB"
+)
+
+
+def table(results: list[dict]) -> str:
+    """One row per size x target x stage that ran; the gate's share of its stage below."""
+    from pipeline.bench.report import markdown_table
+
+    gib = lambda value: None if value is None else f"{value / GIB:.2f}"  # noqa: E731
+    rows, gates = [], []
+    for r in results:
+        for s in r["stages"]:
+            if s["status"] == "skipped":
+                continue
+            if s["status"] != "ok":
+                rows.append([r["size"], f"{r['parameters'] / 1e9:.3g}", r["target"], s["stage"], s["reason"]])
+                continue
+            guess = s.get("predicted") or {}
+            host = guess.get("host_bytes")
+            rows.append(
+                [
+                    r["size"],
+                    f"{r['parameters'] / 1e9:.3g}",
+                    r["target"],
+                    s["stage"],
+                    f"{s['wall_s']:.1f}",
+                    f"{s['cpu_s']:.1f}",
+                    gib(s["peak_anon_bytes"]),
+                    gib(s["ru_maxrss_bytes"]),
+                    f"{s['peak_anon_bytes'] / r['parameters']:.2f}",
+                    gib(s["disk_bytes"]),
+                    gib(host) or "-",
+                    f"{host / s['peak_anon_bytes']:.2f}" if host and s["peak_anon_bytes"] else "-",
+                    gib(guess.get("disk_bytes")) or "-",
+                ]
+            )
+            if s.get("gate_s") is not None:
+                share = s["gate_s"] / s["wall_s"] if s["wall_s"] else 0.0
+                gates.append(
+                    f"- {r['size']} {r['target']}: the quality gate took {s['gate_s']:.0f} s of the "
+                    f"{s['stage']} stage's {s['wall_s']:.0f} s ({share:.0%})"
+                )
+    text = markdown_table(COLUMNS.split("|"), rows)
+    return text + (
+        "\n\nThe quality gate's share of its stage (wall time from its first log line):\n\n" + "\n".join(gates)
+        if gates
+        else ""
+    )
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Peak anonymous bytes per parameter against parameters, a line per target and stage (predictions dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    lines: dict[tuple[str, str], list] = {}
+    for r in results:
+        for s in r["stages"]:
+            if s["status"] == "ok":
+                guess = (s.get("predicted") or {}).get("host_bytes")
+                lines.setdefault((r["target"], s["stage"]), []).append(
+                    (r["parameters"] / 1e9, s["peak_anon_bytes"] / r["parameters"], guess and guess / r["parameters"])
+                )
+    for (target, stage), points in lines.items():
+        points.sort()
+        drawn = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{target} {stage}")
+        guessed = [(p[0], p[2]) for p in points if p[2]]
+        if guessed:
+            ax.plot(*zip(*guessed), "--", color=drawn[0].get_color(), alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters (billions)")
+    ax.set_ylabel("peak anonymous RSS / parameter (bytes)")
+    ax.set_title("peak host memory per parameter by stage (dashed: the plan's prediction)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_summary(out: Path, results: list[dict]) -> Path:
+    """summary.md, results.json (every result) and bytes_per_parameter.png in `out`; returns summary.md."""
+    from pipeline.bench.report import machine_info, write_json
+
+    samples = sorted({r["trtllm_calibration_samples"] for r in results if r.get("trtllm_calibration_samples")})
+    tokenizers = " or ".join(sorted({r.get("tokenizer", "SmolLM2's") for r in results}))
+    method = (
+        "Each stage ran in its own process (`python -m pipeline.bench.scale STAGE CONFIG OUTPUT OVERRIDES`). Peak "
+        "anon RSS: the RssAnon of that process and its children (/proc/PID/status), summed, sampled every "
+        f"{SAMPLE_SECONDS * 1000:.0f} ms, the maximum kept; it includes the interpreter and its imports (torch, "
+        "transformers). ru_maxrss: the kernel's VmHWM of the largest process of the stage, mapped files included. "
+        "CPU s: user + system seconds from wait4. Disk: the bytes of OUTPUT/STAGE. Checkpoints: random bfloat16 "
+        f"Llama weights with {tokenizers} tokenizer. "
+        "The quality gate's thresholds were relaxed "
+        f"({', '.join(f'{k} {v}' for k, v in RELAXED_GATE.items())}, where the config sets them): a random model's "
+        "answers are noise. eval_tokens and the chat set are the configs' defaults."
+    )
+    if samples:
+        method += f" trtllm calibration: {', '.join(map(str, samples))} samples of the config's sequence length."
+    summary = out / "summary.md"
+    summary.write_text(f"# bench scale\n\n{method}\n\n{table(results)}\n")
+    write_json(out / "results.json", {"kind": "scale", "machine": machine_info(), "results": results})
+    if results:
+        plot(results, out / "bytes_per_parameter.png")
+    return summary
+
+
+def run_one_stage(argv: list[str]) -> int:
+    """`python -m pipeline.bench.scale STAGE CONFIG OUTPUT [OVERRIDES...] [--ignore-memory-check]`: one stage of a
+    build, in this process alone, as `trtllm-pipeline build` runs it."""
+    from rich.console import Console
+
+    from pipeline.build import build
+    from pipeline.config import load_config
+    from pipeline.errors import PipelineError
+
+    check = {"check_memory": False} if IGNORE_MEMORY_CHECK in argv else {}
+    stage, config, output, *overrides = [arg for arg in argv if arg != IGNORE_MEMORY_CHECK]
+    console = Console(width=200)
+    try:
+        build(load_config(config, overrides), Path(output), console, only=stage, **check)
+    except PipelineError as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_one_stage(sys.argv[1:]))
