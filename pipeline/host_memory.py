@@ -258,6 +258,12 @@ def predict(cfg) -> dict[str, Prediction]:
     return predictions
 
 
+def build_peak_bytes(cfg) -> int:
+    """The most host memory any stage of the build is predicted to hold (a build Job's memory request); 0 when the
+    checkpoint's sizes cannot be read."""
+    return max((prediction.host_bytes for prediction in predict(cfg).values()), default=0)
+
+
 def shown_bytes(size: int) -> str:
     return f"{size / GiB:.2f} GiB" if size >= GiB else f"{size / MiB:,.0f} MiB"
 

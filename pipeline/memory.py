@@ -222,11 +222,3 @@ def plan_cpu_serving(cfg, facts) -> HostMemoryPlan:
         llm_instances=t.llm_instance_count,
     )
 
-
-def cpu_build_bytes(facts) -> int:
-    """Host memory of an onnxruntime build at its peak: ~4 float32 copies of the weights (the float32 checkpoint in
-    torch at import and export, the exported graph's and the engine's ONNX Runtime sessions) on top of ~1 GiB of
-    libraries. The default config's build peaked at 2.9 GiB RSS (`/usr/bin/time -v trtllm-pipeline build`, 2026-11-24,
-    and 2.91 GiB on 2026-11-26 with the gate's reference on the exported graph); this gives it 3.0 GiB."""
-    linear, embedding = parameter_counts(facts)
-    return int(4 * (linear + embedding) * 4 + GiB)

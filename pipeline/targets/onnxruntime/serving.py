@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.docker import image_build
+from pipeline.host_memory import build_peak_bytes
 from pipeline.k8s import QueueMetric, Serving, triton_health, triton_port_flags, triton_serve_command
 from pipeline.k8s_names import ascii_name
-from pipeline.memory import cpu_build_bytes, plan_cpu_serving
+from pipeline.memory import plan_cpu_serving
 from pipeline.runtime.scheduler import METRIC_PREFIX
 
 # /dev/shm of a CPU server pod: the python backend's tensor regions, one per model instance (default 1 MiB, growing by
@@ -42,7 +43,7 @@ def serving(cfg) -> Serving:
         gpus=0,
         memory_bytes=plan.total_bytes if plan else 0,
         memory_lines=plan.lines() if plan else [],
-        build_memory_bytes=cpu_build_bytes(facts) if facts else 0,
+        build_memory_bytes=build_peak_bytes(cfg),
         shm_bytes=CPU_SHM_BYTES,
         cpus=cfg.deploy.cpus or 2,
         command=lambda paths: triton_serve_command(cfg, paths),
