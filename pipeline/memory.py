@@ -221,4 +221,3 @@ def plan_cpu_serving(cfg, facts) -> HostMemoryPlan:
         runtime_bytes=runtime,
         llm_instances=t.llm_instance_count,
     )
-

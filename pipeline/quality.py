@@ -5,7 +5,8 @@ model's own greedy answer is the reference's), failing the build past the `verif
 
 The stage a target gates (`Target.gated_stage`: onnxruntime's engine, trtllm's exported checkpoint) calls `gate`
 once the target has built; the `verify` command calls `verify_output`. The target says how this machine runs what it
-built and its fp32 reference (`Target.scored`, as `Model`s); everything else is here.
+built and its reference (`Target.scored`, as `Model`s; fp32 unless `verify.reference_dtype` says bfloat16);
+everything else is here.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Generic, Iterable, Iterator, TypeVar
 
 import numpy as np
 
@@ -34,6 +38,28 @@ GreedyFn = Callable[[list[int], int, int], list[int]]
 
 CHAT_EVAL = Path(__file__).with_name("chat_eval.json")  # everyday questions; see its "provenance"
 WINDOW = 512  # tokens per scored window; windows do not overlap, so each token is scored once
+
+T = TypeVar("T")
+
+
+class Loaded(Generic[T]):
+    """What a `Model` runs (a session, a torch model), built on first use and dropped by `release`: the gate holds
+    one model at a time, so a build's peak is one model's weights, not the engine's and its reference's together."""
+
+    def __init__(self, load: Callable[[], T]):
+        self._load, self._value = load, None
+
+    def __call__(self) -> T:
+        if self._value is None:
+            self._value = self._load()
+        return self._value
+
+    def release(self) -> None:
+        import gc
+
+        self._value = None
+        gc.collect()
+
 
 # verify field -> (the report fields it bounds, "max" or "min"); a report field a target does not measure is
 # absent from its report (chat fields without a chat template)
@@ -59,6 +85,7 @@ class Model:
     # what its greedy answers depend on (checkpoint hash, library versions), so they are kept in the cache and
     # generated once; None: generated every time (a fast reference)
     answers_key: str | None = None
+    release: Callable[[], None] = lambda: None  # frees what `logits` and `greedy` loaded (a `Loaded`'s release)
 
 
 def gate(cfg: BuildConfig, model: Model, reference: Model, ctx) -> dict:
@@ -82,56 +109,139 @@ def verify_output(cfg: BuildConfig, output: Path, cache: Path, log=print) -> tup
 
 def measure(cfg: BuildConfig, model: Model, reference: Model, hf_dir: Path, cache: Path, log=print) -> dict:
     """The report of `model` against `reference` by `cfg.verify`, tokenized by the checkpoint in `hf_dir`;
-    `cache` holds the evaluation text (`pipeline.build.cache_dir()`). Without a chat template, or without
+    `cache` holds the evaluation text (`pipeline.build.cache_dir()`). One model is loaded at a time: the reference
+    runs first and is released, then the model (`reference_scores`). Without a chat template, or without
     `verify.min_chat_answer_match`, the report has no chat fields."""
+    with reference_scores(cfg, reference, hf_dir, cache, log, model.end_id) as stored:
+        return stored.report(model, log)
+
+
+@contextmanager
+def reference_scores(
+    cfg: BuildConfig, reference: Model, hf_dir: Path, cache: Path, log=print, end_id: int | None = None
+) -> Iterator[ReferenceScores]:
+    """The reference's side of `measure`, computed before any model it scores loads, then `reference.release()`d:
+    its logits over the evaluation windows and the chat set (its greedy answers ending with `end_id`, None: its
+    own end token), kept in .npy files under `cache` until the block ends (not /tmp, often memory)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     text = load_text(cfg.verify.eval_text, cfg._base_dir, cache, log)
     ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"][: cfg.verify.eval_tokens], dtype=np.int64)
-    log(f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the {reference.name} and the {model.name}")
-    windows = text_windows(ids, WINDOW, WINDOW, special_prefix(tokenizer))
-    nonfinite_logits: list[str] = []
-    watch = partial(watched, found=nonfinite_logits)
-    scores = compare(watch(reference, "eval-text window"), watch(model, "eval-text window"), windows)
-    reference_ppl, engine_ppl = np.exp(scores["reference_nll"].mean()), np.exp(scores["engine_nll"].mean())
-    report = {
-        "eval_text": cfg.verify.eval_text,
-        "eval_tokens": int(len(ids)),
-        "reference_perplexity": round(float(reference_ppl), 4),
-        "engine_perplexity": round(float(engine_ppl), 4),
-        "perplexity_increase": round(float(engine_ppl / reference_ppl - 1), 5),
-        **drift(scores),
-        "max_abs_logits_diff": float(f"{scores['abs_diff'].max():.4g}"),
-    }
-    if not tokenizer.chat_template:
-        log("the tokenizer has no chat template: the chat set is not scored")
-    elif cfg.verify.min_chat_answer_match is None:  # 60 greedy answers: minutes on CPU for big models
-        log("verify.min_chat_answer_match is not set: the chat set is not scored")
-    else:
-        end_id = model.end_id if model.end_id is not None else reference.end_id
-        chat = chat_reference(reference, tokenizer, end_id, cfg.verify.chat_max_new_tokens, cache, log)
-        log(f"scoring the {model.name} on {len(chat.prompts)} chat answers and generating its own")
-        report |= chat_quality(watch(reference, "chat prompt"), watch(model, "chat prompt"), chat, model.greedy)
-    if nonfinite_logits:
-        report["nonfinite_logits"] = nonfinite_logits[0]
-    return {**report, **model.notes}
+    log(f"scoring {len(ids)} tokens of {cfg.verify.eval_text} with the {reference.name}")
+    windows = list(text_windows(ids, WINDOW, WINDOW, special_prefix(tokenizer)))
+    cache.mkdir(parents=True, exist_ok=True)
+    _remove_orphaned_logits(cache)
+    with tempfile.TemporaryDirectory(prefix=f"reference-logits-{os.getpid()}-", dir=cache) as folder:
+        stored = ReferenceScores(reference.name, cfg.verify.eval_text, len(ids), windows, Path(folder))
+        stored.keep("eval-text window", reference, windows)
+        if not tokenizer.chat_template:
+            log("the tokenizer has no chat template: the chat set is not scored")
+        elif cfg.verify.min_chat_answer_match is None:  # 60 greedy answers: minutes on CPU for big models
+            log("verify.min_chat_answer_match is not set: the chat set is not scored")
+        else:
+            end_id = end_id if end_id is not None else reference.end_id
+            stored.chat = chat_reference(reference, tokenizer, end_id, cfg.verify.chat_max_new_tokens, cache, log)
+            stored.keep("chat prompt", reference, stored.chat.sequences())
+        reference.release()
+        yield stored
 
 
-def watched(model: Model, sequences: str, found: list[str]) -> LogitsFn:
-    """`model`'s logits, noting in `found` where they first hold NaN or an infinity (call n scores sequence n of
-    `sequences`): the scores made from them are NaN, which compares false with every threshold, so the gate fails
-    on them by name."""
+def _remove_orphaned_logits(cache: Path) -> None:
+    """Remove what killed gates left (gigabytes each at a 128K vocabulary): folders of processes no longer running."""
+    import shutil
+
+    for folder in cache.glob("reference-logits-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass
+class ReferenceScores:
+    """What `measure` needs of the reference, so that the model it scores runs alone: the reference's logits at the
+    scored positions of every sequence, on disk and mapped when read (a 128K vocabulary makes them gigabytes), its
+    greedy chat answers, and the first non-finite logits it computed."""
+
+    reference: str  # its name: the report's "reference"
+    eval_text: str
+    eval_tokens: int
+    windows: list[tuple[np.ndarray, np.ndarray]]
+    folder: Path
+    chat: ChatReference | None = None
+    nonfinite: dict[str, tuple[int, str]] = field(default_factory=dict)  # see `watched`
+
+    def keep(self, sequences: str, reference: Model, items) -> None:
+        """Store the reference's logits at the scored positions of each (token ids, scored positions) of `items`,
+        float32 (or whatever it computes) exactly as it returned them."""
+        logits = watched(reference, sequences, self.nonfinite)
+        for number, (ids, scored) in enumerate(items):
+            np.save(self.folder / f"{sequences}-{number}.npy", logits(ids[None, :])[0, scored])
+
+    def logits(self, sequences: str, count: int) -> Iterator[np.ndarray]:
+        """The stored logits of `sequences` 0 .. count-1, each mapped from its file, not read into memory."""
+        for number in range(count):
+            yield np.asarray(np.load(self.folder / f"{sequences}-{number}.npy", mmap_mode="r"))
+
+    def report(self, model: Model, log=print) -> dict:
+        """`measure`'s report of `model` against the stored reference; `model.release()`d at the end."""
+        if self.chat and model.end_id not in (None, self.chat.end_id):
+            raise ValueError(
+                f"the {model.name} ends its answers with token {model.end_id}, the stored chat answers with "
+                f"{self.chat.end_id}: score it against a reference_scores of its own end_id"
+            )
+        found: dict[str, tuple[int, str]] = {}
+        log(f"scoring {self.eval_tokens} tokens of {self.eval_text} with the {model.name}")
+        scores = scores_against(
+            self.logits("eval-text window", len(self.windows)), watched(model, "eval-text window", found), self.windows
+        )
+        reference_ppl, engine_ppl = np.exp(scores["reference_nll"].mean()), np.exp(scores["engine_nll"].mean())
+        report = {
+            "reference": self.reference,
+            "eval_text": self.eval_text,
+            "eval_tokens": self.eval_tokens,
+            "reference_perplexity": round(float(reference_ppl), 4),
+            "engine_perplexity": round(float(engine_ppl), 4),
+            "perplexity_increase": round(float(engine_ppl / reference_ppl - 1), 5),
+            **drift(scores),
+            "max_abs_logits_diff": float(f"{scores['abs_diff'].max():.4g}"),
+        }
+        if self.chat:
+            log(f"scoring the {model.name} on {len(self.chat.prompts)} chat answers and generating its own")
+            reference_logits = self.logits("chat prompt", len(self.chat.prompts))
+            report |= chat_quality(reference_logits, watched(model, "chat prompt", found), self.chat, model.greedy)
+        model.release()
+        if problem := first_nonfinite(self.nonfinite, found):
+            report["nonfinite_logits"] = problem
+        return {**report, **model.notes}
+
+
+def watched(model: Model, sequences: str, found: dict[str, tuple[int, str]]) -> LogitsFn:
+    """`model`'s logits, noting in `found[sequences]` (n, the message) where they first hold NaN or an infinity
+    (call n scores sequence n of `sequences`): the scores made from them are NaN, which compares false with every
+    threshold, so the gate fails on them by name."""
     calls = itertools.count()
 
     def logits(ids: np.ndarray) -> np.ndarray:
         out, number = model.logits(ids), next(calls)
-        problem = None if found else nonfinite_logits(f"the {model.name}'s", out, f"{sequences} {number}")
+        problem = None if sequences in found else nonfinite_logits(f"the {model.name}'s", out, f"{sequences} {number}")
         if problem:
-            found.append(problem)
+            found[sequences] = (number, problem)
         return out
 
     return logits
+
+
+def first_nonfinite(reference: dict[str, tuple[int, str]], model: dict[str, tuple[int, str]]) -> str | None:
+    """Of the non-finite logits `watched` found, the one a pass alternating the models would meet first: evaluation
+    windows before chat prompts, by sequence, the reference's before the model's in the same sequence."""
+    order = ["eval-text window", "chat prompt"]
+    met = [
+        (order.index(sequences), number, side, problem)
+        for side, found in enumerate((reference, model))
+        for sequences, (number, problem) in found.items()
+    ]
+    return min(met)[3] if met else None
 
 
 def nonfinite_logits(name: str, logits: np.ndarray, where: str) -> str | None:
@@ -180,7 +290,8 @@ def nonfinite_weight(hf_dir: Path) -> str | None:
 def report_line(report: dict) -> str:
     """The report in one log line."""
     line = (
-        f"perplexity: fp32 {report['reference_perplexity']:.2f}, engine {report['engine_perplexity']:.2f} "
+        f"perplexity: {report['reference']} {report['reference_perplexity']:.2f}, "
+        f"engine {report['engine_perplexity']:.2f} "
         f"({report['perplexity_increase']:+.1%}); KL divergence {report['kl_divergence']:.4f} nats "
         f"(p99 {report['kl_divergence_p99']:.3f}), top-1 agreement {report['top1_agreement']:.1%}; "
         f"max |logits diff| {report['max_abs_logits_diff']:.3g}"
@@ -188,7 +299,7 @@ def report_line(report: dict) -> str:
     if "chat_answer_match" in report:
         line += (
             f"; chat: KL divergence {report['chat_kl_divergence']:.4f}, top-1 agreement "
-            f"{report['chat_top1_agreement']:.1%}, greedy answer = fp32's on {report['chat_answer_match']:.0%}"
+            f"{report['chat_top1_agreement']:.1%}, greedy answer = the reference's on {report['chat_answer_match']:.0%}"
         )
     return line
 
@@ -225,8 +336,8 @@ def gate_problem(cfg: BuildConfig, report: dict) -> str | None:
     if not problems:
         return None
     return (
-        "; ".join(problems)
-        + f" (fp32 perplexity {report['reference_perplexity']:.2f}, engine {report['engine_perplexity']:.2f}); "
+        "; ".join(problems) + f" ({report['reference']} perplexity {report['reference_perplexity']:.2f}, "
+        f"engine {report['engine_perplexity']:.2f}); "
         "use a milder quantization (e.g. int8, a smaller group_size, quantization.exclude_modules) or relax the "
         "named verify field"
     )
@@ -276,11 +387,17 @@ def row_measures(reference_logits: np.ndarray, engine_logits: np.ndarray, target
 
 def compare(reference_fn: LogitsFn, engine_fn: LogitsFn, sequences) -> dict[str, np.ndarray]:
     """Per scored position of each (token ids, scored positions) of `sequences`, from one forward pass of each
-    model: both models' negative log-likelihood of the next token, KL(reference || engine), same top-1, and the
-    largest absolute logits difference."""
+    model, in turn per sequence: both models' negative log-likelihood of the next token, KL(reference || engine),
+    same top-1, and the largest absolute logits difference. Both models are loaded at once; `measure` runs the
+    reference first instead (`reference_scores`)."""
+    sequences, again = itertools.tee(sequences)
+    return scores_against((reference_fn(ids[None, :])[0, scored] for ids, scored in again), engine_fn, sequences)
+
+
+def scores_against(reference_logits: Iterable[np.ndarray], engine_fn: LogitsFn, sequences) -> dict[str, np.ndarray]:
+    """`compare`'s scores from the reference's logits at the scored positions of each sequence, computed before."""
     parts: dict[str, list] = {"reference_nll": [], "engine_nll": [], "kl": [], "same_top1": [], "abs_diff": []}
-    for ids, scored in sequences:
-        ref = reference_fn(ids[None, :])[0, scored]
+    for (ids, scored), ref in zip(sequences, reference_logits, strict=True):
         eng = engine_fn(ids[None, :])[0, scored]
         kl, reference_nll, engine_nll = row_measures(ref, eng, ids[scored + 1])
         parts["reference_nll"].append(reference_nll)
@@ -362,10 +479,13 @@ def chat_reference(
     return ChatReference(prompts, answers, end_id, max_new_tokens)
 
 
-def chat_quality(reference_fn: LogitsFn, engine_fn: LogitsFn, reference: ChatReference, engine_greedy) -> dict:
-    """Teacher-forced drift over the reference's answers and the fraction of prompts where the engine's own greedy
-    answer (`engine_greedy(prompt, max_new_tokens, end_id)`) is token for token the reference's."""
-    scores = compare(reference_fn, engine_fn, reference.sequences())
+def chat_quality(
+    reference_logits: Iterable[np.ndarray], engine_fn: LogitsFn, reference: ChatReference, engine_greedy
+) -> dict:
+    """Teacher-forced drift over the reference's answers (its logits at the scored positions of each of
+    `reference.sequences()`) and the fraction of prompts where the engine's own greedy answer
+    (`engine_greedy(prompt, max_new_tokens, end_id)`) is token for token the reference's."""
+    scores = scores_against(reference_logits, engine_fn, reference.sequences())
     matches = [
         engine_greedy(prompt, reference.max_new_tokens, reference.end_id) == answer
         for prompt, answer in zip(reference.prompts, reference.answers)
@@ -381,40 +501,48 @@ def chat_quality(reference_fn: LogitsFn, engine_fn: LogitsFn, reference: ChatRef
 # ---------------------------------------------------------------- transformers models
 
 
-def transformers_reference(hf_dir: Path, checkpoint_hash: str | None = None) -> Model:
-    """The fp32 Hugging Face model in `hf_dir`, run by transformers. Its greedy answers are slow, so with the
-    checkpoint's hash (the import stage's `output_hash`) they are kept in the cache."""
+def transformers_reference(hf_dir: Path, checkpoint_hash: str | None = None, dtype: str = "float32") -> Model:
+    """The Hugging Face model in `hf_dir`, run by transformers in `dtype` (`verify.reference_dtype`), loaded on first
+    use. Its greedy answers are slow, so with the checkpoint's hash (the import stage's `output_hash`) they are kept
+    in the cache."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    key = checkpoint_hash and f"{checkpoint_hash} torch {torch.__version__} transformers {transformers.__version__}"
-    return Model(
-        "fp32 model",
-        hf_dir,
-        torch_logits_fn(model),
-        partial(torch_greedy, model),
-        end_of_turn(model, AutoTokenizer.from_pretrained(hf_dir)),
-        answers_key=key,
+    key = checkpoint_hash and (
+        f"{checkpoint_hash} {dtype} torch {torch.__version__} transformers {transformers.__version__}"
     )
+    load = partial(AutoModelForCausalLM.from_pretrained, hf_dir, dtype=getattr(torch, dtype))
+    name = "fp32 model" if dtype == "float32" else f"{dtype} transformers model"
+    return loaded_torch_model(name, hf_dir, lambda: load().eval(), end_of_turn(hf_dir), key)
 
 
 def peft_reference(hf_dir: Path, adapter_dir: Path, name: str) -> Model:
-    """PEFT's merge of the LoRA adapter in `adapter_dir` into the fp32 model in `hf_dir`: the reference of an
-    adapter's quality gate (the `lora` stage), whatever runs the adapter."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """PEFT's merge of the LoRA adapter in `adapter_dir` into the fp32 model in `hf_dir`, loaded on first use: the
+    reference of an adapter's quality gate (the `lora` stage), whatever runs the adapter."""
 
-    base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().eval()
+    def merged():
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+        return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().eval()
+
+    return loaded_torch_model(f"fp32 model merged with {name}", adapter_dir, merged, end_of_turn(hf_dir))
+
+
+def loaded_torch_model(name: str, path: Path, load: Callable, end_id: int, answers_key: str | None = None) -> Model:
+    """A transformers model as a `Model` that `load`s it on first use and drops it on `release`."""
+    model = Loaded(load)
     return Model(
-        f"fp32 model merged with {name}",
-        adapter_dir,
-        torch_logits_fn(merged),
-        partial(torch_greedy, merged),
-        end_of_turn(merged, AutoTokenizer.from_pretrained(hf_dir)),
+        name,
+        path,
+        lambda ids: torch_logits_fn(model())(ids),
+        lambda prompt, max_new_tokens, end: torch_greedy(model(), prompt, max_new_tokens, end),
+        end_id,
+        answers_key=answers_key,
+        release=model.release,
     )
 
 
@@ -425,12 +553,25 @@ def hf_logits_fn(hf_dir: Path) -> LogitsFn:
     return torch_logits_fn(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval())
 
 
+def hf_logits(hf_dir: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The logits of the fp32 transformers model in `hf_dir` for each [1, n] input, the model freed before they are
+    returned, so that a check against another model of the same weights holds one model at a time."""
+    import gc
+
+    logits_fn = hf_logits_fn(hf_dir)
+    logits = [logits_fn(ids) for ids in inputs]
+    del logits_fn
+    gc.collect()
+    return logits
+
+
 def torch_logits_fn(model) -> LogitsFn:
+    """A transformers model's logits, as float32 (a bfloat16 model's exactly: numpy has no bfloat16)."""
     import torch
 
     def logits(ids: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return model(torch.from_numpy(ids)).logits.numpy()
+            return model(torch.from_numpy(ids)).logits.float().numpy()
 
     return logits
 
@@ -453,7 +594,14 @@ def torch_greedy(model, prompt: list[int], max_new_tokens: int, end_id: int) -> 
     return out[0, len(prompt) :].tolist()
 
 
-def end_of_turn(model, tokenizer) -> int:
-    """The token a chat answer ends with: the generation config's (first) eos, else the tokenizer's."""
-    eos = model.generation_config.eos_token_id
-    return int(np.ravel(eos)[0]) if eos is not None else tokenizer.eos_token_id
+def end_of_turn(hf_dir: Path) -> int:
+    """The token a chat answer ends with: the generation config's (first) eos, else the tokenizer's. Read as
+    `from_pretrained` reads it (generation_config.json, else one made from config.json), without the weights."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(hf_dir)
+    except OSError:
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(hf_dir))
+    eos = generation.eos_token_id
+    return int(np.ravel(eos)[0]) if eos is not None else AutoTokenizer.from_pretrained(hf_dir).eos_token_id

@@ -66,10 +66,11 @@ def test_a_model_matches_its_own_chat_answers_and_is_scored_on_the_answers_only(
     assert len(reference.prompts) == len(json.loads(quality.CHAT_EVAL.read_text())["conversations"])
     assert all(p[-1] == 1 and len(a) <= 8 for p, a in zip(reference.prompts, reference.answers))  # ends with <s>
     fp32 = quality.torch_logits_fn(model)
-    report = quality.chat_quality(fp32, fp32, reference, partial(quality.torch_greedy, model))
+    answers_logits = [fp32(ids[None, :])[0, scored] for ids, scored in reference.sequences()]
+    report = quality.chat_quality(answers_logits, fp32, reference, partial(quality.torch_greedy, model))
     assert report["chat_answer_match"] == 1.0 and report["chat_kl_divergence"] == 0.0
     assert report["chat_tokens"] == sum(len(a) for a in reference.answers)
-    other = quality.chat_quality(fp32, fp32, reference, lambda prompt, n, end: [end])  # always ends at once
+    other = quality.chat_quality(answers_logits, fp32, reference, lambda prompt, n, end: [end])  # ends at once
     assert other["chat_answer_match"] == np.mean([a == [2] for a in reference.answers])
 
 

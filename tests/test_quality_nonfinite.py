@@ -5,6 +5,7 @@ import."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -33,12 +34,15 @@ def cfg(tiny_llama, tmp_path):
     return load_config(write_config(tmp_path / "tiny.yaml", body))
 
 
-def logits_model(name: str, nan_at: int | None = None) -> quality.Model:
-    """Fixed random logits per position; NaN in every logit of position `nan_at` of each sequence."""
+def logits_model(name: str, nan_at: int | None = None, in_sequence: int | None = None) -> quality.Model:
+    """Fixed random logits per position; NaN in every logit of position `nan_at` of each sequence (of the
+    `in_sequence`-th only, when given)."""
+    calls = itertools.count()
 
     def logits(ids: np.ndarray) -> np.ndarray:
         out = np.random.default_rng(0).normal(size=(1, ids.shape[1], VOCAB)).astype(np.float32)
-        if nan_at is not None:
+        sequence = next(calls)
+        if nan_at is not None and in_sequence in (None, sequence):
             out[0, nan_at] = np.nan
         return out
 
@@ -64,6 +68,36 @@ def test_nan_scores_fail_every_threshold_and_the_first_nan_logit_is_named(cfg, t
 def test_the_reference_is_named_when_both_compute_nan(cfg, tiny_llama, tmp_path):
     report = quality.measure(cfg, logits_model("engine", 5), logits_model("fp32 model", 7), tiny_llama, tmp_path)
     assert report["nonfinite_logits"] == "the fp32 model's logits are NaN at eval-text window 0, position 7"
+
+
+def test_the_nonfinite_logits_named_are_those_a_pass_in_turn_meets_first(tiny_llama, tmp_path):
+    """The reference now scores every window before the engine runs: the note still names the first non-finite
+    logits of a pass alternating the two per window, as before (here the engine's in window 0, not the reference's
+    in window 1), and the reference's in a window where both compute them."""
+    (tmp_path / "eval.txt").write_text(" ".join(f"w{i % 250}" for i in range(1100)))
+    body = f"""
+        model: {{source: hf, path: {tiny_llama}}}
+        verify: {{eval_text: eval.txt, eval_tokens: 1024}}
+        """
+    cfg = load_config(write_config(tmp_path / "two-windows.yaml", body))
+
+    def first_named(engine_window: int, reference_window: int) -> str:
+        engine = logits_model("engine", nan_at=3, in_sequence=engine_window)
+        reference = logits_model("fp32 model", nan_at=4, in_sequence=reference_window)
+        return quality.measure(cfg, engine, reference, tiny_llama, tmp_path)["nonfinite_logits"]
+
+    assert (
+        first_named(engine_window=0, reference_window=1)
+        == "the engine's logits are NaN at eval-text window 0, position 3"
+    )
+    assert (
+        first_named(engine_window=1, reference_window=0)
+        == "the fp32 model's logits are NaN at eval-text window 0, position 4"
+    )
+    assert (
+        first_named(engine_window=1, reference_window=1)
+        == "the fp32 model's logits are NaN at eval-text window 1, position 4"
+    )
 
 
 def test_the_export_check_names_nan_logits(monkeypatch, tiny_llama):

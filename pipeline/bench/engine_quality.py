@@ -4,13 +4,10 @@ agreement, perplexity, and the share of greedy chat answers equal to fp32's. Pee
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from pipeline.bench.peers.client import Worker
-from pipeline.quality import Model, measure
+from pipeline.quality import Model, reference_scores
 from pipeline.targets import target_of
 
 REPORTED = (
@@ -24,28 +21,14 @@ REPORTED = (
 )
 
 
-def remembered(model: Model) -> Model:
-    """`model` with its logits kept per input, so that the reference runs once for all the engines it scores."""
-    seen: dict[bytes, np.ndarray] = {}
-
-    def logits(ids: np.ndarray) -> np.ndarray:
-        key = np.ascontiguousarray(ids).tobytes()
-        if key not in seen:
-            seen[key] = model.logits(ids)
-        return seen[key]
-
-    return replace(model, logits=logits)
-
-
 def score_engines(
     cfg, output: Path, ours_name: str, workers: list[Worker], cache: Path, log, others: list[tuple] = ()
 ) -> list[dict]:
     """One row per engine: ours (the target's own scored engine), our `others` ((name, config, output) of builds of
     the same model, held to the first build's fp32 reference) and each peer worker; transformers is skipped, as it
-    is the reference's own fp32 model."""
+    is the reference's own fp32 model. The reference runs once, first, and is released before any engine loads."""
     target = target_of(cfg)
     ours, reference = target.scored(cfg, output, output / target.gated_stage, log)
-    reference = remembered(reference)
     models = [(ours_name, "ours", ours)]
     for name, other_cfg, other_output in others:
         other = target_of(other_cfg)
@@ -56,8 +39,9 @@ def score_engines(
         if w.spec.engine not in ("ours", "transformers")
     ]
     rows = []
-    for name, kind, model in models:
-        log(f"scoring {name}")
-        report = measure(cfg, model, reference, output / "import", cache, log)
-        rows.append({"engine": name, "kind": kind, **{k: report[k] for k in REPORTED if k in report}})
+    with reference_scores(cfg, reference, output / "import", cache, log, ours.end_id) as stored:
+        for name, kind, model in models:
+            log(f"scoring {name}")
+            report = stored.report(model, log)
+            rows.append({"engine": name, "kind": kind, **{k: report[k] for k in REPORTED if k in report}})
     return rows

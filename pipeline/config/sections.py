@@ -40,7 +40,11 @@ class ModelSection(Section):
         None, description="Checkpoint directory (hf) or file (gguf); relative paths are relative to the config file."
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto", description="Weight dtype of the imported checkpoint; auto keeps the checkpoint's (float32 for GGUF)."
+        "auto",
+        description="The dtype the pipeline computes in: trtllm's checkpoint and engine (auto: float16) and a GGUF's "
+        "dequantized weights (auto: float32). A Hugging Face checkpoint is imported in its own dtype whatever this "
+        "says (bf16 stays bf16 on disk, converted a tensor at a time where a stage needs another); the onnxruntime "
+        "graph computes in float32.",
     )
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the checkpoint directory.")
 
@@ -366,4 +370,12 @@ class VerifySection(Section):
         1e-3,
         gt=0,
         description="Fail the export when exported-model logits differ from transformers' by more than this (max abs).",
+    )
+    reference_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="The reference the gate scores against: float32 (onnxruntime: the exported fp32 ONNX graph) or "
+        "bfloat16 (the imported checkpoint run by transformers in bfloat16: ONNX Runtime's CPU provider has almost no "
+        "bfloat16 kernels). Choose bfloat16 when the host cannot hold a float32 copy of the weights beside the "
+        "build: the gate loads one model at a time, and an 8B model's reference then takes 16 GB rather than 32 GB. "
+        "It is a rounder reference (bfloat16 drifts from float32 itself) and slower to answer the chat set.",
     )

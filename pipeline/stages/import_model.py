@@ -146,12 +146,10 @@ def _import_hf(cfg: BuildConfig, ctx) -> dict:
         return metrics
     chosen, why_not = _streamable(path, cfg.model.trust_remote_code)
     if chosen is None:
-        import torch
         from transformers import AutoModelForCausalLM
 
         ctx.log(f"{why_not}: loading the whole model with transformers to save it")
-        dtype = "auto" if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, low_cpu_mem_usage=True, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="auto", low_cpu_mem_usage=True, **kwargs)
         _refuse_nonfinite(path, model)
         return _save_loaded(model, tokenizer, info, ctx)
     return {**info, **_stream_weights(path, chosen, tokenizer, ctx, kwargs)}
@@ -242,8 +240,7 @@ def _refuse_nonfinite(path: Path, model) -> None:
         NAME,
         f"{where}: the file is damaged or the model diverged. Download the checkpoint again, or fix the tensor"
         if where
-        else f"{path}: {bad} is not finite as loaded in {model.dtype}: a value past that dtype's range (set "
-        "model.dtype: float32) or a NaN in weights that are not *.safetensors",
+        else f"{path}: {bad} is not finite: a NaN or an infinity in weights that are not *.safetensors",
     )
 
 

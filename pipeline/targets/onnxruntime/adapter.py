@@ -80,20 +80,20 @@ def _optimum_export(hf_dir: Path, out_dir: Path) -> None:
 
 
 def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
-    """Largest |logit difference| between ONNX Runtime and transformers (fp32) over the prompts; BuildStepError
-    names the first logit either computes as NaN or infinity (their difference would be NaN, within any limit)."""
+    """Largest |logit difference| between ONNX Runtime and transformers (fp32, run first and freed) over the prompts;
+    BuildStepError names the first logit either computes as NaN or infinity (their difference would be NaN)."""
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pipeline.quality import hf_logits_fn, nonfinite_logits, nonfinite_weight
+    from pipeline.quality import hf_logits, nonfinite_logits, nonfinite_weight
     from pipeline.targets.onnxruntime.scoring import ort_logits_fn
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    reference, engine = hf_logits_fn(hf_dir), ort_logits_fn(onnx_path)
-    worst = 0.0
-    for number, prompt in enumerate(prompts):
-        ids = np.asarray([tokenizer(prompt, add_special_tokens=False)["input_ids"]], dtype=np.int64)
-        logits = {"transformers'": reference(ids), "ONNX Runtime's": engine(ids)}
+    inputs = [np.asarray([tokenizer(p, add_special_tokens=False)["input_ids"]], dtype=np.int64) for p in prompts]
+    expected = hf_logits(hf_dir, inputs)  # one model at a time: the ONNX graph loads once transformers' is freed
+    engine, worst = ort_logits_fn(onnx_path), 0.0
+    for number, (prompt, ids, reference_logits) in enumerate(zip(prompts, inputs, expected)):
+        logits = {"transformers'": reference_logits, "ONNX Runtime's": engine(ids)}
         for name, values in logits.items():
             if problem := nonfinite_logits(name, values, f"check prompt {number} ({prompt!r})"):
                 cause = "the export is wrong" if name == "ONNX Runtime's" else f"the checkpoint in {hf_dir} computes it"
@@ -172,6 +172,7 @@ class OnnxRuntimeTarget:
         "runtime.speculative",
         "runtime.batch_invariant",
         "verify.max_export_logits_diff",
+        "verify.reference_dtype",
         "lora",
         *TRITON_DEPLOY_FIELDS,
     }
@@ -583,13 +584,11 @@ class OnnxRuntimeTarget:
 
     def scored(self, cfg, output: Path, built: Path, log):
         from pipeline.errors import PipelineError
-        from pipeline.lock import read_lock
         from pipeline.targets.onnxruntime.scoring import scored
 
         if not (built / "config.json").is_file():
             raise PipelineError(f"no engine in {built}; build it first: trtllm-pipeline build CONFIG")
-        exported = read_lock(output)["stages"].get("export", {}).get("output_hash")
-        return scored(cfg, built, output / "export" / ONNX_NAME, exported)
+        return scored(cfg, output, built)
 
     def scored_adapter(self, cfg, output: Path, name: str, adapter_dir: Path):
         from pipeline.targets.onnxruntime.scoring import adapter_scored

@@ -6,77 +6,107 @@ seconds where transformers' generate took minutes, and both sides decode the sam
 
 from __future__ import annotations
 
+import json
 import os
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.quality import LogitsFn, Model
+from pipeline.quality import Loaded, LogitsFn, Model
+from pipeline.targets.onnxruntime import ONNX_NAME
 
 
-def scored(cfg, engine_dir: Path, exported: Path, export_hash: str | None = None) -> tuple[Model, Model]:
-    """(the engine in `engine_dir`, its fp32 reference: the exported graph `exported`). With the export stage's
-    `export_hash`, the reference's greedy chat answers are kept in the cache: a rebuild that changes only the
-    quantization or the engine's limits does not decode them again (38 of the gate's 95 s for SmolLM2)."""
+def scored(cfg, output: Path, engine_dir: Path) -> tuple[Model, Model]:
+    """(the engine in `engine_dir`, its reference by `verify.reference_dtype`: float32, the graph the export stage of
+    `output` wrote; bfloat16, its imported checkpoint run by transformers, as ONNX Runtime's CPU provider has almost
+    no bfloat16 kernels), each loaded on first use and dropped by its `release`. The reference's greedy chat answers
+    are kept in the cache under its stage's hash: a rebuild that changes only the quantization or the engine's limits
+    does not decode them again (38 of the gate's 95 s for SmolLM2)."""
     import onnxruntime as ort
 
+    from pipeline.lock import read_lock
+    from pipeline.quality import transformers_reference
     from pipeline.runtime import speculative
-    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.runtime.model_runner import ENGINE_CONFIG, ModelRunner, _special_ids
 
-    threads = cfg.runtime.cpu_threads
-    engine = ModelRunner.from_dir(  # with the runtime settings that shape greedy tokens: users get those
-        engine_dir,
-        num_threads=threads,
-        batch_invariant=cfg.runtime.batch_invariant,
-        speculative=speculative.from_config(cfg.runtime.speculative),
+    threads, stages = cfg.runtime.cpu_threads, read_lock(output)["stages"]
+    config = json.loads((engine_dir / ENGINE_CONFIG).read_text())
+    built = config["build_config"]
+    engine = Loaded(  # with the runtime settings that shape greedy tokens: users get those
+        lambda: ModelRunner.from_dir(
+            engine_dir,
+            num_threads=threads,
+            batch_invariant=cfg.runtime.batch_invariant,
+            speculative=speculative.from_config(cfg.runtime.speculative),
+        )
     )
-    built = engine.config["build_config"]
-    fp32 = ModelRunner(  # the engine's limits and end token over the exported graph, one prompt at a time
-        engine_dir,
-        engine.config,
-        ort_session(exported, threads),
-        max_batch_size=1,
-        max_input_len=built["max_input_len"],
-        max_seq_len=built["max_seq_len"],
-        max_beam_width=1,
+    end_id = _special_ids(engine_dir, config)[0]
+    model = runner_model("engine", engine_dir, engine, end_id)
+    if cfg.verify.reference_dtype == "bfloat16":
+        imported = stages.get("import", {}).get("output_hash")
+        return model, transformers_reference(output / "import", imported, "bfloat16")
+    exported = output / "export" / ONNX_NAME
+    fp32 = Loaded(  # the engine's limits and end token over the exported graph, one prompt at a time
+        lambda: ModelRunner(
+            engine_dir,
+            config,
+            ort_session(exported, threads),
+            max_batch_size=1,
+            max_input_len=built["max_input_len"],
+            max_seq_len=built["max_seq_len"],
+            max_beam_width=1,
+        )
     )
+    export_hash = stages.get("export", {}).get("output_hash")
     answers_key = export_hash and (
         f"{export_hash} onnxruntime {ort.__version__} intra-op threads {threads or 'auto'} of {os.cpu_count()} CPUs "
         f"max_input_len {built['max_input_len']} max_seq_len {built['max_seq_len']}"
     )
-    return runner_model("engine", engine_dir, engine), runner_model("fp32 ONNX graph", exported, fp32, answers_key)
+    return model, runner_model("fp32 ONNX graph", exported, fp32, end_id, answers_key)
 
 
 def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: Path) -> tuple[Model, Model]:
     """(the engine decoding with LoRA adapter `name` from `adapter_dir`, its fp32 reference: PEFT's merge of the
-    adapter into the imported transformers model)."""
+    adapter into the imported transformers model), each loaded on first use and dropped by its `release`."""
     from pipeline.quality import peft_reference
-    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.runtime.model_runner import ENGINE_CONFIG, ModelRunner, _special_ids
 
-    engine = ModelRunner.from_dir(
-        engine_dir, num_threads=cfg.runtime.cpu_threads, batch_invariant=cfg.runtime.batch_invariant
-    )
-    engine.lora.register(name, adapter_dir)
-    (slot,) = engine.lora.acquire([name])  # held for the gate's passes
+    def with_adapter():
+        runner = ModelRunner.from_dir(
+            engine_dir, num_threads=cfg.runtime.cpu_threads, batch_invariant=cfg.runtime.batch_invariant
+        )
+        runner.lora.register(name, adapter_dir)
+        (slot,) = runner.lora.acquire([name])  # held for the gate's passes
+        return runner, slot
+
+    engine = Loaded(with_adapter)
+
+    def logits(ids: np.ndarray) -> np.ndarray:
+        runner, slot = engine()
+        return session_logits_fn(runner.session, partial(runner.lora.slot_feeds, slot))(ids)
+
     model = Model(
         f"engine with adapter {name}",
         engine_dir,
-        session_logits_fn(engine.session, partial(engine.lora.slot_feeds, slot)),
-        partial(runner_greedy, engine, adapter=name),
-        engine.end_id,
+        logits,
+        lambda prompt, max_new_tokens, end: runner_greedy(engine()[0], prompt, max_new_tokens, end, adapter=name),
+        _special_ids(engine_dir, json.loads((engine_dir / ENGINE_CONFIG).read_text()))[0],
+        release=engine.release,
     )
     return model, peft_reference(hf_dir, adapter_dir, name)
 
 
-def runner_model(name: str, path: Path, runner, answers_key: str | None = None) -> Model:
+def runner_model(name: str, path: Path, runner: Loaded, end_id: int | None, answers_key: str | None = None) -> Model:
+    """A ModelRunner, loaded on first use by `runner`, as the gate runs it."""
     return Model(
         name,
         path,
-        session_logits_fn(runner.session),
-        partial(runner_greedy, runner),
-        runner.end_id,
+        lambda ids: session_logits_fn(runner().session)(ids),
+        lambda prompt, max_new_tokens, end: runner_greedy(runner(), prompt, max_new_tokens, end),
+        end_id,
         answers_key=answers_key,
+        release=runner.release,
     )
 
 
