@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import CheckpointError
+from pipeline.nonfinite import nonfinite_tensor
 from pipeline.prequantized import CheckpointQuantization, QuantizedLinear
-from pipeline.quality import nonfinite_tensor
 
 WORD_BITS = 32
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # field i of an AWQ word holds column AWQ_ORDER[i] of its eight (AWU)

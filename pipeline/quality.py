@@ -27,6 +27,7 @@ import numpy as np
 from pipeline.errors import BuildStepError
 from pipeline.fetch import load_text
 from pipeline.lock import sha256_json, write_json_atomic
+from pipeline.nonfinite import nonfinite
 from pipeline.targets import target_of
 
 if TYPE_CHECKING:
@@ -248,43 +249,6 @@ def nonfinite_logits(name: str, logits: np.ndarray, where: str) -> str | None:
     """The message `<name> logits are NaN at <where>, position 3` for [1, n, vocab] logits holding NaN or inf."""
     found = nonfinite(logits)
     return found and f"{name} logits are {found[0]} at {where}, position {found[1][1]}"
-
-
-def nonfinite(values: np.ndarray) -> tuple[str, tuple[int, ...], int] | None:
-    """(NaN, inf or -inf, the index of the first such value, how many values are not finite) for an array holding
-    any; None when every value is finite (integers always are)."""
-    if values.dtype.kind not in "fc":
-        return None
-    finite = np.isfinite(values)
-    if finite.all():
-        return None
-    index = np.unravel_index(int(np.argmin(finite)), values.shape)
-    value = values[index]
-    kind = "NaN" if np.isnan(value) else "inf" if value > 0 else "-inf"
-    return kind, tuple(int(i) for i in index), int(values.size - np.count_nonzero(finite))
-
-
-def nonfinite_tensor(name: str, values: np.ndarray) -> str | None:
-    """The message `<name> holds NaN (first at [0, 3]; 1 of 64 values not finite)` for an array holding NaN or inf."""
-    found = nonfinite(values)
-    return (
-        found and f"{name} holds {found[0]} (first at {list(found[1])}; {found[2]} of {values.size} values not finite)"
-    )
-
-
-def nonfinite_weight(hf_dir: Path) -> str | None:
-    """`nonfinite_tensor` of the first tensor of the checkpoint's *.safetensors holding NaN or an infinity, after its
-    file; read one tensor at a time. Logits do not always show such a weight: transformers' default SDPA attention on
-    CPU (torch 2.13) gave finite logits from a q_proj weight holding NaN, eager attention NaN ones."""
-    from safetensors import safe_open
-
-    for file in sorted(Path(hf_dir).glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            for name in f.keys():
-                tensor = f.get_tensor(name)
-                if tensor.is_floating_point() and (problem := nonfinite_tensor(name, tensor.float().numpy())):
-                    return f"{file}: {problem}"
-    return None
 
 
 def report_line(report: dict) -> str:

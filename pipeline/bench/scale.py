@@ -165,13 +165,10 @@ def build_overrides(config: Path, checkpoint: Path, calibration_samples: int | N
 
 
 def predicted(config: Path, overrides: list[str], log: Callable[[str], None]) -> dict[str, dict]:
-    """Stage -> the plan's predicted host and disk bytes (`pipeline.host_memory.predict`), or {} while that module
-    does not exist or cannot predict this config: a measurement is never lost to a prediction."""
-    try:
-        from pipeline.host_memory import predict
-    except ImportError:
-        return {}
+    """Stage -> the plan's predicted host and disk bytes (`pipeline.host_memory.predict`), or {} where it cannot
+    predict this config: a measurement is never lost to a prediction."""
     from pipeline.config import load_config
+    from pipeline.host_memory import predict
 
     try:
         stages = predict(load_config(REPO / config, overrides))

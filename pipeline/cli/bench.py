@@ -560,7 +560,7 @@ def bench_scale(
     shapes (bfloat16, SmolLM2's tokenizer, seeded), each built from the shipped config with `model.source=hf`, each
     stage in its own process. Per size x target x stage: wall and CPU seconds, peak anonymous RSS of the stage's
     process tree (sampled every 50 ms) and the kernel's ru_maxrss, bytes per parameter, disk written, and the
-    memory plan's prediction beside them (`-` until `pipeline.host_memory` predicts). The quality gate's thresholds
+    memory plan's prediction beside them (`plan` prints the same). The quality gate's thresholds
     are relaxed (a random model's answers are noise); what it computes is a user's default.
 
     How long: hours on 2 cores for every size (the 3B alone about an hour per target; ModelOpt's calibration is

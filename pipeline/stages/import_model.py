@@ -205,11 +205,11 @@ def _stream_weights(path: Path, chosen: list[tuple[str, Path]], tokenizer, ctx, 
 
 
 def _finite(name: str, file: Path) -> None:
-    """StageError naming `name` and its file when the tensor holds NaN or an infinity (`quality.nonfinite_tensor`):
+    """StageError naming `name` and its file when the tensor holds NaN or an infinity (`nonfinite.nonfinite_tensor`):
     the quality gate would meet it only in logits, where attention may hide it."""
     from safetensors import safe_open
 
-    from pipeline.quality import nonfinite_tensor
+    from pipeline.nonfinite import nonfinite_tensor
 
     with safe_open(file, "pt") as f:
         tensor = f.get_tensor(name)
@@ -224,12 +224,12 @@ def _finite(name: str, file: Path) -> None:
 
 def _refuse_nonfinite(path: Path, model) -> None:
     """StageError naming the first weight holding NaN or an infinity, and its file: the quality gate would meet it
-    only in logits, where attention may hide it (`quality.nonfinite_weight`). The loaded tensors are checked one at
+    only in logits, where attention may hide it (`nonfinite.nonfinite_weight`). The loaded tensors are checked one at
     a time, the files read again only to name one (an already-quantized checkpoint's are checked as they are read,
     `pipeline.prequantized_packing`)."""
     import torch
 
-    from pipeline.quality import nonfinite_weight
+    from pipeline.nonfinite import nonfinite_weight
 
     tensors = model.state_dict().items()
     bad = next((n for n, t in tensors if t.is_floating_point() and not torch.isfinite(t).all()), None)

@@ -85,7 +85,8 @@ def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from pipeline.quality import hf_logits, nonfinite_logits, nonfinite_weight
+    from pipeline.nonfinite import nonfinite_weight
+    from pipeline.quality import hf_logits, nonfinite_logits
     from pipeline.targets.onnxruntime.scoring import ort_logits_fn
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
