@@ -25,18 +25,21 @@ from pipeline.stages import STAGES
 
 @dataclass(frozen=True)
 class Coefficients:
-    """How each stage's peak grows with the model. Set by reasoning over what each stage holds once it streams, not
-    yet measured at scale: `make bench-scale` measures every stage's peak at real sizes, and these are to be set from
-    its table (the plan's target: within 20% of the measured peak)."""
+    """How each stage's peak grows with the model, fitted to `make bench-scale`'s table (bench_results/scale/,
+    docs/benchmarks.md "Build cost at real sizes": peak anonymous RSS per stage at 0.5B and 1.1B parameters,
+    2026-11-28); the plan's target is within 20% of every measured peak."""
 
-    # python, torch, transformers and onnxruntime imported and at work: the imports and a tiny Llama forward measured
-    # 0.42 GiB RSS here (/usr/bin/time -v, 2026-11-28); the default build's peak before streaming, 2.9 GiB, less its
-    # four float32 copies of the weights (2.0 GiB), leaves 0.9 GiB for libraries, tokenizer, sessions and text
-    libraries_bytes: int = int(0.9 * GiB)
+    # python, torch, transformers and onnxruntime imported and at work, with the tokenizer: what import and export
+    # held beyond their weights at both sizes (0.37-0.38 GiB)
+    libraries_bytes: int = int(0.4 * GiB)
+    # a stage that runs no model (the repository, the manifests): 0.23 GiB measured
+    light_libraries_bytes: int = int(0.25 * GiB)
     # ModelOpt imported on top of them (0.51 against 0.31 GiB for the imports alone, measured the same way)
     modelopt_bytes: int = int(0.2 * GiB)
-    # a streamed tensor in float32: upcast from its mapped file, and what it is converted to (quantized, rescaled)
-    streamed_tensor_copies: float = 2.0
+    # float32 copies of the largest tensor a streaming stage holds at once (the import's grew by one between sizes)
+    streamed_tensor_copies: float = 1.0
+    # tokens of the export's logits check (a few short prompts)
+    check_tokens: int = 64
     # a forward's live float32 activations per token, in hidden sizes and intermediate sizes (residual, norm,
     # attention in and out; gate, up and their product)
     hidden_copies_per_token: float = 4.0
@@ -203,7 +206,7 @@ def _stage_phases(name: str, cfg, shape: CheckpointShape) -> tuple[Phases, int]:
         return streamed, shape.checkpoint_bytes if cfg.model.source == "hf" else shape.parameters * shape.compute_bytes
     if name == "export" and target == "onnxruntime":
         check = "the export's logits check on the float32 graph (4 B/param)"
-        phases = streamed | {check: (4 * shape.parameters + _forward_bytes(shape, SCORED_WINDOW), "")}
+        phases = streamed | {check: (4 * shape.parameters + _forward_bytes(shape, COEFFICIENTS.check_tokens), "")}
         # the fused graph holds the table and the lm_head apart, tied or not
         return phases, 4 * (shape.parameters + (shape.embedding if shape.tied else 0))
     if name == "engine" and target == "onnxruntime":
@@ -250,7 +253,7 @@ def predict(cfg) -> dict[str, Prediction]:
         if stage.applies(cfg) is not None:
             continue
         phases, disk = _stage_phases(name, cfg, shape)
-        libraries = COEFFICIENTS.libraries_bytes
+        libraries = COEFFICIENTS.libraries_bytes if phases else COEFFICIENTS.light_libraries_bytes
         if cfg.target.name == "trtllm" and name in ("quantize", "export"):
             libraries += COEFFICIENTS.modelopt_bytes
         peak, (held, lowered_by) = max(phases.items(), key=lambda item: item[1][0], default=("libraries", (0, "")))

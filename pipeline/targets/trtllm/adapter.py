@@ -23,6 +23,7 @@ from pipeline.targets.trtllm.modelopt import (
     CHECKPOINT_DTYPES,
     LOADER_QUANTIZED,
     MODELOPT_PRESETS,
+    STATE_FILE,
     calibrate,
     export_checkpoints,
     load_calibrated,
@@ -220,7 +221,7 @@ class TrtllmTarget:
         if stage == "export" and kept(cfg) is not None:
             return "nothing: the kept checkpoint's tensors checked, then the convert_checkpoint.py command (exit 4)"
         return {
-            "quantize": f"ModelOpt-calibrated model ({q.weights} weights, {q.kv_cache} KV cache)",
+            "quantize": f"ModelOpt quantizer state, no weights ({q.weights} weights, {q.kv_cache} KV cache)",
         }.get(stage) or backend_of(cfg).writes(stage, cfg)
 
     def quantize(self, cfg, ctx) -> dict:
@@ -239,15 +240,16 @@ class TrtllmTarget:
         )
         started = time.perf_counter()
         model = calibrate(ctx.upstream("import"), q, text, ctx.progress)
-        save_calibrated(model, ctx.out_dir)
-        return {"calibration_seconds": round(time.perf_counter() - started, 1), "recipe": q.modelopt_recipe or "preset"}
+        seconds = round(time.perf_counter() - started, 1)
+        rewritten = save_calibrated(model, ctx.upstream("import"), ctx.out_dir)
+        return {"calibration_seconds": seconds, "recipe": q.modelopt_recipe or "preset", "rewritten_weights": rewritten}
 
     def export(self, cfg, ctx) -> dict:
         """The checkpoint the backend deploys (and the unified one), checked for conformance (the stage then gates
         its quality). A checkpoint kept as it is gets no ModelOpt: prequantized.export_kept checks it and stops."""
         if (detected := kept(cfg)) is not None:
             return prequantized.export_kept(cfg, ctx, detected, backend_of(cfg).name)
-        quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / "modelopt_state.pth").is_file() else None
+        quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / STATE_FILE).is_file() else None
         hf_dir = ctx.upstream("import")
         dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
         p, release, backend = cfg.parallel, cfg.target.trtllm_version, backend_of(cfg)
@@ -306,7 +308,8 @@ class TrtllmTarget:
 
     def scored(self, cfg, output: Path, built: Path, log):
         """The checkpoint the backend deploys, read back and run by a CPU reference forward with its semantics,
-        against the fp32 model run by transformers (its chat answers kept in the cache per imported checkpoint)."""
+        against the model transformers runs in verify.reference_dtype (its chat answers kept in the cache per imported
+        checkpoint). Each loads on first use and is dropped by its `release`, so the gate holds one at a time."""
         from pipeline import quality
         from pipeline.lock import read_lock
         from pipeline.targets.trtllm.reference import checkpoint_model
@@ -318,7 +321,8 @@ class TrtllmTarget:
             )
         hf_dir = output / "import"
         imported = read_lock(output)["stages"].get("import", {}).get("output_hash")
-        return checkpoint_model(cfg, hf_dir, checkpoint, kind, log), quality.transformers_reference(hf_dir, imported)
+        reference = quality.transformers_reference(hf_dir, imported, cfg.verify.reference_dtype)
+        return checkpoint_model(cfg, hf_dir, checkpoint, kind, log), reference
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         import shlex

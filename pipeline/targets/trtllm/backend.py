@@ -100,6 +100,7 @@ CHECKPOINT_FIELDS = (
     frozenset(
         {
             "model",
+            "verify.reference_dtype",
             "target.name",
             "target.trtllm_version",
             "target.trtllm_backend",

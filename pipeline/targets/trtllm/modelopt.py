@@ -81,8 +81,26 @@ def modelopt_config(q) -> dict:
     return {"quant_cfg": entries, "algorithm": algorithm}
 
 
+MODELOPT_MODULES = ("modelopt.torch.opt", "modelopt.torch.quantization", "modelopt.torch.export")
+
+
+def import_modelopt() -> None:
+    """Import ModelOpt on a thread of its own, before the caller holds a model. Its dependency pulp keeps the
+    ImportError of each optional solver it lacks, traceback included, as a class attribute (`err = e`,
+    pulp/apis/cplex_api.py, pulp 3.3.2, imported by modelopt/torch/opt/searcher.py): every frame that was importing
+    it stays alive with its locals, which on the stage's thread held the calibrated model for the rest of the build.
+    An import that fails fails again, with its message, where the caller imports the module."""
+    import importlib
+    import threading
+
+    thread = threading.Thread(target=lambda: [importlib.import_module(name) for name in MODELOPT_MODULES])
+    thread.start()
+    thread.join()
+
+
 def calibrate(hf_dir: Path, q, text: str, progress) -> object:
     """The HF model with ModelOpt quantizers inserted and calibrated on CPU (float32 forward passes)."""
+    import_modelopt()
     import modelopt.torch.quantization as mtq
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -111,23 +129,123 @@ def calibrate(hf_dir: Path, q, text: str, progress) -> object:
         return mtq.quantize(model, config, forward_loop)
 
 
-def save_calibrated(model, out_dir: Path) -> None:
-    """ModelOpt's state (quantizer placement and amax values) next to nothing else: the weights stay in `import`."""
-    import modelopt.torch.opt as mto
+STATE_FILE = "modelopt_state.pth"
+QUANTIZER_BUFFERS = "modelopt_state_weights"  # the key ModelOpt's own trainer stores them under (see save_calibrated)
+REWRITTEN_WEIGHTS = "rewritten_weights"
 
-    mto.save(model, out_dir / "modelopt_state.pth")
+
+def save_calibrated(model, hf_dir: Path, out_dir: Path) -> int:
+    """ModelOpt's state of the calibrated `model` without its weights, which stay in `import`: the quantizer placement
+    (`mto.modelopt_state`) and the quantizers' calibrated buffers (amax, pre_quant_scale), as ModelOpt's QATTrainer
+    saves them (`_save_modelopt_state_with_weights`, modelopt/torch/quantization/plugins/transformers_trainer.py,
+    nvidia-modelopt 0.47.0), plus any weight the calibration changed in a way `restored_weight` does not reproduce
+    from `hf_dir` (none for the presets; kept so that a recipe's algorithm that rewrites weights still exports what it
+    calibrated). Returns how many weights were kept."""
+    import modelopt.torch.opt as mto
+    import torch
+    from modelopt.torch.quantization.utils import get_quantizer_state_dict
+
+    state = mto.modelopt_state(model)
+    state[QUANTIZER_BUFFERS] = get_quantizer_state_dict(model)
+    state[REWRITTEN_WEIGHTS] = rewritten_weights(model, hf_dir)
+    torch.save(state, out_dir / STATE_FILE)
+    return len(state[REWRITTEN_WEIGHTS])
 
 
 def load_calibrated(hf_dir: Path, quantize_dir: Path | None):
+    """The imported model in the dtype it is stored in (a bfloat16 checkpoint is not upcast: float32 would double it)
+    with the quantizers calibrated in `quantize_dir` restored onto it: ModelOpt's placement, then their buffers, then
+    the weights smoothed by their pre_quant_scale as the calibration left them (rounded to that dtype)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    if quantize_dir is not None:
-        import modelopt.torch.opt as mto
+    import_modelopt()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, checkpoint_dtype(hf_dir))).eval()
+    if quantize_dir is None:
+        return model
+    import modelopt.torch.opt as mto
+    from modelopt.torch.quantization.utils import set_quantizer_state_dict
 
-        model = mto.restore(model, quantize_dir / "modelopt_state.pth")
+    state = mto.load_modelopt_state(quantize_dir / STATE_FILE)
+    buffers, rewritten = state.pop(QUANTIZER_BUFFERS), state.pop(REWRITTEN_WEIGHTS)
+    model = mto.restore_from_modelopt_state(model, state)
+    set_quantizer_state_dict(model, buffers)
+    with torch.no_grad():
+        for linear in smoothed_linears(model):
+            linear.weight.copy_(restored_weight(linear.weight, linear))
+        for name, weight in rewritten.items():
+            model.get_parameter(name).copy_(weight)
     return model
+
+
+SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def checkpoint_dtype(hf_dir: Path) -> str:
+    """The torch dtype most of the checkpoint's floating-point values are stored in, read from the safetensors
+    headers (config.json's dtype may name the dtype the pipeline computes in rather than the one on disk)."""
+    from collections import Counter
+    from math import prod
+
+    from safetensors import safe_open
+
+    stored = Counter()
+    for file in sorted(Path(hf_dir).glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                stored[piece.get_dtype()] += prod(piece.get_shape())
+    floats = {dtype: count for dtype, count in stored.items() if dtype in SAFETENSORS_FLOATS}
+    return SAFETENSORS_FLOATS[max(floats, key=floats.get)]
+
+
+def smoothed_linears(model):
+    """The quantized linears whose input quantizer applies a pre_quant_scale: SmoothQuant and AWQ fold its inverse
+    into the weight (`apply_pre_quant_scale_and_smooth`, modelopt/torch/quantization/model_calib.py, nvidia-modelopt
+    0.47.0), which `load_calibrated` repeats on the imported weight."""
+    return [
+        module
+        for module in model.modules()
+        if getattr(getattr(module, "input_quantizer", None), "pre_quant_scale", None) is not None
+    ]
+
+
+def restored_weight(original, linear):
+    """`original` (the imported weight of `linear`) as the calibration left it: divided by the input's pre_quant_scale
+    with ModelOpt's arithmetic (`_apply_weight_pre_quant_scale`: the float32 inverse, the product cast to the weight's
+    dtype), so that a float32 import gives the calibrated weight bit for bit."""
+    import torch
+
+    scale = getattr(getattr(linear, "input_quantizer", None), "pre_quant_scale", None)
+    if scale is None:
+        return original
+    return (original * (1.0 / scale.to(torch.float32)).squeeze()[None, :]).to(original.dtype)
+
+
+def rewritten_weights(model, hf_dir: Path) -> dict:
+    """The parameters of the calibrated `model` that `load_calibrated` would not reproduce from the checkpoint in
+    `hf_dir`, in the dtype it loads; read one tensor at a time."""
+    import torch
+    from safetensors import safe_open
+
+    dtype = getattr(torch, checkpoint_dtype(hf_dir))
+    stored_in = {}
+    for file in sorted(Path(hf_dir).glob("*.safetensors")):
+        with safe_open(file, "pt") as f:
+            stored_in |= dict.fromkeys(f.keys(), file)
+    out = {}
+    for name, parameter in model.named_parameters():
+        calibrated = parameter.detach().to(dtype)
+        if name in stored_in:
+            with safe_open(stored_in[name], "pt") as f:
+                imported = f.get_tensor(name).to(dtype)
+            module_name, kind = name.rsplit(".", 1)
+            if kind == "weight":
+                imported = restored_weight(imported, model.get_submodule(module_name))
+            if torch.equal(imported, calibrated):
+                continue
+        out[name] = calibrated.clone()
+    return out
 
 
 def export_checkpoints(

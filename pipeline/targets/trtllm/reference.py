@@ -21,6 +21,7 @@ adapter added where given (`with_lora`; `adapter_models` scores it against PEFT'
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -59,7 +60,7 @@ def loader_int8_weight_only(weight: torch.Tensor) -> torch.Tensor:
     return q * col_max.to(weight.dtype).float()
 
 
-def dequantize(tensors: dict[str, torch.Tensor], prefix: str, algo: str | None) -> torch.Tensor:
+def dequantize(tensors: Mapping[str, torch.Tensor], prefix: str, algo: str | None) -> torch.Tensor:
     weight = tensors[f"{prefix}.weight"]
     scale = tensors.get(f"{prefix}.weights_scaling_factor")
     if algo == "W8A16":
@@ -73,22 +74,53 @@ def dequantize(tensors: dict[str, torch.Tensor], prefix: str, algo: str | None) 
     return dequantize_int4(weight, scale)  # W4A16_AWQ / W4A8_AWQ: scale [out, in/group]
 
 
-def load_ranks(checkpoint: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
-    from safetensors.torch import load_file
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Checked 4M values at a time, in float32 (torch has no isfinite for FP8): the check of a 128K-vocabulary
+    embedding holds no float32 copy of it."""
+    return all(bool(torch.isfinite(part.float()).all()) for part in tensor.reshape(-1).split(1 << 22))
 
+
+class StoredTensors(Mapping):
+    """The tensors of safetensors files by name, each read from its file when asked for, so that a reference holds the
+    model it builds and not the checkpoint beside it."""
+
+    def __init__(self, files: list[Path]):
+        from safetensors import safe_open
+
+        self._files = {file: safe_open(file, "pt") for file in files}
+        self._file_of = {name: file for file, f in self._files.items() for name in f.keys()}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._files[self._file_of[name]].get_tensor(name)
+
+    def __contains__(self, name) -> bool:
+        return name in self._file_of
+
+    def __iter__(self):
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)
+
+
+def load_ranks(checkpoint: Path) -> tuple[dict, list[StoredTensors]]:
     config = json.loads((checkpoint / "config.json").read_text())
     files = [checkpoint / f"rank{r}.safetensors" for r in range(config["mapping"]["world_size"])]
-    return config, [finite(file, load_file(file)) for file in files]
+    return config, [finite(file, StoredTensors([file])) for file in files]
 
 
-def finite(file: Path, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`tensors`, as read from `file`; CheckpointError names the first holding NaN or an infinity: the reference
-    (transformers' SDPA attention) may compute finite logits from it (`quality.nonfinite_weight`)."""
+def finite(file: Path, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """`tensors`, as read from `file`, each checked once; CheckpointError names the first holding NaN or an infinity:
+    the reference (transformers' SDPA attention) may compute finite logits from it (`nonfinite.nonfinite_weight`)."""
     from pipeline.errors import CheckpointError
-    from pipeline.quality import nonfinite_tensor
+    from pipeline.nonfinite import nonfinite_tensor
 
     for name, tensor in tensors.items():
-        if tensor.is_floating_point() and (problem := nonfinite_tensor(name, tensor.float().numpy())):
+        if (
+            tensor.is_floating_point()
+            and not all_finite(tensor)
+            and (problem := nonfinite_tensor(name, tensor.float().numpy()))
+        ):
             raise CheckpointError(
                 f"{file}: {problem}. Rebuild with quantization.weights: none to tell whether the quantization wrote "
                 "it or the imported checkpoint holds it"
@@ -113,7 +145,7 @@ def load_reference(checkpoint: Path, hf_dir: Path):
     kv_owner = max(1, tp // kv_heads)  # with duplicated KV heads, every kv_owner-th rank holds a new one
     state, hooks = {}, {}
 
-    def stage_ranks(pp_rank: int) -> list[dict]:
+    def stage_ranks(pp_rank: int) -> list[StoredTensors]:
         return ranks[pp_rank * tp : (pp_rank + 1) * tp]
 
     first, last = stage_ranks(0), stage_ranks(pp - 1)
@@ -167,8 +199,8 @@ def load_reference(checkpoint: Path, hf_dir: Path):
                 hooks[f"{hf}.{target}"] = (factor, None if act is None else act.float(), kind)
         if kv_algo:
             attention = {
-                k.rsplit(".", 1)[-1]: v
-                for k, v in shard[0].items()
+                k.rsplit(".", 1)[-1]: shard[0][k]
+                for k in shard[0]
                 if k.startswith(f"{local}.attention.") and "cache_scaling" in k
             }
             scale = (
@@ -185,13 +217,17 @@ def load_reference(checkpoint: Path, hf_dir: Path):
 
 
 def build_reference(hf_config, state: dict[str, torch.Tensor], hooks: dict):
-    """The HF config's model (float32) holding `state` (HF names, dequantized weights), with `hooks`: module name ->
+    """The HF config's model (float32) made of `state` (HF names, dequantized weights), with `hooks`: module name ->
     (prequant factor or None, activation scale or None, "fp8"|"int8") applied to its input, and
-    "module:out" -> (scale, "fp8"|"int8") fake-quantizing its output."""
+    "module:out" -> (scale, "fp8"|"int8") fake-quantizing its output. The model is made without weights (its
+    parameters on the meta device, its buffers such as RoPE's computed) and takes `state`'s tensors as its parameters
+    (`assign`), so the weights are held once."""
+    from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if [m for m in missing if "rotary" not in m] or unexpected:
         raise ValueError(f"reference model does not match the checkpoint: missing {missing}, unexpected {unexpected}")
     modules = dict(model.named_modules())
@@ -228,7 +264,7 @@ def _fp8_round(x: torch.Tensor) -> torch.Tensor:
 
 
 def unified_linears(
-    tensors: dict[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor],
     prefix: str,
     group: tuple[str, ...],
     algo: str | None,
@@ -269,14 +305,13 @@ def unified_linears(
     raise ValueError(f"quant_algo {algo!r}: TensorRT-LLM's PyTorch backend semantics are modelled for {TORCH_ALGOS}")
 
 
-def unified_checkpoint(unified_dir: Path) -> tuple[dict, torch.dtype, dict[str, torch.Tensor]]:
-    """A unified HF checkpoint's config.json, its dtype and every tensor of its *.safetensors."""
-    from safetensors.torch import load_file
-
+def unified_checkpoint(unified_dir: Path) -> tuple[dict, torch.dtype, StoredTensors]:
+    """A unified HF checkpoint's config.json, its dtype and its *.safetensors' tensors (read when asked for)."""
     config = json.loads((unified_dir / "config.json").read_text())
-    tensors = {}
-    for file in sorted(unified_dir.glob("*.safetensors")):
-        tensors |= finite(file, load_file(file))
+    files = sorted(unified_dir.glob("*.safetensors"))
+    for file in files:
+        finite(file, StoredTensors([file]))
+    tensors = StoredTensors(files)
     return config, getattr(torch, config.get("torch_dtype") or config.get("dtype") or "float16"), tensors
 
 
@@ -339,9 +374,9 @@ def load_unified_reference(unified_dir: Path, hf_dir: Path, release: str | None 
         elif kv_algo == "FP8":
             for module in ("self_attn.k_proj", "self_attn.v_proj"):
                 hooks[f"{prefix}.{module}:out"] = (torch.tensor(TORCH_FP8_KV_SCALE), "fp8")
-    for name, tensor in tensors.items():  # norms, q/k norms, biases: copied as they are
+    for name in tensors:  # norms, q/k norms, biases: copied as they are
         if name not in state and name.rsplit(".", 1)[-1] not in SCALES and not name.endswith("proj.weight"):
-            state[name] = tensor.float()
+            state[name] = tensors[name].float()
     model = build_reference(hf_config, state, hooks)
     scale = torch.tensor(TORCH_FP8_KV_SCALE)
     for name, q_rows in kv_slices.items():  # the k/v part of a checkpoint-fused qkv_proj's output
@@ -404,30 +439,37 @@ def adapter_models(cfg, hf_dir: Path, checkpoint: Path, kind: str, name: str, ad
 
 
 def checkpoint_model(cfg, hf_dir: Path, checkpoint: Path, kind: str = "trtllm", log=print, deltas: dict | None = None):
-    """A checkpoint's reference forward as the quality gate (`pipeline.quality`) runs it, with a greedy sample of it
-    in its notes. `kind`: "trtllm" (a TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's
-    unified HF checkpoint, as TensorRT-LLM's PyTorch backend runs it); `deltas`: a LoRA adapter (`with_lora`)."""
-    from functools import partial
-
-    from transformers import AutoTokenizer
-
+    """A checkpoint's reference forward as the quality gate (`pipeline.quality`) runs it, loaded on first use and
+    dropped by the Model's `release`, with a greedy sample of it in its notes once loaded. `kind`: "trtllm" (a
+    TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's unified HF checkpoint, as TensorRT-LLM's
+    PyTorch backend runs it); `deltas`: a LoRA adapter (`with_lora`)."""
     from pipeline import quality
 
-    log(f"loading the {kind} checkpoint's reference forward")
-    if kind == "unified":  # as the targeted release's model reads it
-        reference = load_unified_reference(checkpoint, hf_dir, cfg.target.trtllm_version)
-    else:
-        reference = load_reference(checkpoint, hf_dir)
-    if deltas:
-        with_lora(reference, deltas)
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    prompt = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        sample = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    notes = {}
+
+    def load():
+        from transformers import AutoTokenizer
+
+        log(f"loading the {kind} checkpoint's reference forward")
+        if kind == "unified":  # as the targeted release's model reads it
+            reference = load_unified_reference(checkpoint, hf_dir, cfg.target.trtllm_version)
+        else:
+            reference = load_reference(checkpoint, hf_dir)
+        if deltas:
+            with_lora(reference, deltas)
+        tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+        prompt = tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            sample = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        notes["greedy_sample"] = tokenizer.decode(sample[0, prompt.shape[1] :], skip_special_tokens=True)
+        return reference
+
+    reference = quality.Loaded(load)
     return quality.Model(
         f"{checkpoint.name} checkpoint",
         checkpoint,
-        quality.torch_logits_fn(reference),
-        partial(quality.torch_greedy, reference),
-        notes={"greedy_sample": tokenizer.decode(sample[0, prompt.shape[1] :], skip_special_tokens=True)},
+        lambda ids: quality.torch_logits_fn(reference())(ids),
+        lambda prompt, max_new_tokens, end: quality.torch_greedy(reference(), prompt, max_new_tokens, end),
+        notes=notes,
+        release=reference.release,
     )
