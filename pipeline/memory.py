@@ -83,12 +83,6 @@ def rank_weight_bytes(cfg, facts) -> int:
     return int(layers_bytes + (2 if pp == 1 else 1) * embedding / tp * dtype_bytes)
 
 
-def conversion_host_bytes(facts) -> int:
-    """Host RAM of the ModelOpt conversion: the float32 model plus an export copy."""
-    linear, embedding = parameter_counts(facts)
-    return int((linear + embedding * 2) * 4 * 2)
-
-
 # Host memory of one TensorRT-LLM rank besides its weights (python, CUDA and NCCL host state; an estimate, not
 # measured: no GPU here). Loading stages a rank's weights through host memory, so the weights count once more.
 GPU_RANK_HOST_BYTES = 4 * GiB

@@ -153,12 +153,12 @@ def test_plan_prints_each_running_stage_and_flags_what_would_not_fit(tmp_path):
         "build_configs/smollm2-135m-cpu.yaml",
         "--output",
         str(tmp_path / "out"),
-        env={AVAILABLE_MEMORY_ENV: "1.5GiB"},
+        env={AVAILABLE_MEMORY_ENV: "0.8GiB"},
     )
     assert result.returncode == 0, result.stderr
     lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines() if "peak host memory" in line}
     assert set(lines) == {"import", "export", "engine", "triton_repo"}
-    assert "1.50 GiB of host memory available here" in result.stdout
+    assert "819 MiB of host memory available here" in result.stdout
     assert "would stop here (exit 4)" in lines["export"] and "would stop here" not in lines["import"]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from pipeline.errors import PipelineError
+from pipeline.host_memory import build_peak_bytes
 from pipeline.k8s import (
     TRITON_PORT_FLAGS,
     QueueMetric,
@@ -22,7 +23,7 @@ from pipeline.k8s import (
     triton_port_flags,
     triton_serve_command,
 )
-from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, conversion_host_bytes, gpu_pod_host_bytes, rank_weight_bytes
+from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, gpu_pod_host_bytes, rank_weight_bytes
 from pipeline.targets.trtllm.backend import multi_node
 from pipeline.targets.trtllm.backends import BACKENDS, backend_of
 from pipeline.targets.trtllm.image import gpu_image_build, image_tag
@@ -52,13 +53,13 @@ def gpu_serving(cfg, **backend_parts):
     gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
     per_pod, _ = group_shape(gpus, cfg.deploy.gpus_per_node)
     host = gpu_pod_host_bytes(cfg, facts, per_pod) if facts else 0
-    lines = []
+    lines, build_bytes = [], build_peak_bytes(cfg)
     if facts:
         lines.append(
             f"host memory per pod {host / GiB:.1f} GiB: {per_pod} ranks x (weights "
             f"{rank_weight_bytes(cfg, facts) / GiB:.1f} GiB staged while loading + "
             f"{GPU_RANK_HOST_BYTES / GiB:.0f} GiB runtime); the build Job "
-            f"{conversion_host_bytes(facts) / GiB:.1f} GiB (ModelOpt conversion)"
+            f"{build_bytes / GiB:.1f} GiB (the plan's largest stage)"
         )
         if cfg.target.gpu:
             lines += backend_of(cfg).memory_plan(cfg, facts).lines()
@@ -71,7 +72,7 @@ def gpu_serving(cfg, **backend_parts):
         gpus=gpus,
         memory_bytes=host,
         memory_lines=lines,
-        build_memory_bytes=conversion_host_bytes(facts) if facts else 0,
+        build_memory_bytes=build_bytes,
         shm_bytes=GPU_SHM_BYTES,
         cpus=cfg.deploy.cpus or 4 * per_pod,
         **backend_parts,
