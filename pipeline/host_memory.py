@@ -166,8 +166,9 @@ def _gate_phases(cfg, shape: CheckpointShape) -> Phases:
             "verify.reference_dtype=bfloat16" if reference == 4 else "",
         )
     }
-    if cfg.target.name != "onnxruntime":
-        return phases
+    if cfg.target.name != "onnxruntime":  # trtllm's reference forward of the checkpoint (targets/trtllm/reference.py)
+        checkpoint_run = 4 * shape.parameters + window + _streamed_bytes(shape)
+        return phases | {"the quality gate's run of the checkpoint, dequantized to float32": (checkpoint_run, "")}
     f, b = shape.facts, cfg.build
     weights = plan_cpu_serving(cfg, f).weights_bytes
     # the engine's runner prefills at most max_num_tokens at once, and the gate gives it at most a window
@@ -203,7 +204,11 @@ def _stage_phases(name: str, cfg, shape: CheckpointShape) -> tuple[Phases, int]:
     streamed = {"one tensor at a time": (_streamed_bytes(shape), "")}
     table_copies = 1 if shape.tied else 2
     if name == "import":
-        return streamed, shape.checkpoint_bytes if cfg.model.source == "hf" else shape.parameters * shape.compute_bytes
+        if cfg.model.source == "hf":
+            return streamed, shape.checkpoint_bytes
+        # transformers dequantizes a GGUF whole (measured: SmolLM2's import held 973 MiB, 0.4 GiB + 4.4 B/param)
+        whole = shape.parameters * shape.compute_bytes
+        return {"the GGUF dequantized whole by transformers": (int(1.1 * whole), "")}, whole
     if name == "export" and target == "onnxruntime":
         check = "the export's logits check on the float32 graph (4 B/param)"
         phases = streamed | {check: (4 * shape.parameters + _forward_bytes(shape, COEFFICIENTS.check_tokens), "")}
@@ -221,12 +226,8 @@ def _stage_phases(name: str, cfg, shape: CheckpointShape) -> tuple[Phases, int]:
     )
     if name == "quantize":  # writes ModelOpt's quantizer state: a float32 amax per output channel of every linear
         seq_len = q.calibration.seq_len if q.calibration else SCORED_WINDOW
-        in_its_dtype = shape.compute_bytes * shape.parameters
-        smaller_dtype = "model.dtype=bfloat16" if shape.compute_bytes == 4 else ""
-        calibration = {
-            "ModelOpt calibration of the model in its dtype": _calibration_phase(
-                shape, in_its_dtype, seq_len, smaller_dtype
-            )
+        calibration = {  # modelopt.calibrate: float32 forward passes, whatever the checkpoint's dtype
+            "ModelOpt calibration of the float32 model": _calibration_phase(shape, 4 * shape.parameters, seq_len, "")
         }
         return calibration, linear // shape.facts.hidden_size * 4
     if name == "export":  # trtllm: the unified export, tensor by tensor, of the model with its quantizers restored
