@@ -87,6 +87,8 @@ class Model:
     # generated once; None: generated every time (a fast reference)
     answers_key: str | None = None
     release: Callable[[], None] = lambda: None  # frees what `logits` and `greedy` loaded (a `Loaded`'s release)
+    # the greedy answers to many prompts at once, each what `greedy` would answer; None: `greedy` one at a time
+    greedy_all: Callable[[list[list[int]], int, int], list[list[int]]] | None = None
 
 
 def gate(cfg: BuildConfig, model: Model, reference: Model, ctx) -> dict:
@@ -436,7 +438,10 @@ def chat_reference(
             log(f"the {reference.name}'s greedy answers to {CHAT_EVAL.name}: {stored}")
             return ChatReference(prompts, json.loads(stored.read_text()), end_id, max_new_tokens)
     log(f"generating the {reference.name}'s greedy answers to {CHAT_EVAL.name}")
-    answers = [reference.greedy(prompt, max_new_tokens, end_id) for prompt in prompts]
+    if reference.greedy_all:
+        answers = reference.greedy_all(prompts, max_new_tokens, end_id)
+    else:
+        answers = [reference.greedy(prompt, max_new_tokens, end_id) for prompt in prompts]
     if stored:
         stored.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(stored, answers)
