@@ -102,8 +102,8 @@ def test_an_8b_trtllm_export_peaks_at_the_gates_float32_forwards(tmp_path):
     predictions = predict(cfg)
     export = predictions["export"]
     assert "checkpoint, dequantized to float32" in export.peak
-    # one float32 model, a window's activations and logits over 128K tokens, the largest tensor (the 2 GB table)
-    assert 4 * parameters < export.host_bytes < 4.5 * parameters
+    # one float32 model, a window's activations and logits over 128K tokens, and what bench scale measured beyond them
+    assert 4 * parameters < export.host_bytes < 5.5 * parameters
     # calibration holds one model in its dtype (config.json alone: float32 assumed) and writes quantizer state only
     assert predictions["quantize"].host_bytes < export.host_bytes and predictions["quantize"].disk_bytes < 64 * MiB
     assert predictions["export"].disk_bytes == pytest.approx(8.5 * GiB, rel=0.1)  # fp8 layers, 16-bit tables
