@@ -2,8 +2,10 @@
 with no more than one tensor in memory.
 
 The safetensors library writes a file only from a dict of every tensor in memory (`save_file`), so the writer is
-by hand; the format is an 8-byte header length, a JSON header (dtype, shape, data offsets per tensor) padded to 8
-bytes, then the tensors' bytes (huggingface/safetensors README "Format").
+by hand; the format is an 8-byte little-endian header length, a JSON header (dtype, shape, data offsets per tensor),
+then the tensors' bytes (huggingface/safetensors README.md "Format", commit 0034b77cb9403f7e498764de4a2a291d8bcbd9f1).
+Its own serializer pads the header to 8 bytes with spaces and puts the widest dtypes first, then sorts by name, so
+each tensor is aligned (safetensors/src/tensor.rs `prepare`, commit 45c8c2cbd1a86ce87866a584410984bcd9aa25fc).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ def copy_tensors(
     out_file: Path, tensors: Iterable[tuple[str, Path]], check: Callable[[str, Path], None] = lambda n, f: None
 ) -> dict[str, dict]:
     """Write `tensors` (name, the safetensors file holding it) into one file, each tensor's bytes copied as they
-    are, after `check(name, file)`; ordered as safetensors orders them (widest dtype first, then by name, so each
-    tensor is aligned to its dtype). Returns the header written."""
+    are, after `check(name, file)`; the widest dtypes first, then by name, so each tensor is aligned to its dtype.
+    Returns the header written."""
     headers: dict[Path, tuple[dict, int]] = {}
     chosen = []
     for name, file in tensors:
