@@ -20,6 +20,7 @@ from pipeline.errors import CheckpointError, NotEnoughMemory, PipelineError
 from pipeline.memory import DTYPE_BYTES, GiB, MiB, parameter_counts, plan_cpu_serving, weight_bytes_per_param
 from pipeline.models import ModelFacts, path_problem, read_gguf
 from pipeline.quality import WINDOW as SCORED_WINDOW  # tokens the quality gate and the export's check run at once
+from pipeline.safetensors_files import read_header
 from pipeline.stages import STAGES
 
 
@@ -87,15 +88,9 @@ def _safetensors_headers(directory: Path) -> list[tuple[str, int, int]]:
         problem = path_problem(file, "regular file")  # opening a FIFO would wait for a writer forever
         if problem:
             raise ValueError(problem)
-        with open(file, "rb") as f:
-            header_size = int.from_bytes(f.read(8), "little")
-            if header_size > file.stat().st_size - 8:
-                raise ValueError(f"{file}: its header is longer than the file")
-            header = json.loads(f.read(header_size))
-        for name, info in header.items():
-            if name != "__metadata__":
-                begin, end = info["data_offsets"]
-                tensors.append((info["dtype"], math.prod(info["shape"]), end - begin))
+        for info in read_header(file)[0].values():
+            begin, end = info["data_offsets"]
+            tensors.append((info["dtype"], math.prod(info["shape"]), end - begin))
     return tensors
 
 
@@ -150,11 +145,6 @@ def _streamed_bytes(shape: CheckpointShape) -> int:
     return int(COEFFICIENTS.streamed_tensor_copies * shape.largest_tensor * 4)
 
 
-def _reference_bytes_per_param(cfg) -> int:
-    # verify.reference_dtype arrives with the streaming gate (issue #46 item 2); float32 until then
-    return REFERENCE_DTYPES[getattr(cfg.verify, "reference_dtype", "float32")]
-
-
 Phases = dict[str, tuple[int, str]]  # what a stage holds at a time -> (its bytes, the setting lowering it, or "")
 
 
@@ -168,7 +158,7 @@ def _onnx_graph_bytes(shape: CheckpointShape) -> int:
 def _gate_phases(cfg, shape: CheckpointShape) -> Phases:
     """The quality gate's two models, one at a time: the reference, released, then what was built (onnxruntime: the
     engine with its runtime's buffers; trtllm: the checkpoint dequantized for a forward in the reference's dtype)."""
-    reference = _reference_bytes_per_param(cfg)
+    reference = REFERENCE_DTYPES[cfg.verify.reference_dtype]
     window = _forward_bytes(shape, SCORED_WINDOW)
     held = _onnx_graph_bytes(shape) if reference == 4 and cfg.target.name == "onnxruntime" else None
     phases = {

@@ -19,9 +19,12 @@ _COPY_CHUNK = 64 << 20
 
 
 def read_header(file: Path) -> tuple[dict[str, dict], int]:
-    """(each tensor's header entry by name, the file offset its data offsets count from)."""
+    """(each tensor's header entry by name, the file offset its data offsets count from); ValueError for a header
+    longer than the file."""
     with open(file, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
+        if size > file.stat().st_size - 8:
+            raise ValueError(f"{file}: its header is longer than the file")
         header = json.loads(f.read(size))
     header.pop("__metadata__", None)
     return header, 8 + size

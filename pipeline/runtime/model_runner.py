@@ -86,7 +86,7 @@ class ModelRunner:
         self.max_beam_width = max_beam_width
         pretrained, built = config["pretrained_config"], config["build_config"]
         self._pretrained = pretrained
-        self.end_id, self.pad_id = _special_ids(engine_dir, config)
+        self.end_id, self.pad_id = special_ids(engine_dir, config)
         self.max_num_tokens = built.get("max_num_tokens") or max_batch_size * max_input_len
         inputs = {i.name for i in session.get_inputs()}
         outputs = {o.name for o in session.get_outputs()}
@@ -578,7 +578,7 @@ def _ort_session(onnx_path: Path, threads: int, spinning: bool = False, profile_
         ) from None
 
 
-def _special_ids(engine_dir: Path, config: dict) -> tuple[int | None, int | None]:
+def special_ids(engine_dir: Path, config: dict) -> tuple[int | None, int | None]:
     """end_id and pad_id: build_config, then top-level config, then the engine's generation_config.json."""
     built = config.get("build_config", {})
     generation = {}

@@ -29,7 +29,7 @@ def scored(cfg, output: Path, engine_dir: Path) -> tuple[Model, Model]:
     from pipeline.lock import read_lock
     from pipeline.quality import transformers_reference
     from pipeline.runtime import speculative
-    from pipeline.runtime.model_runner import ENGINE_CONFIG, ModelRunner, _special_ids
+    from pipeline.runtime.model_runner import ENGINE_CONFIG, ModelRunner, special_ids
 
     threads, stages = cfg.runtime.cpu_threads, read_lock(output)["stages"]
     config = json.loads((engine_dir / ENGINE_CONFIG).read_text())
@@ -42,7 +42,7 @@ def scored(cfg, output: Path, engine_dir: Path) -> tuple[Model, Model]:
             speculative=speculative.from_config(cfg.runtime.speculative),
         )
     )
-    end_id = _special_ids(engine_dir, config)[0]
+    end_id = special_ids(engine_dir, config)[0]
     model = runner_model("engine", engine_dir, engine, end_id)
     if cfg.verify.reference_dtype == "bfloat16":
         imported = stages.get("import", {}).get("output_hash")
@@ -107,7 +107,7 @@ def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: 
     """(the engine decoding with LoRA adapter `name` from `adapter_dir`, its fp32 reference: PEFT's merge of the
     adapter into the imported transformers model), each loaded on first use and dropped by its `release`."""
     from pipeline.quality import peft_reference
-    from pipeline.runtime.model_runner import ENGINE_CONFIG, ModelRunner, _special_ids
+    from pipeline.runtime.model_runner import ENGINE_CONFIG, ModelRunner, special_ids
 
     def with_adapter():
         runner = ModelRunner.from_dir(
@@ -128,7 +128,7 @@ def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: 
         engine_dir,
         logits,
         lambda prompt, max_new_tokens, end: runner_greedy(engine()[0], prompt, max_new_tokens, end, adapter=name),
-        _special_ids(engine_dir, json.loads((engine_dir / ENGINE_CONFIG).read_text()))[0],
+        special_ids(engine_dir, json.loads((engine_dir / ENGINE_CONFIG).read_text()))[0],
         release=engine.release,
     )
     return model, peft_reference(hf_dir, adapter_dir, name)
