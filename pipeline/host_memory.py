@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import CheckpointError, NotEnoughMemory, PipelineError
-from pipeline.memory import DTYPE_BYTES, GiB, MiB, parameter_counts, plan_cpu_serving, weight_bytes_per_param
+from pipeline.memory import DTYPE_BYTES, GiB, MiB, cpu_engine_weight_bytes, parameter_counts, weight_bytes_per_param
 from pipeline.models import ModelFacts, path_problem, read_gguf
 from pipeline.quality import WINDOW as SCORED_WINDOW  # tokens the quality gate and the export's check run at once
 from pipeline.safetensors_files import read_header
@@ -172,7 +172,7 @@ def _gate_phases(cfg, shape: CheckpointShape) -> Phases:
         checkpoint_run = int(4 * shape.parameters + COEFFICIENTS.trtllm_export_unexplained * matmuls + window)
         return phases | {"the quality gate's run of the checkpoint, dequantized to float32": (checkpoint_run, "")}
     f, b = shape.facts, cfg.build
-    weights = plan_cpu_serving(cfg, f).weights_bytes
+    weights = cpu_engine_weight_bytes(cfg.quantization, f)
     # the engine's runner prefills at most max_num_tokens at once, and the gate gives it at most a window
     run = _forward_bytes(shape, min(b.max_num_tokens, SCORED_WINDOW))
     kv_one_row = b.max_seq_len * f.num_hidden_layers * 2 * f.num_key_value_heads * f.head_size * 4
@@ -218,7 +218,7 @@ def _stage_phases(name: str, cfg, shape: CheckpointShape) -> tuple[Phases, int]:
         # the fused graph holds the table and the lm_head apart, tied or not
         return phases, 4 * (shape.parameters + (shape.embedding if shape.tied else 0))
     if name == "engine" and target == "onnxruntime":
-        built = plan_cpu_serving(cfg, shape.facts).weights_bytes + COEFFICIENTS.side_files_bytes
+        built = cpu_engine_weight_bytes(cfg.quantization, shape.facts) + COEFFICIENTS.side_files_bytes
         return _cpu_engine_phases(cfg, shape), built
     if name == "lora":  # each adapter gated as the base model is: its merged reference, then the engine with it
         return _gate_phases(cfg, shape), COEFFICIENTS.side_files_bytes

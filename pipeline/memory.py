@@ -1,19 +1,12 @@
-"""Preflight memory plan for a TensorRT-LLM build: does it fit the target GPU, and how much KV cache is left.
-
-Estimates, per GPU (the busiest rank): weights by quantization, activations and workspace for
-`max_num_tokens`, the CUDA context, the PyTorch backend's CUDA graph pool (its graphs share one pool, sized by
-the largest captured decode batch), then the KV cache per token and how many tokens and full-length
-sequences fit in `kv_cache_free_gpu_mem_fraction` of what remains. Estimates, not measurements: they err
-on the safe side so that a refused config would really not fit. The host memory each build stage needs is
-`pipeline.host_memory`'s.
-"""
+"""Sizes the memory plans share: the GPUs users target, bytes per parameter of each weight format, and the parameter
+counts of a checkpoint's shape. The plans themselves are their targets' (`pipeline.targets.trtllm.gpu_memory`: does a
+build fit its GPU; `pipeline.targets.onnxruntime.serving_memory`: a CPU server's host memory) and the builds'
+(`pipeline.host_memory`)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 GiB = 1 << 30
+MiB = 1 << 20
 # Usable memory of the GPUs users target (GiB as reported by nvidia-smi, rounded down).
 GPUS = {
     "H100-80GB": 79,
@@ -25,35 +18,7 @@ GPUS = {
     "A10G": 22,
     "RTX-4090": 23,
 }
-CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # context, cuBLAS/TensorRT workspace, runtime buffers
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-
-
-@dataclass
-class MemoryPlan:
-    gpu: str
-    gpu_bytes: int
-    weights_bytes: int  # per GPU, busiest rank
-    activation_bytes: int
-    context_bytes: int
-    cuda_graph_bytes: int
-    kv_bytes_per_token: int
-    kv_budget_bytes: int
-    kv_tokens: int
-    full_sequences: int
-    problems: list[str]
-
-    def lines(self) -> list[str]:
-        g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
-        return [
-            f"target GPU {self.gpu}: {g(self.gpu_bytes)} per GPU",
-            f"weights per GPU {g(self.weights_bytes)}, activations/workspace {g(self.activation_bytes)}, CUDA "
-            f"context {g(self.context_bytes)}"
-            + (f", CUDA graph pool {g(self.cuda_graph_bytes)}" if self.cuda_graph_bytes else ""),
-            f"KV cache: {self.kv_bytes_per_token / 1024:.1f} KiB per token; {g(self.kv_budget_bytes)} -> "
-            f"{self.kv_tokens:,} tokens, "
-            f"{self.full_sequences:,} full-length sequences",
-        ]
 
 
 def parameter_counts(f) -> tuple[int, int]:
@@ -73,145 +38,14 @@ def weight_bytes_per_param(weights: str, group_size: int, dtype_bytes: int) -> f
     ]  # + scales
 
 
-def rank_weight_bytes(cfg, facts) -> int:
-    """Weights of the busiest rank: its share of the layers, plus the embedding (first stage) or lm_head (last);
-    both when pp == 1 (the tables stay in the model dtype)."""
-    q, tp, pp = cfg.quantization, cfg.parallel.tp_size, cfg.parallel.pp_size
-    dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 2)
-    linear, embedding = parameter_counts(facts)
-    layers_bytes = linear / (tp * pp) * weight_bytes_per_param(q.weights, q.group_size, dtype_bytes)
-    return int(layers_bytes + (2 if pp == 1 else 1) * embedding / tp * dtype_bytes)
-
-
-# Host memory of one TensorRT-LLM rank besides its weights (python, CUDA and NCCL host state; an estimate, not
-# measured: no GPU here). Loading stages a rank's weights through host memory, so the weights count once more.
-GPU_RANK_HOST_BYTES = 4 * GiB
-
-
-def gpu_pod_host_bytes(cfg, facts, ranks: int) -> int:
-    """Host memory of a pod running `ranks` TensorRT-LLM ranks while they load."""
-    return ranks * (rank_weight_bytes(cfg, facts) + GPU_RANK_HOST_BYTES)
-
-
-def plan_memory(cfg, facts, cuda_graph_batch: int = 0) -> MemoryPlan:
-    """The plan for `cfg` on `target.gpu`; `cuda_graph_batch` is the largest decode batch captured as a CUDA graph
-    in a pool of its own (the PyTorch backend's; engines capture inside their activation workspace)."""
-    q, b, p, r = cfg.quantization, cfg.build, cfg.parallel, cfg.runtime
-    dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 2)  # auto exports float16
-    tp, pp = p.tp_size, p.pp_size
-    weights = rank_weight_bytes(cfg, facts)
-    activations = int(
-        b.max_num_tokens * (4 * facts.hidden_size + 2 * facts.intermediate_size / tp) * dtype_bytes
-        + b.max_batch_size * b.max_beam_width * facts.vocab_size * 4
-    )
-    # one decode step of the largest captured batch: its hidden states, MLP intermediates and float32 logits
-    graphs = int(
-        cuda_graph_batch
-        * b.max_beam_width
-        * ((4 * facts.hidden_size + 2 * facts.intermediate_size / tp) * dtype_bytes + facts.vocab_size * 4)
-    )
-    kv_dtype_bytes = 1 if q.kv_cache in ("fp8", "int8") else dtype_bytes
-    kv_heads_per_rank = max(1, facts.num_key_value_heads // tp)
-    kv_per_token = math.ceil(facts.num_hidden_layers / pp) * kv_heads_per_rank * facts.head_size * 2 * kv_dtype_bytes
-    gpu = cfg.target.gpu
-    total = GPUS[gpu] * GiB
-    free = total - weights - activations - CUDA_CONTEXT_BYTES - graphs
-    budget = max(0, int(free * r.kv_cache_free_gpu_mem_fraction))
-    tokens = budget // kv_per_token
-    plan = MemoryPlan(
-        gpu,
-        total,
-        weights,
-        activations,
-        CUDA_CONTEXT_BYTES,
-        graphs,
-        kv_per_token,
-        budget,
-        tokens,
-        tokens // b.max_seq_len,
-        [],
-    )
-    if free <= 0:
-        plan.problems.append(
-            f"does not fit one {gpu} ({GPUS[gpu]} GiB): weights {weights / GiB:.1f} GiB + activations "
-            f"{activations / GiB:.1f} GiB + CUDA context {CUDA_CONTEXT_BYTES / GiB:.1f} GiB"
-            + (f" + CUDA graph pool {graphs / GiB:.1f} GiB" if graphs else "")
-            + " per GPU; quantize "
-            "(fp8/int4), raise parallel.tp_size, or choose a larger GPU"
-        )
-    elif tokens < b.max_seq_len:
-        plan.problems.append(
-            f"leaves KV cache for {tokens:,} tokens on a {gpu}, less than one sequence of max_seq_len "
-            f"{b.max_seq_len}; lower max_num_tokens or max_seq_len, quantize the KV cache, or raise tp_size"
-        )
-    return plan
-
-
-# What the serving processes of an onnxruntime build hold besides the engine (PSS, which counts a shared page once
-# across processes, as a container's memory cgroup does), measured on the default config's idle server (`serve
-# --openai`, 2026-11-24, 1,494 MiB in all): the `serve` process with the OpenAI gateway, tritonserver, one
-# tokenizer model instance (pre- or postprocessing: python stub, transformers, the tokenizer), one BLS instance, and
-# the LLM model instance's runtime (stub, onnxruntime, the scheduler) without its weights and KV cache.
-MiB = 1 << 20
-CPU_SERVE_PROCESS_BYTES = 330 * MiB
-CPU_TRITONSERVER_BYTES = 37 * MiB
-CPU_TOKENIZER_INSTANCE_BYTES = 293 * MiB
-CPU_BLS_INSTANCE_BYTES = 21 * MiB
-CPU_LLM_RUNTIME_BYTES = 270 * MiB
-
-
-@dataclass
-class HostMemoryPlan:
-    """Host memory of one onnxruntime server at its worst: every row at max_seq_len and the prefix store full."""
-
-    weights_bytes: int
-    kv_rows_bytes: int  # every running row's contiguous KV buffer at max_seq_len
-    kv_store_bytes: int  # the prefix store filled to the pool (enable_kv_cache_reuse)
-    activation_bytes: int
-    runtime_bytes: int  # the processes' own memory (measured constants above)
-    llm_instances: int
-
-    @property
-    def total_bytes(self) -> int:
-        per_instance = self.weights_bytes + self.kv_rows_bytes + self.kv_store_bytes + self.activation_bytes
-        return self.runtime_bytes + self.llm_instances * per_instance
-
-    def lines(self) -> list[str]:
-        m = lambda b: f"{b / MiB:,.0f} MiB"  # noqa: E731
-        return [
-            f"host memory per replica {m(self.total_bytes)}: {self.llm_instances} x (weights {m(self.weights_bytes)} "
-            f"+ KV rows {m(self.kv_rows_bytes)} + prefix store {m(self.kv_store_bytes)} + activations "
-            f"{m(self.activation_bytes)}) + processes {m(self.runtime_bytes)}"
-        ]
-
-
 def cpu_weight_bytes_per_param(weights: str, group_size: int) -> float:
     """MatMulNBits: packed weights plus one float32 scale per block (int4 adds a 4-bit zero point per block)."""
     return {"none": 4.0, "int8": 1 + 4 / group_size, "int4": 0.5 + 4.5 / group_size}[weights]
 
 
-def plan_cpu_serving(cfg, facts) -> HostMemoryPlan:
-    """The worst case of one onnxruntime replica serving `cfg` (pipeline.runtime: KV rows and store are float32)."""
-    q, b, r, t = cfg.quantization, cfg.build, cfg.runtime, cfg.triton
+def cpu_engine_weight_bytes(quantization, facts) -> int:
+    """The weights of an onnxruntime engine (MatMulNBits); the lm_head is a quantized linear, tied or not."""
     linear, embedding = parameter_counts(facts)
-    per_param = cpu_weight_bytes_per_param(q.weights, q.group_size)
-    table = embedding * (per_param if q.quantize_embedding else 4.0)
-    weights = int((linear + embedding) * per_param + table)  # the lm_head is a quantized linear, tied or not
-    kv_per_token = facts.num_hidden_layers * 2 * facts.num_key_value_heads * facts.head_size * 4
-    pool = r.max_tokens_in_paged_kv_cache or b.max_batch_size * b.max_seq_len
-    activations = b.max_num_tokens * (4 * facts.hidden_size + 3 * facts.intermediate_size) * 4
-    runtime = (
-        CPU_SERVE_PROCESS_BYTES
-        + CPU_TRITONSERVER_BYTES
-        + CPU_TOKENIZER_INSTANCE_BYTES * (t.preprocessing_instance_count + t.postprocessing_instance_count)
-        + CPU_BLS_INSTANCE_BYTES * t.bls_instance_count
-        + CPU_LLM_RUNTIME_BYTES * t.llm_instance_count
-    )
-    return HostMemoryPlan(
-        weights_bytes=weights,
-        kv_rows_bytes=b.max_batch_size * b.max_seq_len * kv_per_token,
-        kv_store_bytes=pool * kv_per_token if r.enable_kv_cache_reuse else 0,
-        activation_bytes=int(activations),
-        runtime_bytes=runtime,
-        llm_instances=t.llm_instance_count,
-    )
+    per_param = cpu_weight_bytes_per_param(quantization.weights, quantization.group_size)
+    table = embedding * (per_param if quantization.quantize_embedding else 4.0)
+    return int((linear + embedding) * per_param + table)

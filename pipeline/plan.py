@@ -2,7 +2,7 @@
 
 Cheapest checks first (DVC's order): applicability, lock entry, inputs, outputs. A stage's inputs are
 the config values it reads, its input files, the tool versions and the source files it executes or
-copies (`pipeline.sources`), so editing a target module re-runs exactly the stages that run it.
+copies (`pipeline.lock_sources`), so editing a target module re-runs exactly the stages that run it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from types import ModuleType
 import pipeline
 from pipeline.config import BuildConfig, dump_value
 from pipeline.lock import hash_paths, sha256_json
-from pipeline.sources import source_hashes
+from pipeline.lock_sources import source_hashes
 from pipeline.stages import STAGES, inputs_from, selected
 from pipeline.targets import target_of
 

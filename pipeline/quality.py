@@ -4,9 +4,9 @@ forward passes) and on the built-in chat set (the same drift over the reference'
 model's own greedy answer is the reference's), failing the build past the `verify.*` thresholds.
 
 The stage a target gates (`Target.gated_stage`: onnxruntime's engine, trtllm's exported checkpoint) calls `gate`
-once the target has built; the `verify` command calls `verify_output`. The target says how this machine runs what it
-built and its reference (`Target.scored`, as `Model`s; fp32 unless `verify.reference_dtype` says bfloat16);
-everything else is here.
+once the target has built; the `verify` command calls `measure` on what `Target.scored` returns. The target says how
+this machine runs what it built and its reference (as `Model`s; fp32 unless `verify.reference_dtype` says bfloat16);
+everything else is here. A library below the targets: it imports none.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pipeline.errors import BuildStepError
 from pipeline.fetch import load_text
 from pipeline.lock import sha256_json, write_json_atomic
 from pipeline.nonfinite import nonfinite
-from pipeline.targets import target_of
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
@@ -100,14 +99,6 @@ def gate(cfg: BuildConfig, model: Model, reference: Model, ctx) -> dict:
     if problem:
         raise BuildStepError(f"{model.name}: {problem}")
     return report
-
-
-def verify_output(cfg: BuildConfig, output: Path, cache: Path, log=print) -> tuple[Path, dict]:
-    """(what was scored, its report) for the build in `output`: what its target's gated stage built, as the `verify`
-    command scores it."""
-    target = target_of(cfg)
-    model, reference = target.scored(cfg, output, output / target.gated_stage, log)
-    return model.path, measure(cfg, model, reference, output / "import", cache, log)
 
 
 def measure(cfg: BuildConfig, model: Model, reference: Model, hf_dir: Path, cache: Path, log=print) -> dict:

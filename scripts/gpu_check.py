@@ -11,7 +11,7 @@ TensorRT-LLM.
                       CPU reference forward of the quality gate (pipeline/targets/trtllm/reference.py) over the
                       built-in chat prompts: largest logits difference and top-1 agreement (at least {min_top1}).
                       SKIP below compute capability 8.9 (no FP8 GEMMs).
-  memory-weights      the memory plan of the FP8 config (pipeline/memory.py, as `plan` prints it) against that FP8
+  memory-weights      the memory plan of the FP8 config (trtllm gpu_memory.py, as `plan` prints it) against that FP8
   memory-kv           model on the GPU: the bytes allocated for its weights (within {weights_rtol:.0%}); its cache's
   memory-activations  bytes per token at the FP8 cache's 1 byte a value (equal); the peak allocation above the
                       weights of one forward of max_num_tokens tokens in max_batch_size sequences
@@ -350,7 +350,7 @@ MEMORY_CHECKS = ("memory-weights", "memory-kv", "memory-activations")
 def memory_checks(report: Report, cfg, fp8) -> None:
     import torch
 
-    from pipeline.targets.trtllm.backends import backend_of
+    from pipeline.targets.trtllm.backend import backend_of
 
     if not torch.cuda.is_available():
         for name in MEMORY_CHECKS:
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_checks(report: Report, output: Path, device: str) -> int:
-    from pipeline.config import load_config
+    from pipeline.validation import load_config
 
     configs = {path: load_config(path) for path in CONFIGS}
     hf_dir = report.run("import", import_check, list(configs.values()), output)

@@ -42,7 +42,7 @@ def test_unregistered_architecture_is_refused_naming_target_and_supported_list(t
 
 @pytest.mark.parametrize("arch", sorted(TINY_FAMILIES))
 def test_cpu_target_takes_every_family(tmp_path, arch):
-    from pipeline.config import load_config
+    from pipeline.validation import load_config
 
     model = make_tiny(arch, tmp_path / "m")
     cfg = load_config(write_config(tmp_path / "c.yaml", f"model:\n  source: hf\n  path: {model}\n"))

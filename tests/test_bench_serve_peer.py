@@ -78,7 +78,7 @@ def test_the_side_by_side_report_pairs_levels_with_our_ratios(tmp_path):
 def gateway(smollm2_build):
     """tritonserver and our OpenAI gateway on the SmolLM2 build, started as `serve --openai` and `bench serve` do."""
     from pipeline.build import cache_dir
-    from pipeline.triton.lifecycle import GatewayOptions, Serving, checked_repository, served_name
+    from pipeline.serving.lifecycle import GatewayOptions, Serving, checked_repository, served_name
     from pipeline.triton.server import Ports, free_port
 
     repo = smollm2_build / "triton_repo"

@@ -17,10 +17,10 @@ from rich.console import Console
 
 from pipeline import stages
 from pipeline.build import build
-from pipeline.config import load_config
 from pipeline.lock import read_lock
 from pipeline.plan import SKIPPED, UP_TO_DATE, WILL_RUN, plan
 from pipeline.targets import TARGETS
+from pipeline.validation import load_config
 from tests.conftest import REPO, run_cli, write_config
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import BuildConfig, load_config, resolved_yaml
+from pipeline.config import BuildConfig, resolved_yaml
 from pipeline.errors import ConfigError
 from pipeline.models import BUILTIN_MODELS
+from pipeline.validation import load_config
 from tests.conftest import REPO, run_cli, write_config
 
 INVALID = {
@@ -438,9 +439,8 @@ def test_a_source_tree_that_was_never_installed_is_named_not_an_empty_choice_of_
     """Run from a checkout on PYTHONPATH (as on a GPU machine without pip access), the package's metadata declares
     no entry points; the config's target choice would be `Literal[()]`, which pydantic refuses with an assertion."""
     from pipeline.errors import PipelineError
-    from pipeline.plugins import declared
-    from pipeline.targets import ENTRY_POINTS
+    from pipeline.plugins import TARGETS_GROUP, declared
 
-    assert [entry.name for entry in declared(ENTRY_POINTS)] == ["onnxruntime", "trtllm"]
+    assert [entry.name for entry in declared(TARGETS_GROUP)] == ["onnxruntime", "trtllm"]
     with pytest.raises(PipelineError, match=r"not installed.*pip install -e .*rather than putting it on PYTHONPATH"):
         declared("trtllm_pipeline.no_such_group")

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import load_config
 from pipeline.k8s import APP_DIR, CLI, CONFIG_DIR, checks, serving_of
 from pipeline.k8s.manifests import plan_deployment, render
+from pipeline.validation import load_config
 from tests.conftest import REPO, dev_script, llama_shape, run_cli
 
 CPU_CONFIG = "build_configs/smollm2-135m-cpu.yaml"
@@ -400,15 +400,15 @@ def test_only_the_deploy_stage_hashes_the_deployment_code(config):
     cfg = load_config(REPO / config)
     for name, stage in STAGES.items():
         code = stage_inputs(stage, cfg, None, {})["code"]
-        deployment = sorted(path for path in code if "/k8s/" in path or path.endswith("/serving.py"))
+        deployment = sorted(path for path in code if "/k8s/" in path or path.endswith("/deployment.py"))
         assert bool(deployment) == (name == "deploy"), (name, deployment)
         if name == "deploy":
-            serving = f"pipeline/targets/{cfg.target.name}/serving.py"
+            serving = f"pipeline/targets/{cfg.target.name}/deployment.py"
             assert serving in code and "pipeline/upstream/leaderworkerset.json" in code
 
 
 def test_tabulated_deployment_facts_name_the_upstream_commit_they_were_read_at():
-    from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES
+    from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES
     from pipeline.upstream import facts, releases
 
     commit = re.compile(r"[0-9a-f]{40}")

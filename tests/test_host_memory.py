@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
 from pipeline.errors import NotEnoughMemory, PipelineError
 from pipeline.host_memory import (
     AVAILABLE_MEMORY_ENV,
@@ -22,6 +21,7 @@ from pipeline.host_memory import (
 )
 from pipeline.memory import GiB, MiB, parameter_counts
 from pipeline.models import BUILTIN_MODELS
+from pipeline.validation import load_config
 from tests.conftest import llama_shape, run_cli, write_config
 
 SMOLLM2 = BUILTIN_MODELS["smollm2-135m-instruct"].facts

@@ -1,4 +1,4 @@
-"""The gateway's adapter routes' rules (`pipeline.lora_admin`), on a tiny Llama's real PEFT adapter: the cap
+"""The gateway's adapter routes' rules (`pipeline.serving.adapter_admin`), on a tiny Llama's real PEFT adapter: the cap
 lora.max_cpu_loras, eviction of the least recently used idle adapter where lora.evict_idle_adapters allows it, and
 the registry file the LLM model reads."""
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from pipeline.lora import Fit
-from pipeline.lora_admin import AdapterAdmin
+from pipeline.adapter_registry import Registry
 from pipeline.models import ModelFacts
-from pipeline.runtime.lora import Registry
+from pipeline.peft_adapters import Fit
+from pipeline.serving.adapter_admin import AdapterAdmin
 from tests.runtime.test_multi_lora import make_adapter
 
 

@@ -91,9 +91,9 @@ def test_fp32_engine_matches_fp32_answers_and_the_gate_names_the_field_it_fails(
     from rich.console import Console
 
     from pipeline.build import build
-    from pipeline.config import load_config
     from pipeline.quality import gate_problem
     from pipeline.targets import get_target
+    from pipeline.validation import load_config
 
     path, _, _ = tiny_chat
     body = f"""

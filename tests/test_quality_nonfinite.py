@@ -15,8 +15,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from pipeline import quality
-from pipeline.config import load_config
 from pipeline.errors import BuildStepError, CheckpointError
+from pipeline.validation import load_config
 from tests.conftest import run_cli, write_config
 
 VOCAB = 253  # the tiny Llama's: three specials and 250 words

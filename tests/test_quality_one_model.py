@@ -31,7 +31,7 @@ def tiny_build(tmp_path_factory, tiny_llama):
     from transformers import AutoTokenizer
 
     from pipeline.build import build
-    from pipeline.config import load_config
+    from pipeline.validation import load_config
 
     folder = tmp_path_factory.mktemp("one-model")
     model = folder / "model"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from pipeline.sources import source_files
+from pipeline.lock_sources import source_files
 from tests.conftest import REPO, slow_fixture, spawn_cli, write_config
 
 
@@ -60,9 +60,9 @@ def test_editing_a_copied_triton_model_reruns_only_the_repository(built_tree):
 
 
 def test_editing_the_runtime_the_triton_model_imports_reruns_the_repository(built_tree):
-    rows = plan_after_editing(built_tree, "pipeline/runtime/scheduler.py")
+    rows = plan_after_editing(built_tree, "pipeline/targets/onnxruntime/runtime/scheduler.py")
     assert rows["triton_repo"]["status"] == "will run"
-    assert "code changed: pipeline/runtime/scheduler.py" in rows["triton_repo"]["reasons"]
+    assert "code changed: pipeline/targets/onnxruntime/runtime/scheduler.py" in rows["triton_repo"]["reasons"]
     assert rows["import"]["status"] == "up to date"
 
 
@@ -105,7 +105,7 @@ def _json_names(path) -> set[str]:
 def test_every_table_a_hashed_module_loads_is_hashed():
     """A stage's lock covers the JSON tables its modules load next to themselves (`Path(__file__)...`): a table
     missing from the target's `sources` would let an edit to it leave that stage "up to date"."""
-    from pipeline.sources import PACKAGE_ROOT
+    from pipeline.lock_sources import PACKAGE_ROOT
     from pipeline.stages import STAGES
     from pipeline.targets import TARGETS
 

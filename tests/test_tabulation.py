@@ -462,7 +462,7 @@ def test_sampling_checks_give_each_checker_its_bounds():
 
 
 def test_sampling_checks_table_is_cited_and_holds_the_bounds_the_runner_checks():
-    from pipeline.runtime.sampling import SAMPLING_SETTINGS
+    from pipeline.targets.onnxruntime.runtime.sampling import SAMPLING_SETTINGS
 
     table = facts("sampling_checks")
     assert table["source"] == {

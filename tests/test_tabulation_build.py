@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config
 from pipeline.upstream import facts
+from pipeline.validation import load_config
 from tests.conftest import dev_script, write_config
 
 FLAGS = facts("trtllm_build_flags")
@@ -86,7 +86,7 @@ KV_CACHE_TYPE_PARSER = """
 @pytest.fixture(scope="module")
 def emitted(tmp_path_factory, tiny_llama) -> dict[str, str]:
     """flag -> value of the trtllm-build command the pipeline prints for an FP8 build with FP8 context FMHA."""
-    from pipeline.targets.trtllm.engine import trtllm_build_command
+    from pipeline.targets.trtllm.tensorrt_backend import trtllm_build_command
 
     path = write_config(
         tmp_path_factory.mktemp("cfg") / "gpu.yaml",

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, options_problems, serve_options_flag
+from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES, options_problems, serve_options_flag
 from pipeline.upstream import NotTabulated, facts
 from tests.conftest import dev_script
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.targets.trtllm import llmapi_model as lm
+from pipeline.targets.trtllm import triton_llmapi_model as lm
 from pipeline.upstream import NotTabulated, facts
 from tests.conftest import dev_script
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.architectures import ARCHITECTURES
-from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from pipeline.targets.trtllm.torch_checkpoint import MODELS as TABLE
 from pipeline.targets.trtllm.torch_checkpoint import evaluate, shown
 from pipeline.upstream import releases
+from pipeline.validation import load_config
 from tests.conftest import dev_script, make_tiny, write_config
 
 tab = dev_script("tabulate_trtllm_torch_models")

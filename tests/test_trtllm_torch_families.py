@@ -16,9 +16,9 @@ import torch
 
 from pipeline import quality
 from pipeline.build import cache_dir
-from pipeline.config import load_config
 from pipeline.targets.trtllm.reference import checkpoint_model
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES, family, linear_shapes, torch_loader_problems
+from pipeline.validation import load_config
 from tests.conftest import TINY_FAMILIES, make_tiny, slow_fixture, write_config
 
 FAMILIES = list(TINY_FAMILIES)

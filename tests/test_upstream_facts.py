@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pipeline.sources import source_files
+from pipeline.lock_sources import source_files
 from pipeline.upstream import TABLES, NotTabulated, compact, facts, release_facts, releases, resolved_releases
 from tests.conftest import REPO
 
@@ -141,7 +141,7 @@ def test_a_citation_refuses_what_is_not_a_commit():
 
 
 def test_the_build_lock_hashes_the_tables_a_module_reads_by_name():
-    files = {path.name for path in source_files(("pipeline.targets.trtllm.llm_api_args",))}
+    files = {path.name for path in source_files(("pipeline.targets.trtllm.llm_api_options",))}
     assert {"__init__.py", "llm_args.json"} <= files
     assert "leaderworkerset.json" not in files  # only what the module reads
 

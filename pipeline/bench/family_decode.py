@@ -114,7 +114,7 @@ def decode_speed_per_family(
     import hashlib
 
     from pipeline.bench.peers.ours import time_runner
-    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 
     archs = [REFERENCE] + [a for a in architectures if a != REFERENCE]
     runners = {}

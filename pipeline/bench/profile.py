@@ -139,9 +139,9 @@ def guided_cost(engine_dir: Path, threads: int, batch: int, input_len: int, outp
     """Guided decoding's price: the median decode step of `batch` rows unguided, then with a JSON schema on every row
     (the grammar's mask computed and applied per row per step), interleaved over three rounds; ms per step. The
     engine's vocabulary must be able to write JSON (a byte-level BPE, as every real checkpoint's)."""
-    from pipeline.runtime.guided import Guide
-    from pipeline.runtime.model_runner import ModelRunner
-    from pipeline.runtime.sampling import Request, SamplingParams
+    from pipeline.targets.onnxruntime.runtime.guided import Guide
+    from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+    from pipeline.targets.onnxruntime.runtime.sampling import Request, SamplingParams
 
     runner = ModelRunner.from_dir(engine_dir, num_threads=threads, thread_spinning=spinning)
     prompts = [[(7 * row + i) % 1000 + 100 for i in range(input_len)] for row in range(batch)]
@@ -173,7 +173,7 @@ def guided_cost(engine_dir: Path, threads: int, batch: int, input_len: int, outp
 def timed_runner(engine_dir: Path, threads: int, spinning: bool, profile_prefix: Path | None):
     """(a ModelRunner of the engine, the list its session's runs append their wall times to); with
     `profile_prefix`, ONNX Runtime's profiler writes there."""
-    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 
     runner = ModelRunner.from_dir(
         engine_dir, num_threads=threads, thread_spinning=spinning, profile_prefix=profile_prefix

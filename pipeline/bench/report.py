@@ -354,7 +354,9 @@ def profile_table(results: dict) -> str:
         f"- a prefill token costs {facts['prefill_flops_per_token'] / 1e6:.0f} MFLOP in matrix products: at most "
         f"{ceiling['prefill_tok_s_at_sgemm_rate']} tok/s at the fp32 rate",
     ]
-    guided = f"\n\nGuided decoding (`pipeline.runtime.guided`):\n\n{guided}" if results["guided"] else ""
+    guided = (
+        f"\n\nGuided decoding (`pipeline.targets.onnxruntime.runtime.guided`):\n\n{guided}" if results["guided"] else ""
+    )
     return steps + guided + "\n\n" + "\n".join(lines)
 
 

@@ -154,7 +154,7 @@ def parameter_count(checkpoint: Path) -> int:
 def build_overrides(config: Path, checkpoint: Path, calibration_samples: int | None, extra: list[str]) -> list[str]:
     """The command line's overrides of a target's shipped config for one checkpoint: the model, the relaxed gate
     (only the thresholds the config sets), the trtllm calibration size, then the user's own."""
-    from pipeline.config import load_config
+    from pipeline.validation import load_config
 
     overrides = ["model.source=hf", f"model.path={checkpoint.resolve()}"]
     if calibration_samples is not None:
@@ -167,8 +167,8 @@ def build_overrides(config: Path, checkpoint: Path, calibration_samples: int | N
 def predicted(config: Path, overrides: list[str], log: Callable[[str], None]) -> dict[str, dict]:
     """Stage -> the plan's predicted host and disk bytes (`pipeline.host_memory.predict`), or {} where it cannot
     predict this config: a measurement is never lost to a prediction."""
-    from pipeline.config import load_config
     from pipeline.host_memory import predict
+    from pipeline.validation import load_config
 
     try:
         stages = predict(load_config(REPO / config, overrides))
@@ -294,8 +294,8 @@ def measure_target(
 ) -> dict:
     """Every stage of `target`'s build of `checkpoint`, each in its own process into a fresh `output`; a stage that
     fails ends the target (the later ones read its output)."""
-    from pipeline.config import load_config
     from pipeline.stages import STAGES, selected
+    from pipeline.validation import load_config
 
     build = TARGETS[target]
     cfg = load_config(REPO / build.config, overrides)
@@ -553,8 +553,8 @@ def run_one_stage(argv: list[str]) -> int:
     from rich.console import Console
 
     from pipeline.build import build
-    from pipeline.config import load_config
     from pipeline.errors import PipelineError
+    from pipeline.validation import load_config
 
     check = {"check_memory": False} if IGNORE_MEMORY_CHECK in argv else {}
     stage, config, output, *overrides = [arg for arg in argv if arg != IGNORE_MEMORY_CHECK]

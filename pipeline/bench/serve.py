@@ -32,15 +32,16 @@ from pipeline.bench.serve_peer import LLAMA_SERVER_FIELDS, PEERS, LlamaServer, l
 from pipeline.bench.stats import summarize
 from pipeline.bench.workloads import WORKLOADS, workload_prompts
 from pipeline.build import cache_dir, default_output
-from pipeline.config import BuildConfig, load_config
+from pipeline.config import BuildConfig
 from pipeline.errors import PipelineError
 from pipeline.fetch import load_text
-from pipeline.openai_gateway import DEFAULT_MAX_BODY_BYTES, engine_limits
-from pipeline.runtime.batch import read_prompts
+from pipeline.serving.app import DEFAULT_MAX_BODY_BYTES, engine_limits
+from pipeline.serving.lifecycle import GatewayOptions, Serving, checked_repository, served_name
+from pipeline.targets.onnxruntime.runtime.batch import read_prompts
 from pipeline.triton.client import client_inputs, stream_responses
-from pipeline.triton.lifecycle import GatewayOptions, Serving, checked_repository, served_name
 from pipeline.triton.server import Ports, free_ports
 from pipeline.triton.validate import RepoReport
+from pipeline.validation import load_config
 
 PROTOCOLS = ("grpc", "http", "openai")
 # per request to our gateway: usage in every chunk (vLLM's continuous_usage_stats)
@@ -369,7 +370,7 @@ def llm_model(report: RepoReport):
 def measure_llama_server(output: Path, report: RepoReport, tokenizer, workload_sets: dict, sweep, log) -> dict:
     """llama-server sized like our server (see pipeline.bench.serve_peer) through the same sweep, with the check that
     it reads every prompt as the same token ids; or why it could not run."""
-    from pipeline.runtime.model_runner import default_threads
+    from pipeline.targets.onnxruntime.runtime.model_runner import default_threads
 
     llm = llm_model(report)
     _, max_seq_len = engine_limits(llm.parameters["engine_dir"].string_value)

@@ -120,7 +120,7 @@ def bench_offline(
     from pipeline.bench.offline import measure, our_engines, peer_engines, ratios, start_workers
     from pipeline.build import cache_dir, default_output
     from pipeline.fetch import load_text
-    from pipeline.runtime.model_runner import default_threads
+    from pipeline.targets.onnxruntime.runtime.model_runner import default_threads
 
     cfg = load(config, [])
     output = output or default_output(config)
@@ -196,7 +196,7 @@ def bench_profile(
     from pipeline.bench import report
     from pipeline.bench.profile import ceilings, guided_cost, machine_rates, step_split, weight_facts
     from pipeline.build import default_output
-    from pipeline.runtime.model_runner import ONNX_FILE, default_threads
+    from pipeline.targets.onnxruntime.runtime.model_runner import ONNX_FILE, default_threads
 
     load(config, [])
     output = output or default_output(config)
@@ -253,7 +253,7 @@ def bench_family_decode(
     """
     from pipeline.bench import report
     from pipeline.bench.family_decode import decode_speed_per_family, table
-    from pipeline.runtime.model_runner import default_threads
+    from pipeline.targets.onnxruntime.runtime.model_runner import default_threads
 
     for name in architecture or []:
         registered(name)  # names the registered ones when unknown
@@ -473,9 +473,9 @@ def bench_lora(
     Example: trtllm-pipeline bench lora build_configs/smollm2-135m-cpu-lora.yaml --batch 1 --batch 8
     """
     from pipeline.bench import report
-    from pipeline.bench.lora import lora_cost, table
+    from pipeline.bench.lora_decode import lora_cost, table
     from pipeline.build import default_output
-    from pipeline.runtime.model_runner import default_threads
+    from pipeline.targets.onnxruntime.runtime.model_runner import default_threads
 
     engines = []
     for name, path, given in (("CONFIG", config, output), ("--base", base, None)):

@@ -220,11 +220,16 @@ def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
     Example: trtllm-pipeline verify build_configs/smollm2-135m-cpu-int4.yaml verify.eval_tokens=4096
     """
     from pipeline.build import cache_dir, default_output
-    from pipeline.quality import THRESHOLDS, gate_problem, verify_output
+    from pipeline.quality import THRESHOLDS, gate_problem, measure
+    from pipeline.targets import target_of
 
     cfg = load(config, overrides)
     output = output or default_output(config)
-    subject, report = verify_output(cfg, output, cache_dir(), lambda m: console.print(f"  {m}", highlight=False))
+    target = target_of(cfg)
+    log = lambda m: console.print(f"  {m}", highlight=False)  # noqa: E731
+    model, reference = target.scored(cfg, output, output / target.gated_stage, log)
+    report = measure(cfg, model, reference, output / "import", cache_dir(), log)
+    subject = model.path
     table = Table(title=f"verify {subject}", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")

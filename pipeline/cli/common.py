@@ -57,6 +57,6 @@ def reports_errors(fn):
 
 def load(config: Path, overrides: Optional[list[str]]):
     """The build config with the command line's overrides merged over it."""
-    from pipeline.config import load_config
+    from pipeline.validation import load_config
 
     return load_config(config, overrides or [])

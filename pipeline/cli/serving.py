@@ -12,7 +12,7 @@ import typer
 
 from pipeline.cli.common import OutputOpt, console, load, reports_errors
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.runtime.batch import read_prompts, run_batches, write_jsonl
+from pipeline.targets.onnxruntime.runtime.batch import read_prompts, run_batches, write_jsonl
 
 
 @reports_errors
@@ -175,13 +175,13 @@ def serve(
     """
     from pipeline.build import build as run_build
     from pipeline.build import cache_dir, default_output
-    from pipeline.openai_gateway import configured_key
-    from pipeline.triton.lifecycle import (
+    from pipeline.serving.app import configured_key
+    from pipeline.serving.lifecycle import (
         GatewayOptions,
         Serving,
         checked_repository,
         refuse_open_gateway,
-        serve_pytorch_backend,
+        serve_without_triton,
         served_name,
     )
     from pipeline.triton.server import Ports, host_port
@@ -205,7 +205,7 @@ def serve(
         run_build(load(source, None), output or default_output(source), console, until="triton_repo", wait=True)
     repo = source if source.is_dir() else (output or default_output(source)) / "triton_repo"
     report = checked_repository(repo, source)
-    serve_pytorch_backend(repo, host, http_port, gateway)
+    serve_without_triton(repo, host, http_port, gateway)
     serving = Serving(
         repo,
         report,
@@ -257,16 +257,17 @@ def validate_repo(
 
     Example: trtllm-pipeline validate-repo triton_model_repo --trtllm-version 1.2
     """
+    from pipeline.targets import repository_checks
     from pipeline.triton.validate import validate_repo as check
 
     if trtllm_version is not None:
-        from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES
-        from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS
+        from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES
+        from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS
 
         known = sorted(set(SUPPORTED_VERSIONS) | set(LLM_API_RELEASES), key=lambda v: tuple(map(int, v.split("."))))
         if trtllm_version not in known:
             raise typer.BadParameter(f"'{trtllm_version}' is not one of {', '.join(known)}")
-    report = check(repo, trtllm_version)
+    report = check(repo, repository_checks({"trtllm_version": trtllm_version} if trtllm_version else {}))
     if report.problems:
         raise ConfigError(repo, report.problems)
     console.print(f"[green]valid[/]: {repo} ({', '.join(sorted(report.models))})")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -190,8 +190,11 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildConfig:
-    """Parse and fully validate a YAML build config.
+def read_config(
+    path: str | Path, overrides: list[str] | None = None, rules: Callable[[BuildConfig], list] | None = None
+) -> BuildConfig:
+    """Parse and validate a YAML build config: its schema, the config's own rules, then `rules` (what a layer above
+    the config checks, e.g. its target's: `pipeline.validation.load_config`), each problem placed in the file.
 
     Raises:
         ConfigError: listing every problem, each with file, line, field and fix.
@@ -239,7 +242,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> BuildCo
     else:
         raise ConfigError(path, problems)
     config._base_dir, config._source, config._overrides = path.resolve().parent, path, tuple(overrides or ())
-    for loc, message in cross_field_problems(config):
+    for loc, message in cross_field_problems(config) + (rules(config) if rules else []):
         if not _under(loc, bad_locs):
             problems.append(locator.problem(loc, message))
     if problems:

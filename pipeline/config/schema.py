@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr
 
 from pipeline.config.deploy import DeploySection
-from pipeline.config.lora import LoraSection
+from pipeline.config.lora_section import LoraSection
 from pipeline.config.sections import (
     BuildSection,
     ModelSection,
@@ -79,9 +79,9 @@ class BuildConfig(Section):
 
 
 def lora_adapters(cfg: BuildConfig) -> list:
-    """The configured adapters read from their directories (`pipeline.lora.Adapter`), in order; an adapter that
+    """The configured adapters read from their directories (`pipeline.peft_adapters.Adapter`), in order; an adapter that
     cannot be read is the PipelineError saying why."""
-    from pipeline import lora
+    from pipeline import peft_adapters as lora
 
     out = []
     for section in cfg.lora.adapters if cfg.lora else []:

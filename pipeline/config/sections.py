@@ -13,7 +13,7 @@ from pipeline.errors import shown
 from pipeline.memory import GPUS
 from pipeline.models import BUILTIN_MODELS
 from pipeline.paths import model_name_problem
-from pipeline.targets import TARGETS
+from pipeline.plugins import TARGETS_GROUP, TRTLLM_BACKENDS_GROUP, declared_names
 
 
 def version_as_written(value):
@@ -50,16 +50,15 @@ class ModelSection(Section):
 
 
 def registered_backend(name: str) -> str:
-    """A `target.trtllm_backend` the trtllm adapter registers (checked when a config is read, not at import, so the
-    schema does not load the adapter)."""
-    backends = TARGETS["trtllm"].backends
+    """A `target.trtllm_backend` the trtllm target declares (its entry points; no backend is imported)."""
+    backends = declared_names(TRTLLM_BACKENDS_GROUP)
     if name not in backends:
         raise ValueError(f"must be {' or '.join(map(repr, backends))}, got {shown(name)}")
     return name
 
 
 class TargetSection(Section):
-    name: Literal[tuple(TARGETS.names())] = Field(
+    name: Literal[tuple(declared_names(TARGETS_GROUP))] = Field(
         "onnxruntime", description="The target to build for; `trtllm-pipeline targets` says what each builds."
     )
     trtllm_version: str = Field(

@@ -1,7 +1,7 @@
 """Kubernetes manifests for a build config, validated offline before they are written (`trtllm-pipeline deploy`).
 
 A target describes how its output is served in a container (`Serving`, declared per target under the
-`trtllm_pipeline.serving` entry points by `pipeline/targets/*/serving.py`: modules of their own, so that the build
+`trtllm_pipeline.deployments` entry points by `pipeline/targets/*/serving.py`: modules of their own, so that the build
 stages' lock entries, which hash the adapters and what they import, do not change with the deployment);
 `manifests` turns that and the config's `deploy` section into objects, and `checks` validates every object against
 the Kubernetes OpenAPI schemas of `deploy.kubernetes_version` (kubernetes-validate) or, for LeaderWorkerSet, the
@@ -17,7 +17,7 @@ from typing import Callable
 
 from pipeline.docker import APP_DIR
 from pipeline.errors import PipelineError
-from pipeline.plugins import declared
+from pipeline.plugins import DEPLOYMENTS_GROUP, declared
 
 # Inside the containers. Both images of our Dockerfile install the pipeline in APP_DIR's virtualenv.
 CLI = f"{APP_DIR}/.venv/bin/trtllm-pipeline"
@@ -160,12 +160,10 @@ exec {mpirun} --allow-run-as-root -mca plm_rsh_agent {KUBESSH} --host "$hosts" {
 
 # ---------------------------------------------------------------- the registry
 
-SERVING_ENTRY_POINTS = "trtllm_pipeline.serving"  # target name -> function(cfg) -> Serving (pyproject.toml)
-
 
 @functools.cache
 def _servings() -> dict[str, Callable]:
-    return {entry.name: entry.load() for entry in declared(SERVING_ENTRY_POINTS)}
+    return {entry.name: entry.load() for entry in declared(DEPLOYMENTS_GROUP)}
 
 
 def serving_of(cfg) -> Serving:

@@ -341,8 +341,8 @@ def _config_problems(objects: list[dict], dep: Deployment, cfg) -> list[str]:
     from, must give this build's stage inputs."""
     import tempfile
 
-    from pipeline.config import load_config
     from pipeline.errors import ConfigError
+    from pipeline.validation import load_config
 
     name = Path(dep.paths.config).name
     if dep.placement == "image":

@@ -4,7 +4,7 @@
     READS: tuple[str, ...]       config paths whose values are inputs (hashed into the lock)
     TOOLS: tuple[str, ...]       distributions whose versions are inputs (the target adds its own)
     SOURCES: tuple[Path, ...]    files it copies into its output or reads as data (its own module, the target's
-                                 modules and every `pipeline` module they import are found by `pipeline.sources`)
+                                 modules and every `pipeline` module they import are found by `pipeline.lock_sources`)
     applies(cfg) -> str | None   why the stage is skipped for this config, or None when it runs
     deps(cfg) -> list[Path]      files outside the output directory whose contents are inputs
     writes(cfg) -> str           what it writes, for `plan`

@@ -12,11 +12,11 @@ adapter files, the import and engine outputs.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from pipeline import lora, quality
+from pipeline import peft_adapters, quality
+from pipeline.adapter_registry import INDEX, write_index
 from pipeline.config import BuildConfig
 from pipeline.config.schema import lora_adapters
 from pipeline.errors import BuildStepError, PipelineError
@@ -27,7 +27,6 @@ READS = ("lora", "verify")
 TOOLS = ("safetensors",)
 SOURCES: tuple[Path, ...] = ()
 AFTER = ("import", "engine")  # the model the adapters are checked against, and gated on
-INDEX = "adapters.json"
 
 
 def applies(cfg: BuildConfig) -> str | None:
@@ -42,7 +41,7 @@ def deps(cfg: BuildConfig) -> list[Path]:
     return [
         cfg.resolve_path(a.path) / name
         for a in cfg.lora.adapters
-        for name in (lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS)
+        for name in (peft_adapters.ADAPTER_CONFIG, peft_adapters.ADAPTER_WEIGHTS)
     ]
 
 
@@ -60,11 +59,11 @@ def run(cfg: BuildConfig, ctx) -> dict:
     for section, task_id, adapter in zip(cfg.lora.adapters, cfg.lora.task_ids(), lora_adapters(cfg)):
         if isinstance(adapter, PipelineError):
             raise BuildStepError(f"lora.adapters {section.name!r}: {adapter}")
-        problems = lora.problems(adapter, facts, cfg.lora.max_lora_rank, cfg.lora.target_modules)
+        problems = peft_adapters.problems(adapter, facts, cfg.lora.max_lora_rank, cfg.lora.target_modules)
         if problems:
             raise BuildStepError(f"lora.adapters {section.name!r} ({adapter.path}): {'; '.join(problems)}")
         (ctx.out_dir / section.name).mkdir()
-        for name in (lora.ADAPTER_CONFIG, lora.ADAPTER_WEIGHTS):
+        for name in (peft_adapters.ADAPTER_CONFIG, peft_adapters.ADAPTER_WEIGHTS):
             shutil.copy2(adapter.path / name, ctx.out_dir / section.name / name)
         index[section.name] = {
             "task_id": task_id,
@@ -74,7 +73,7 @@ def run(cfg: BuildConfig, ctx) -> dict:
             "base_model": adapter.base_model,
         }
         ctx.log(f"adapter {section.name} (task id {task_id}): rank {adapter.rank} on {', '.join(adapter.modules)}")
-    (ctx.out_dir / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    write_index(ctx.out_dir, index)
     target = target_of(cfg)
     metrics = {"adapters": len(index)} | target.convert_adapters(cfg, ctx)
     text_only = cfg.model_copy(update={"verify": cfg.verify.model_copy(update={"min_chat_answer_match": None})})

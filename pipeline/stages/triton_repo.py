@@ -42,5 +42,7 @@ def write(cfg: BuildConfig, engine_dir: Path, out_dir: Path, log=print) -> dict:
     """The repository for the engine in `engine_dir`, its limits read from the engine's config.json."""
     engine_dir = engine_dir.resolve()
     engine = json.loads((engine_dir / "config.json").read_text())
-    specs = target_of(cfg).triton_models(cfg, engine_dir, engine)
-    return build_repo(cfg, specs, engine_dir, engine, out_dir, log)
+    target = target_of(cfg)
+    specs = target.triton_models(cfg, engine_dir, engine)
+    checks = target.repository_checks(cfg.target.model_dump())
+    return build_repo(cfg, specs, engine_dir, engine, out_dir, checks, log)

@@ -9,19 +9,20 @@ output, so the build lock sees all the code a stage executes.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 from pipeline.errors import PipelineError
-from pipeline.plugins import declared
+from pipeline.plugins import TARGETS_GROUP, Registry
 
 if TYPE_CHECKING:
     from pipeline.config import BuildConfig
+    from pipeline.peft_adapters import Fit
     from pipeline.quality import Model
     from pipeline.triton.model_config import ModelSpec
+    from pipeline.triton.validate import ModelCheck, RepoReport
 
 Problem = tuple[tuple[str, ...], str]  # (config field path, message with the fix)
 Log = Callable[[str], None]
@@ -106,6 +107,23 @@ class Target(Protocol):
     def plan_notes(self, cfg: BuildConfig, output: Path) -> list[str]:
         """Extra lines for `plan` (e.g. the exact engine command, a memory plan)."""
 
+    # Serving hooks: `pipeline.triton` and `pipeline.serving` know no target and ask every registered one.
+
+    def repository_checks(self, options: Mapping[str, Any]) -> list[ModelCheck]:
+        """Checks of this target's models in any Triton repository (`pipeline.triton.validate`), given the `target`
+        settings the repository was built for (e.g. `trtllm_version`; absent when unknown)."""
+
+    def serve_without_triton(self, repo: Path, host: str, port: int, openai_gateway: bool) -> None:
+        """Become the server of `repo` where this target serves such a repository with a server of its own (trtllm's
+        PyTorch backend: trtllm-serve); return at once for any other repository."""
+
+    def triton_launch(self, repo: Path, report: RepoReport) -> Callable[[list[str]], list[str]] | None:
+        """The tritonserver command serving `repo` (given its address arguments) where this target's models need a
+        server of their own (NVIDIA's container); None where the CPU tritonserver of `pipeline.triton.server` does."""
+
+    def adapter_fit(self, engine_dir: Path) -> Fit | None:
+        """What an engine this target built takes of a LoRA adapter added while serving (None: it takes none)."""
+
 
 # The quality gate's fields (pipeline.quality), honoured by every target, which gates one of its stages.
 VERIFY_FIELDS = frozenset(
@@ -177,45 +195,9 @@ TRITON_DEPLOY_FIELDS = frozenset(
 )
 
 
-class _Registry(Mapping[str, "Target"]):
-    """The targets declared under the `trtllm_pipeline.targets` entry points (pyproject.toml), loaded on first use.
-
-    Loading by entry point, not by import, keeps the registry below the adapters: the config asks it which
-    targets exist without importing any adapter, and an adapter imports the config, never the other way round.
-    """
-
-    @functools.cached_property
-    def _loaded(self) -> dict[str, Target]:
-        loaded = {}
-        for entry in declared(ENTRY_POINTS):
-            cls = entry.load()
-            attrs = ("name", "summary", "honours", "sources", "tools", "gated_stage")
-            missing = [attr for attr in attrs if not hasattr(cls, attr)]
-            if missing:  # fail on first use, not in the middle of a build
-                raise TypeError(f"target {cls.__qualname__} lacks {', '.join(missing)}")
-            if cls.name != entry.name:
-                raise TypeError(
-                    f"entry point {entry.name!r} names target {cls.__qualname__}, whose name is {cls.name!r}"
-                )
-            loaded[entry.name] = cls()
-        return loaded
-
-    def names(self) -> list[str]:
-        """The declared names, without loading any adapter (what the config schema offers)."""
-        return [entry.name for entry in declared(ENTRY_POINTS)]
-
-    def __getitem__(self, name: str) -> Target:
-        return self._loaded[name]
-
-    def __iter__(self):
-        return iter(self._loaded)
-
-    def __len__(self) -> int:
-        return len(self._loaded)
-
-
-ENTRY_POINTS = "trtllm_pipeline.targets"
-TARGETS = _Registry()
+# The targets declared under the `trtllm_pipeline.targets` entry points, loaded on first use: the config offers their
+# names without importing any adapter, and an adapter imports the config, never the other way round.
+TARGETS: Registry[Target] = Registry(TARGETS_GROUP, "target", ("summary", "honours", "sources", "tools", "gated_stage"))
 
 
 def get_target(name: str) -> Target:
@@ -227,6 +209,11 @@ def get_target(name: str) -> Target:
 
 def target_of(cfg: BuildConfig) -> Target:
     return get_target(cfg.target.name)
+
+
+def repository_checks(options: Mapping[str, Any]) -> list[ModelCheck]:
+    """Every target's checks of its models in a Triton repository built with the `target` settings `options`."""
+    return [check for target in TARGETS.values() for check in target.repository_checks(options)]
 
 
 def engine_target(engine_config: dict) -> str:

@@ -97,7 +97,7 @@ LLM_INPUTS: list[Tensor] = [
     ("exclude_input_in_output", "TYPE_BOOL", SCALAR, True),
     ("streaming", "TYPE_BOOL", SCALAR, True),
     ("stop", "TYPE_BOOL", SCALAR, True),  # true: stop the running request with this request's id
-    *GUIDED_INPUTS,  # pipeline.runtime.guided
+    *GUIDED_INPUTS,  # pipeline.targets.onnxruntime.runtime.guided
 ]
 # The CPU LLM model of an engine built with LoRA: the task id selects a row's adapter among those registered. No input
 # loads an adapter: Triton's ports carry no authentication (adapters come from the build or `serve`'s registry).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -19,7 +20,7 @@ from pipeline.errors import BuildStepError
 from pipeline.paths import inside
 from pipeline.triton import interface
 from pipeline.triton.model_config import MODELS_DIR, ModelSpec, mc, model_config
-from pipeline.triton.validate import validate_repo
+from pipeline.triton.validate import ModelCheck, validate_repo
 
 # The python models every repository copies (the LLM model comes from the target).
 SHARED_MODEL_FILES = tuple(MODELS_DIR / name for name in ("preprocessing.py", "postprocessing.py", "bls.py"))
@@ -149,12 +150,18 @@ def inflight_batcher_models(cfg: BuildConfig, llm_model: ModelSpec, engine_dir: 
 
 
 def build_repo(
-    cfg: BuildConfig, specs: list[ModelSpec], engine_dir: Path, engine: dict, out_dir: Path, log=print
+    cfg: BuildConfig,
+    specs: list[ModelSpec],
+    engine_dir: Path,
+    engine: dict,
+    out_dir: Path,
+    checks: Sequence[ModelCheck] = (),
+    log=print,
 ) -> dict:
-    """Write and validate the repository the target laid out; returns manifest metrics."""
+    """Write and validate the repository the target laid out (with its `checks`); returns manifest metrics."""
     max_batch_size = engine["build_config"]["max_batch_size"]
     write_repo(specs, out_dir)
-    report = validate_repo(out_dir, cfg.target.trtllm_version)  # the release: for tensorrtllm and llmapi models
+    report = validate_repo(out_dir, checks)
     if report.problems:
         raise BuildStepError("generated repository failed validation:\n  " + "\n  ".join(report.problems))
     log(f"{len(specs)} models: " + ", ".join(s.config.name for s in specs))

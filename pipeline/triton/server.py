@@ -24,19 +24,19 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from pipeline.adapter_registry import REGISTRY_ENV
 from pipeline.errors import PipelineError
 from pipeline.fetch import fetch_wheel
-from pipeline.runtime.lora import REGISTRY_ENV
 from pipeline.triton.postmortem import UNLOADING, exit_status, log_size, log_text, model_output, still_loaded
 from pipeline.triton.reaper import remove_server_files
 
-CONTAINER_TRITON = Path("/opt/tritonserver")  # NVIDIA's tritonserver:<version>-trtllm-python-py3 image
 PYTRITON_WHEEL = ("nvidia-pytriton==0.7.0", "21f063ff93bb426d0c06b7a55e7eb9efcfe62c0dddd9a908e9877e18710128df")
 TRITONSERVER_VERSION = "2.51"
 _MEMBERS = ("pytriton/tritonserver/", "nvidia_pytriton.libs/")
@@ -93,21 +93,6 @@ def python_backend_dir(home: Path, work_dir: Path) -> Path:
     return backend.parent
 
 
-def tensorrtllm_world_size(report) -> tuple[str | None, int]:
-    """(the repository's tensorrtllm model, its engine's GPU world size), or (None, 0) when it has none.
-
-    Such a repository is served by the TensorRT-LLM container's tritonserver, one MPI rank per GPU.
-    """
-    import json
-
-    names = [name for name, config in report.models.items() if config.backend == "tensorrtllm"]
-    if not names:
-        return None, 0
-    engine = Path(report.models[names[0]].parameters["gpt_model_path"].string_value) / "config.json"
-    mapping = json.loads(engine.read_text()).get("pretrained_config", {}).get("mapping", {})
-    return names[0], int(mapping.get("world_size", mapping.get("tp_size", 1) * mapping.get("pp_size", 1)))
-
-
 def tritonserver_address_args(host: str, ports: "Ports") -> list[str]:
     """Where tritonserver listens: HTTP, gRPC and metrics on `host`.
 
@@ -124,26 +109,6 @@ def tritonserver_address_args(host: str, ports: "Ports") -> list[str]:
         f"--metrics-address={http_host}",
         f"--metrics-port={ports.metrics}",
     ]
-
-
-def tritonserver_ranks(
-    repo: str, address_args: list[str], world_size: int, llm_model_name: str, followers: list[str] = ()
-) -> list[list[str]]:
-    """One tritonserver command per rank, as tensorrtllm_backend's launch_triton_server.py starts them: rank 0 serves
-    the repository, the others only their shard of the engine (plus `followers`, e.g. no ports of their own)."""
-    ranks = []
-    for rank in range(world_size):
-        args = [
-            str(CONTAINER_TRITON / "bin" / "tritonserver"),
-            f"--model-repository={repo}",
-            *address_args,
-            "--disable-auto-complete-config",
-            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
-        ]
-        if rank:
-            args += ["--model-control-mode=explicit", f"--load-model={llm_model_name}", *followers]
-        ranks.append(args)
-    return ranks
 
 
 STUB = "triton_python_backend_stub"  # the process name of every python-backend model instance
@@ -308,8 +273,7 @@ class TritonServer:
         host: str = "127.0.0.1",
         log_file: Path | None = None,
         extra_args: tuple[str, ...] = (),
-        gpu_world_size: int = 0,
-        llm_model_name: str = "tensorrt_llm",
+        launch: Callable[[list[str]], list[str]] | None = None,
         log=print,
     ):
         self.repo = Path(repo).resolve()
@@ -321,8 +285,9 @@ class TritonServer:
         self.shm_prefix = f"{SHM_PREFIX}{self.token}_"
         self.log_file = log_file or self.repo.parent / "tritonserver.log"
         self.extra_args = extra_args
-        self.gpu_world_size = gpu_world_size  # > 0: a tensorrtllm repository, served by the container's tritonserver
-        self.llm_model_name = llm_model_name
+        # a target's own tritonserver launch (e.g. TensorRT-LLM's container, one rank per GPU): the command for
+        # these address arguments; None runs the wheel's tritonserver on CPU
+        self.launch = launch
         self.log = log
         self.process: subprocess.Popen | None = None
         self.reaper: subprocess.Popen | None = None  # see pipeline.triton.reaper
@@ -333,37 +298,9 @@ class TritonServer:
 
     @property
     def lora_registry(self) -> Path:
-        """The LoRA adapters added while serving (`pipeline.runtime.lora.Registry`): a file in the private work dir,
+        """The LoRA adapters added while serving (`pipeline.adapter_registry.Registry`): a file in the private work dir,
         named to the model processes through their environment, so no Triton client can read or change it."""
         return Path(tempfile.gettempdir()) / f"{WORK_PREFIX}{self.token}" / "lora_registry.json"
-
-    def gpu_command(self) -> list[str]:
-        """One tritonserver per rank under mpirun, as tensorrtllm_backend's launch_triton_server.py does."""
-        missing = [
-            p
-            for p in (CONTAINER_TRITON / "bin" / "tritonserver", CONTAINER_TRITON / "backends" / "tensorrtllm")
-            if not p.exists()
-        ]
-        if not Path("/dev/nvidia0").exists():
-            missing.append(Path("/dev/nvidia0 (an NVIDIA GPU)"))
-        if self.gpu_world_size > 1 and not shutil.which("mpirun"):
-            missing.append(Path("mpirun"))
-        if missing:
-            from pipeline.errors import TargetUnavailable
-
-            raise TargetUnavailable(
-                f"{self.repo} uses Triton's tensorrtllm backend; serving it needs "
-                + ", ".join(map(str, missing))
-                + " -- run this inside NVIDIA's tritonserver:<tag>-trtllm-python-py3 "
-                "container on a GPU machine (the Dockerfile's gpu target builds one)"
-            )
-        ranks = tritonserver_ranks(str(self.repo), self.address_args(), self.gpu_world_size, self.llm_model_name)
-        if self.gpu_world_size == 1:
-            return ranks[0]
-        command = ["mpirun", "--allow-run-as-root"]
-        for rank, args in enumerate(ranks):
-            command += ["-n", "1", *args] + ([":"] if rank < len(ranks) - 1 else [])
-        return command
 
     def address_args(self) -> list[str]:
         return tritonserver_address_args(self.host, self.ports)
@@ -405,8 +342,8 @@ class TritonServer:
         return env
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
-        if self.gpu_world_size:
-            command, env = self.gpu_command(), dict(os.environ)
+        if self.launch:
+            command, env = self.launch(self.address_args()), dict(os.environ)
         else:
             home = install_tritonserver(self.cache, self.log)
             reclaim_orphans(self.log)

@@ -2,23 +2,21 @@
 field instead of in tritonserver's log as "failed to read text proto".
 
 Used on every generated repository before it is written, and by `trtllm-pipeline validate-repo` on
-any repository, hand-edited ones included.
+any repository, hand-edited ones included. What only a backend's models need (a release's required parameters, an
+LLM-API model.yaml) is checked by `ModelCheck`s its target passes in; this module knows no target.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.paths import inside, model_name_problem
-from pipeline.targets.trtllm.guided import config_problems as guided_config_problems
-from pipeline.targets.trtllm.tensorrtllm_backend import required_parameters
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 
@@ -38,6 +36,10 @@ class RepoReport:
 
     def add(self, where: str, message: str) -> None:
         self.problems.append(f"{where}: {message}")
+
+
+# A target's check of one model (its directory, parsed config, the report, where to report), run after the generic ones.
+ModelCheck = Callable[[Path, model_config_pb2.ModelConfig, "RepoReport", str], None]
 
 
 def parse_model_config(text: str, where: str, report: RepoReport) -> model_config_pb2.ModelConfig | None:
@@ -115,34 +117,7 @@ def check_reference(name: str, report: RepoReport, where: str) -> bool:
     return problem is None and name in report.models
 
 
-# How the tensorrtllm backend converts a parameter's string (ModelState::GetParameter<T> specialisations in
-# inflight_batcher_llm/src/model_state.cc: std::stoi/stoul/stoll/stoull/stof, and these spellings of a bool).
-_CPP_VALUE = {
-    "int32_t": re.compile(r"\s*[+-]?\d+.*"),
-    "uint32_t": re.compile(r"\s*\+?\d+.*"),
-    "int64_t": re.compile(r"\s*[+-]?\d+.*"),
-    "uint64_t": re.compile(r"\s*\+?\d+.*"),
-    "float": re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?.*|\s*[+-]?(inf|nan).*", re.I),
-    "bool": re.compile(r"True|true|TRUE|1|False|false|FALSE|0"),
-}
-
-
-def check_required_parameters(config: model_config_pb2.ModelConfig, version: str, report: RepoReport, where: str):
-    """Every parameter the release's tensorrtllm backend reads without a fallback is present and converts to
-    the type it is read as; otherwise the model fails to load on the GPU ("Cannot find parameter with name")."""
-    for name, cpp_type in required_parameters(version).items():
-        value = _parameter(config, name)
-        if value is None:
-            report.add(
-                where,
-                f"parameter '{name}' is missing: TensorRT-LLM {version}'s tensorrtllm backend reads it without a "
-                "fallback, so the model fails to load; add it (an empty string where it names an unused feature)",
-            )
-        elif cpp_type in _CPP_VALUE and not _CPP_VALUE[cpp_type].fullmatch(value):
-            report.add(where, f"parameter '{name}' is {value!r}, which the backend cannot read as {cpp_type}")
-
-
-def _parameter(config: model_config_pb2.ModelConfig, key: str) -> str | None:
+def parameter(config: model_config_pb2.ModelConfig, key: str) -> str | None:
     return config.parameters[key].string_value if key in config.parameters else None
 
 
@@ -156,23 +131,17 @@ def missing_tokenizer_files(directory: Path) -> list[str]:
 
 
 def check_model_files(
-    name: str,
-    config: model_config_pb2.ModelConfig,
-    model_dir: Path,
-    report: RepoReport,
-    where: str,
-    trtllm_version: str | None,
+    name: str, config: model_config_pb2.ModelConfig, model_dir: Path, report: RepoReport, where: str
 ) -> None:
     if config.platform == "ensemble":
         return
     if not (model_dir / "1").is_dir():
         report.add(where, f"version directory {model_dir / '1'} is missing")
-    if (model_dir / "1" / "model.yaml").is_file():  # Triton's llmapi model: model.py comes from NVIDIA's container
-        check_llmapi_model(model_dir / "1" / "model.yaml", report, trtllm_version)
-    elif config.backend == "python" and not (model_dir / "1" / "model.py").is_file():
+    # a model.yaml (Triton's llmapi model) names the model.py of NVIDIA's container; its target checks it
+    if config.backend == "python" and not any((model_dir / "1" / f).is_file() for f in ("model.py", "model.yaml")):
         report.add(where, f"python backend model file {model_dir / '1' / 'model.py'} is missing")
     for key in TOKENIZER_PARAMETERS:
-        value = _parameter(config, key)
+        value = parameter(config, key)
         if value is not None and not Path(value).is_dir():
             report.add(where, f"parameter '{key}' points to {value}, which does not exist")
         elif value is not None:
@@ -182,81 +151,17 @@ def check_model_files(
                     f"parameter '{key}': {missing} is missing (the model loads its tokenizer from {value}); "
                     "rebuild the engine stage (it copies the tokenizer files) or copy them there",
                 )
-    for key, parameter in config.parameters.items():
-        if key.endswith("_model_name") and parameter.string_value:  # empty: unused (upstream's draft model name)
-            check_reference(parameter.string_value, report, f"{where}: parameter '{key}'")
-    if trtllm_version and config.backend == "tensorrtllm":
-        check_required_parameters(config, trtllm_version, report, where)
-        parameters = {key: value.string_value for key, value in config.parameters.items()}
-        for problem in guided_config_problems(parameters, trtllm_version):
-            report.add(where, problem)
-    engine = (
-        _parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else _parameter(config, "engine_dir")
-    )
-    if engine is None:
-        return
-    engine_config = Path(engine) / "config.json"
-    if not engine_config.is_file():
+    for key, value in config.parameters.items():
+        if key.endswith("_model_name") and value.string_value:  # empty: unused (upstream's draft model name)
+            check_reference(value.string_value, report, f"{where}: parameter '{key}'")
+    engine = parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else parameter(config, "engine_dir")
+    if engine is not None and not (Path(engine) / "config.json").is_file():
         report.add(where, f"engine directory {engine} has no config.json")
-    elif trtllm_version and config.backend == "tensorrtllm":
-        built = json.loads(engine_config.read_text()).get("version", "")
-        if not built.startswith(trtllm_version):
-            report.add(
-                where, f"engine {engine} was built by TensorRT-LLM {built}, but the repository targets {trtllm_version}"
-            )
 
 
-def check_llmapi_model(model_yaml: Path, report: RepoReport, trtllm_version: str | None) -> None:
-    """model.yaml against what the release's llmapi model.py reads and its LLM API accepts, and the model directory
-    it names. The release is `trtllm_version`, else the one recorded next to that directory by our build."""
-    from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, options_problems
-    from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
-
-    where = str(model_yaml)
-    try:
-        spec = yaml.safe_load(model_yaml.read_text())
-    except yaml.YAMLError as exc:
-        report.add(where, f"not valid YAML: {exc}")
-        return
-    if not isinstance(spec, dict) or not isinstance(spec.get("model"), str):
-        report.add(where, "needs `model:`, the checkpoint directory (or Hugging Face name) LLM() loads")
-        return
-    model = Path(spec["model"])
-    if model.is_absolute() and not (model / "config.json").is_file():
-        report.add(where, f"model: {model} has no config.json (rebuild the engine stage)")
-    elif model.is_absolute():
-        for missing in missing_tokenizer_files(model):
-            report.add(where, f"model: {missing} is missing (the LLM loads its tokenizer from {model})")
-    release = trtllm_version or recorded_release(model.parent / "config.json")
-    if release is None:
-        report.add(
-            where,
-            f"no TensorRT-LLM release to check it against (none recorded in {model.parent / 'config.json'}); "
-            f"pass --trtllm-version, one of {', '.join(LLM_API_RELEASES)}",
-        )
-        return
-    if release not in LLM_API_RELEASES or release not in LLMAPI_RELEASES:
-        report.add(where, f"TensorRT-LLM {release} has no LLM-API llmapi model here ({', '.join(LLM_API_RELEASES)})")
-        return
-    for problem in model_yaml_problems(spec, release):
-        report.add(where, problem)
-    excluded = set(llmapi_model(release)["llm_kwargs"]["excluded_model_yaml_keys"])
-    options = {key: value for key, value in spec.items() if key not in excluded and key != "model"}
-    for key, message in options_problems(options, release):
-        report.add(where, f"{'.'.join(key)}: {message}")
-
-
-def recorded_release(record: Path) -> str | None:
-    """The release our build recorded in the engine directory's config.json (None if it recorded none)."""
-    try:
-        recorded = json.loads(record.read_text())
-    except (OSError, ValueError):
-        return None
-    return recorded.get("trtllm_version") if isinstance(recorded, dict) else None
-
-
-def validate_repo(repo: Path, trtllm_version: str | None = None) -> RepoReport:
-    """Check every model of a repository; returns all problems found (empty when valid)."""
+def validate_repo(repo: Path, checks: Sequence[ModelCheck] = ()) -> RepoReport:
+    """Check every model of a repository, then run `checks` (its targets') on each; returns all problems found
+    (empty when valid)."""
     report = RepoReport()
     dirs = sorted(p.parent for p in repo.glob("*/config.pbtxt"))
     if not dirs:
@@ -275,5 +180,7 @@ def validate_repo(repo: Path, trtllm_version: str | None = None) -> RepoReport:
         where = str(repo / name / "config.pbtxt")
         if config.platform == "ensemble":
             check_ensemble(name, config, report, where)
-        check_model_files(name, config, repo / name, report, where, trtllm_version)
+        check_model_files(name, config, repo / name, report, where)
+        for check in checks:
+            check(repo / name, config, report, where)
     return report

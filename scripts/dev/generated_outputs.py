@@ -62,10 +62,10 @@ def shape_override(config: Path, shapes: Path) -> list[str]:
 
 def every_release(config: Path, extra: list[str], output: Path) -> None:
     """The options file and the engine backend's repository of each release the tables hold, for a trtllm config."""
-    from pipeline.config import load_config
     from pipeline.errors import PipelineError
     from pipeline.stages import triton_repo
-    from pipeline.targets.trtllm.llmapi import options_yaml, release_options
+    from pipeline.targets.trtllm.pytorch_backend import options_yaml, release_options
+    from pipeline.validation import load_config
 
     cfg = load_config(REPO / config, extra)
     if cfg.target.name != "trtllm":

@@ -89,7 +89,7 @@ def divergence(engine: Path, windows, reference) -> tuple[float, float]:
 
 
 def decode_speeds(built: dict[str, Path], rounds: int) -> dict[str, float]:
-    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 
     prompt = np.random.default_rng(0).integers(100, 40000, size=128).astype(np.int32)
     runners = {name: ModelRunner.from_dir(path, thread_spinning=True, num_threads=2) for name, path in built.items()}
@@ -117,11 +117,11 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from pipeline.build import cache_dir
-    from pipeline.config import load_config
     from pipeline.fetch import load_text
     from pipeline.quality import WINDOW, special_prefix, text_windows
     from pipeline.targets.onnxruntime import ONNX_NAME
     from pipeline.targets.onnxruntime.scoring import ort_logits_fn
+    from pipeline.validation import load_config
 
     cfg = load_config(CONFIG)
     tokenizer = AutoTokenizer.from_pretrained(BUILD / "import")

@@ -50,7 +50,7 @@ NOTE = (
     "fields. 'extra' says what the model does with unknown keys ('forbid': pydantic refuses them); "
     "'fields_complete' is false where not all of a model's fields were read. 'aliases' are further accepted key "
     "names. A field with 'unresolved' names a type defined elsewhere (not read): its content is not checked. "
-    "pipeline/targets/trtllm/llm_api_args.py validates options against this table."
+    "pipeline/targets/trtllm/llm_api_options.py validates options against this table."
 )
 NOT_TABULATED: dict[str, str] = {}  # release -> why its facts could not be read
 

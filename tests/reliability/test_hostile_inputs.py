@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import DeploySection, load_config
+from pipeline.config import DeploySection
 from pipeline.errors import ConfigError
 from pipeline.models import checkpoint_problems
+from pipeline.validation import load_config
 from tests.conftest import run_cli, spawn_cli, write_config
 
 # A CLI start (imports, the config, the checks) takes seconds on a loaded machine; a hang or a minute-long parse is

@@ -7,15 +7,15 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 from tests.conftest import run_cli, slow_fixture, write_config
 
 
 def finish_engine_dir(hf_dir: Path, engine: Path, max_batch_size: int) -> Path:
     """Make a directory holding a graph (model.onnx) an engine: the onnxruntime target's config.json for a small
     build and the checkpoint's tokenizer files, without the CLI build the tests that need one graph can skip."""
-    from pipeline.config import load_config
     from pipeline.targets.onnxruntime.adapter import engine_config
+    from pipeline.validation import load_config
 
     cfg = load_config(
         write_config(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.sampling import Request, SamplingParams
-from pipeline.runtime.speculative import NGram
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.sampling import Request, SamplingParams
+from pipeline.targets.onnxruntime.runtime.speculative import NGram
 from tests.runtime.conftest import finish_engine_dir
 
 

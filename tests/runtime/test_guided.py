@@ -17,12 +17,12 @@ import jsonschema
 import numpy as np
 import pytest
 
-from pipeline.runtime import guided as guided_module
-from pipeline.runtime import scheduler as scheduler_module
-from pipeline.runtime.guided import Grammars, Guide
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.scheduler import Scheduler
-from pipeline.runtime.speculative import NGram
+from pipeline.targets.onnxruntime.runtime import guided as guided_module
+from pipeline.targets.onnxruntime.runtime import scheduler as scheduler_module
+from pipeline.targets.onnxruntime.runtime.guided import Grammars, Guide
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.scheduler import Scheduler
+from pipeline.targets.onnxruntime.runtime.speculative import NGram
 from tests.conftest import run_cli, slow_fixture, write_config
 from tests.runtime.conftest import MAX_SEQ_LEN
 from tests.runtime.test_scheduler import NO_END, Recorder, generate_alone, inputs, prompt
@@ -157,7 +157,7 @@ def test_two_hundred_seeded_requests_over_ten_schemas_all_validate(random_model,
 @pytest.fixture(scope="module")
 def smollm2(smollm2_build) -> ModelRunner:
     # batch_invariant: an unguided row's tokens may then be compared with those it gets alone (int8 activations give
-    # a lone row other bits than rows taken in pairs; pipeline.runtime.kv_layouts)
+    # a lone row other bits than rows taken in pairs; pipeline.targets.onnxruntime.runtime.kv_layouts)
     return ModelRunner.from_dir(smollm2_build / "engine", num_threads=2, batch_invariant=True)
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.runtime.kv_cache import BlockManager, chain_keys
-from pipeline.runtime.sampling import Request, SamplingParams
-from pipeline.runtime.scheduler import Scheduler
+from pipeline.targets.onnxruntime.runtime.kv_cache import BlockManager, chain_keys
+from pipeline.targets.onnxruntime.runtime.sampling import Request, SamplingParams
+from pipeline.targets.onnxruntime.runtime.scheduler import Scheduler
 from tests.runtime.test_scheduler import NO_END, Recorder, generate_alone, inputs, prompt
 
 TPB = 4  # tokens per block in these tests: prompts of a few dozen tokens span several blocks

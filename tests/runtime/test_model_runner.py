@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.sampling import to_words_list
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.sampling import to_words_list
 from tests.conftest import REPO, run_cli, slow_fixture, write_config
 
 PROMPTS = ["w1 w5 w9 w33", "w7", "w100 w2 w3 w4 w5 w6 w7 w8 w9", "w42 w43"]

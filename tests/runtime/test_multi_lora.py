@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.scheduler import Scheduler
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.scheduler import Scheduler
 from tests.conftest import run_cli, slow_fixture, write_config
 from tests.runtime.test_model_runner import encode, hf_greedy
 from tests.runtime.test_scheduler import Recorder, inputs, prompt, run_to_idle
@@ -168,7 +168,7 @@ def test_slots_are_reused_least_recently_used_first_and_misfits_are_refused(
 def test_adapters_keep_their_tokens_with_speculation_and_batch_invariance(lora_engine):
     """Drafts are verified on the row's own adapter (a 1-row pass); a batch-invariant engine's dummy rows and tokens
     take no slot."""
-    from pipeline.runtime.speculative import NGram
+    from pipeline.targets.onnxruntime.runtime.speculative import NGram
 
     repetitive = [np.array([4, 5, 6, 4, 5, 6, 4, 5, 6, 4, 5]), np.array([7, 8, 9, 10, 7, 8, 9])]
     uids = ["0", "1"]
@@ -227,7 +227,7 @@ def test_an_adapter_with_nan_weights_never_enters_a_slot_and_later_requests_are_
     """Below the load check: an adapter object whose B is NaN (the file check would have refused it). B is summed
     over every row's zeros, so it must never enter a slot: its request fails naming the tensor, the rows beside it
     decode as alone, and later requests naming it are refused at once."""
-    from pipeline import lora
+    from pipeline import peft_adapters as lora
 
     runner = served_runner(lora_engine)
     broken = lora.load(lora_engine / "lora" / "every")
@@ -278,7 +278,7 @@ def test_an_adapter_file_is_checked_header_first_and_a_non_finite_weight_is_refu
 def test_registered_adapters_are_capped_and_the_registry_is_taken_before_a_request(lora_engine, tmp_path):
     """lora.max_cpu_loras bounds the adapters registered; `serve`'s registry file (the gateway's load and unload
     routes) is read before each request: a task id names an adapter only once it is registered, never after."""
-    from pipeline.runtime.lora import Registry
+    from pipeline.adapter_registry import Registry
 
     runner = served_runner(lora_engine)
     runner.lora.max_registered = 3

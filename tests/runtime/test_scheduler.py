@@ -10,10 +10,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline.runtime.jobs import parse_job
-from pipeline.runtime.kv_cache import BlockManager
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.scheduler import Scheduler
+from pipeline.targets.onnxruntime.runtime.jobs import parse_job
+from pipeline.targets.onnxruntime.runtime.kv_cache import BlockManager
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.scheduler import Scheduler
 from tests.runtime.conftest import MAX_BATCH_SIZE, MAX_INPUT_LEN, MAX_NUM_TOKENS, MAX_SEQ_LEN
 
 NO_END = -1  # an end_id no token equals: outputs run to max_tokens
@@ -471,7 +471,7 @@ def test_sampling_settings_tensorrt_llm_rejects_are_rejected_naming_the_setting(
 
 
 def test_sampling_bounds_are_the_tabulated_upstream_ones_and_top_p_zero_means_unset(runner):
-    from pipeline.runtime.sampling import SAMPLING_CHECKS
+    from pipeline.targets.onnxruntime.runtime.sampling import SAMPLING_CHECKS
 
     assert SAMPLING_CHECKS["TopP"] == [[">", 0], ["<=", 1]] and SAMPLING_CHECKS["Temperature"] == [[">=", 0]]
     for top_p in (0.0, -1.0, 1.0):  # tensorrtllm_backend resets top_p <= 0 to "no top-p"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
 from pipeline.errors import ConfigError
-from pipeline.runtime.kv_layouts import Batch
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.sampling import Request, SamplingParams
-from pipeline.runtime.scheduler import Scheduler
-from pipeline.runtime.speculative import NGram, accept, ngram_drafts
+from pipeline.targets.onnxruntime.runtime.kv_layouts import Batch
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.sampling import Request, SamplingParams
+from pipeline.targets.onnxruntime.runtime.scheduler import Scheduler
+from pipeline.targets.onnxruntime.runtime.speculative import NGram, accept, ngram_drafts
+from pipeline.validation import load_config
 from tests.conftest import write_config
 from tests.runtime.conftest import finish_engine_dir
 
@@ -183,8 +183,8 @@ def trtllm_config(tmp_path, tiny_llama, backend: str, release: str, runtime: str
 
 
 def test_the_pytorch_backend_writes_speculative_config_each_release_accepts(tmp_path, tiny_llama):
-    from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, options_problems
-    from pipeline.targets.trtllm.llmapi import RELEASES, release_options
+    from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES, options_problems
+    from pipeline.targets.trtllm.pytorch_backend import RELEASES, release_options
     from pipeline.upstream import facts
 
     for release in RELEASES:
@@ -236,8 +236,8 @@ def test_onnxruntime_with_the_optimum_graph_refuses_it(tmp_path, tiny_llama):
 
 
 def test_the_onnxruntime_target_passes_the_setting_to_run_and_to_the_triton_model(tmp_path, tiny_llama, engine):
-    from pipeline.runtime import speculative
     from pipeline.targets.onnxruntime.adapter import OnnxRuntimeTarget
+    from pipeline.targets.onnxruntime.runtime import speculative
 
     cfg = load_config(write_config(tmp_path / "ort.yaml", f"model: {{source: hf, path: {tiny_llama}}}\n" + SPECULATIVE))
     want = NGram(max_draft_len=5, max_matching_ngram_size=3)

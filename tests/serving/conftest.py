@@ -32,7 +32,7 @@ def runner_text(smollm2_build):
     """What the ModelRunner generates greedily for PROMPT, decoded: the reference for the server."""
     from transformers import AutoTokenizer
 
-    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 
     engine = smollm2_build / "engine"
     tokenizer = AutoTokenizer.from_pretrained(engine)
@@ -58,8 +58,8 @@ def greedy_gaps(smollm2_build):
     """
     from transformers import AutoTokenizer
 
-    from pipeline.runtime.model_runner import ModelRunner
-    from pipeline.runtime.sampling import Request, SamplingParams
+    from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+    from pipeline.targets.onnxruntime.runtime.sampling import Request, SamplingParams
 
     engine = smollm2_build / "engine"
     tokenizer = AutoTokenizer.from_pretrained(engine)

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from pipeline.build import cache_dir
-from pipeline.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 from pipeline.triton.client import stream_text
 from pipeline.triton.server import TritonServer
 from tests.conftest import run_cli, slow_fixture
@@ -67,7 +67,7 @@ def with_lora_a(source: Path, out: Path, change) -> Path:
 
 def gateway_admin(served: TritonServer, out: Path, allowed: list[Path]):
     """The gateway's adapters as `serve --openai --allow-lora-dir ...` sets them up for this server."""
-    from pipeline.triton.lifecycle import adapter_admin
+    from pipeline.serving.lifecycle import adapter_admin
     from pipeline.triton.validate import validate_repo
 
     return adapter_admin(validate_repo(out / "triton_repo"), served.lora_registry, allowed)
@@ -266,7 +266,7 @@ def test_serve_answers_503_until_tritonserver_is_ready_then_serves_every_route(l
     """`serve --openai` starts the gateway before tritonserver: a client polling /v1/models (or /health) is told 503
     until the models are loaded, and from its first 200 on a request is served."""
     from pipeline.build import cache_dir
-    from pipeline.triton.lifecycle import GatewayOptions, Serving, checked_repository
+    from pipeline.serving.lifecycle import GatewayOptions, Serving, checked_repository
     from pipeline.triton.server import Ports, free_port
 
     out, _, extra = lora_build

@@ -31,7 +31,7 @@ def running(grpc_port: int, engine, **options) -> Iterator[str]:
     """A gateway in front of the tritonserver on grpc_port, served by uvicorn on a thread; yields its /v1 URL."""
     import uvicorn
 
-    from pipeline.openai_gateway import create_app
+    from pipeline.serving.app import create_app
 
     port = free_port()
     app = create_app(f"127.0.0.1:{grpc_port}", str(engine), MODEL, **options)
@@ -369,7 +369,7 @@ def test_every_route_answers_503_until_the_model_is_ready_and_health_needs_no_ke
 @pytest.mark.parametrize("key", [" ", "\n", " \t\r\n"])
 def test_a_whitespace_key_is_refused_when_the_app_is_created(key):
     from pipeline.errors import PipelineError
-    from pipeline.openai_gateway import create_app
+    from pipeline.serving.app import create_app
 
     with pytest.raises(PipelineError, match="only whitespace"):
         create_app("127.0.0.1:1", "unused", MODEL, api_key=key)

@@ -12,12 +12,13 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipeline.config import load_config
 from pipeline.errors import BuildStepError
 from pipeline.stages import triton_repo
 from pipeline.targets.trtllm.guided import TOKENIZER_INFO_FILE, tokenizer_info_problems, write_tokenizer_info
-from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, backend_facts, required_parameters, template
+from pipeline.targets.trtllm.repo_checks import model_checks
+from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS, backend_facts, required_parameters, template
 from pipeline.triton.validate import validate_repo
+from pipeline.validation import load_config
 from tests.conftest import run_cli, spawn_cli, write_config
 
 REAL_CLIENT_INPUTS = {
@@ -134,7 +135,7 @@ def test_trtllm_repo_fills_every_parameter_of_the_real_template(tmp_path, tiny_l
     cfg = load_config(config, [])
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, f"{version}.0")
     triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
-    assert not validate_repo(tmp_path / "repo", version).problems
+    assert not validate_repo(tmp_path / "repo", model_checks(version)).problems
     llm_text = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert "${" not in llm_text
     llm = read_config(tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt")
@@ -176,7 +177,7 @@ def edited_019_repo(tmp_path, tiny_llama, edit) -> list[str]:
     config = read_config(llm)
     edit(config)
     llm.write_text(text_format.MessageToString(config))
-    return validate_repo(tmp_path / "repo", "0.19").problems
+    return validate_repo(tmp_path / "repo", model_checks("0.19")).problems
 
 
 def test_validate_repo_names_a_required_parameter_the_backend_would_fail_to_load_without(tmp_path, tiny_llama):
@@ -378,7 +379,7 @@ def test_validator_names_file_line_and_field_of_each_mistake(tmp_path, tiny_llam
     triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
     break_it, expected = BROKEN[mistake]
     break_it(tmp_path / "repo")
-    problems = validate_repo(tmp_path / "repo", "0.19").problems
+    problems = validate_repo(tmp_path / "repo", model_checks("0.19")).problems
     assert any(re.search(expected, p) for p in problems), problems
 
 

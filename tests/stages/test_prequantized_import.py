@@ -16,10 +16,10 @@ import torch
 from onnx import numpy_helper
 from safetensors.numpy import load_file
 
-from pipeline.runtime.model_runner import ModelRunner
 from pipeline.targets.onnxruntime import ONNX_NAME
 from pipeline.targets.onnxruntime.graph import fused_parts
 from pipeline.targets.onnxruntime.quantize import fuse, module_name
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 from tests.conftest import run_cli, write_config
 from tests.prequantized_checkpoints import rtn_linears, write_checkpoint
 

@@ -12,12 +12,12 @@ import torch
 
 from pipeline import quality
 from pipeline.bench.family_decode import make_engine
-from pipeline.config import load_config
 from pipeline.errors import BuildStepError, ConfigError
-from pipeline.runtime.model_runner import ModelRunner
 from pipeline.targets.onnxruntime import adapter as target
 from pipeline.targets.onnxruntime import graph as fused_onnx
 from pipeline.targets.onnxruntime import scoring
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.validation import load_config
 from tests.conftest import TINY_FAMILIES, TINY_SLIDING_WINDOW, make_tiny, write_config
 
 PROMPT_LEN = 40  # > TINY_SLIDING_WINDOW: the window masks part of the prompt

@@ -24,7 +24,7 @@ from pipeline.targets.trtllm.image import (
     stage_name,
     stages,
 )
-from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS
+from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS
 from pipeline.upstream import releases
 from tests.conftest import REPO, run_cli
 

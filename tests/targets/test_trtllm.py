@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import load_config
 from pipeline.targets.trtllm.checkpoint import check_checkpoint
+from pipeline.validation import load_config
 from tests.conftest import llama_shape, make_tiny_llama, run_cli, slow_fixture, trtllm_config
 
 # (quantization YAML, parallel, quant_algo, kv_cache_quant_algo, max perplexity increase on the tiny model)
@@ -263,7 +263,7 @@ def test_trtllm_build_flags_exist_in_the_targeted_release(tmp_path, tiny_llama):
     """Every flag we pass is defined by tensorrt_llm/commands/build.py or plugin.py (add_plugin_argument) in every
     version of them tabulated from TensorRT-LLM's source, and every value we can pass is within its choices."""
     from pipeline.errors import ConfigError
-    from pipeline.targets.trtllm.engine import trtllm_build_command
+    from pipeline.targets.trtllm.tensorrt_backend import trtllm_build_command
     from pipeline.upstream import facts
 
     # settings the config only accepts together (no attention plugin / padding means the V1 batching)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import load_config
 from pipeline.targets.trtllm.checkpoint import check_checkpoint
+from pipeline.validation import load_config
 from tests.conftest import TINY_SLIDING_WINDOW, make_tiny, run_cli, slow_fixture, spawn_cli, trtllm_config
 
 CALIBRATION = "calibration: {num_samples: 8, seq_len: 64}"
@@ -137,9 +137,9 @@ def test_a_qwen2_checkpoint_without_what_qwen_reads_is_reported(built, tmp_path)
 
 
 def test_mistral_window_reaches_the_reference_and_the_triton_model(built):
-    from pipeline.targets.trtllm.engine import template_parameters
     from pipeline.targets.trtllm.reference import load_reference
-    from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, template
+    from pipeline.targets.trtllm.tensorrt_backend import template_parameters
+    from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS, template
 
     root = built[("MistralForCausalLM", "none-tp2")]
     reference = load_reference(root / "out" / "export" / "trtllm_checkpoint", root / "out" / "import")
@@ -162,7 +162,7 @@ def test_mistral_window_reaches_the_reference_and_the_triton_model(built):
 def test_the_engine_runner_gets_the_window_the_triton_model_gets(built, tmp_path):
     """The engine stage records the window beside trtllm-build's config.json (whose LLaMAConfig has none), and
     load_runner passes it to ModelRunnerCpp.from_dir as max_attention_window_size (a per-layer list)."""
-    from pipeline.targets.trtllm.engine import RUNTIME_FILE, record_runtime, runner_options
+    from pipeline.targets.trtllm.tensorrt_backend import RUNTIME_FILE, record_runtime, runner_options
 
     mistral, qwen = (load_config(built[arch, "none-tp2"] / "gpu.yaml") for arch in FAMILIES[::-1])
     engine = {

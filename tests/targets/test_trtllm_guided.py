@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from pipeline.config import load_config
 from pipeline.errors import BuildStepError
 from pipeline.stages import triton_repo
-from pipeline.targets.trtllm.backends import BACKENDS
+from pipeline.targets.trtllm.backend import BACKENDS
 from pipeline.targets.trtllm.guided import (
     GUIDED_DECODING_BACKEND,
     TOKENIZER_INFO_FILE,
@@ -22,12 +21,14 @@ from pipeline.targets.trtllm.guided import (
     write_tokenizer_info,
     xgrammar_tokenizer_info,
 )
-from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, has_option, options_problems
-from pipeline.targets.trtllm.llmapi import OPTIONS_FILE, release_options
-from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, guide_inputs, llmapi_model, model_yaml_problems
-from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, backend_facts
+from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES, has_option, options_problems
+from pipeline.targets.trtllm.pytorch_backend import OPTIONS_FILE, release_options
+from pipeline.targets.trtllm.repo_checks import model_checks
+from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS, backend_facts
+from pipeline.targets.trtllm.triton_llmapi_model import LLMAPI_RELEASES, guide_inputs, llmapi_model, model_yaml_problems
 from pipeline.triton.validate import validate_repo
 from pipeline.upstream import release_facts
+from pipeline.validation import load_config
 from tests.conftest import write_config
 from tests.serving.test_repo import read_config, trtllm_engine_record
 
@@ -95,7 +96,7 @@ def test_the_engine_repository_turns_guided_decoding_on_as_the_release_takes_it(
     )
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, f"{version}.0")
     triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
-    assert not validate_repo(tmp_path / "repo", version).problems
+    assert not validate_repo(tmp_path / "repo", model_checks(version)).problems
     llm = read_config(tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt")
     params = {key: value.string_value for key, value in llm.parameters.items()}
     assert params["guided_decoding_backend"] == GUIDED_DECODING_BACKEND in facts["guided_decoding_backends"]

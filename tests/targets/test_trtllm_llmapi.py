@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import load_config
 from pipeline.errors import ConfigError
-from pipeline.targets.trtllm.llm_api_args import options_problems
-from pipeline.targets.trtllm.llmapi import OPTIONS_FILE, cuda_graph_batch_sizes, release_options
-from pipeline.targets.trtllm.llmapi_model import llmapi_model
+from pipeline.targets.trtllm.llm_api_options import options_problems
+from pipeline.targets.trtllm.pytorch_backend import OPTIONS_FILE, cuda_graph_batch_sizes, release_options
+from pipeline.targets.trtllm.repo_checks import model_checks
+from pipeline.targets.trtllm.triton_llmapi_model import llmapi_model
 from pipeline.triton.validate import validate_repo
+from pipeline.validation import load_config
 from tests.conftest import run_cli, slow_fixture, spawn_cli, write_config
 
 RELEASES = ("1.0", "1.2")
@@ -92,7 +93,7 @@ def test_the_llmapi_repository_is_valid_for_its_release(built, release):
     repo = output / "triton_repo"
     assert sorted(p.name for p in repo.iterdir()) == ["ensemble", "tensorrt_llm"]
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists(), "model.py comes from NVIDIA's container"
-    report = validate_repo(repo, release)
+    report = validate_repo(repo, model_checks(release))
     assert report.problems == []
     spec = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert spec["triton_config"] == {"max_batch_size": 0, "decoupled": True}
@@ -112,12 +113,12 @@ def test_validate_repo_catches_a_key_the_release_lacks(built, tmp_path):
     spec["kv_cache_config"]["no_such_knob"] = 1
     spec["triton_config"]["decoupled"] = "false"
     model_yaml.write_text(yaml.safe_dump(spec))
-    problems = "\n".join(validate_repo(repo, "1.2").problems)
+    problems = "\n".join(validate_repo(repo, model_checks("1.2")).problems)
     assert "no_such_knob" in problems and "1.2" in problems
     assert "triton_config.decoupled" in problems
     spec["model"] = str(tmp_path / "elsewhere")  # a hand-made repository: no release recorded by our build
     model_yaml.write_text(yaml.safe_dump(spec))
-    assert "pass --trtllm-version" in "\n".join(validate_repo(repo).problems)
+    assert "pass --trtllm-version" in "\n".join(validate_repo(repo, model_checks(None)).problems)
 
 
 @pytest.mark.no_gpu

@@ -12,20 +12,21 @@ import pytest
 import torch
 import yaml
 
-from pipeline import lora as peft_lora
-from pipeline.config import load_config
+from pipeline import peft_adapters as peft_lora
 from pipeline.errors import ConfigError
 from pipeline.models import facts_from_hf_dir
 from pipeline.stages import triton_repo
-from pipeline.targets.trtllm import lora
-from pipeline.targets.trtllm.backends import BACKENDS
-from pipeline.targets.trtllm.engine import trtllm_build_command
-from pipeline.targets.trtllm.llmapi import OPTIONS_FILE, release_options
-from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
+from pipeline.targets.trtllm import lora_conversion as lora
+from pipeline.targets.trtllm.backend import BACKENDS
+from pipeline.targets.trtllm.pytorch_backend import OPTIONS_FILE, release_options
 from pipeline.targets.trtllm.reference import with_lora
-from pipeline.targets.trtllm.tensorrtllm_backend import backend_facts, template
+from pipeline.targets.trtllm.repo_checks import model_checks
+from pipeline.targets.trtllm.tensorrt_backend import trtllm_build_command
+from pipeline.targets.trtllm.triton_cpp_backend import backend_facts, template
+from pipeline.targets.trtllm.triton_llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
 from pipeline.triton.validate import validate_repo
 from pipeline.upstream import facts
+from pipeline.validation import load_config
 from tests.conftest import run_cli, slow_fixture, write_config
 from tests.runtime.test_multi_lora import make_adapter, merged
 from tests.serving.test_repo import read_config, trtllm_engine_record
@@ -171,7 +172,7 @@ def test_the_engine_workflow_builds_and_serves_lora_as_the_release_takes_it(tmp_
 
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, f"{release}.0")
     triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
-    assert not validate_repo(tmp_path / "repo", release).problems
+    assert not validate_repo(tmp_path / "repo", model_checks(release)).problems
     llm = read_config(tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt")
     params = {key: value.string_value for key, value in llm.parameters.items()}
     assert params["lora_cache_max_adapter_size"] == params["lora_cache_optimal_adapter_size"] == "8"

@@ -16,7 +16,7 @@ class Ours:
 
         runtime = None
         if speculative_config:  # runtime.speculative of the config applies to our engine
-            from pipeline.config import load_config
+            from pipeline.validation import load_config
 
             runtime = load_config(Path(speculative_config), []).runtime
         self.runner = load_runner(Path(engine_dir), threads, runtime=runtime, thread_spinning=spinning)

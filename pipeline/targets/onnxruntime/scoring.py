@@ -28,8 +28,8 @@ def scored(cfg, output: Path, engine_dir: Path) -> tuple[Model, Model]:
 
     from pipeline.lock import read_lock
     from pipeline.quality import transformers_reference
-    from pipeline.runtime import speculative
-    from pipeline.runtime.model_runner import ENGINE_CONFIG, ModelRunner, special_ids
+    from pipeline.targets.onnxruntime.runtime import speculative
+    from pipeline.targets.onnxruntime.runtime.model_runner import ENGINE_CONFIG, ModelRunner, special_ids
 
     threads, stages = cfg.runtime.cpu_threads, read_lock(output)["stages"]
     config = json.loads((engine_dir / ENGINE_CONFIG).read_text())
@@ -79,7 +79,7 @@ def batched_greedy(runner: Loaded, prompts: list[list[int]], max_new_tokens: int
     """The greedy answers to `prompts`, REFERENCE_ROWS at a time, batch-invariant (`ModelRunner`'s batch_invariant:
     each row's tokens are those it gets alone), on the session of `runner`, with a KV cache as long as the longest
     prompt and its answer rather than the engine's max_seq_len times the rows."""
-    from pipeline.runtime.model_runner import ModelRunner
+    from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
 
     alone = runner()
     longest = max(len(prompt) for prompt in prompts)
@@ -107,7 +107,7 @@ def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: 
     """(the engine decoding with LoRA adapter `name` from `adapter_dir`, its fp32 reference: PEFT's merge of the
     adapter into the imported transformers model), each loaded on first use and dropped by its `release`."""
     from pipeline.quality import peft_reference
-    from pipeline.runtime.model_runner import ENGINE_CONFIG, ModelRunner, special_ids
+    from pipeline.targets.onnxruntime.runtime.model_runner import ENGINE_CONFIG, ModelRunner, special_ids
 
     def with_adapter():
         runner = ModelRunner.from_dir(
@@ -176,7 +176,9 @@ def empty_past(session, batch: int) -> dict[str, np.ndarray]:
         if spec.name.startswith("past_key_values."):
             kv_heads, head_size = spec.shape[1], spec.shape[3]
             feeds[spec.name] = np.zeros((batch, kv_heads, 0, head_size), dtype=np.float32)
-        elif spec.name.startswith("lora"):  # pipeline.runtime.lora: no slot bound, every width 0
+        elif spec.name.startswith(
+            "lora"
+        ):  # pipeline.targets.onnxruntime.runtime.lora_slots: no slot bound, every width 0
             shape = [batch if d == "batch" else 0 if isinstance(d, str) else d for d in spec.shape]
             feeds[spec.name] = np.zeros(shape, dtype=bool if spec.type == "tensor(bool)" else np.float32)
     return feeds

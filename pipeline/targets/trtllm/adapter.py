@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError, PipelineError
 from pipeline.prequantized import kept
-from pipeline.targets.trtllm import lora, prequantized
-from pipeline.targets.trtllm.backend import BACKEND_TABLES
-from pipeline.targets.trtllm.backends import BACKEND_MODULES, BACKENDS, backend_of, engine_backend
+from pipeline.targets.trtllm import lora_conversion as lora
+from pipeline.targets.trtllm import prequantized
+from pipeline.targets.trtllm.backend import BACKEND_MODULES, BACKEND_TABLES, BACKENDS, backend_of, engine_backend
 from pipeline.targets.trtllm.modelopt import (
     CHECKPOINT_DTYPES,
     LOADER_QUANTIZED,
@@ -56,12 +56,17 @@ class TrtllmTarget:
             TABLES / "trtllm_prequantized.json",
         ),
         # both backends' modules and tables: a superset of what one build executes
-        "engine": ("pipeline.targets.trtllm.adapter", "pipeline.memory", *BACKEND_MODULES, *BACKEND_TABLES),
+        "engine": (
+            "pipeline.targets.trtllm.adapter",
+            "pipeline.targets.trtllm.gpu_memory",
+            *BACKEND_MODULES,
+            *BACKEND_TABLES,
+        ),
         "triton_repo": ("pipeline.targets.trtllm.adapter", *BACKEND_MODULES, *BACKEND_TABLES),
-        "deploy": ("pipeline.targets.trtllm.serving",),  # its entry point (pyproject.toml)
+        "deploy": ("pipeline.targets.trtllm.deployment",),  # its entry point (pyproject.toml)
         "lora": (
             "pipeline.targets.trtllm.adapter",
-            "pipeline.targets.trtllm.lora",
+            "pipeline.targets.trtllm.lora_conversion",
             "pipeline.targets.trtllm.reference",  # the adapter's quality gate
             "pipeline.quality",
             TABLES / "trtllm_lora.json",
@@ -323,6 +328,32 @@ class TrtllmTarget:
         imported = read_lock(output)["stages"].get("import", {}).get("output_hash")
         reference = quality.transformers_reference(hf_dir, imported, cfg.verify.reference_dtype)
         return checkpoint_model(cfg, hf_dir, checkpoint, kind, log), reference
+
+    def repository_checks(self, options) -> list:
+        from pipeline.targets.trtllm.repo_checks import model_checks
+
+        return model_checks(options.get("trtllm_version"))
+
+    def serve_without_triton(self, repo: Path, host: str, port: int, openai_gateway: bool) -> None:
+        """A repository of the PyTorch backend is served by trtllm-serve, OpenAI API included: this process becomes
+        it (or stops with the commands for NVIDIA's container)."""
+        from pipeline.targets.trtllm.pytorch_backend import llmapi_model_name, serve_llm_api
+
+        if not llmapi_model_name(repo):
+            return
+        if openai_gateway:
+            raise PipelineError(
+                f"{repo} is served by trtllm-serve, which serves the OpenAI API (/v1) itself; drop --openai"
+            )
+        serve_llm_api(repo, host, port)
+
+    def triton_launch(self, repo: Path, report):
+        from pipeline.targets.trtllm.triton_launch import container_launch
+
+        return container_launch(repo, report)
+
+    def adapter_fit(self, engine_dir: Path):
+        return None  # its engines take adapters only from the build (the lora stage)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         import shlex

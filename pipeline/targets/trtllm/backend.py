@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from pipeline.plugins import TRTLLM_BACKENDS_GROUP, Registry
 from pipeline.targets import DEPLOY_FIELDS, VERIFY_FIELDS, Problem
 from pipeline.upstream import TABLES
 
@@ -68,7 +69,7 @@ class TrtllmBackend(Protocol):
         """The exact commands to run on a GPU machine, for `plan`."""
 
     def memory_plan(self, cfg, facts):
-        """pipeline.memory's plan for this backend's runtime on `target.gpu`."""
+        """gpu_memory's plan for this backend's runtime on `target.gpu`."""
 
 
 # The upstream facts the backends generate and check against (tabulated by scripts/dev/tabulate_trtllm_*.py).
@@ -118,3 +119,21 @@ CHECKPOINT_FIELDS = (
     | VERIFY_FIELDS
 )
 GPU_DEPLOY_FIELDS = DEPLOY_FIELDS | {"deploy.gpus_per_node"}
+
+
+# The backends declared under the `trtllm_pipeline.trtllm_backends` entry points (pyproject.toml), loaded on first use:
+# the config offers `target.trtllm_backend`'s choices without importing a backend.
+BACKENDS: Registry[TrtllmBackend] = Registry(
+    TRTLLM_BACKENDS_GROUP, "trtllm backend", ("summary", "releases", "honours")
+)
+# Their modules, which the build lock hashes for the stages a backend runs (pipeline.lock_sources).
+BACKEND_MODULES = ("pipeline.targets.trtllm.pytorch_backend", "pipeline.targets.trtllm.tensorrt_backend")
+
+
+def backend_of(cfg) -> TrtllmBackend:
+    return BACKENDS[cfg.target.trtllm_backend]
+
+
+def engine_backend(engine: dict) -> TrtllmBackend:
+    """The backend that wrote an engine directory's `config.json` (trtllm-build's own has no `backend` key)."""
+    return BACKENDS[engine.get("backend", "tensorrt")]

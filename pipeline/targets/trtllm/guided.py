@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from pipeline.errors import BuildStepError
-from pipeline.targets.trtllm.tensorrtllm_backend import backend_facts
+from pipeline.targets.trtllm.triton_cpp_backend import backend_facts
 
 GUIDED_DECODING_BACKEND = "xgrammar"
 BACKEND_PARAMETER = "guided_decoding_backend"

@@ -62,7 +62,7 @@ def unmet(facts_: dict, detected: CheckpointQuantization) -> list[str]:
 def config_problems(cfg, detected=_UNSET) -> list[tuple[tuple[str, ...], str]]:
     """(loc, message) pairs for the configured backend and release: method gptq without a GPTQ checkpoint kept as
     it is, and a checkpoint kept as it is that the release's loader does not take."""
-    from pipeline.targets.trtllm.backends import backend_of
+    from pipeline.targets.trtllm.backend import backend_of
 
     q = cfg.quantization
     keep = getattr(q, "checkpoint_quantization", "keep") == "keep"
@@ -238,7 +238,7 @@ def converter_command(cfg, detected: CheckpointQuantization, quantized_dir: Path
 def kept_commands(cfg, output: Path) -> tuple[list[str], list[str]] | None:
     """(convert_checkpoint.py, trtllm-build) for a kept checkpoint on the engine workflow, with absolute paths under
     `output`; None where no checkpoint is kept there."""
-    from pipeline.targets.trtllm.engine import trtllm_build_command
+    from pipeline.targets.trtllm.tensorrt_backend import trtllm_build_command
 
     detected = kept(cfg)
     if detected is None or cfg.target.trtllm_backend != "tensorrt":
@@ -259,8 +259,8 @@ def export_kept(cfg, ctx, detected: CheckpointQuantization, backend: str) -> dic
     import shlex
 
     from pipeline.errors import TargetUnavailable
-    from pipeline.targets.trtllm.engine import missing_for_engine
     from pipeline.targets.trtllm.image import container, nvidia_image
+    from pipeline.targets.trtllm.tensorrt_backend import missing_for_engine
 
     release, quantized = cfg.target.trtllm_version, ctx.upstream("import") / QUANTIZED_DIR
     problems = tensor_problems(quantized, detected, release, backend)

@@ -395,7 +395,7 @@ def with_lora(model, deltas: dict):
     """`model` (a transformers decoder) adding x @ A.T @ B.T to each adapted linear module's output, `deltas` being
     {(layer, HF module): (lora_A [r, in], lora_B [out, r] with the scale folded in)}, as TensorRT-LLM's LoRA plugin
     adds the adapter beside the (quantized) base weight rather than merging it."""
-    from pipeline.lora import ATTENTION_MODULES
+    from pipeline.peft_adapters import ATTENTION_MODULES
 
     modules = dict(model.named_modules())
     for (layer, module), (a, b) in deltas.items():
@@ -413,8 +413,8 @@ def adapter_deltas(cfg, adapter_dir: Path, facts) -> dict:
     their weights with PEFT's scale (lora.loader_problems refuses the adapters its loader would scale otherwise)."""
     import numpy as np
 
-    from pipeline import lora as peft_lora
-    from pipeline.targets.trtllm import lora
+    from pipeline import peft_adapters as peft_lora
+    from pipeline.targets.trtllm import lora_conversion as lora
 
     if cfg.target.trtllm_backend != "tensorrt":
         return peft_lora.load(adapter_dir).weights

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.sections import Section
-from pipeline.lora import LINEAR_MODULES
+from pipeline.peft_adapters import LINEAR_MODULES
 
 
 class LoraAdapterSection(Section):

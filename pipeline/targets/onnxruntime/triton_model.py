@@ -2,7 +2,7 @@
 
 It stands where TensorRT-LLM's `tensorrt_llm` model stands in the repository, with the same inputs and outputs, so
 the ensemble and BLS are the same for both targets. The model is decoupled: `execute` only hands each request's
-input tensors, as numpy arrays, to the scheduler (`pipeline.runtime.scheduler`), whose thread owns the engine and
+input tensors, as numpy arrays, to the scheduler (`runtime.scheduler`), whose thread owns the engine and
 does all the batching: admission within max_batch_size and the KV-cache block pool, prefix reuse, chunked context,
 streaming, retiring, cancellation, per-request errors. This file is the Triton side only: parameters, responses
 through pb_utils, the `stop` input, metrics and logs.
@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from pipeline.runtime.lora import Registry
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.scheduler import COUNTERS, GAUGES, LABELLED_COUNTERS, METRIC_PREFIX, Scheduler
-from pipeline.runtime.speculative import from_parameters
+from pipeline.adapter_registry import Registry, read_index
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.scheduler import COUNTERS, GAUGES, LABELLED_COUNTERS, METRIC_PREFIX, Scheduler
+from pipeline.targets.onnxruntime.runtime.speculative import from_parameters
 
 faulthandler.enable()  # a crash dumps every thread's stack to stderr: tritonserver's log, which `serve` quotes
 
@@ -78,9 +78,9 @@ class TritonPythonModel:
         )
         if runner.lora is not None:
             runner.lora.max_registered = int(params.get("max_cpu_loras") or 0) or None
-        if params.get("lora_dir"):  # the build's adapters (pipeline/stages/lora.py: adapters.json, a directory each)
+        if params.get("lora_dir"):  # the build's adapters (pipeline.adapter_registry: its index, a directory each)
             lora_dir = Path(params["lora_dir"])
-            for name, entry in json.loads((lora_dir / "adapters.json").read_text()).items():
+            for name, entry in read_index(lora_dir).items():
                 runner.lora.register(name, lora_dir / name, entry["task_id"])
         from transformers import AutoTokenizer
 

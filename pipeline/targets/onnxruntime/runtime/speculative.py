@@ -26,8 +26,8 @@ from typing import Mapping
 
 import numpy as np
 
-from pipeline.runtime.guided import constrain
-from pipeline.runtime.sampling import append, broken_rows, finish_reason, greedy_log_probs
+from pipeline.targets.onnxruntime.runtime.guided import constrain
+from pipeline.targets.onnxruntime.runtime.sampling import append, broken_rows, finish_reason, greedy_log_probs
 
 # After m verifications in a row that accepted nothing, a request drafts only every 2**min(m, MAX_BACKOFF)-th token:
 # text that does not repeat itself then costs (nearly) plain decoding's passes. Output does not depend on it.

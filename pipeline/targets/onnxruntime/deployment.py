@@ -13,8 +13,8 @@ from pipeline.docker import image_build
 from pipeline.host_memory import build_peak_bytes
 from pipeline.k8s import QueueMetric, Serving, triton_health, triton_port_flags, triton_serve_command
 from pipeline.k8s_names import ascii_name
-from pipeline.memory import plan_cpu_serving
-from pipeline.runtime.scheduler import METRIC_PREFIX
+from pipeline.targets.onnxruntime.runtime.scheduler import METRIC_PREFIX
+from pipeline.targets.onnxruntime.serving_memory import plan_cpu_serving
 
 # /dev/shm of a CPU server pod: the python backend's tensor regions, one per model instance (default 1 MiB, growing by
 # 1 MiB; the server's tensors are token ids and text), well under this cap (a memory-backed emptyDir holds only what is
@@ -38,7 +38,9 @@ def serving(cfg) -> Serving:
         "request loads files or registers an adapter (those come from the build and the gateway's keyed route)",
         health=triton_health(),
         metrics=("metrics", "/metrics"),
-        queue_metric=QueueMetric(f"{METRIC_PREFIX}queued_requests", "pipeline/runtime/scheduler.py GAUGES"),
+        queue_metric=QueueMetric(
+            f"{METRIC_PREFIX}queued_requests", "pipeline/targets/onnxruntime/runtime/scheduler.py GAUGES"
+        ),
         queue_problem=None,
         gpus=0,
         memory_bytes=plan.total_bytes if plan else 0,

@@ -1,6 +1,6 @@
 """Adding and removing LoRA adapters while serving: what the gateway's authenticated routes
 (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`) may do, and the registry file they write for the LLM model
-(`pipeline.runtime.lora.Registry`).
+(`pipeline.adapter_registry.Registry`).
 
 Only the operator adds adapters: from directories `serve --allow-lora-dir` names (a path is resolved, symbolic links
 included, before it is compared, and a refusal names only the allowed directories, never whether another path
@@ -22,9 +22,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.adapter_registry import Registry
 from pipeline.errors import PipelineError
-from pipeline.lora import Fit, load
-from pipeline.runtime.lora import Registry
+from pipeline.peft_adapters import Fit, load
 
 
 @dataclass

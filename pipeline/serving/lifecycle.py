@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from pipeline.adapter_registry import Registry, built_task_ids
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.lora_admin import AdapterAdmin
-from pipeline.openai_gateway import create_app
-from pipeline.runtime.lora import Registry, engine_fit
-from pipeline.targets.trtllm.llmapi import llmapi_model_name, serve_llm_api
-from pipeline.triton.server import STOP_SIGNALS, Ports, TritonServer, dial_address, host_port, tensorrtllm_world_size
+from pipeline.serving.adapter_admin import AdapterAdmin
+from pipeline.serving.app import create_app
+from pipeline.targets import TARGETS, engine_target, get_target, repository_checks
+from pipeline.triton.server import STOP_SIGNALS, Ports, TritonServer, dial_address, host_port
 from pipeline.triton.validate import RepoReport, validate_repo
 
 
@@ -54,22 +54,22 @@ def checked_repository(repo: Path, source: Path) -> RepoReport:
     invalid."""
     if not repo.is_dir():
         raise PipelineError(f"{repo} does not exist: build it first (trtllm-pipeline build {source})")
-    report = validate_repo(repo)
+    report = validate_repo(repo, repository_checks({}))  # a release: the one each build recorded
     if report.problems:
         raise ConfigError(repo, report.problems)
     return report
 
 
-def serve_pytorch_backend(repo: Path, host: str, port: int, gateway: GatewayOptions | None) -> None:
-    """A repository of TensorRT-LLM's PyTorch backend is served by trtllm-serve, OpenAI API included: this process
-    becomes it (or stops with the commands for NVIDIA's container). Any other repository returns at once."""
-    if not llmapi_model_name(repo):
-        return
-    if gateway:
-        raise PipelineError(
-            f"{repo} is served by trtllm-serve, which serves the OpenAI API (/v1) itself; drop --openai"
-        )
-    serve_llm_api(repo, host, port)
+def serve_without_triton(repo: Path, host: str, port: int, gateway: GatewayOptions | None) -> None:
+    """Where a target serves such a repository with a server of its own (TensorRT-LLM's PyTorch backend:
+    trtllm-serve), this process becomes it; any other repository returns at once."""
+    for target in TARGETS.values():
+        target.serve_without_triton(repo, host, port, gateway is not None)
+
+
+def triton_launch(repo: Path, report: RepoReport):
+    """The tritonserver command a target needs for the repository's models (None: the CPU tritonserver)."""
+    return next((launch for t in TARGETS.values() if (launch := t.triton_launch(repo, report))), None)
 
 
 def adapter_admin(report: RepoReport, registry: Path, allowed_dirs=()) -> AdapterAdmin | None:
@@ -78,13 +78,14 @@ def adapter_admin(report: RepoReport, registry: Path, allowed_dirs=()) -> Adapte
     llm = next(
         (c for c in report.models.values() if "engine_dir" in c.parameters and "max_cpu_loras" in c.parameters), None
     )
-    fit = engine_fit(Path(llm.parameters["engine_dir"].string_value)) if llm is not None else None
+    if llm is None:
+        return None
+    engine_dir = Path(llm.parameters["engine_dir"].string_value)
+    fit = get_target(engine_target(json.loads((engine_dir / "config.json").read_text()))).adapter_fit(engine_dir)
     if fit is None:
         return None
-    built = {}
-    if llm.parameters["lora_dir"].string_value:
-        index = Path(llm.parameters["lora_dir"].string_value) / "adapters.json"
-        built = {name: entry["task_id"] for name, entry in json.loads(index.read_text()).items()}
+    lora_dir = llm.parameters["lora_dir"].string_value
+    built = built_task_ids(Path(lora_dir)) if lora_dir else {}
     capacity = int(llm.parameters["max_cpu_loras"].string_value)
     evict = llm.parameters["evict_idle_adapters"].string_value.lower() == "true"
     return AdapterAdmin(Registry(registry), fit, [Path(d) for d in allowed_dirs], capacity, built, evict)
@@ -159,15 +160,13 @@ class Serving:
         gateway: GatewayOptions | None,
         log=print,
     ):
-        gpu_model, world_size = tensorrtllm_world_size(report)
         self.repo, self.report, self.host, self.gateway = repo, report, host, gateway
         self.server = TritonServer(
             repo,
             cache,
             ports=ports,
             host=host,
-            gpu_world_size=world_size,
-            llm_model_name=gpu_model or "tensorrt_llm",
+            launch=triton_launch(repo.resolve(), report),
             log_file=log_file or repo.parent / "tritonserver.log",
             log=log,
         )

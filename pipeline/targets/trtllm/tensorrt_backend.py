@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS, Problem
-from pipeline.targets.trtllm import lora
+from pipeline.targets.trtllm import lora_conversion as lora
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
@@ -43,7 +43,7 @@ from pipeline.targets.trtllm.guided import (
 )
 from pipeline.targets.trtllm.image import whole_config_commands
 from pipeline.targets.trtllm.modelopt import CHECKPOINT_DTYPES, LOADER_QUANTIZED
-from pipeline.targets.trtllm.tensorrtllm_backend import SUPPORTED_VERSIONS, required_parameters, template
+from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS, required_parameters, template
 
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
 # Every template parameter neither template_parameters nor guided.engine_parameters / lora.engine_parameters fills is
@@ -442,6 +442,6 @@ class EngineBackend:
         ]
 
     def memory_plan(self, cfg, facts):
-        from pipeline.memory import plan_memory
+        from pipeline.targets.trtllm.gpu_memory import plan_memory
 
         return plan_memory(cfg, facts)

@@ -31,19 +31,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.lora import Adapter, Fit, load, module_shapes
 from pipeline.models import ModelFacts
-
-# Names the server's adapter registry file (`Registry`) to the model processes: set by `serve` in tritonserver's
-# environment, which the python backend's model processes inherit and no Triton client can read or change.
-REGISTRY_ENV = "TRTLLM_PIPELINE_LORA_REGISTRY"
+from pipeline.peft_adapters import Adapter, Fit, load, module_shapes
 
 # The graph's fused linears and the HF modules each concatenates along its output, in order.
 BRANCHES = {
@@ -93,43 +88,6 @@ class AdapterUnavailable(ValueError):
     def __init__(self, name: str, message: str):
         super().__init__(message)
         self.name = name
-
-
-class Registry:
-    """The adapters added while serving: a JSON file {name: {"path", "task_id"}} that `serve` owns, in its server's
-    private work directory (REGISTRY_ENV names it). The gateway's authenticated route writes it; the LLM model reads
-    it before taking a request. Triton's ports carry no authentication, so no request input can load files: a
-    request only names (`lora_task_id`) an adapter that is already registered."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._seen: tuple | None = None
-
-    @classmethod
-    def from_env(cls) -> "Registry | None":
-        value = os.environ.get(REGISTRY_ENV)
-        return cls(Path(value)) if value else None
-
-    def read(self) -> dict[str, dict]:
-        return json.loads(self.path.read_text()) if self.path.is_file() else {}
-
-    def write(self, entries: dict[str, dict]) -> None:
-        """Replace the file at once (a reader sees the old list or the new one, never half of it)."""
-        partial = self.path.with_name(f".{self.path.name}.partial")
-        partial.write_text(json.dumps(entries))
-        os.replace(partial, self.path)
-
-    def changed(self) -> dict[str, dict] | None:
-        """The entries when the file changed since the last call (a stat otherwise), else None."""
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return None
-        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        if seen == self._seen:
-            return None
-        self._seen = seen
-        return self.read()
 
 
 def engine_facts(config: dict) -> ModelFacts:
@@ -224,7 +182,7 @@ class LoraSlots:
         """The adapter read and checked for this engine. Raises ValueError naming what does not fit it, or a task id
         another adapter has."""
         from pipeline.errors import PipelineError
-        from pipeline.lora import problems
+        from pipeline.peft_adapters import problems
 
         if task_id is not None and self.task_names.get(task_id, name) != name:
             raise ValueError(f"lora_task_id {task_id} is adapter {self.task_names[task_id]!r}'s; pick another")

@@ -12,7 +12,7 @@ one iterator, which holds back text that may begin a stop string and cuts at the
 same stop words, ends generation there, or the gateway stops it. With `stream_options.include_usage`, usage comes
 in a last chunk with no choices (and, with vLLM's `continuous_usage_stats`, in every chunk). vLLM's `ignore_eos`
 generates on past end of sequence, to max_tokens. `response_format`, vLLM's `structured_outputs` and `tools` become
-the engine's guided-decoding guide (`pipeline.openai_protocol`); with tools, an answer that calls them comes back as
+the engine's guided-decoding guide (`pipeline.serving.protocol`); with tools, an answer that calls them comes back as
 `tool_calls` (streamed, in one chunk at its end, since only the whole answer tells).
 
 Every error uses OpenAI's error body and HTTP status: 400 for a value the engine cannot take (bounds
@@ -47,8 +47,8 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from pipeline.errors import PipelineError
-from pipeline.lora_admin import AdapterAdmin
-from pipeline.openai_protocol import (
+from pipeline.serving.adapter_admin import AdapterAdmin
+from pipeline.serving.protocol import (
     INT32_MAX,
     UNSUPPORTED,
     ChatRequest,
@@ -239,7 +239,7 @@ def create_app(
     `Authorization: Bearer <api_key>`.
 
     `lora`: the served LoRA adapters, each a model of its own (vLLM's --lora-modules), and the operator's routes that
-    add and remove them (`pipeline.lora_admin`); None: the base model only.
+    add and remove them (`pipeline.serving.adapter_admin`); None: the base model only.
     `ready`: set once tritonserver's models are ready; until then every route answers 503 (None: ready at once).
     """
     import grpc

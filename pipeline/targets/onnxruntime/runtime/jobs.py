@@ -1,5 +1,5 @@
 """A request's named inputs, as TensorRT-LLM's `tensorrt_llm` model takes them, turned into a `Job` of the
-in-flight batching scheduler (`pipeline.runtime.scheduler`): its rows, their sampling settings, LoRA adapters and
+in-flight batching scheduler (`runtime.scheduler`): its rows, their sampling settings, LoRA adapters and
 guides, checked as the engine and TensorRT-LLM's executor check them, and how it is answered (`Responder`)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
-from pipeline.runtime.guided import Guide
-from pipeline.runtime.kv_cache import BlockManager
-from pipeline.runtime.lora import task_adapters
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.sampling import Request, SamplingParams, to_words_list
+from pipeline.targets.onnxruntime.runtime.guided import Guide
+from pipeline.targets.onnxruntime.runtime.kv_cache import BlockManager
+from pipeline.targets.onnxruntime.runtime.lora_slots import task_adapters
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.sampling import Request, SamplingParams, to_words_list
 
 
 class Responder(Protocol):

@@ -22,7 +22,7 @@ ADAPTER_COUNTS = (0, 1, 4)
 
 def random_adapter(slots, seed: int):
     """An Adapter at the engine's max_lora_rank on each module it carries LoRA on, small random weights."""
-    from pipeline.lora import Adapter, module_shapes
+    from pipeline.peft_adapters import Adapter, module_shapes
 
     rng, rank = np.random.default_rng(seed), slots.spec.max_lora_rank
     weights = {
@@ -49,8 +49,8 @@ def lora_cost(
     rounds: int,
 ) -> dict:
     """Median decode step (ms) and tok/s per case, with each LoRA case's median per-round ratio to the base engine."""
-    from pipeline.runtime.model_runner import ModelRunner
-    from pipeline.runtime.sampling import Request, SamplingParams
+    from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+    from pipeline.targets.onnxruntime.runtime.sampling import Request, SamplingParams
 
     base = ModelRunner.from_dir(base_engine, num_threads=threads, thread_spinning=spinning)
     lora = ModelRunner.from_dir(lora_engine, num_threads=threads, thread_spinning=spinning)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 PACKAGE = "pipeline"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-REGISTRIES = frozenset({"pipeline.stages", "pipeline.targets.trtllm.backends"})
+REGISTRIES = frozenset({"pipeline.stages"})
 UPSTREAM_TABLES = Path(__file__).resolve().parent / "upstream"
 UPSTREAM_READERS = frozenset({"facts", "release_facts", "releases"})
 

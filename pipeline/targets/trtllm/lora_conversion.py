@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import lora as peft_lora
+from pipeline import peft_adapters as peft_lora
 from pipeline.errors import BuildStepError, PipelineError
-from pipeline.lora import LINEAR_MODULES, Adapter
 from pipeline.models import ModelFacts
+from pipeline.peft_adapters import LINEAR_MODULES, Adapter
 from pipeline.targets import Problem
 from pipeline.targets.trtllm.backend import link_or_copy
-from pipeline.targets.trtllm.tensorrtllm_backend import template
+from pipeline.targets.trtllm.triton_cpp_backend import template
 from pipeline.upstream import facts, release_facts, releases
 
 TABLE = "trtllm_lora"
@@ -111,7 +111,7 @@ def _layout() -> dict:
     ):
         raise BuildStepError(
             f"upstream/{TABLE}.json describes a LoRA row layout request_tensors does not write; update "
-            "pipeline/targets/trtllm/lora.py"
+            "pipeline/targets/trtllm/lora_conversion.py"
         )
     return converter
 
@@ -240,7 +240,7 @@ def _engine_problems(cfg, dtype: str) -> list[Problem]:
             (
                 ("target", "trtllm_version"),
                 f"TensorRT-LLM {release}'s tensorrt_llm template declares lora_config dims "
-                f"{inputs['lora_config']['dims']}, not rows of {columns}; update pipeline/targets/trtllm/lora.py",
+                f"{inputs['lora_config']['dims']}, not rows of {columns}; update lora_conversion.py",
             )
         )
     return out
@@ -289,7 +289,7 @@ def lora_config_problems(options: dict, release: str) -> list[str]:
 
 
 def _llm_api_problems(cfg) -> list[Problem]:
-    from pipeline.targets.trtllm.llm_api_args import has_option
+    from pipeline.targets.trtllm.llm_api_options import has_option
 
     release = cfg.target.trtllm_version
     if release_lora(release)["llm_api"] is None or not has_option(release, ("lora_config",)):

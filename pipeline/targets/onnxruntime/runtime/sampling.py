@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.runtime.guided import one_line
+from pipeline.targets.onnxruntime.runtime.guided import one_line
 from pipeline.upstream import facts
 
 # TensorRT-LLM's bounds on sampling settings (scripts/dev/tabulate_sampling_checks.py): {checker: [[op, bound]]}
@@ -92,7 +92,9 @@ class Request:
     adapter: str | None = None  # the LoRA adapter it decodes with (None: the base model)
     # that adapter's registration (`LoraSlots.identity`), which seeds its prefix blocks' keys
     adapter_key: str | None = None
-    lora_slot: int | None = None  # the slot holding that adapter while the request runs (`pipeline.runtime.lora`)
+    lora_slot: int | None = (
+        None  # the slot holding that adapter while the request runs (`pipeline.targets.onnxruntime.runtime.lora_slots`)
+    )
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.params.random_seed)

@@ -23,12 +23,19 @@ from pipeline.k8s import (
     triton_port_flags,
     triton_serve_command,
 )
-from pipeline.memory import GPU_RANK_HOST_BYTES, GiB, gpu_pod_host_bytes, rank_weight_bytes
-from pipeline.targets.trtllm.backend import multi_node
-from pipeline.targets.trtllm.backends import BACKENDS, backend_of
+from pipeline.memory import GiB
+from pipeline.targets.trtllm.backend import BACKENDS, backend_of, multi_node
+from pipeline.targets.trtllm.gpu_memory import GPU_RANK_HOST_BYTES, gpu_pod_host_bytes, rank_weight_bytes
 from pipeline.targets.trtllm.image import gpu_image_build, image_tag
-from pipeline.targets.trtllm.llmapi import MODEL_DIR, OPTIONS_FILE, options_yaml, release_options, trtllm_serve_command
-from pipeline.triton.server import Ports, tritonserver_address_args, tritonserver_ranks
+from pipeline.targets.trtllm.pytorch_backend import (
+    MODEL_DIR,
+    OPTIONS_FILE,
+    options_yaml,
+    release_options,
+    trtllm_serve_command,
+)
+from pipeline.targets.trtllm.triton_launch import tritonserver_ranks
+from pipeline.triton.server import Ports, tritonserver_address_args
 from pipeline.upstream import release_facts
 
 HEALTH_ROUTE = "/health"  # trtllm-serve's liveness route (200 once the server runs)

@@ -2,9 +2,9 @@
 
 Why here and not in the Triton model: admission, the KV budget, chunked prefill, retiring, cancellation and
 per-request errors are the most intricate runtime logic, and outside Triton they can be driven one step at a time on
-a real engine and tested. The Triton model (`pipeline/triton/models/onnxruntime_llm.py`) only turns requests into
+a real engine and tested. The Triton model (`pipeline/targets/onnxruntime/triton_model.py`) only turns requests into
 numpy inputs, answers through a `Responder` made of pb_utils responses and forwards the metrics. A request's inputs
-become a `Job` in `pipeline.runtime.jobs`.
+become a `Job` in `pipeline.targets.onnxruntime.runtime.jobs`.
 
 Every step
 1. admits queued jobs (FIFO) while the batch stays within max_batch_size and the KV-cache block pool (each row
@@ -15,7 +15,7 @@ Every step
 2. samples one token per row and sends it (streaming) or keeps it (final response at the end),
 3. retires finished and cancelled rows, freeing their KV cache and blocks at once,
 4. runs one decode step for the rest (with runtime.speculative: verifies n-gram drafts, possibly several tokens per
-   row; `pipeline.runtime.speculative`).
+   row; `pipeline.targets.onnxruntime.runtime.speculative`).
 A step that raises fails the jobs whose rows it held, one error response each; the scheduler goes on with the queue.
 A job whose guide is not compiled yet waits outside the queue (`compiling`), never holding up the others.
 Should the thread itself die, the owner is told (`on_death`) and every held, queued and later job gets the error.
@@ -34,13 +34,14 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from pipeline.runtime.guided import COMPILE_SECONDS
-from pipeline.runtime.jobs import Job, Responder, never, parse_job
-from pipeline.runtime.kv_cache import BlockManager
-from pipeline.runtime.kv_layouts import Batch
-from pipeline.runtime.lora import AdapterUnavailable, Registry
-from pipeline.runtime.model_runner import ModelRunner
-from pipeline.runtime.sampling import Request
+from pipeline.adapter_registry import Registry
+from pipeline.targets.onnxruntime.runtime.guided import COMPILE_SECONDS
+from pipeline.targets.onnxruntime.runtime.jobs import Job, Responder, never, parse_job
+from pipeline.targets.onnxruntime.runtime.kv_cache import BlockManager
+from pipeline.targets.onnxruntime.runtime.kv_layouts import Batch
+from pipeline.targets.onnxruntime.runtime.lora_slots import AdapterUnavailable
+from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.sampling import Request
 
 # The scheduler's metrics, name -> description (the Triton model exports them as METRIC_PREFIX + name).
 METRIC_PREFIX = "trtllm_pipeline_"
@@ -76,7 +77,7 @@ class Scheduler:
         kv_budget: tokens in the KV-cache block pool (default: max_batch_size x max_seq_len).
         tokens_per_block: tokens per KV-cache block.
         kv_cache_reuse: keep prompt blocks for later requests with the same prefix (fused graph only; see
-            `pipeline.runtime.kv_cache`).
+            `pipeline.targets.onnxruntime.runtime.kv_cache`).
         chunked_context: prefill prompts a piece per step, between decode steps, so a long prompt does not stall the
             running streams.
         exclude_input_default: non-streaming outputs leave out the prompt unless a job says otherwise.
@@ -85,7 +86,7 @@ class Scheduler:
         on_metrics: called with (counter increments, gauge values) on every metrics update, under one lock.
         log_error: where a failed step is reported.
         on_death: called with the reason when the thread dies (see `_die`); the Triton model exits its process.
-        registry: the adapters added while serving (`pipeline.runtime.lora.Registry`), taken before each request.
+        registry: the adapters added while serving (`pipeline.adapter_registry.Registry`), taken before each request.
     """
 
     def __init__(

@@ -25,7 +25,7 @@ import yaml
 
 from pipeline.errors import BuildStepError, PipelineError, TargetUnavailable
 from pipeline.targets import Problem, given_fields
-from pipeline.targets.trtllm import lora
+from pipeline.targets.trtllm import lora_conversion as lora
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
@@ -34,8 +34,8 @@ from pipeline.targets.trtllm.backend import (
 )
 from pipeline.targets.trtllm.guided import GUIDED_DECODING_BACKEND
 from pipeline.targets.trtllm.image import nvidia_image, whole_config_commands
-from pipeline.targets.trtllm.llm_api_args import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
-from pipeline.targets.trtllm.llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
+from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
+from pipeline.targets.trtllm.repo_checks import recorded_release
 from pipeline.targets.trtllm.torch_checkpoint import MODELS as TORCH_MODELS
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES as TORCH_LOADER_RELEASES
 from pipeline.targets.trtllm.torch_checkpoint import (
@@ -45,7 +45,7 @@ from pipeline.targets.trtllm.torch_checkpoint import (
     torch_loader_problems,
     unsupported_quantization,
 )
-from pipeline.triton.validate import recorded_release
+from pipeline.targets.trtllm.triton_llmapi_model import LLMAPI_RELEASES, llmapi_model, model_yaml_problems
 
 # The releases all three of the backend's tables cover: LLM-API options, the llmapi model, the PyTorch loader.
 RELEASES = tuple(r for r in LLM_API_RELEASES if r in LLMAPI_RELEASES and r in TORCH_LOADER_RELEASES)
@@ -218,7 +218,7 @@ def llmapi_ensemble(cfg, llm):
     if missing:
         raise BuildStepError(
             f"the llmapi model of TensorRT-LLM {cfg.target.trtllm_version} has no input {', '.join(missing)}; "
-            "update CLIENT_TO_LLMAPI in pipeline/targets/trtllm/llmapi.py"
+            "update CLIENT_TO_LLMAPI in pipeline/targets/trtllm/pytorch_backend.py"
         )
     inputs = [row for row in interface.CLIENT_INPUTS if row[0] in CLIENT_TO_LLMAPI]
     outputs = [row for row in interface.CLIENT_OUTPUTS if row[0] in LLMAPI_TO_CLIENT_OUTPUTS]
@@ -582,6 +582,6 @@ class LlmApiBackend:
         ]
 
     def memory_plan(self, cfg, facts):
-        from pipeline.memory import plan_memory
+        from pipeline.targets.trtllm.gpu_memory import plan_memory
 
         return plan_memory(cfg, facts, cuda_graph_batch=cfg.build.max_batch_size if cfg.runtime.cuda_graph_mode else 0)

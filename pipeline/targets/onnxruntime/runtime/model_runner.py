@@ -7,7 +7,7 @@ engine directory built by the `onnxruntime` target, so examples, benchmarks and 
 need one code path for both targets.
 
 How:
-* The KV cache is kept in one of two layouts, as the engine's graph needs (`pipeline.runtime.kv_layouts`:
+* The KV cache is kept in one of two layouts, as the engine's graph needs (`runtime.kv_layouts`:
   `SharedCache` for the fused graph, `ConcatCache` for the optimum-onnx graph).
 * Decoding is split into steps on a `Batch` whose row i is request i's KV slot: `prefill` (new
   requests -> a batch holding next-token logits), `merge` (requests join a running batch),
@@ -28,10 +28,10 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pipeline.models import ModelFacts
-from pipeline.runtime.guided import Grammars, constrain
-from pipeline.runtime.kv_layouts import Batch, ConcatCache, SharedCache
-from pipeline.runtime.lora import LoraSlots, LoraSpec, check_names, engine_facts
-from pipeline.runtime.sampling import (
+from pipeline.targets.onnxruntime.runtime.guided import Grammars, constrain
+from pipeline.targets.onnxruntime.runtime.kv_layouts import Batch, ConcatCache, SharedCache
+from pipeline.targets.onnxruntime.runtime.lora_slots import LoraSlots, LoraSpec, check_names, engine_facts
+from pipeline.targets.onnxruntime.runtime.sampling import (
     OPS,
     SAMPLING_CHECKS,
     SAMPLING_SETTINGS,
@@ -44,7 +44,7 @@ from pipeline.runtime.sampling import (
     to_words_list,
     unset_as,
 )
-from pipeline.runtime.speculative import speculate_step
+from pipeline.targets.onnxruntime.runtime.speculative import speculate_step
 
 ENGINE_TARGET = "onnxruntime"  # the engines this runner reads: the onnxruntime target's (config.json `target`)
 
@@ -152,7 +152,7 @@ class ModelRunner:
             thread_spinning: idle threads spin (faster steps when the cores are ours alone) instead of sleeping.
             batch_invariant: a request's greedy tokens do not depend on what else is in the batch or how its prompt
                 is chunked (every forward pass runs an even number of rows; see SharedCache._forward).
-            speculative: a `pipeline.runtime.speculative.NGram`: greedy requests decode with n-gram drafts.
+            speculative: a `runtime.speculative.NGram`: greedy requests decode with n-gram drafts.
             profile_prefix: ONNX Runtime's profiler writes its trace there (`bench profile`).
             lora_dir: PEFT LoRA adapter directories, selected in `generate` by lora_uids "0", "1", ... (their
                 positions, as ModelRunnerCpp names them); the engine must be built with a `lora` section.
@@ -362,7 +362,7 @@ class ModelRunner:
     ) -> None:
         """Reject what the engine cannot run, naming the input and the limit it breaks; prompt i asks for
         max_new_tokens[i] tokens with beam_widths[i]. One check for `generate` and for the requests of the
-        Triton scheduler (`pipeline.runtime.scheduler`), so clients of both get the same messages."""
+        Triton scheduler (`runtime.scheduler`), so clients of both get the same messages."""
         if not prompts:
             raise ValueError("the batch is empty: pass one token-id sequence per prompt")
         if len(prompts) > self.max_batch_size:

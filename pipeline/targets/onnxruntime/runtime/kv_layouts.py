@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.runtime.sampling import Request
+from pipeline.targets.onnxruntime.runtime.sampling import Request
 
 # Upper bound on the prefill logits buffer ([rows, chunk, vocab] float32): bounds the chunk width.
 PREFILL_LOGITS_BYTES = 128 << 20
@@ -172,7 +172,7 @@ class SharedCache:
         lora=None,
     ):
         self.session = session
-        self.lora = lora  # pipeline.runtime.lora.LoraSlots when the graph carries LoRA
+        self.lora = lora  # pipeline.targets.onnxruntime.runtime.lora_slots.LoraSlots when the graph carries LoRA
         self.num_kv_heads, self.head_size, self.max_num_tokens, self.max_seq_len = (
             num_kv_heads,
             head_size,
@@ -302,7 +302,7 @@ class SharedCache:
 
     def seed(self, request: Request, prefix: np.ndarray) -> Batch:
         """A 1-row batch whose cache starts with `prefix` ([past inputs, kv_heads, tokens, head_size], stored by
-        `pipeline.runtime.kv_cache`): `extend` prefills the rest of the prompt after it."""
+        `pipeline.targets.onnxruntime.runtime.kv_cache`): `extend` prefills the rest of the prompt after it."""
         partial = self._empty_row(request)
         for name, kv in zip(self.past_names, prefix):
             partial.past[name][0, :, : kv.shape[1]] = kv

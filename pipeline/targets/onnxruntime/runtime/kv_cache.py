@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline.runtime.sampling import Request
+from pipeline.targets.onnxruntime.runtime.sampling import Request
 
 
 @dataclass(eq=False)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible serving tier in front of tritonserver."""
