@@ -1,5 +1,7 @@
-"""The shape of the package: no import cycles (every import counts, inside functions too) and no module too long to
-read in one sitting. `graphlib` finds the cycle; reading imports from the AST, not by importing, sees them all."""
+"""The shape of the package: no import cycle between modules (every import that runs counts, inside functions too), no
+two folders that import each other (every import counts, type-only ones included: docs/architecture.md's layers),
+and no module too long to read in one sitting. `graphlib` finds the cycle; reading imports from the AST, not by
+importing, sees them all."""
 
 from __future__ import annotations
 
@@ -58,6 +60,57 @@ def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found - {name}
 
 
+def import_statements(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(the most specific module of the package it names, line) for every import in module `name`, those under
+    `TYPE_CHECKING` and inside functions included."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            specific = next(
+                (".".join(parts[:d]) for d in range(len(parts), 0, -1) if ".".join(parts[:d]) in modules), None
+            )
+            if specific:
+                found.append((specific, node.lineno))
+    return found
+
+
+def folder(name: str, modules: dict[str, Path]) -> str:
+    """The node a module belongs to: its folder (a subpackage, at any depth, is a folder of its own; a package's
+    `__init__` is the folder), or itself for a module at the package's root."""
+    if modules[name].name == "__init__.py" or name.count(".") == 1:
+        return name
+    return name.rpartition(".")[0]
+
+
+def folder_cycle(package: Path) -> list[str] | None:
+    """One cycle of folders importing each other, each step with an import that makes it, or None."""
+    modules = module_names(package)
+    edges: dict[str, dict[str, str]] = {}
+    for name, path in modules.items():
+        for target, line in import_statements(name, path, modules):
+            source, destination = folder(name, modules), folder(target, modules)
+            if source != destination:
+                edges.setdefault(source, {}).setdefault(destination, f"{name}:{line} imports {target}")
+    try:
+        graphlib.TopologicalSorter({node: set(out) for node, out in edges.items()}).prepare()
+    except graphlib.CycleError as cycle:
+        nodes = list(reversed(cycle.args[1]))
+        return [f"{a} -> {b} ({edges[a][b]})" for a, b in zip(nodes, nodes[1:])]
+    return None
+
+
 def import_cycle(package: Path) -> list[str] | None:
     """One import cycle of the package's modules (first module repeated at the end), or None."""
     modules = module_names(package)
@@ -74,6 +127,33 @@ def import_cycle(package: Path) -> list[str] | None:
 def test_the_pipeline_package_has_no_import_cycle():
     cycle = import_cycle(PACKAGE)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_two_folders_import_each_other():
+    cycle = folder_cycle(PACKAGE)
+    assert cycle is None, "folders importing each other (docs/architecture.md says which may import which):\n" + (
+        "\n".join(cycle or [])
+    )
+
+
+@pytest.mark.parametrize("where", ["module level", "inside a function", "under TYPE_CHECKING"])
+def test_a_planted_back_edge_between_folders_is_found(tmp_path, where):
+    package = tmp_path / "layered"
+    for sub in ("low", "high"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "high" / "user.py").write_text("from layered.low.base import helper\n")
+    back = {
+        "module level": "import layered.high.user\n",
+        "inside a function": "def helper():\n    from layered.high import user\n",
+        "under TYPE_CHECKING": "import typing\nif typing.TYPE_CHECKING:\n    from layered.high.user import X\n",
+    }[where]
+    (package / "low" / "base.py").write_text(back)
+    cycle = folder_cycle(package)
+    assert cycle and {step.split(" ")[0] for step in cycle} == {"layered.low", "layered.high"}, cycle
+    (package / "low" / "base.py").write_text("def helper():\n    pass\n")
+    assert folder_cycle(package) is None
 
 
 @pytest.mark.parametrize("where", ["module level", "inside a function"])
