@@ -4,8 +4,9 @@ Roots are a stage's module, its target's modules and the files it copies into it
 Python root every `pipeline` module it imports (at module level or inside a function) is followed, and
 every table it loads from its own location (`Path(__file__).parent / "x.json"`, `.with_name("x.json")`),
 so a module and the tables it executes are hashed together.
-The registries (`pipeline.targets`, `pipeline.stages`) are hashed but not followed: they import every
-adapter and stage, and a stage executes only its own target, which it names as a root.
+`pipeline.stages` is hashed but not followed: it imports every stage. The target registry and trtllm's backend
+registry load their adapters by entry point, so following imports never reaches another target; a stage executes
+only its own target, which it names as a root (`Target.sources`).
 Written by hand: import-graph tools (modulefinder, pydeps) execute or over-approximate; this reads the AST.
 """
 

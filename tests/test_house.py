@@ -136,6 +136,20 @@ def test_no_two_folders_import_each_other():
     )
 
 
+def test_only_the_commands_import_a_target_package():
+    """The shared layers reach a target through the registry (`pipeline.targets`), never by importing its package:
+    that keeps each stage's lock to its own target's code and lets another package add a target."""
+    modules = module_names(PACKAGE)
+    commands = ("pipeline.cli", "pipeline.bench")
+    found = []
+    for name, path in modules.items():
+        for target, line in import_statements(name, path, modules):
+            package = ".".join(target.split(".")[:3])
+            if package.startswith("pipeline.targets.") and not name.startswith((package, *commands)):
+                found.append(f"{name}:{line} imports {target}")
+    assert not found, "import a target's package only through pipeline.targets' registry:\n" + "\n".join(found)
+
+
 @pytest.mark.parametrize("where", ["module level", "inside a function", "under TYPE_CHECKING"])
 def test_a_planted_back_edge_between_folders_is_found(tmp_path, where):
     package = tmp_path / "layered"

@@ -1,6 +1,6 @@
 """The LLM-API options tabulator (scripts/dev/tabulate_trtllm_llm_args.py) on short inputs written here in the
 upstream syntax; the committed llm_args table has every key the trtllm target's PyTorch path writes; and
-llm_api_args refuses what a release's TorchLlmArgs would refuse."""
+llm_api_options refuses what a release's TorchLlmArgs would refuse."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline import quality
 from pipeline.config import BuildConfig
+from pipeline.models import SERVED_TOKENIZER_FILES
 from pipeline.stages.quantize import calibration_file
 from pipeline.targets import target_of
 
@@ -23,15 +24,6 @@ NAME = "engine"
 READS = ("build", "quantization", "parallel", "target", "verify", "runtime.cpu_threads")
 TOOLS: tuple[str, ...] = ()
 SOURCES: tuple[Path, ...] = ()
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
-
 
 def applies(cfg: BuildConfig) -> str | None:
     return target_of(cfg).skips(NAME, cfg)
@@ -51,7 +43,7 @@ def run(cfg: BuildConfig, ctx) -> dict:
     if target.gated_stage == NAME:
         metrics |= quality.gate(cfg, *target.scored(cfg, ctx.output, ctx.out_dir, ctx.log), ctx)
     hf_dir = ctx.upstream("import")
-    for name in TOKENIZER_FILES:
+    for name in SERVED_TOKENIZER_FILES:
         if (hf_dir / name).exists():
             shutil.copy2(hf_dir / name, ctx.out_dir / name)
     return metrics

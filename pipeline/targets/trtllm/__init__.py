@@ -1,8 +1,10 @@
 """The `trtllm` target (GPU): everything this pipeline knows of TensorRT-LLM, checked against each release's facts.
 
-adapter: the Target; backend/backends: the two backends' protocol and registry (engine: trtllm-build and Triton's
-C++ backend; llmapi: the PyTorch backend's LLM-API options); modelopt: calibration and checkpoint export;
+adapter: the Target; backend: the two backends' protocol and registry (tensorrt_backend: trtllm-build and Triton's
+C++ backend; pytorch_backend: the PyTorch backend's LLM-API options); modelopt: calibration and checkpoint export;
 checkpoint, torch_checkpoint: conformance to what a release's loaders read; reference: the CPU quality forward;
-llm_api_args, llmapi_model, tensorrtllm_backend: readers of the tabulated upstream facts; serving: deployment;
-image: our GPU image's Dockerfile stage per release, image_check: the check that image runs while it is built.
+llm_api_options, triton_llmapi_model, triton_cpp_backend: readers of the tabulated upstream facts; repo_checks: its
+models' checks in any Triton repository; triton_launch: the container's tritonserver ranks; gpu_memory: the GPU
+memory plan; lora_conversion: adapters as each release takes them; deployment: Kubernetes; image: our GPU image's
+Dockerfile stage per release, image_check: the check that image runs while it is built.
 """

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.errors import BuildStepError, PipelineError, TargetUnavailable
+from pipeline.models import SERVED_TOKENIZER_FILES
 from pipeline.targets import Problem, given_fields
 from pipeline.targets.trtllm import lora_conversion as lora
 from pipeline.targets.trtllm.backend import (
@@ -518,9 +519,7 @@ class LlmApiBackend:
         for file in sorted(unified.iterdir()):
             link_or_copy(file, model_dir / file.name)
         hf_dir = ctx.upstream("import")
-        from pipeline.stages.engine import TOKENIZER_FILES
-
-        for name in TOKENIZER_FILES:  # the LLM loads its tokenizer from the model directory
+        for name in SERVED_TOKENIZER_FILES:  # the LLM loads its tokenizer from the model directory
             if (hf_dir / name).exists() and not (model_dir / name).exists():
                 shutil.copy2(hf_dir / name, model_dir / name)
         (ctx.out_dir / OPTIONS_FILE).write_text(options_yaml(cfg, options))
