@@ -3,10 +3,10 @@ two backends.
 
 quantize: ModelOpt calibration on CPU; export: TensorRT-LLM + unified HF checkpoints, checked for conformance
 and quality by a CPU reference forward. What the engine stage writes and what serves it is the backend's
-(`target.trtllm_backend`, registered adapters): `pytorch` (llmapi.py: the unified checkpoint plus an
+(`target.trtllm_backend`, registered adapters): `pytorch` (pytorch_backend.py: the unified checkpoint plus an
 LLM-API options YAML for `trtllm-serve` and Triton's `llmapi` model, TensorRT-LLM 1.0+) or `tensorrt`
-(engine.py: a `trtllm-build` engine for Triton's C++ `tensorrtllm` backend, 0.18 to 1.2). LoRA adapters, either
-backend: lora.py.
+(tensorrt_backend.py: a `trtllm-build` engine for Triton's C++ `tensorrtllm` backend, 0.18 to 1.2). LoRA adapters,
+either backend: lora_conversion.py.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ tokenizer) and `engine/llm_api_options.yaml`, every key of which is checked agai
 model's `config.pbtxt` and `model.yaml` (its model.py comes from NVIDIA's container when served, never from here)
 and an ensemble that keeps our clients' tensor names.
 
-LoRA: the options get `lora_config` (lora.py); trtllm-serve then takes an adapter per request (`lora_request`).
-Triton's llmapi model declares no LoRA input in any tabulated release, so through it no request picks an adapter.
+LoRA: the options get `lora_config` (lora_conversion.py); trtllm-serve then takes an adapter per request
+(`lora_request`). Triton's llmapi model declares no LoRA input in any tabulated release, so through it no request
+picks an adapter.
 """
 
 from __future__ import annotations
@@ -404,7 +405,7 @@ def serve_llm_api(repo: Path, host: str, port: int) -> None:
 # ---------------------------------------------------------------- the backend
 
 
-class LlmApiBackend:
+class PytorchBackend:
     name = "pytorch"
     summary = "the PyTorch backend (unified checkpoint + LLM-API options: trtllm-serve, Triton llmapi model)"
     releases = RELEASES

@@ -18,7 +18,7 @@ backend loads into the engine directory, and the model names it with `guided_dec
 
 LoRA (0.19 on, float16 engines): trtllm-build gets the LoRA plugin, modules and rank; the lora stage writes each
 adapter's request tensors and the prefetch folder the model names in `lora_prefetch_dir`, so a request selects an
-adapter by `lora_task_id` alone (lora.py).
+adapter by `lora_task_id` alone (lora_conversion.py).
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def runner_options(engine_dir: Path, runtime) -> dict:
 # ---------------------------------------------------------------- the backend
 
 
-class EngineBackend:
+class TensorrtBackend:
     name = "tensorrt"
     summary = "TensorRT engines (trtllm-build, Triton tensorrtllm backend)"
     releases = SUPPORTED_VERSIONS

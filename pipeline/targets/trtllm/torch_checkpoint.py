@@ -166,7 +166,7 @@ def config_problems(config: dict, loaded, model: dict, release: str, max_seq_len
             f"{where} gives sliding layers RoPE base {theta}, not config.json's rope_local_base_freq "
             f"{config['rope_local_base_freq']}"
         )
-    # validate refuses a uniform window from the model's facts (LlmApiBackend.config_problems); this is the backstop
+    # validate refuses a uniform window from the model's facts (PytorchBackend.config_problems); this is the backstop
     # for a checkpoint whose config.json validate could not read, and for a window only some layers have
     window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
     if (problem := ignored_window(model, release, window, max_seq_len)) is not None:
