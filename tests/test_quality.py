@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import quality
+from pipeline import quality, torch_models
 from tests.conftest import write_config
 
 # A chat template for the tiny word-level tokenizer (<s> and </s> are its special tokens; other words are w<n>)
@@ -48,7 +48,7 @@ def test_kl_divergence_matches_its_definition_and_top1_counts_agreeing_positions
 
 def test_identical_models_drift_by_zero_and_a_perturbed_one_by_more(tiny_chat):
     _, model, _ = tiny_chat
-    fp32 = quality.torch_logits_fn(model)
+    fp32 = torch_models.torch_logits_fn(model)
     ids = np.random.default_rng(0).integers(3, 250, size=100).astype(np.int64)
     windows = list(quality.text_windows(ids, 40, prefix=[1]))
     same = quality.compare(fp32, fp32, windows)
@@ -62,12 +62,12 @@ def test_identical_models_drift_by_zero_and_a_perturbed_one_by_more(tiny_chat):
 
 def test_a_model_matches_its_own_chat_answers_and_is_scored_on_the_answers_only(tiny_chat):
     path, model, tokenizer = tiny_chat
-    reference = quality.chat_reference(quality.transformers_reference(path), tokenizer, end_id=2, max_new_tokens=8)
+    reference = quality.chat_reference(torch_models.transformers_reference(path), tokenizer, end_id=2, max_new_tokens=8)
     assert len(reference.prompts) == len(json.loads(quality.CHAT_EVAL.read_text())["conversations"])
     assert all(p[-1] == 1 and len(a) <= 8 for p, a in zip(reference.prompts, reference.answers))  # ends with <s>
-    fp32 = quality.torch_logits_fn(model)
+    fp32 = torch_models.torch_logits_fn(model)
     answers_logits = [fp32(ids[None, :])[0, scored] for ids, scored in reference.sequences()]
-    report = quality.chat_quality(answers_logits, fp32, reference, partial(quality.torch_greedy, model))
+    report = quality.chat_quality(answers_logits, fp32, reference, partial(torch_models.torch_greedy, model))
     assert report["chat_answer_match"] == 1.0 and report["chat_kl_divergence"] == 0.0
     assert report["chat_tokens"] == sum(len(a) for a in reference.answers)
     other = quality.chat_quality(answers_logits, fp32, reference, lambda prompt, n, end: [end])  # ends at once
@@ -76,7 +76,7 @@ def test_a_model_matches_its_own_chat_answers_and_is_scored_on_the_answers_only(
 
 def test_transformers_answers_are_generated_once_per_checkpoint(tiny_chat, tmp_path):
     path, _, tokenizer = tiny_chat
-    reference = quality.transformers_reference(path, checkpoint_hash="imported")
+    reference = torch_models.transformers_reference(path, checkpoint_hash="imported")
     first = quality.chat_reference(reference, tokenizer, 2, 8, tmp_path)
     generate = reference.greedy
     reference.greedy = lambda *_: pytest.fail("the stored answers were generated again")
@@ -115,7 +115,8 @@ def test_fp32_engine_matches_fp32_answers_and_the_gate_names_the_field_it_fails(
     _, onnx = get_target("onnxruntime").scored(cfg, out, out / "engine", print)
     end_id, n = onnx.end_id, cfg.verify.chat_max_new_tokens
     _, _, tokenizer = tiny_chat
-    transformers_answers = quality.chat_reference(quality.transformers_reference(path), tokenizer, end_id, n).answers
+    transformers = torch_models.transformers_reference(path)
+    transformers_answers = quality.chat_reference(transformers, tokenizer, end_id, n).answers
     assert quality.chat_reference(onnx, tokenizer, end_id, n).answers == transformers_answers
 
     problem = gate_problem(cfg, {**metrics, "chat_answer_match": 0.9, "kl_divergence": 0.01})

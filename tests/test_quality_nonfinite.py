@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from pipeline import quality
+from pipeline import quality, torch_models
 from pipeline.errors import BuildStepError, CheckpointError
 from pipeline.validation import load_config
 from tests.conftest import run_cli, write_config
@@ -105,7 +105,7 @@ def test_the_export_check_names_nan_logits(monkeypatch, tiny_llama):
     from pipeline.targets.onnxruntime import adapter, scoring
 
     fine = logits_model("x").logits
-    monkeypatch.setattr(quality, "hf_logits_fn", lambda hf_dir: fine)
+    monkeypatch.setattr(torch_models, "hf_logits_fn", lambda hf_dir: fine)
     monkeypatch.setattr(scoring, "ort_logits_fn", lambda path: logits_model("x", nan_at=2).logits)
     with pytest.raises(BuildStepError, match=r"^ONNX Runtime's logits are NaN at check prompt 0 \('w1 w2 w3'\), "):
         adapter.compare_logits(tiny_llama, Path("model.onnx"), ["w1 w2 w3"])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.targets.trtllm.deployment import HEALTH_ROUTE, parse_series
-from pipeline.targets.trtllm.pytorch_backend import trtllm_serve_command
+from pipeline.targets.trtllm.llm_api_serving import trtllm_serve_command
 from pipeline.upstream import facts, releases
 from tests.conftest import dev_script
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline import quality
+from pipeline import quality, torch_models
 from pipeline.build import cache_dir
 from pipeline.targets.trtllm.reference import checkpoint_model
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES, family, linear_shapes, torch_loader_problems
@@ -119,7 +119,7 @@ def report(exports, arch: str, case: str, tmp_path: Path) -> dict:
     )
     cfg, quiet = load_config(config), lambda *_: None
     model = checkpoint_model(cfg, hf, unified, "unified", quiet)
-    return quality.measure(cfg, model, quality.transformers_reference(hf), hf, cache_dir(), quiet)
+    return quality.measure(cfg, model, torch_models.transformers_reference(hf), hf, cache_dir(), quiet)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import quality
+from pipeline import quality, torch_models
 from pipeline.build import cache_dir
 from pipeline.targets.trtllm.reference import checkpoint_model, load_unified_reference
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES as TORCH_RELEASES
@@ -48,7 +48,7 @@ def report(root: Path, checkpoint: Path, kind: str) -> dict:
         cfg.target = cfg.target.model_copy(update={"trtllm_version": TORCH_RELEASES[-1]})
     hf_dir, quiet = root / "out" / "import", lambda *_: None
     model = checkpoint_model(cfg, hf_dir, checkpoint, kind, quiet)
-    full = quality.measure(cfg, model, quality.transformers_reference(hf_dir), hf_dir, cache_dir(), quiet)
+    full = quality.measure(cfg, model, torch_models.transformers_reference(hf_dir), hf_dir, cache_dir(), quiet)
     return {k: full[k] for k in KEYS}
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline import quality
+from pipeline import torch_models
 from pipeline.bench.family_decode import make_engine
 from pipeline.errors import BuildStepError, ConfigError
 from pipeline.targets.onnxruntime import adapter as target
@@ -98,7 +98,7 @@ def runner_greedy(engine, batch: list[list[int]]) -> list[list[int]]:
 def test_logits_match_transformers_past_the_sliding_window(family):
     arch, graph, engine, model = family
     ids = np.asarray(prompts(1), dtype=np.int64)
-    reference = quality.torch_logits_fn(model)(ids)
+    reference = torch_models.torch_logits_fn(model)(ids)
     logits = scoring.ort_logits_fn(engine / "model.onnx", threads=1)(ids)
     assert np.abs(reference).max() > 0.5  # logits big enough for the comparison to mean something
     assert np.abs(logits - reference).max() < 1e-4, (arch, graph)

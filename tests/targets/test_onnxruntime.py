@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import fetch, quality
+from pipeline import fetch, quality, torch_models
 from pipeline.targets.onnxruntime import adapter as target
 from pipeline.targets.onnxruntime import quantize, scoring
 
@@ -61,7 +61,7 @@ def test_ort_logits_match_transformers_with_empty_and_filled_kv_cache(tiny_llama
     assert target.compare_logits(tiny_llama, out / "model.onnx", ["w1 w2 w3 w4", "w7 w250 w0 w9 w9 w9 w100"]) < 1e-4
 
     # Prefill 30 tokens, then feed the remaining 10 on top of the returned cache: must equal one full pass.
-    reference = quality.hf_logits_fn(tiny_llama)(ids)
+    reference = torch_models.hf_logits_fn(tiny_llama)(ids)
     session = scoring.ort_session(out / "model.onnx", threads=1)
     names = [o.name for o in session.get_outputs()]
     first = session.run(
@@ -94,7 +94,7 @@ def test_fused_graph_is_one_gqa_per_layer_and_matches_transformers(tiny_llama, t
     )
     assert (
         np.abs(
-            scoring.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids) - quality.hf_logits_fn(tiny_llama)(ids)
+            scoring.ort_logits_fn(tmp_path / "model.onnx", threads=1)(ids) - torch_models.hf_logits_fn(tiny_llama)(ids)
         ).max()
         < 1e-4
     )

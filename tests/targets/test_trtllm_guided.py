@@ -22,7 +22,8 @@ from pipeline.targets.trtllm.guided import (
     xgrammar_tokenizer_info,
 )
 from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES, has_option, options_problems
-from pipeline.targets.trtllm.pytorch_backend import OPTIONS_FILE, release_options
+from pipeline.targets.trtllm.llm_api_serving import OPTIONS_FILE
+from pipeline.targets.trtllm.pytorch_backend import release_options
 from pipeline.targets.trtllm.repo_checks import model_checks
 from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS, backend_facts
 from pipeline.targets.trtllm.triton_llmapi_model import LLMAPI_RELEASES, guide_inputs, llmapi_model, model_yaml_problems

@@ -12,7 +12,8 @@ import yaml
 
 from pipeline.errors import ConfigError
 from pipeline.targets.trtllm.llm_api_options import options_problems
-from pipeline.targets.trtllm.pytorch_backend import OPTIONS_FILE, cuda_graph_batch_sizes, release_options
+from pipeline.targets.trtllm.llm_api_serving import OPTIONS_FILE
+from pipeline.targets.trtllm.pytorch_backend import cuda_graph_batch_sizes, release_options
 from pipeline.targets.trtllm.repo_checks import model_checks
 from pipeline.targets.trtllm.triton_llmapi_model import llmapi_model
 from pipeline.triton.validate import validate_repo

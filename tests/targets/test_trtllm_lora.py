@@ -18,7 +18,8 @@ from pipeline.models import facts_from_hf_dir
 from pipeline.stages import triton_repo
 from pipeline.targets.trtllm import lora_conversion as lora
 from pipeline.targets.trtllm.backend import BACKENDS
-from pipeline.targets.trtllm.pytorch_backend import OPTIONS_FILE, release_options
+from pipeline.targets.trtllm.llm_api_serving import OPTIONS_FILE
+from pipeline.targets.trtllm.pytorch_backend import release_options
 from pipeline.targets.trtllm.reference import with_lora
 from pipeline.targets.trtllm.repo_checks import model_checks
 from pipeline.targets.trtllm.tensorrt_backend import trtllm_build_command

@@ -86,8 +86,9 @@ def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
     from transformers import AutoTokenizer
 
     from pipeline.nonfinite import nonfinite_weight
-    from pipeline.quality import hf_logits, nonfinite_logits
     from pipeline.targets.onnxruntime.scoring import ort_logits_fn
+    from pipeline.quality import nonfinite_logits
+    from pipeline.torch_models import hf_logits
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     inputs = [np.asarray([tokenizer(p, add_special_tokens=False)["input_ids"]], dtype=np.int64) for p in prompts]

@@ -27,9 +27,9 @@ def scored(cfg, output: Path, engine_dir: Path) -> tuple[Model, Model]:
     import onnxruntime as ort
 
     from pipeline.lock import read_lock
-    from pipeline.quality import transformers_reference
     from pipeline.targets.onnxruntime.runtime import speculative
     from pipeline.targets.onnxruntime.runtime.model_runner import ENGINE_CONFIG, ModelRunner, special_ids
+    from pipeline.torch_models import transformers_reference
 
     threads, stages = cfg.runtime.cpu_threads, read_lock(output)["stages"]
     config = json.loads((engine_dir / ENGINE_CONFIG).read_text())
@@ -106,8 +106,8 @@ def batched_greedy(runner: Loaded, prompts: list[list[int]], max_new_tokens: int
 def adapter_scored(cfg, engine_dir: Path, hf_dir: Path, name: str, adapter_dir: Path) -> tuple[Model, Model]:
     """(the engine decoding with LoRA adapter `name` from `adapter_dir`, its fp32 reference: PEFT's merge of the
     adapter into the imported transformers model), each loaded on first use and dropped by its `release`."""
-    from pipeline.quality import peft_reference
     from pipeline.targets.onnxruntime.runtime.model_runner import ENGINE_CONFIG, ModelRunner, special_ids
+    from pipeline.torch_models import peft_reference
 
     def with_adapter():
         runner = ModelRunner.from_dir(
@@ -148,7 +148,7 @@ def runner_model(name: str, path: Path, runner: Loaded, end_id: int | None, answ
 
 
 def runner_greedy(runner, prompt: list[int], max_new_tokens: int, end_id: int, adapter: str | None = None) -> list[int]:
-    """A ModelRunner's greedy continuation as `quality.torch_greedy` reports it (the runner leaves end_id out).
+    """A ModelRunner's greedy continuation as `torch_models.torch_greedy` reports it (the runner leaves end_id out).
     Batch size 1, so that the answer does not depend on which prompts share the batch."""
     out = runner.generate(
         [prompt], max_new_tokens=max_new_tokens, end_id=end_id, return_dict=True, lora_uids=adapter and [adapter]

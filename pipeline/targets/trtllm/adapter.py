@@ -315,7 +315,7 @@ class TrtllmTarget:
         """The checkpoint the backend deploys, read back and run by a CPU reference forward with its semantics,
         against the model transformers runs in verify.reference_dtype (its chat answers kept in the cache per imported
         checkpoint). Each loads on first use and is dropped by its `release`, so the gate holds one at a time."""
-        from pipeline import quality
+        from pipeline import torch_models
         from pipeline.lock import read_lock
         from pipeline.targets.trtllm.reference import checkpoint_model
 
@@ -326,7 +326,7 @@ class TrtllmTarget:
             )
         hf_dir = output / "import"
         imported = read_lock(output)["stages"].get("import", {}).get("output_hash")
-        reference = quality.transformers_reference(hf_dir, imported, cfg.verify.reference_dtype)
+        reference = torch_models.transformers_reference(hf_dir, imported, cfg.verify.reference_dtype)
         return checkpoint_model(cfg, hf_dir, checkpoint, kind, log), reference
 
     def repository_checks(self, options) -> list:
@@ -337,7 +337,7 @@ class TrtllmTarget:
     def serve_without_triton(self, repo: Path, host: str, port: int, openai_gateway: bool) -> None:
         """A repository of the PyTorch backend is served by trtllm-serve, OpenAI API included: this process becomes
         it (or stops with the commands for NVIDIA's container)."""
-        from pipeline.targets.trtllm.pytorch_backend import llmapi_model_name, serve_llm_api
+        from pipeline.targets.trtllm.llm_api_serving import llmapi_model_name, serve_llm_api
 
         if not llmapi_model_name(repo):
             return

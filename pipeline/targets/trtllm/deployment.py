@@ -27,13 +27,8 @@ from pipeline.memory import GiB
 from pipeline.targets.trtllm.backend import BACKENDS, backend_of, multi_node
 from pipeline.targets.trtllm.gpu_memory import GPU_RANK_HOST_BYTES, gpu_pod_host_bytes, rank_weight_bytes
 from pipeline.targets.trtllm.image import gpu_image_build, image_tag
-from pipeline.targets.trtllm.pytorch_backend import (
-    MODEL_DIR,
-    OPTIONS_FILE,
-    options_yaml,
-    release_options,
-    trtllm_serve_command,
-)
+from pipeline.targets.trtllm.llm_api_serving import MODEL_DIR, OPTIONS_FILE, trtllm_serve_command
+from pipeline.targets.trtllm.pytorch_backend import options_yaml, release_options
 from pipeline.targets.trtllm.triton_launch import tritonserver_ranks
 from pipeline.triton.server import Ports, tritonserver_address_args
 from pipeline.upstream import release_facts

@@ -430,7 +430,7 @@ def adapter_models(cfg, hf_dir: Path, checkpoint: Path, kind: str, name: str, ad
     from dataclasses import replace
 
     from pipeline.models import facts_from_hf_dir
-    from pipeline.quality import peft_reference
+    from pipeline.torch_models import peft_reference
 
     deltas = adapter_deltas(cfg, adapter_dir, facts_from_hf_dir(hf_dir))
 
@@ -443,7 +443,7 @@ def checkpoint_model(cfg, hf_dir: Path, checkpoint: Path, kind: str = "trtllm", 
     dropped by the Model's `release`, with a greedy sample of it in its notes once loaded. `kind`: "trtllm" (a
     TensorRT-LLM checkpoint, as its engine runs it) or "unified" (ModelOpt's unified HF checkpoint, as TensorRT-LLM's
     PyTorch backend runs it); `deltas`: a LoRA adapter (`with_lora`)."""
-    from pipeline import quality
+    from pipeline import quality, torch_models
 
     notes = {}
 
@@ -468,8 +468,8 @@ def checkpoint_model(cfg, hf_dir: Path, checkpoint: Path, kind: str = "trtllm", 
     return quality.Model(
         f"{checkpoint.name} checkpoint",
         checkpoint,
-        lambda ids: quality.torch_logits_fn(reference())(ids),
-        lambda prompt, max_new_tokens, end: quality.torch_greedy(reference(), prompt, max_new_tokens, end),
+        lambda ids: torch_models.torch_logits_fn(reference())(ids),
+        lambda prompt, max_new_tokens, end: torch_models.torch_greedy(reference(), prompt, max_new_tokens, end),
         notes=notes,
         release=reference.release,
     )
