@@ -7,6 +7,10 @@ from pipeline import prequantized
 from pipeline.errors import CheckpointError
 from pipeline.targets.onnxruntime.quantize import BLOCK_SIZES
 
+BLOCK_SIZE_LIST = ", ".join(map(str, BLOCK_SIZES))  # the block sizes, as messages list them
+# The calibrated methods: the weights each quantizes to, and its name in messages.
+CALIBRATED = {"gptq": ("int4", "gptq"), "smoothquant": ("int8", "SmoothQuant")}
+
 
 def _checkpoint_graph_problems(cfg) -> list:
     """What an HF checkpoint's config.json rules out before any export: the fused graph asked for but not
@@ -57,10 +61,24 @@ def _fused_only_problems(cfg, why: str) -> list:
 
 def config_problems(cfg) -> list:
     """The onnxruntime target's rules over a config: what its graphs, quantizers and runtime cannot honour."""
-    q, b, r, m = cfg.quantization, cfg.build, cfg.runtime, cfg.model
     out = _checkpoint_graph_problems(cfg)
     if cfg.target.onnx_graph == "optimum":
         out += _fused_only_problems(cfg, "target.onnx_graph is optimum (set it to auto or fused)")
+    q = cfg.quantization
+    kept = prequantized.kept(cfg) is not None  # a quantized checkpoint whose codes the engine keeps as they are
+    out += _unsupported_quantization_problems(q, kept)
+    out += _calibrated_method_problems(q, kept)
+    out += _method_combination_problems(cfg)
+    out += _block_size_problems(q, kept)
+    out += _int8_modules_and_embedding_problems(q, kept)
+    out += _beam_and_dtype_problems(cfg)
+    out += _kv_cache_and_scheduler_problems(cfg)
+    return out
+
+
+def _unsupported_quantization_problems(q, kept: bool) -> list:
+    """Weights and methods this target has no kernel or quantizer for, naming what it has."""
+    out = []
     if q.weights in ("fp8", "nvfp4"):
         out.append(
             (
@@ -69,7 +87,6 @@ def config_problems(cfg) -> list:
                 "-- or set target.name: trtllm",
             )
         )
-    kept = prequantized.kept(cfg) is not None
     if q.method == "w4a8_awq" or (q.method == "awq" and not kept):
         out.append(
             (
@@ -78,9 +95,15 @@ def config_problems(cfg) -> list:
                 "are); on onnxruntime use method: rtn, smoothquant, gptq or hqq",
             )
         )
-    calibrated = {"gptq": ("int4", "gptq"), "smoothquant": ("int8", "SmoothQuant")}
-    if q.method in calibrated and not kept:
-        bits, name = calibrated[q.method]
+    return out
+
+
+def _calibrated_method_problems(q, kept: bool) -> list:
+    """gptq and smoothquant: the weights each quantizes to, the calibration data they need and no other method
+    reads, and their option sections, which only they read."""
+    out = []
+    if q.method in CALIBRATED and not kept:
+        bits, name = CALIBRATED[q.method]
         if q.weights != bits:
             out.append(
                 (
@@ -100,13 +123,20 @@ def config_problems(cfg) -> list:
     for section, method in (("gptq", "gptq"), ("smoothquant", "smoothquant")):
         if getattr(q, section) is not None and q.method != method:
             out.append((("quantization", section), f"{method}'s options, but method is {q.method}; remove it"))
-    if q.calibration is not None and q.method not in calibrated:
+    if q.calibration is not None and q.method not in CALIBRATED:
         out.append(
             (
                 ("quantization", "calibration"),
                 f"only gptq and smoothquant calibrate on onnxruntime, not {q.method}; remove it",
             )
         )
+    return out
+
+
+def _method_combination_problems(cfg) -> list:
+    """Methods paired with what they cannot serve: smoothquant with LoRA adapters, hqq with weights other than
+    int4."""
+    q, out = cfg.quantization, []
     if q.method == "smoothquant" and cfg.lora is not None:
         out.append(
             (
@@ -122,6 +152,13 @@ def config_problems(cfg) -> list:
                 f"hqq is an int4 method, but weights is {q.weights}; set weights: int4 or method: rtn",
             )
         )
+    return out
+
+
+def _block_size_problems(q, kept: bool) -> list:
+    """group_size and module_group_sizes: blocks MatMulNBits has no measured kernel for, or that nothing rounds in
+    (no weights, or codes whose groups are the checkpoint's)."""
+    out = []
     if q.weights == "none" and "group_size" in q.model_fields_set:
         out.append(
             (
@@ -133,8 +170,7 @@ def config_problems(cfg) -> list:
         out.append(
             (
                 ("quantization", "group_size"),
-                f"{q.group_size} is not a supported {q.weights} block size on onnxruntime; "
-                f"use {', '.join(map(str, BLOCK_SIZES))}",
+                f"{q.group_size} is not a supported {q.weights} block size on onnxruntime; use {BLOCK_SIZE_LIST}",
             )
         )
     if q.module_group_sizes and (kept or q.method == "gptq" or q.weights == "none"):
@@ -145,12 +181,21 @@ def config_problems(cfg) -> list:
                 f"{q.weights}; remove it",
             )
         )
-    sizes = ", ".join(map(str, BLOCK_SIZES))
     for pattern, size in q.module_group_sizes.items():
         if size not in BLOCK_SIZES:
             out.append(
-                (("quantization", "module_group_sizes", pattern), f"{size} is not a block size here; use {sizes}")
+                (
+                    ("quantization", "module_group_sizes", pattern),
+                    f"{size} is not a block size here; use {BLOCK_SIZE_LIST}",
+                )
             )
+    return out
+
+
+def _int8_modules_and_embedding_problems(q, kept: bool) -> list:
+    """The layers quantized apart from the others, int8_modules (8 bits in an int4 engine) and the embedding (at
+    the weight bits, in blocks of group_size), where those bits or blocks do not exist."""
+    out = []
     if q.int8_modules and q.weights != "int4":
         out.append(
             (
@@ -164,7 +209,7 @@ def config_problems(cfg) -> list:
             (
                 ("quantization", "quantize_embedding"),
                 f"quantizes the embedding in blocks of group_size, and the checkpoint's {q.group_size} is not one "
-                f"of {', '.join(map(str, BLOCK_SIZES))}; remove it",
+                f"of {BLOCK_SIZE_LIST}; remove it",
             )
         )
     if q.quantize_embedding and q.weights == "none":
@@ -174,17 +219,33 @@ def config_problems(cfg) -> list:
                 "quantizes the embedding at the weight bits, but weights is none; set weights: int8 or int4",
             )
         )
-    if b.max_beam_width > 1:
+    return out
+
+
+def _beam_and_dtype_problems(cfg) -> list:
+    """What the CPU engine does not compute: beam search, and half-precision weights (slow or unsupported)."""
+    out = []
+    if cfg.build.max_beam_width > 1:
         out.append(
             (
                 ("build", "max_beam_width"),
                 "beam search is not supported by the onnxruntime target; set max_beam_width: 1",
             )
         )
-    if m.dtype in ("float16", "bfloat16"):
+    if cfg.model.dtype in ("float16", "bfloat16"):
         out.append(
-            (("model", "dtype"), f"{m.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto")
+            (
+                ("model", "dtype"),
+                f"{cfg.model.dtype} is slow or unsupported in ONNX Runtime on CPU; use float32 or auto",
+            )
         )
+    return out
+
+
+def _kv_cache_and_scheduler_problems(cfg) -> list:
+    """What the runtime's scheduler cannot serve: a KV pool smaller than one longest request (it would wait
+    forever), and scheduler policies that pause requests."""
+    b, r, out = cfg.build, cfg.runtime, []
     pool = r.max_tokens_in_paged_kv_cache or b.max_batch_size * b.max_seq_len
     longest = -(-b.max_seq_len // b.tokens_per_block) * b.tokens_per_block
     if pool < longest:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import shutil
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +153,85 @@ def place_linears(model, linears: dict[str, QuantizedLinear], accuracy_level: in
     return replaced
 
 
+@dataclass(frozen=True)
+class Rounding:
+    """How one pass writes MatMulNBits weights; its fields, in this order, are also the engine report's."""
+
+    method: str
+    bits: int
+    block_size: int
+    symmetric: bool | None  # None: the zero points are the method's own (hqq's floats, placed codes' integers)
+    accuracy_level: int | None
+
+    @classmethod
+    def resolve(
+        cls,
+        weights: str,
+        method: str,
+        group_size: int,
+        symmetric: bool | None,
+        accuracy_level: int | None,
+        placing: bool,
+    ) -> Rounding:
+        """The settings with the measured defaults filled in: symmetric int8 and asymmetric int4, accuracy level 4
+        (int8 activations inside MatMulNBits, the fast MLAS kernels); hqq's float zero points have no int8-compute
+        kernel, and placed codes (`placing`) keep their own zero points."""
+        bits = 8 if weights == "int8" else 4
+        if placing:
+            return cls(method, bits, group_size, None, 4 if accuracy_level is None else accuracy_level)
+        if method == "hqq":
+            return cls(method, bits, group_size, None, None)
+        symmetric = weights == "int8" if symmetric is None else symmetric
+        return cls(method, bits, group_size, symmetric, 4 if accuracy_level is None else accuracy_level)
+
+
+INT8_KEPT = Rounding("rtn", 8, INT8_BLOCK, True, 4)  # the pass of an int4 engine's int8_modules
+
+
+@dataclass(frozen=True)
+class MatmulChoice:
+    """Which pass writes each of the graph's matmuls: `excluded` ones stay float, `int8` ones (an int4 engine's
+    int8_modules) get a pass of their own after the others, `resized` ones a block other than group_size."""
+
+    matmuls: list[str]
+    excluded: list[str]
+    int8: list[str]
+    resized: dict[str, int]
+
+    @classmethod
+    def of(cls, model, bits: int, exclude_modules, int8_modules, module_group_sizes) -> MatmulChoice:
+        """The choice that quantize_graph's patterns over HF module names make; the first module_group_sizes
+        pattern naming a matmul sets its block."""
+        matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
+        excluded = matching(matmuls, exclude_modules)
+        candidates = [n for n in matmuls if n not in excluded]
+        int8 = matching(candidates, int8_modules) if bits == 4 else []
+        resized = {}
+        for pattern, size in (module_group_sizes or {}).items():
+            resized |= {n: size for n in matching(candidates, [pattern]) if n not in int8 and n not in resized}
+        return cls(matmuls, excluded, int8, resized)
+
+    def placed_codes(self, linears: dict[str, QuantizedLinear]) -> dict[str, QuantizedLinear]:
+        """The `linears` read by the matmuls that are neither excluded nor int8_modules (those are rounded)."""
+        kept = {n for n in self.matmuls if n not in self.excluded and n not in self.int8}
+        return {m: linears[m] for n in kept for m in fused_parts(module_name(n)) if m in linears}
+
+    def rounding_passes(self, block_size: int) -> dict[int, list[str]]:
+        """Block -> the matmuls rounded in it: `block_size`'s pass first, with every matmul not otherwise chosen."""
+        passes = {
+            block_size: [
+                n for n in self.matmuls if n not in self.excluded and n not in self.int8 and n not in self.resized
+            ]
+        }
+        for node, size in self.resized.items():
+            passes.setdefault(size, []).append(node)
+        return passes
+
+    def report(self) -> dict:
+        """The engine report's account of the choice."""
+        return {"excluded_matmuls": self.excluded, "int8_matmuls": self.int8, "resized_blocks": dict(self.resized)}
+
+
 def quantize_graph(
     export_dir: Path,
     out_dir: Path,
@@ -187,127 +267,115 @@ def quantize_graph(
     """
     import onnx
 
-    source = export_dir / ONNX_NAME
     out_dir.mkdir(parents=True, exist_ok=True)
     if weights == "none":
-        for file in export_dir.glob("model.onnx*"):
-            shutil.copy2(file, out_dir / file.name)
-        return {
-            "weights": "fp32",
-            "engine_bytes": sum(f.stat().st_size for f in out_dir.glob("model.onnx*")),
-            "quantized_matmuls": 0,
-        }
+        return copy_float_graph(export_dir, out_dir)
+    check_weights(weights, method, linears)
+    quiet_quantizer_log()
+    model = onnx.load(str(export_dir / ONNX_NAME), load_external_data=False)  # each weight is read when it is quantized
+    store = Initializers(model, export_dir, out_dir / ".unsaved.data")
+    rounding = Rounding.resolve(weights, method, group_size, symmetric, accuracy_level, placing=linears is not None)
+    chosen = MatmulChoice.of(model, rounding.bits, exclude_modules, int8_modules, module_group_sizes)
+    untied = not any(module_name(n) == "lm_head" for n in chosen.excluded) and untie_lm_head(model, store)
+    smoothed = smoothing.apply(model, store) if smoothing is not None else None
+    placed = quantize_matmuls(store, chosen, rounding, linears)
+    embedding_bits = None
+    if quantize_embedding:
+        embedding_bits = quantize_embedding_gather(store.model, rounding.bits, group_size, store)
+    quantized = sum(1 for n in store.model.graph.node if n.op_type == "MatMulNBits")
+    store.save(out_dir / ONNX_NAME)
+    onnx.checker.check_model(str(out_dir / ONNX_NAME))
+    return {
+        "weights": weights,
+        **asdict(rounding),
+        "quantized_matmuls": quantized,
+        "placed_matmuls": placed,
+        **chosen.report(),
+        "lm_head_untied": untied,
+        "embedding_bits": embedding_bits,
+        **({"smoothquant": smoothed} if smoothed else {}),
+        "engine_bytes": engine_bytes(out_dir),
+    }
+
+
+def copy_float_graph(export_dir: Path, out_dir: Path) -> dict:
+    """weights none: the engine is the exported fp32 graph as it is, so its files are copied, not rewritten."""
+    for file in export_dir.glob("model.onnx*"):
+        shutil.copy2(file, out_dir / file.name)
+    return {"weights": "fp32", "engine_bytes": engine_bytes(out_dir), "quantized_matmuls": 0}
+
+
+def engine_bytes(out_dir: Path) -> int:
+    """The size of the engine's graph and weights, for the build report."""
+    return sum(f.stat().st_size for f in out_dir.glob("model.onnx*"))
+
+
+def check_weights(weights: str, method: str, linears: dict[str, QuantizedLinear] | None) -> None:
+    """Refuse weights this target has no kernel for, and rounding methods it has no quantizer for (placed codes
+    need none), before any graph is read."""
     if weights not in ("int8", "int4"):
         raise BuildStepError(f"onnxruntime target supports weights none/int8/int4, not {weights!r}")
     if method not in ("rtn", "hqq", "smoothquant") and linears is None:
         raise BuildStepError(f"onnxruntime target rounds weights with rtn, smoothquant or hqq, not {method!r}")
 
+
+def quiet_quantizer_log() -> None:
+    """Keep ONNX Runtime's MatMulNBits quantizer to warnings: it logs one INFO line per node, and importing it sets
+    logging up at INFO, so the level is lowered after the import."""
+    import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+
+
+def matching(matmuls: list[str], patterns) -> list[str]:
+    """The `matmuls` whose HF module name matches one of the fnmatch `patterns`, in graph order."""
+    return [n for n in matmuls if any(fnmatch.fnmatchcase(module_name(n), p) for p in patterns)]
+
+
+def quantize_matmuls(
+    store: Initializers, chosen: MatmulChoice, rounding: Rounding, linears: dict[str, QuantizedLinear] | None
+) -> int:
+    """Turn the chosen matmuls into MatMulNBits: `linears`' codes placed as they are, or the graph's weights rounded
+    (one pass per block), then an int4 engine's int8_modules rounded in a pass of their own; the number placed."""
+    if linears is not None:
+        placed = len(place_linears(store.model, chosen.placed_codes(linears), rounding.accuracy_level, store.add))
+    else:
+        placed = 0
+        for size, nodes in chosen.rounding_passes(rounding.block_size).items():
+            round_matmuls(store, chosen.matmuls, nodes, replace(rounding, block_size=size))
+    if chosen.int8:
+        round_matmuls(store, chosen.matmuls, chosen.int8, INT8_KEPT)
+    return placed
+
+
+def round_matmuls(store: Initializers, matmuls: list[str], nodes: list[str], rounding: Rounding) -> None:
+    """Round the weights of `nodes` into MatMulNBits with ONNX Runtime's quantizer, one weight in memory at a time;
+    the graph's other `matmuls` are left as they are (its nodes_to_include alone does not limit it)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         HQQWeightOnlyQuantConfig,
         MatMulNBitsQuantizer,
     )
 
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(
-        logging.WARNING
-    )  # one INFO line per node
-    model = onnx.load(str(source), load_external_data=False)  # each weight is read when it is quantized
-    store = Initializers(model, export_dir, out_dir / ".unsaved.data")
-    matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
-    excluded = [n for n in matmuls if any(fnmatch.fnmatchcase(module_name(n), p) for p in exclude_modules)]
-    untied = not any(module_name(n) == "lm_head" for n in excluded) and untie_lm_head(model, store)
-    smoothed = smoothing.apply(model, store) if smoothing is not None else None
-    bits = 8 if weights == "int8" else 4
-    block = group_size
-    if symmetric is None:
-        symmetric = weights == "int8"
-    if linears is not None:
-        accuracy_level = 4 if accuracy_level is None else accuracy_level
-        symmetric = None  # as the codes have it
-    elif method == "hqq":
-        accuracy_level = None  # float zero points: no int8-compute kernel
-        symmetric = None
-    else:
-        accuracy_level = 4 if accuracy_level is None else accuracy_level  # 4: int8 activations, the fast MLAS kernels
-
-    def matching(patterns) -> list[str]:
-        return [
-            n for n in matmuls if n not in excluded and any(fnmatch.fnmatchcase(module_name(n), p) for p in patterns)
-        ]
-
-    # int4 builds may keep some modules at 8 bits (a pass of their own below); the first passes leave them alone.
-    eight = matching(int8_modules) if bits == 4 else []
-    resized = {}  # matmul -> its block, where module_group_sizes names one other than group_size (first pattern)
-    for pattern, size in (module_group_sizes or {}).items():
-        resized |= {n: size for n in matching([pattern]) if n not in eight and n not in resized}
-    if linears is not None:
-        kept = {n for n in matmuls if n not in excluded and n not in eight}
-        placed = place_linears(
-            model,
-            {m: linears[m] for n in kept for m in fused_parts(module_name(n)) if m in linears},
-            accuracy_level,
-            store.add,
+    size, bits = rounding.block_size, rounding.bits
+    config = (
+        HQQWeightOnlyQuantConfig(block_size=size, bits=bits)
+        if rounding.method == "hqq"
+        else DefaultWeightOnlyQuantConfig(
+            block_size=size, is_symmetric=rounding.symmetric, bits=bits, accuracy_level=rounding.accuracy_level
         )
-    else:
-        placed = []
-        passes = {block: [n for n in matmuls if n not in excluded and n not in eight and n not in resized]}
-        for node, size in resized.items():
-            passes.setdefault(size, []).append(node)
-        for size, nodes in passes.items():
-            config = (
-                HQQWeightOnlyQuantConfig(block_size=size, bits=bits)
-                if method == "hqq"
-                else DefaultWeightOnlyQuantConfig(
-                    block_size=size, is_symmetric=symmetric, bits=bits, accuracy_level=accuracy_level
-                )
-            )
-            quantizer = MatMulNBitsQuantizer(
-                model,
-                bits=bits,
-                block_size=size,
-                is_symmetric=bool(symmetric),
-                accuracy_level=accuracy_level,
-                nodes_to_exclude=[n for n in matmuls if n not in nodes],  # nodes_to_include alone does not limit it
-                algo_config=config,
-            )
-            one_weight_at_a_time(quantizer, store).process()
-            model = store.model = quantizer.model.model
-    if eight:
-        config8 = DefaultWeightOnlyQuantConfig(block_size=INT8_BLOCK, is_symmetric=True, bits=8, accuracy_level=4)
-        quantizer = MatMulNBitsQuantizer(
-            model,
-            bits=8,
-            block_size=INT8_BLOCK,
-            is_symmetric=True,
-            accuracy_level=4,
-            nodes_to_exclude=[n for n in matmuls if n not in eight],  # the excluded ones stay float
-            algo_config=config8,
-        )
-        one_weight_at_a_time(quantizer, store).process()
-        model = store.model = quantizer.model.model
-    embedding_bits = None
-    if quantize_embedding:
-        embedding_bits = quantize_embedding_gather(model, bits, block, store)
-    quantized = sum(1 for n in model.graph.node if n.op_type == "MatMulNBits")
-    store.save(out_dir / ONNX_NAME)
-    onnx.checker.check_model(str(out_dir / ONNX_NAME))
-    return {
-        "weights": weights,
-        "method": method,
-        "bits": bits,
-        "block_size": block,
-        "symmetric": symmetric,
-        "accuracy_level": accuracy_level,
-        "quantized_matmuls": quantized,
-        "placed_matmuls": len(placed),
-        "excluded_matmuls": excluded,
-        "int8_matmuls": eight,
-        "resized_blocks": dict(resized),
-        "lm_head_untied": untied,
-        "embedding_bits": embedding_bits,
-        **({"smoothquant": smoothed} if smoothed else {}),
-        "engine_bytes": sum(f.stat().st_size for f in out_dir.glob("model.onnx*")),
-    }
+    )
+    quantizer = MatMulNBitsQuantizer(
+        store.model,
+        bits=bits,
+        block_size=size,
+        is_symmetric=bool(rounding.symmetric),
+        accuracy_level=rounding.accuracy_level,
+        nodes_to_exclude=[n for n in matmuls if n not in nodes],
+        algo_config=config,
+    )
+    one_weight_at_a_time(quantizer, store).process()
+    store.model = quantizer.model.model
 
 
 def one_weight_at_a_time(quantizer, store: Initializers):

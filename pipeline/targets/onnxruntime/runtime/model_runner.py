@@ -14,6 +14,8 @@ How:
   `sample` (one token per row, stop checks), `retire` (finished rows leave, freeing their slot) and
   `decode_step`. `generate` is a loop over these; the Triton python backend reuses them for
   in-flight batching.
+* ModelRunnerCpp's sampling arguments become requests, and finished requests its result tensors, in
+  `runtime.generate_io`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pipeline.models import ModelFacts
+from pipeline.targets.onnxruntime.runtime.generate_io import SamplingArguments, generate_result
 from pipeline.targets.onnxruntime.runtime.guided import Grammars, constrain
 from pipeline.targets.onnxruntime.runtime.kv_layouts import Batch, ConcatCache, SharedCache
 from pipeline.targets.onnxruntime.runtime.lora_slots import LoraSlots, LoraSpec, check_names, engine_facts
@@ -41,8 +44,6 @@ from pipeline.targets.onnxruntime.runtime.sampling import (
     broken_rows,
     choose,
     greedy_log_probs,
-    to_words_list,
-    unset_as,
 )
 from pipeline.targets.onnxruntime.runtime.speculative import speculate_step
 
@@ -449,90 +450,57 @@ class ModelRunner:
         yielding that result after every decode step. `lora_uids`: per prompt, the adapter (an uid of
         `from_dir(lora_dir=...)` or a name registered on `lora`; "-1" or None: the base model).
         """
-        import torch
+        import torch  # noqa: F401  (the result is torch tensors: without torch, fail before decoding, not after)
 
+        args = SamplingArguments(
+            end_id, pad_id, max_new_tokens, num_beams, temperature, top_k, top_p, repetition_penalty, random_seed
+        )
         if sampling_config is not None:  # a tensorrt_llm SamplingConfig: read the fields we implement
-            get = lambda name, default: getattr(sampling_config, name, default)  # noqa: E731
-            end_id, pad_id = get("end_id", end_id), get("pad_id", pad_id)
-            max_new_tokens = get("max_new_tokens", max_new_tokens)
-            num_beams, temperature, top_k = (
-                get("num_beams", get("beam_width", num_beams)),
-                get("temperature", temperature),
-                get("top_k", top_k),
-            )
-            top_p, repetition_penalty = get("top_p", top_p), get("repetition_penalty", repetition_penalty)
-            random_seed = get("random_seed", get("seed", random_seed))
+            args = args.read(sampling_config)
         given = sorted(k for k, v in unsupported.items() if v not in (None, False))
         if given:
             raise TypeError(f"generate(): not supported by the onnxruntime engine: {', '.join(given)}")
         prompts = [[int(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)] for ids in batch_input_ids]
-        self.check_inputs(prompts, [max_new_tokens] * len(prompts), [num_beams or 1] * len(prompts))
-        end_id = self.end_id if end_id is None else int(end_id)
+        self.check_inputs(prompts, [args.max_new_tokens] * len(prompts), [args.num_beams or 1] * len(prompts))
+        end_id = self._end_id(args)
+        requests = args.requests(prompts, end_id, stop_words_list, bad_words_list)
+        self.check_sampling([r.params for r in requests])
+        if lora_uids is not None:
+            self._assign_adapters(requests, lora_uids)
+        steps = self._releasing(requests, self.run(requests))
+        result = functools.partial(
+            generate_result, requests, self.max_seq_len, end_id, return_dict, output_log_probs, output_cum_log_probs
+        )
+        if streaming:
+            return (result() for _ in steps)
+        for _ in steps:
+            pass
+        return result()
+
+    def _end_id(self, args: SamplingArguments) -> int:
+        """The id that ends and pads every row: the one given, else the engine's. A pad_id given is only checked
+        to be an integer: rows are padded with end_id."""
+        end_id = self.end_id if args.end_id is None else int(args.end_id)
         if end_id is None:
             raise ValueError(
                 f"no end_id: pass end_id=..., or record end_id in {self.engine_dir / ENGINE_CONFIG} build_config"
             )
-        pad_id = end_id if pad_id is None else int(pad_id)
-        seeds = list(random_seed) if isinstance(random_seed, (list, tuple)) else [random_seed] * len(prompts)
-        stops, bads = to_words_list(stop_words_list, len(prompts)), to_words_list(bad_words_list, len(prompts))
-        requests = [
-            Request(
-                prompt,
-                SamplingParams(
-                    max_new_tokens,
-                    end_id,
-                    float(unset_as(temperature, 0.0)),
-                    int(unset_as(top_k, 0)),
-                    float(unset_as(top_p, 0.0)),
-                    float(unset_as(repetition_penalty, 1.0)),
-                    int(seeds[i] or 0),
-                    stops[i],
-                    bads[i],
-                ),
-            )
-            for i, prompt in enumerate(prompts)
-        ]
-        self.check_sampling([r.params for r in requests])
-        if lora_uids is not None:
-            if len(lora_uids) != len(requests):
-                raise ValueError(f"lora_uids has {len(lora_uids)} entries for {len(requests)} prompts: one per prompt")
-            for request, uid in zip(requests, lora_uids):
-                request.adapter = None if uid is None or str(uid) == "-1" else str(uid)
-            check_names(self.lora, [r.adapter for r in requests], str(self.engine_dir))
-            if self.lora is not None:
-                self.lora.hold(requests)  # no other rows hold slots here: it cannot fail
+        if args.pad_id is not None:
+            int(args.pad_id)  # raises for what is no integer
+        return end_id
 
-        def result():
-            output_ids = torch.full((len(requests), 1, self.max_seq_len), end_id, dtype=torch.int32)
-            for row, r in enumerate(requests):
-                output_ids[row, 0, : len(r.prompt) + len(r.output)] = torch.tensor(r.tokens, dtype=torch.int32)
-            if not return_dict:
-                return output_ids
-            out = {
-                "output_ids": output_ids,
-                "sequence_lengths": torch.tensor(
-                    [[len(r.prompt) + len(r.output)] for r in requests], dtype=torch.int32
-                ),
-            }
-            if output_log_probs:
-                log_probs = torch.zeros(
-                    (len(requests), 1, max(1, max(len(r.log_probs) for r in requests))), dtype=torch.float32
-                )
-                for row, r in enumerate(requests):
-                    log_probs[row, 0, : len(r.log_probs)] = torch.tensor(r.log_probs, dtype=torch.float32)
-                out["log_probs"] = log_probs
-            if output_cum_log_probs:
-                out["cum_log_probs"] = torch.tensor([[r.cum_log_prob] for r in requests], dtype=torch.float32)
-            return out
-
-        steps = self.run(requests)
-        if streaming:
-            return (result() for _ in self._releasing(requests, steps))
-        for _ in self._releasing(requests, steps):
-            pass
-        return result()
+    def _assign_adapters(self, requests: list[Request], lora_uids: Sequence[str | int | None]) -> None:
+        """Give each request its LoRA adapter of `lora_uids` ("-1" or None: the base model) and hold their slots."""
+        if len(lora_uids) != len(requests):
+            raise ValueError(f"lora_uids has {len(lora_uids)} entries for {len(requests)} prompts: one per prompt")
+        for request, uid in zip(requests, lora_uids):
+            request.adapter = None if uid is None or str(uid) == "-1" else str(uid)
+        check_names(self.lora, [r.adapter for r in requests], str(self.engine_dir))
+        if self.lora is not None:
+            self.lora.hold(requests)  # no other rows hold slots here: it cannot fail
 
     def _releasing(self, requests: list[Request], steps: Iterator) -> Iterator:
+        """`steps`, then the requests' LoRA slots freed, however the caller stops iterating."""
         try:
             yield from steps
         finally:
