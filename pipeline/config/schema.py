@@ -81,12 +81,12 @@ class BuildConfig(Section):
 def lora_adapters(cfg: BuildConfig) -> list:
     """The configured adapters read from their directories (`pipeline.peft_adapters.Adapter`), in order; an adapter that
     cannot be read is the PipelineError saying why."""
-    from pipeline import peft_adapters as lora
+    from pipeline import peft_adapters
 
     out = []
     for section in cfg.lora.adapters if cfg.lora else []:
         try:
-            out.append(lora.load(cfg.resolve_path(section.path)))
+            out.append(peft_adapters.load(cfg.resolve_path(section.path)))
         except PipelineError as exc:
             out.append(exc)
     return out

@@ -25,6 +25,7 @@ READS = ("build", "quantization", "parallel", "target", "verify", "runtime.cpu_t
 TOOLS: tuple[str, ...] = ()
 SOURCES: tuple[Path, ...] = ()
 
+
 def applies(cfg: BuildConfig) -> str | None:
     return target_of(cfg).skips(NAME, cfg)
 

@@ -227,10 +227,10 @@ def test_an_adapter_with_nan_weights_never_enters_a_slot_and_later_requests_are_
     """Below the load check: an adapter object whose B is NaN (the file check would have refused it). B is summed
     over every row's zeros, so it must never enter a slot: its request fails naming the tensor, the rows beside it
     decode as alone, and later requests naming it are refused at once."""
-    from pipeline import peft_adapters as lora
+    from pipeline import peft_adapters
 
     runner = served_runner(lora_engine)
-    broken = lora.load(lora_engine / "lora" / "every")
+    broken = peft_adapters.load(lora_engine / "lora" / "every")
     a, b = broken.weights[1, "down_proj"]
     broken.weights[1, "down_proj"] = (a, np.full_like(b, np.nan))
     runner.lora.register("broken", broken, 3)

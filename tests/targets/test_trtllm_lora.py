@@ -12,11 +12,11 @@ import pytest
 import torch
 import yaml
 
-from pipeline import peft_adapters as peft_lora
+from pipeline import peft_adapters
 from pipeline.errors import ConfigError
 from pipeline.models import facts_from_hf_dir
 from pipeline.stages import triton_repo
-from pipeline.targets.trtllm import lora_conversion as lora
+from pipeline.targets.trtllm import lora_conversion
 from pipeline.targets.trtllm.backend import BACKENDS
 from pipeline.targets.trtllm.llm_api_serving import OPTIONS_FILE
 from pipeline.targets.trtllm.pytorch_backend import release_options
@@ -33,7 +33,7 @@ from tests.runtime.test_multi_lora import make_adapter, merged
 from tests.serving.test_repo import read_config, trtllm_engine_record
 
 ADAPTERS = {
-    "every": {"r": 4, "lora_alpha": 8, "target_modules": list(peft_lora.LINEAR_MODULES)},
+    "every": {"r": 4, "lora_alpha": 8, "target_modules": list(peft_adapters.LINEAR_MODULES)},
     # per-module rank and alpha, rsLoRA: what the engine workflow's tensors carry, folded in by us
     "patterned": {
         "r": 4,
@@ -66,23 +66,23 @@ def base_model(tiny_llama: Path):
 def test_the_request_tensors_read_back_as_the_runtime_slices_them_are_peft_merged_deltas(tiny_llama, adapters, name):
     """lora_weights / lora_config in float16, read back by the tabulated layout (module dims from createLoraModules,
     A [r, in] then B [out, r]): B·A of every row is the weight change PEFT's own merge_and_unload makes."""
-    adapter = peft_lora.load(adapters[name])
-    weights, config = lora.request_tensors(adapter, "float16")
+    adapter = peft_adapters.load(adapters[name])
+    weights, config = lora_conversion.request_tensors(adapter, "float16")
     rows = len(adapter.weights)
     assert weights.dtype == np.float16 and weights.shape[:2] == (1, rows)
     assert config.dtype == np.int32 and config.shape == (1, rows, 3)
     ids = facts("trtllm_lora")["request"]["module_ids"]
-    assert {int(c[0]) for c in config[0]} == {ids[m] for m in lora.trtllm_modules(adapter.modules)}
+    assert {int(c[0]) for c in config[0]} == {ids[m] for m in lora_conversion.trtllm_modules(adapter.modules)}
     ranks = {int(c[2]) for c in config[0]}
     assert ranks == ({4, 8} if name == "patterned" else {4})  # rank_pattern: the row's own adapter size
 
-    deltas = lora.read_request(weights, config, facts_from_hf_dir(tiny_llama))
+    deltas = lora_conversion.read_request(weights, config, facts_from_hf_dir(tiny_llama))
     assert set(deltas) == set(adapter.weights)
     base = dict(base_model(tiny_llama).named_parameters())
     peft_merged = dict(merged(tiny_llama, adapters[name]).named_parameters())
     worst = 0.0
     for (layer, module), (a, b) in deltas.items():
-        block = "self_attn" if module in peft_lora.ATTENTION_MODULES else "mlp"
+        block = "self_attn" if module in peft_adapters.ATTENTION_MODULES else "mlp"
         key = f"model.layers.{layer}.{block}.{module}.weight"
         expected = (peft_merged[key] - base[key]).detach().numpy()
         worst = max(worst, float(np.abs(b @ a - expected).max() / np.abs(expected).max()))
@@ -93,12 +93,14 @@ def test_the_request_tensors_read_back_as_the_runtime_slices_them_are_peft_merge
 def test_the_reference_with_the_converted_adapter_gives_peft_merged_logits(tiny_llama, adapters, name):
     """The CPU reference's LoRA (x·A·B beside the base weight, as the plugin adds it) from the converted tensors,
     float32 and float16, against the logits of PEFT's merged model."""
-    adapter = peft_lora.load(adapters[name])
+    adapter = peft_adapters.load(adapters[name])
     with torch.no_grad():
         expected = merged(tiny_llama, adapters[name])(PROMPT).logits
         base = base_model(tiny_llama)(PROMPT).logits
         for dtype, tolerance in (("float32", 1e-4), ("float16", 5e-3)):
-            deltas = lora.read_request(*lora.request_tensors(adapter, dtype), facts_from_hf_dir(tiny_llama))
+            deltas = lora_conversion.read_request(
+                *lora_conversion.request_tensors(adapter, dtype), facts_from_hf_dir(tiny_llama)
+            )
             logits = with_lora(base_model(tiny_llama), deltas)(PROMPT).logits
             assert (logits - expected).abs().max() < tolerance, dtype
     assert (base - expected).abs().max() > 0.1  # the adapter changes the logits
@@ -109,8 +111,8 @@ def test_the_request_files_are_what_the_runtime_loads_and_the_prefetch_folder_it
     files = table["request"]["converter"]["files"]
     for name in ADAPTERS:
         (tmp_path / name).mkdir()
-        lora.write_request_files(peft_lora.load(adapters[name]), tmp_path / name, "float16")
-    prefetch = lora.link_prefetch(tmp_path, {"every": 1, "patterned": 12})
+        lora_conversion.write_request_files(peft_adapters.load(adapters[name]), tmp_path / name, "float16")
+    prefetch = lora_conversion.link_prefetch(tmp_path, {"every": 1, "patterned": 12})
     for task, name in ((1, "every"), (12, "patterned")):
         assert sorted(p.name for p in (prefetch / str(task)).iterdir()) == sorted(files.values())
         for file in files.values():
@@ -126,14 +128,14 @@ def test_the_request_files_are_what_the_runtime_loads_and_the_prefetch_folder_it
 
 def test_the_runtimes_module_dims_are_the_models_and_the_two_module_maps_agree(tiny_llama):
     model = facts_from_hf_dir(tiny_llama)
-    dims, shapes = lora.module_dims(model), peft_lora.module_shapes(model)
-    trt = lora.trtllm_modules(list(peft_lora.LINEAR_MODULES))
+    dims, shapes = lora_conversion.module_dims(model), peft_adapters.module_shapes(model)
+    trt = lora_conversion.trtllm_modules(list(peft_adapters.LINEAR_MODULES))
     assert trt == ["attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_gate", "mlp_4h_to_h"]
-    for hf, name in zip(peft_lora.LINEAR_MODULES, trt):
+    for hf, name in zip(peft_adapters.LINEAR_MODULES, trt):
         assert dims[name] == shapes[hf], hf
     for release in ("1.0", "1.1", "1.2"):  # lora_helper's TensorRT-LLM -> HF default maps them back
         back = facts("trtllm_lora")["releases"][release]["llm_api"]["trtllm_modules_to_hf_modules"]
-        assert [back[name] for name in trt] == list(peft_lora.LINEAR_MODULES), release
+        assert [back[name] for name in trt] == list(peft_adapters.LINEAR_MODULES), release
 
 
 # ---------------------------------------------------------------- generated configs
@@ -161,7 +163,7 @@ def test_the_engine_workflow_builds_and_serves_lora_as_the_release_takes_it(tmp_
     command = trtllm_build_command(cfg, Path("/ckpt"), Path("/engine"))
     start = command.index("--lora_target_modules")
     modules = command[start + 1 : start + 8]
-    assert modules == lora.trtllm_modules(list(peft_lora.LINEAR_MODULES))
+    assert modules == lora_conversion.trtllm_modules(list(peft_adapters.LINEAR_MODULES))
     flags = dict(arg.split("=", 1) for arg in command[1:start] + command[start + 8 :])
     table = facts("trtllm_build_flags")["flags"]
     for flag, value in (("--lora_plugin", "float16"), ("--max_lora_rank", "8")):
@@ -169,7 +171,7 @@ def test_the_engine_workflow_builds_and_serves_lora_as_the_release_takes_it(tmp_
         assert table[flag]["choices"] is None or value in table[flag]["choices"], flag
     assert table["--lora_target_modules"]["nargs"] == "+" and "--lora_dir" not in flags  # modules given, not inferred
     assert set(modules) <= set(facts("trtllm_lora")["request"]["module_ids"])  # the choices: LORA_MODULE_IDS' keys
-    assert BACKENDS["tensorrt"].engine_reads(cfg) == lora.ENGINE_FIELDS
+    assert BACKENDS["tensorrt"].engine_reads(cfg) == lora_conversion.ENGINE_FIELDS
 
     engine = trtllm_engine_record(tmp_path / "engine", tiny_llama, f"{release}.0")
     triton_repo.write(cfg, engine, tmp_path / "repo", log=lambda _: None)
@@ -177,13 +179,13 @@ def test_the_engine_workflow_builds_and_serves_lora_as_the_release_takes_it(tmp_
     llm = read_config(tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt")
     params = {key: value.string_value for key, value in llm.parameters.items()}
     assert params["lora_cache_max_adapter_size"] == params["lora_cache_optimal_adapter_size"] == "8"
-    assert Path(params["lora_prefetch_dir"]) == engine.parent / "lora" / lora.PREFETCH_DIR
+    assert Path(params["lora_prefetch_dir"]) == engine.parent / "lora" / lora_conversion.PREFETCH_DIR
     lora_params = {key for key in params if key.startswith("lora_")}
     assert lora_params <= set(backend_facts(release)["optional_parameters"])
     assert {"lora_cache_gpu_memory_fraction", "lora_cache_host_memory_bytes"}.isdisjoint(params)  # release defaults
     declared = {row["name"]: row for row in template(release)["inputs"]}
     inputs = {tensor.name: tensor for tensor in llm.input}
-    for name in lora.REQUEST_INPUTS:
+    for name in lora_conversion.REQUEST_INPUTS:
         assert list(inputs[name].dims) == declared[name]["dims"] and inputs[name].optional, name
 
 
@@ -206,15 +208,15 @@ def test_the_llm_api_options_carry_lora_config_as_the_releases_loraconfig_takes_
     options, problems = release_options(cfg)
     assert problems == []
     assert options["lora_config"] == {
-        "lora_target_modules": lora.trtllm_modules(list(peft_lora.LINEAR_MODULES)),
+        "lora_target_modules": lora_conversion.trtllm_modules(list(peft_adapters.LINEAR_MODULES)),
         "max_lora_rank": 8,
         "max_loras": 2,
         "max_cpu_loras": 2,
     }
     fields = facts("trtllm_lora")["releases"][release]["llm_api"]["fields"]
     assert set(options["lora_config"]) <= set(fields) and "lora_dir" in fields
-    assert lora.lora_config_problems(options["lora_config"], release) == []
-    assert set(lora.LLM_API_FIELDS) <= set(BACKENDS["pytorch"].engine_reads(cfg))
+    assert lora_conversion.lora_config_problems(options["lora_config"], release) == []
+    assert set(lora_conversion.LLM_API_FIELDS) <= set(BACKENDS["pytorch"].engine_reads(cfg))
 
 
 def test_the_llmapi_model_yaml_carries_lora_config_and_no_llmapi_model_takes_an_adapter(tmp_path, tiny_llama, adapters):
@@ -255,7 +257,7 @@ def test_the_pytorch_backend_refuses_an_adapter_its_loader_would_scale_otherwise
     assert "1 problem" in message and "lora.adapters.0.path" in message and "alpha_pattern" in message
     assert "target.trtllm_backend: tensorrt" in message
     cfg = load_config(lora_yaml(tmp_path, tiny_llama, adapters["patterned"], "tensorrt", "1.2"))  # folded in there
-    assert lora.config_problems(cfg) == []
+    assert lora_conversion.config_problems(cfg) == []
 
 
 # ---------------------------------------------------------------- the lora stage's hooks on a real export

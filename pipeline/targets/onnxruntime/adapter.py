@@ -86,8 +86,8 @@ def compare_logits(hf_dir: Path, onnx_path: Path, prompts: list[str]) -> float:
     from transformers import AutoTokenizer
 
     from pipeline.nonfinite import nonfinite_weight
-    from pipeline.targets.onnxruntime.scoring import ort_logits_fn
     from pipeline.quality import nonfinite_logits
+    from pipeline.targets.onnxruntime.scoring import ort_logits_fn
     from pipeline.torch_models import hf_logits
 
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)

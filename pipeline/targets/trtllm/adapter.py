@@ -16,8 +16,7 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError, PipelineError
 from pipeline.prequantized import kept
-from pipeline.targets.trtllm import lora_conversion as lora
-from pipeline.targets.trtllm import prequantized
+from pipeline.targets.trtllm import lora_conversion, prequantized
 from pipeline.targets.trtllm.backend import BACKEND_MODULES, BACKEND_TABLES, BACKENDS, backend_of, engine_backend
 from pipeline.targets.trtllm.modelopt import (
     CHECKPOINT_DTYPES,
@@ -98,7 +97,9 @@ class TrtllmTarget:
 
     def stage_reads(self, stage: str, cfg) -> tuple[str, ...]:
         if stage == "triton_repo" and cfg.lora is not None:
-            return ("lora.max_lora_rank",)  # the tensorrt_llm model's LoRA cache sizes (lora.engine_parameters)
+            return (
+                "lora.max_lora_rank",
+            )  # the tensorrt_llm model's LoRA cache sizes (lora_conversion.engine_parameters)
         return backend_of(cfg).engine_reads(cfg) if stage == "engine" else ()
 
     def unavailable(self) -> str | None:
@@ -206,7 +207,12 @@ class TrtllmTarget:
         )
         if t.gpu and divisible:
             out += [(("target", "gpu"), problem) for problem in backend.memory_plan(cfg, facts).problems]
-        return out + backend.config_problems(cfg) + lora.config_problems(cfg) + prequantized.config_problems(cfg)
+        return (
+            out
+            + backend.config_problems(cfg)
+            + lora_conversion.config_problems(cfg)
+            + prequantized.config_problems(cfg)
+        )
 
     def skips(self, stage: str, cfg) -> str | None:
         q = cfg.quantization
@@ -286,7 +292,7 @@ class TrtllmTarget:
         return {}
 
     def convert_adapters(self, cfg, ctx) -> dict:
-        return lora.convert_adapters(cfg, ctx)
+        return lora_conversion.convert_adapters(cfg, ctx)
 
     def scored_adapter(self, cfg, output: Path, name: str, adapter_dir: Path):
         """The deployed checkpoint's CPU reference forward with the adapter as the backend's runtime takes it, against

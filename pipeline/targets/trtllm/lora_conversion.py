@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import peft_adapters as peft_lora
+from pipeline import peft_adapters
 from pipeline.errors import BuildStepError, PipelineError
 from pipeline.models import ModelFacts
 from pipeline.peft_adapters import LINEAR_MODULES, Adapter
@@ -299,7 +299,7 @@ def _llm_api_problems(cfg) -> list[Problem]:
     for position, section in enumerate(cfg.lora.adapters):
         path = cfg.resolve_path(section.path)
         try:
-            config = peft_lora.read_config(path)
+            config = peft_adapters.read_config(path)
         except PipelineError:
             continue  # config validation names an unreadable adapter
         out += [(("lora", "adapters", position, "path"), p) for p in loader_problems(path, config)]
@@ -319,7 +319,7 @@ def loader_problems(adapter_dir: Path, config: dict) -> list[str]:
     }
     if config.get("alpha_pattern") and "alpha_pattern" not in read:
         return [
-            f"{adapter_dir / peft_lora.ADAPTER_CONFIG} sets alpha_pattern {config['alpha_pattern']}, which "
+            f"{adapter_dir / peft_adapters.ADAPTER_CONFIG} sets alpha_pattern {config['alpha_pattern']}, which "
             f"TensorRT-LLM's PEFT loader ignores (its scale reads only {sorted(read - {'np'})} of the file); "
             "fold the per-module alphas into lora_B and drop alpha_pattern, or use target.trtllm_backend: tensorrt"
         ]
@@ -366,14 +366,16 @@ def convert_adapters(cfg, ctx) -> dict:
 
     names = [section.name for section in cfg.lora.adapters]  # the stage's copies: ctx.out_dir / name
     if cfg.target.trtllm_backend != "tensorrt":
-        problems = [p for n in names for p in loader_problems(ctx.out_dir / n, peft_lora.read_config(ctx.out_dir / n))]
+        problems = [
+            p for n in names for p in loader_problems(ctx.out_dir / n, peft_adapters.read_config(ctx.out_dir / n))
+        ]
         if problems:
             raise BuildStepError("; ".join(problems))
         return {}
     dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
     written = 0
     for name in names:
-        written += write_request_files(peft_lora.load(ctx.out_dir / name), ctx.out_dir / name, dtype)
+        written += write_request_files(peft_adapters.load(ctx.out_dir / name), ctx.out_dir / name, dtype)
     link_prefetch(ctx.out_dir, dict(zip(names, cfg.lora.task_ids())))
     ctx.log(f"wrote {dtype} lora_weights / lora_config for {len(names)} adapters and {PREFETCH_DIR}/<task id>/")
     return {"trtllm_lora_request_bytes": written}

@@ -26,7 +26,7 @@ import yaml
 from pipeline.errors import BuildStepError, TargetUnavailable
 from pipeline.models import SERVED_TOKENIZER_FILES
 from pipeline.targets import Problem, given_fields
-from pipeline.targets.trtllm import lora_conversion as lora
+from pipeline.targets.trtllm import lora_conversion
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
@@ -142,8 +142,8 @@ def all_options(cfg) -> list[Option]:
     # Guided decoding (structured outputs) on wherever the release has the option: without a backend the LLM
     # refuses a request's guide. No config field sets it, so a release lacking it just goes without.
     options.append(Option(("guided_decoding_backend",), GUIDED_DECODING_BACKEND, "target.trtllm_version"))
-    if cfg.lora is not None:  # its fields are lora.LLM_API_FIELDS, which engine_reads adds
-        options.append(Option(("lora_config",), lora.llm_api_lora_config(cfg), "lora.target_modules"))
+    if cfg.lora is not None:  # its fields are lora_conversion.LLM_API_FIELDS, which engine_reads adds
+        options.append(Option(("lora_config",), lora_conversion.llm_api_lora_config(cfg), "lora.target_modules"))
     return options
 
 
@@ -279,12 +279,12 @@ class PytorchBackend:
             "triton.ensemble_name",
             "triton.llm_model_name",
         }
-        | lora.backend_fields("pytorch")
+        | lora_conversion.backend_fields("pytorch")
     )
 
     def engine_reads(self, cfg) -> tuple[str, ...]:
         fields = [option.field for option in all_options(cfg)]  # every field the options YAML holds
-        return tuple(dict.fromkeys([*fields, *(lora.LLM_API_FIELDS if cfg.lora is not None else ())]))
+        return tuple(dict.fromkeys([*fields, *(lora_conversion.LLM_API_FIELDS if cfg.lora is not None else ())]))
 
     def missing(self) -> list[str]:
         return missing_for_llm_api()

@@ -410,16 +410,17 @@ def with_lora(model, deltas: dict):
 def adapter_deltas(cfg, adapter_dir: Path, facts) -> dict:
     """The adapter as the backend's runtime takes it: the engine workflow's lora_weights / lora_config (written by the
     lora stage) read back as the C++ runtime slices them; for the PyTorch backend, which loads the PEFT files itself,
-    their weights with PEFT's scale (lora.loader_problems refuses the adapters its loader would scale otherwise)."""
+    their weights with PEFT's scale (lora_conversion.loader_problems refuses the adapters its loader would scale
+    otherwise)."""
     import numpy as np
 
-    from pipeline import peft_adapters as peft_lora
-    from pipeline.targets.trtllm import lora_conversion as lora
+    from pipeline import peft_adapters
+    from pipeline.targets.trtllm import lora_conversion
 
     if cfg.target.trtllm_backend != "tensorrt":
-        return peft_lora.load(adapter_dir).weights
-    files = lora.request_facts()["converter"]["files"]
-    return lora.read_request(
+        return peft_adapters.load(adapter_dir).weights
+    files = lora_conversion.request_facts()["converter"]["files"]
+    return lora_conversion.read_request(
         np.load(adapter_dir / files["lora_weights"]), np.load(adapter_dir / files["lora_config"]), facts
     )
 

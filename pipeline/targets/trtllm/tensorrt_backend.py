@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS, Problem
-from pipeline.targets.trtllm import lora_conversion as lora
+from pipeline.targets.trtllm import lora_conversion
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
@@ -46,7 +46,8 @@ from pipeline.targets.trtllm.modelopt import CHECKPOINT_DTYPES, LOADER_QUANTIZED
 from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS, required_parameters, template
 
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
-# Every template parameter neither template_parameters nor guided.engine_parameters / lora.engine_parameters fills is
+# Every template parameter neither template_parameters nor guided.engine_parameters /
+# lora_conversion.engine_parameters fills is
 # read inside a try block with a default (the table's optional_parameters), so leaving it out keeps the release's
 # default: the lora_cache_* ones among them (upstream/trtllm_lora.json cache_parameters).
 DTYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
@@ -138,7 +139,7 @@ def triton_llm_model(cfg, engine_dir: Path, engine: dict):
     filled = (
         template_parameters(cfg, engine_dir, engine)
         | engine_parameters(cfg.target.trtllm_version, engine_dir)
-        | lora.engine_parameters(cfg, engine_dir)
+        | lora_conversion.engine_parameters(cfg, engine_dir)
     )
     values = {k: v for k, v in filled.items() if k in spec["parameters"]}  # older templates lack some
     unfilled = set(required_parameters(cfg.target.trtllm_version)) - set(values)
@@ -187,7 +188,7 @@ def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
         f"--tokens_per_block={b.tokens_per_block}",
         f"--multiple_profiles={_switch(b.multiple_profiles)}",
         f"--workers={cfg.parallel.tp_size * cfg.parallel.pp_size}",
-        *lora.build_flags(cfg, CHECKPOINT_DTYPES[cfg.model.dtype]),
+        *lora_conversion.build_flags(cfg, CHECKPOINT_DTYPES[cfg.model.dtype]),
     ]
 
 
@@ -287,13 +288,13 @@ class TensorrtBackend:
         }
         | GPU_DEPLOY_FIELDS
         | TRITON_DEPLOY_FIELDS
-        | lora.backend_fields("tensorrt")
+        | lora_conversion.backend_fields("tensorrt")
     )
 
     def engine_reads(self, cfg) -> tuple[str, ...]:
         # trtllm-build takes build, quantization, parallel and the LoRA modules and rank; runtime knobs go to
         # triton_repo, the adapters to the lora stage
-        return lora.ENGINE_FIELDS if cfg.lora is not None else ()
+        return lora_conversion.ENGINE_FIELDS if cfg.lora is not None else ()
 
     def missing(self) -> list[str]:
         return missing_for_engine()
@@ -391,8 +392,8 @@ class TensorrtBackend:
                 f", {TOKENIZER_INFO_FILE} (guided decoding)" if takes_guided_decoding(cfg.target.trtllm_version) else ""
             ),
             "triton_repo": "Triton model repository (config.pbtxt per model; tensorrtllm backend LLM model)",
-            "lora": f"{', '.join(lora.request_facts()['converter']['files'].values())} per adapter and "
-            f"{lora.PREFETCH_DIR}/<task id>/ (lora_prefetch_dir)",
+            "lora": f"{', '.join(lora_conversion.request_facts()['converter']['files'].values())} per adapter and "
+            f"{lora_conversion.PREFETCH_DIR}/<task id>/ (lora_prefetch_dir)",
         }.get(stage, "")
 
     def export_problems(self, cfg, hf_dir: Path, export_dir: Path) -> list[str]:
