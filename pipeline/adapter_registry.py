@@ -12,12 +12,26 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.peft_adapters import Fit
 
 INDEX = "adapters.json"
 # Names the server's adapter registry file (`Registry`) to the model processes: set by `serve` in tritonserver's
 # environment, which the python backend's model processes inherit and no Triton client can read or change.
 REGISTRY_ENV = "TRTLLM_PIPELINE_LORA_REGISTRY"
+
+
+@dataclass(frozen=True)
+class ServedAdapters:
+    """What a served repository's LLM model takes of the adapters the gateway adds (its target reads this from the
+    model's parameters: `Target.served_adapters`)."""
+
+    fit: Fit  # what the engine takes of an adapter
+    built: dict[str, int]  # the build's adapters: name -> task id
+    capacity: int  # adapters registered at once, the build's included
+    evict_idle: bool  # a load past capacity replaces the least recently used idle adapter the gateway added
 
 
 def read_index(lora_dir: Path) -> dict[str, dict]:

@@ -111,9 +111,6 @@ def _size_problems(exc: ValidationError, given: dict, keys: dict[str, str] | Non
     return "; ".join(problems)
 
 
-# transformers 4.57 defaults of the families whose config has a switch and a layer count (Qwen2Config, Qwen3Config:
-# use_sliding_window False, max_window_layers 28) or a period (Gemma2Config 2, Gemma3TextConfig and Cohere2Config
-# sliding_window_pattern 6 and 4: every period-th layer attends to all); a config that omits them gets these.
 # What an engine directory carries of the checkpoint besides weights, so a server tokenizes and ends turns as the
 # model does (the engine stage copies them; trtllm's PyTorch backend into its model directory).
 SERVED_TOKENIZER_FILES = (
@@ -123,6 +120,9 @@ SERVED_TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
+# transformers 4.57 defaults of the families whose config has a switch and a layer count (Qwen2Config, Qwen3Config:
+# use_sliding_window False, max_window_layers 28) or a period (Gemma2Config 2, Gemma3TextConfig and Cohere2Config
+# sliding_window_pattern 6 and 4: every period-th layer attends to all); a config that omits them gets these.
 WINDOW_SWITCH = {"Qwen2ForCausalLM": 28, "Qwen3ForCausalLM": 28}
 WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6, "Cohere2ForCausalLM": 4}
 

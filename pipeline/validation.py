@@ -1,5 +1,6 @@
 """A build config checked against its target: the layer above both `pipeline.config` (which knows no target) and
-the targets (which type their methods with the config). `load_config` here is the one every command uses.
+the target registry (`pipeline.targets`, whose protocol types its methods with the config). `load_config` here is the
+one every command uses.
 
 The target's rules: every field set must be one the target reads (`unhonoured_problems`), the deploy section's
 ports and gateway as the target serves them, the target's own rules (`Target.config_problems`) and whether it

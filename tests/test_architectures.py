@@ -63,7 +63,7 @@ def test_a_family_the_target_cannot_build_is_refused_with_the_reason(tmp_path, t
             ]
         )
     ]
-    assert refused, "ModelOpt 0.47 has no TensorRT-LLM export for Gemma 3: the engine backend must refuse it"
+    assert refused, "ModelOpt 0.47 has no TensorRT-LLM export for Gemma 3: the tensorrt backend must refuse it"
     variant, why_not = refused[0]
     settings = "".join(f"\n  {key}: '{value}'" for key, value in variant.items())
     path = write_config(

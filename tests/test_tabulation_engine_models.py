@@ -1,5 +1,5 @@
 """scripts/dev/tabulate_trtllm_engine_models.py on short inputs of our own in the upstream syntax, and the committed
-pipeline/upstream/trtllm_engine_models.json against what the engine backend looks up in it."""
+pipeline/upstream/trtllm_engine_models.json against what the tensorrt backend looks up in it."""
 
 import ast
 

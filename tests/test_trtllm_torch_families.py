@@ -1,6 +1,6 @@
 """Every registered family through ModelOpt's unified export, checked against what TensorRT-LLM's PyTorch model for
 it reads (trtllm_torch_models.json): tiny random checkpoints calibrated and exported in-process (no fp8 / int4 AWQ
-preset differs from the CLI's: pipeline.targets.trtllm.calibrate with the quantization section's values), the
+preset differs from the CLI's: pipeline.targets.trtllm.modelopt.calibrate with the quantization section's values), the
 conformance check per release, the CPU reference's perplexity / top-1 against fp32 through quality.measure, and
 each family-specific tensor or config key dropped or changed is named."""
 

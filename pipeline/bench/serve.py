@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.batch_generation import read_prompts
 from pipeline.bench.cpu import cpu_seconds, cpu_split
 from pipeline.bench.report import build_info, serve_versus
 from pipeline.bench.serve_peer import LLAMA_SERVER_FIELDS, PEERS, LlamaServer, llama_server_files
@@ -37,7 +38,6 @@ from pipeline.errors import PipelineError
 from pipeline.fetch import load_text
 from pipeline.serving.app import DEFAULT_MAX_BODY_BYTES, engine_limits
 from pipeline.serving.lifecycle import GatewayOptions, Serving, checked_repository, served_name
-from pipeline.targets.onnxruntime.runtime.batch import read_prompts
 from pipeline.triton.client import client_inputs, stream_responses
 from pipeline.triton.server import Ports, free_ports
 from pipeline.triton.validate import RepoReport

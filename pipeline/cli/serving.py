@@ -10,9 +10,9 @@ from typing import Optional
 
 import typer
 
+from pipeline.batch_generation import read_prompts, run_batches, write_jsonl
 from pipeline.cli.common import OutputOpt, console, load, reports_errors
 from pipeline.errors import ConfigError, PipelineError
-from pipeline.targets.onnxruntime.runtime.batch import read_prompts, run_batches, write_jsonl
 
 
 @reports_errors

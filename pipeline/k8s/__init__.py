@@ -1,8 +1,8 @@
 """Kubernetes manifests for a build config, validated offline before they are written (`trtllm-pipeline deploy`).
 
 A target describes how its output is served in a container (`Serving`, declared per target under the
-`trtllm_pipeline.deployments` entry points by `pipeline/targets/*/serving.py`: modules of their own, so that the build
-stages' lock entries, which hash the adapters and what they import, do not change with the deployment);
+`trtllm_pipeline.deployments` entry points by `pipeline/targets/*/deployment.py`: modules of their own, so that the
+build stages' lock entries, which hash the adapters and what they import, do not change with the deployment);
 `manifests` turns that and the config's `deploy` section into objects, and `checks` validates every object against
 the Kubernetes OpenAPI schemas of `deploy.kubernetes_version` (kubernetes-validate) or, for LeaderWorkerSet, the
 CRD schema tabulated from kubernetes-sigs/lws (`upstream/leaderworkerset.json`), then cross-checks them against each

@@ -6,7 +6,6 @@ process that died, an error). A repository of TensorRT-LLM's PyTorch backend is 
 from __future__ import annotations
 
 import ipaddress
-import json
 import signal
 import threading
 import time
@@ -14,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from pipeline.adapter_registry import Registry, built_task_ids
+from pipeline.adapter_registry import Registry
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.serving.adapter_admin import AdapterAdmin
 from pipeline.serving.app import create_app
-from pipeline.targets import TARGETS, engine_target, get_target, repository_checks
+from pipeline.targets import TARGETS, repository_checks
 from pipeline.triton.server import STOP_SIGNALS, Ports, TritonServer, dial_address, host_port
 from pipeline.triton.validate import RepoReport, validate_repo
 
@@ -73,22 +72,14 @@ def triton_launch(repo: Path, report: RepoReport):
 
 
 def adapter_admin(report: RepoReport, registry: Path, allowed_dirs=()) -> AdapterAdmin | None:
-    """The served LoRA adapters of a repository whose LLM model's engine carries LoRA (None otherwise): the build's,
-    from its lora_dir, and those the gateway adds to `registry`, the file the LLM model reads."""
-    llm = next(
-        (c for c in report.models.values() if "engine_dir" in c.parameters and "max_cpu_loras" in c.parameters), None
-    )
-    if llm is None:
+    """The served LoRA adapters of a repository whose LLM model takes adapters while serving (its target says:
+    `Target.served_adapters`; None otherwise): the build's, and those the gateway adds to `registry`, the file the
+    LLM model reads."""
+    served = next((s for target in TARGETS.values() if (s := target.served_adapters(report))), None)
+    if served is None:
         return None
-    engine_dir = Path(llm.parameters["engine_dir"].string_value)
-    fit = get_target(engine_target(json.loads((engine_dir / "config.json").read_text()))).adapter_fit(engine_dir)
-    if fit is None:
-        return None
-    lora_dir = llm.parameters["lora_dir"].string_value
-    built = built_task_ids(Path(lora_dir)) if lora_dir else {}
-    capacity = int(llm.parameters["max_cpu_loras"].string_value)
-    evict = llm.parameters["evict_idle_adapters"].string_value.lower() == "true"
-    return AdapterAdmin(Registry(registry), fit, [Path(d) for d in allowed_dirs], capacity, built, evict)
+    allowed = [Path(d) for d in allowed_dirs]
+    return AdapterAdmin(Registry(registry), served.fit, allowed, served.capacity, served.built, served.evict_idle)
 
 
 def _start_gateway(

@@ -3,10 +3,10 @@ asks the output to look like, as the engine's guided-decoding guide: the `respon
 trtllm-serve, vLLM's `structured_outputs`, and tool calls (`tools`, `tool_choice`).
 
 Each shape becomes (guided_decoding_guide_type, guided_decoding_guide), the two inputs of the `tensorrt_llm` model
-(`runtime.guided`); a shape the engine cannot take is a 400 naming the field. Tool calls are written in one
-generic format every model can be guided into: a JSON array of `{"name": ..., "arguments": {...}}`; `required` and a
-named function are enforced by a grammar built from the functions' own parameter schemas, so the arguments always
-parse and validate.
+(whichever target's model stands there); a shape the engine cannot take is a 400 naming the field. Tool calls are
+written in one generic format every model can be guided into: a JSON array of `{"name": ..., "arguments": {...}}`;
+`required` and a named function are enforced by a grammar built from the functions' own parameter schemas, so the
+arguments always parse and validate.
 """
 
 from __future__ import annotations

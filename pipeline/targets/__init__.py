@@ -18,8 +18,8 @@ from pipeline.errors import PipelineError
 from pipeline.plugins import TARGETS_GROUP, Registry
 
 if TYPE_CHECKING:
+    from pipeline.adapter_registry import ServedAdapters
     from pipeline.config import BuildConfig
-    from pipeline.peft_adapters import Fit
     from pipeline.quality import Model
     from pipeline.triton.model_config import ModelSpec
     from pipeline.triton.validate import ModelCheck, RepoReport
@@ -121,8 +121,9 @@ class Target(Protocol):
         """The tritonserver command serving `repo` (given its address arguments) where this target's models need a
         server of their own (NVIDIA's container); None where the CPU tritonserver of `pipeline.triton.server` does."""
 
-    def adapter_fit(self, engine_dir: Path) -> Fit | None:
-        """What an engine this target built takes of a LoRA adapter added while serving (None: it takes none)."""
+    def served_adapters(self, report: RepoReport) -> ServedAdapters | None:
+        """What the repository's LLM model of this target takes of LoRA adapters added while serving (None: the
+        repository has no such model, or its engine takes none)."""
 
 
 # The quality gate's fields (pipeline.quality), honoured by every target, which gates one of its stages.

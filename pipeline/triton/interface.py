@@ -75,6 +75,7 @@ PREPROCESSING_OUTPUTS: list[Tensor] = [
     ("OUT_PAD_ID", "TYPE_INT32", SCALAR, False),
 ]
 
+# The LLM model the ensemble and BLS call (the `tensorrt_llm` template's names): what a target's LLM model declares.
 LLM_INPUTS: list[Tensor] = [
     ("input_ids", "TYPE_INT32", [-1], True),  # optional, as in the template: a `stop` request carries none
     ("input_lengths", "TYPE_INT32", SCALAR, False),
@@ -97,9 +98,9 @@ LLM_INPUTS: list[Tensor] = [
     ("exclude_input_in_output", "TYPE_BOOL", SCALAR, True),
     ("streaming", "TYPE_BOOL", SCALAR, True),
     ("stop", "TYPE_BOOL", SCALAR, True),  # true: stop the running request with this request's id
-    *GUIDED_INPUTS,  # pipeline.targets.onnxruntime.runtime.guided
+    *GUIDED_INPUTS,
 ]
-# The CPU LLM model of an engine built with LoRA: the task id selects a row's adapter among those registered. No input
+# An LLM model of an engine built with LoRA: the task id selects a row's adapter among those registered. No input
 # loads an adapter: Triton's ports carry no authentication (adapters come from the build or `serve`'s registry).
 LORA_LLM_INPUTS: list[Tensor] = [LORA_TASK_ID]
 LLM_OUTPUTS: list[Tensor] = [

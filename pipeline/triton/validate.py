@@ -20,9 +20,8 @@ from pipeline.paths import inside, model_name_problem
 
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 
-# Parameters naming a directory the model loads a tokenizer from (AutoTokenizer.from_pretrained): the tokenizer
-# models' tokenizer_dir, the onnxruntime LLM model's engine_dir (to hold back incomplete UTF-8 when streaming).
-TOKENIZER_PARAMETERS = ("tokenizer_dir", "engine_dir")
+# The parameter naming the directory the tokenizer models load a tokenizer from (AutoTokenizer.from_pretrained).
+TOKENIZER_PARAMETER = "tokenizer_dir"
 # What AutoTokenizer needs of such a directory, measured on our builds by deleting each file in turn: without
 # tokenizer.json (or a sentencepiece tokenizer.model) it cannot load; without tokenizer_config.json it loads
 # another tokenizer class with other special-token rules.
@@ -38,8 +37,9 @@ class RepoReport:
         self.problems.append(f"{where}: {message}")
 
 
-# A target's check of one model (its directory, parsed config, the report, where to report), run after the generic ones.
-ModelCheck = Callable[[Path, model_config_pb2.ModelConfig, "RepoReport", str], None]
+# A target's check of one model (its directory, parsed config, the report, where to report); it returns True when the
+# files that serve the model are the target's to check (e.g. a model.py that NVIDIA's container supplies).
+ModelCheck = Callable[[Path, model_config_pb2.ModelConfig, "RepoReport", str], bool | None]
 
 
 def parse_model_config(text: str, where: str, report: RepoReport) -> model_config_pb2.ModelConfig | None:
@@ -131,32 +131,28 @@ def missing_tokenizer_files(directory: Path) -> list[str]:
 
 
 def check_model_files(
-    name: str, config: model_config_pb2.ModelConfig, model_dir: Path, report: RepoReport, where: str
+    name: str, config: model_config_pb2.ModelConfig, model_dir: Path, report: RepoReport, where: str, supplied: bool
 ) -> None:
+    """What any model directory needs; `supplied`: a target's check vouches for the files that serve it."""
     if config.platform == "ensemble":
         return
     if not (model_dir / "1").is_dir():
         report.add(where, f"version directory {model_dir / '1'} is missing")
-    # a model.yaml (Triton's llmapi model) names the model.py of NVIDIA's container; its target checks it
-    if config.backend == "python" and not any((model_dir / "1" / f).is_file() for f in ("model.py", "model.yaml")):
+    if config.backend == "python" and not supplied and not (model_dir / "1" / "model.py").is_file():
         report.add(where, f"python backend model file {model_dir / '1' / 'model.py'} is missing")
-    for key in TOKENIZER_PARAMETERS:
-        value = parameter(config, key)
-        if value is not None and not Path(value).is_dir():
-            report.add(where, f"parameter '{key}' points to {value}, which does not exist")
-        elif value is not None:
-            for missing in missing_tokenizer_files(Path(value)):
-                report.add(
-                    where,
-                    f"parameter '{key}': {missing} is missing (the model loads its tokenizer from {value}); "
-                    "rebuild the engine stage (it copies the tokenizer files) or copy them there",
-                )
+    value = parameter(config, TOKENIZER_PARAMETER)
+    if value is not None and not Path(value).is_dir():
+        report.add(where, f"parameter '{TOKENIZER_PARAMETER}' points to {value}, which does not exist")
+    elif value is not None:
+        for missing in missing_tokenizer_files(Path(value)):
+            report.add(
+                where,
+                f"parameter '{TOKENIZER_PARAMETER}': {missing} is missing (the model loads its tokenizer from "
+                f"{value}); rebuild the engine stage (it copies the tokenizer files) or copy them there",
+            )
     for key, value in config.parameters.items():
         if key.endswith("_model_name") and value.string_value:  # empty: unused (upstream's draft model name)
             check_reference(value.string_value, report, f"{where}: parameter '{key}'")
-    engine = parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else parameter(config, "engine_dir")
-    if engine is not None and not (Path(engine) / "config.json").is_file():
-        report.add(where, f"engine directory {engine} has no config.json")
 
 
 def validate_repo(repo: Path, checks: Sequence[ModelCheck] = ()) -> RepoReport:
@@ -180,7 +176,8 @@ def validate_repo(repo: Path, checks: Sequence[ModelCheck] = ()) -> RepoReport:
         where = str(repo / name / "config.pbtxt")
         if config.platform == "ensemble":
             check_ensemble(name, config, report, where)
-        check_model_files(name, config, repo / name, report, where)
-        for check in checks:
-            check(repo / name, config, report, where)
+        by_targets = RepoReport(models=report.models)
+        supplied = any([check(repo / name, config, by_targets, where) for check in checks])  # every check runs
+        check_model_files(name, config, repo / name, report, where, supplied)
+        report.problems += by_targets.problems
     return report

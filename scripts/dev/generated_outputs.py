@@ -61,7 +61,7 @@ def shape_override(config: Path, shapes: Path) -> list[str]:
 
 
 def every_release(config: Path, extra: list[str], output: Path) -> None:
-    """The options file and the engine backend's repository of each release the tables hold, for a trtllm config."""
+    """The options file and the tensorrt backend's repository of each release the tables hold, for a trtllm config."""
     from pipeline.errors import PipelineError
     from pipeline.stages import triton_repo
     from pipeline.targets.trtllm.pytorch_backend import options_yaml, release_options

@@ -1,7 +1,7 @@
-"""The trtllm target's engine backend beyond Llama: Qwen2 (q/k/v biases) and Mistral (sliding window) exported by
-ModelOpt with the decoder type ModelOpt's own table gives them, checked for conformance against the tabulated
-class facts and scored by the reference forward against the fp32 model; the families the engine workflow cannot take
-from this pipeline refused at validate with the reason."""
+"""The trtllm target's tensorrt backend (engines) beyond Llama: Qwen2 (q/k/v biases) and Mistral (sliding window)
+exported by ModelOpt with the decoder type ModelOpt's own table gives them, checked for conformance against the
+tabulated class facts and scored by the reference forward against the fp32 model; the families the engine workflow
+cannot take from this pipeline refused at validate with the reason."""
 
 from __future__ import annotations
 

@@ -407,7 +407,9 @@ class OnnxRuntimeTarget:
         return adapter_scored(cfg, output / "engine", output / "import", name, adapter_dir)
 
     def repository_checks(self, options) -> list:
-        return []  # its models are python models the generic checks cover
+        from pipeline.targets.onnxruntime.served_repository import check_llm_model
+
+        return [check_llm_model]
 
     def serve_without_triton(self, repo: Path, host: str, port: int, openai_gateway: bool) -> None:
         return None  # always served by tritonserver
@@ -415,10 +417,10 @@ class OnnxRuntimeTarget:
     def triton_launch(self, repo: Path, report):
         return None  # the CPU tritonserver
 
-    def adapter_fit(self, engine_dir: Path):
-        from pipeline.targets.onnxruntime.runtime.lora_slots import engine_fit
+    def served_adapters(self, report):
+        from pipeline.targets.onnxruntime.served_repository import served_adapters
 
-        return engine_fit(engine_dir)
+        return served_adapters(report)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:
         return []

@@ -1,7 +1,7 @@
 """How an onnxruntime build runs in a container (`pipeline.k8s`): `trtllm-pipeline serve` in the CPU image of our
 Dockerfile, which builds the config into the image.
 
-Apart from the adapter (`onnxruntime.py`) so that the build stages, whose lock entries hash the adapter and what it
+Apart from the adapter (`adapter.py`) so that the build stages, whose lock entries hash the adapter and what it
 imports, do not re-run when only the deployment changes.
 """
 

@@ -1,4 +1,4 @@
-"""Host memory of one onnxruntime server at its worst (`plan` and the Kubernetes memory request)."""
+"""Host memory of one onnxruntime server at its worst (`deploy`: the Kubernetes memory request)."""
 
 from __future__ import annotations
 

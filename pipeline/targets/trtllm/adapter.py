@@ -358,7 +358,7 @@ class TrtllmTarget:
 
         return container_launch(repo, report)
 
-    def adapter_fit(self, engine_dir: Path):
+    def served_adapters(self, report):
         return None  # its engines take adapters only from the build (the lora stage)
 
     def plan_notes(self, cfg, output: Path) -> list[str]:

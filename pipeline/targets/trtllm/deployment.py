@@ -3,8 +3,8 @@ built once on a claim by a Job on the GPUs it serves from, one rank per GPU (a L
 pods when tp x pp exceeds deploy.gpus_per_node). How each release serves: `upstream/trtllm_serving.json`
 (scripts/dev/tabulate_trtllm_serving.py).
 
-Apart from the adapters (`trtllm*.py`) so that the build stages, whose lock entries hash the adapters and what they
-import, do not re-run when only the deployment changes.
+Apart from the adapter and its backends (`adapter.py`, `*_backend.py`) so that the build stages, whose lock entries
+hash them and what they import, do not re-run when only the deployment changes.
 """
 
 from __future__ import annotations

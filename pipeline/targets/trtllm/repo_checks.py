@@ -107,14 +107,19 @@ def model_checks(trtllm_version: str | None) -> list[ModelCheck]:
     """The checks of a repository's TensorRT-LLM models against `trtllm_version` (None: only llmapi models, against
     the release their build recorded)."""
 
-    def check(model_dir: Path, config: model_config_pb2.ModelConfig, report: RepoReport, where: str) -> None:
-        if (model_dir / "1" / "model.yaml").is_file():  # Triton's llmapi model: model.py comes from NVIDIA's container
+    def check(model_dir: Path, config: model_config_pb2.ModelConfig, report: RepoReport, where: str) -> bool:
+        llmapi = (model_dir / "1" / "model.yaml").is_file()  # Triton's llmapi model: NVIDIA's container has model.py
+        if llmapi:
             check_llmapi_model(model_dir / "1" / "model.yaml", report, trtllm_version)
+        engine = parameter(config, "gpt_model_path") if config.backend == "tensorrtllm" else None
+        if engine is not None and not (Path(engine) / "config.json").is_file():
+            report.add(where, f"engine directory {engine} has no config.json")
         if trtllm_version and config.backend == "tensorrtllm":
             check_required_parameters(config, trtllm_version, report, where)
             parameters = {key: value.string_value for key, value in config.parameters.items()}
             for problem in guided_config_problems(parameters, trtllm_version):
                 report.add(where, problem)
             check_engine_release(config, trtllm_version, report, where)
+        return llmapi
 
     return [check]

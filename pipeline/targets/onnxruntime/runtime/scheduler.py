@@ -1,4 +1,5 @@
-"""In-flight batching over a ModelRunner, as plain Python: the scheduler behind the Triton model `onnxruntime_llm`.
+"""In-flight batching over a ModelRunner, as plain Python: the scheduler behind the target's Triton model
+(`triton_model.py`).
 
 Why here and not in the Triton model: admission, the KV budget, chunked prefill, retiring, cancellation and
 per-request errors are the most intricate runtime logic, and outside Triton they can be driven one step at a time on
