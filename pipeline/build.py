@@ -183,3 +183,14 @@ def build(
                 console.print(f"[green]✓ {name}[/]: done in {entry['duration_s']:.1f}s → {output / name}")
             done.append(decision)
     return done
+
+
+def verify_output(cfg: BuildConfig, output: Path, log=print) -> tuple[Path, dict]:
+    """(what was scored, its quality report) for the build in `output`: what its target's gated stage built, against
+    its reference, as the `verify` command scores it (the stage's own gate runs the same `quality.measure`)."""
+    from pipeline.quality import measure
+    from pipeline.targets import target_of
+
+    target = target_of(cfg)
+    model, reference = target.scored(cfg, output, output / target.gated_stage, log)
+    return model.path, measure(cfg, model, reference, output / "import", cache_dir(), log)

@@ -4,10 +4,10 @@ forward passes) and on the built-in chat set (the same drift over the reference'
 model's own greedy answer is the reference's), failing the build past the `verify.*` thresholds.
 
 The stage a target gates (`Target.gated_stage`: onnxruntime's engine, trtllm's exported checkpoint) calls `gate`
-once the target has built; the `verify` command calls `measure` on what `Target.scored` returns. The target says how
-this machine runs what it built and its reference (as `Model`s; fp32 unless `verify.reference_dtype` says bfloat16);
-everything else is here (the transformers models it runs: `pipeline.torch_models`). A library below the targets: it
-imports none.
+once the target has built; the `verify` command (`pipeline.build.verify_output`) calls `measure` on what
+`Target.scored` returns. The target says how this machine runs what it built and its reference (as `Model`s; fp32
+unless `verify.reference_dtype` says bfloat16); everything else is here (the transformers models it runs:
+`pipeline.torch_models`). A library below the targets: it imports none.
 """
 
 from __future__ import annotations

@@ -219,17 +219,12 @@ def verify(config: Path = ConfigArg, overrides: Optional[list[str]] = OverridesA
 
     Example: trtllm-pipeline verify build_configs/smollm2-135m-cpu-int4.yaml verify.eval_tokens=4096
     """
-    from pipeline.build import cache_dir, default_output
-    from pipeline.quality import THRESHOLDS, gate_problem, measure
-    from pipeline.targets import target_of
+    from pipeline.build import default_output, verify_output
+    from pipeline.quality import THRESHOLDS, gate_problem
 
     cfg = load(config, overrides)
     output = output or default_output(config)
-    target = target_of(cfg)
-    log = lambda m: console.print(f"  {m}", highlight=False)  # noqa: E731
-    model, reference = target.scored(cfg, output, output / target.gated_stage, log)
-    report = measure(cfg, model, reference, output / "import", cache_dir(), log)
-    subject = model.path
+    subject, report = verify_output(cfg, output, lambda m: console.print(f"  {m}", highlight=False))
     table = Table(title=f"verify {subject}", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
