@@ -92,12 +92,16 @@ def test_every_family_exports_what_the_release_loads(exports, arch, release):
 
 def test_export_unified_writes_the_config_keys_releases_read(exports):
     """transformers 4.57 writes neither Phi-3's attention_bias nor Gemma 3's sliding_window_pattern; 1.0's Phi-3
-    attention and Gemma 3 decoder layer read them without a fallback."""
-    assert exports["Phi3ForCausalLM", "none"][2] == ["config.json:attention_bias"]
-    assert exports["Gemma3ForCausalLM", "none"][2] == ["config.json:sliding_window_pattern"]
+    attention and Gemma 3 decoder layer read them without a fallback. It writes `dtype` where the containers' older
+    transformers read `torch_dtype` (else the PyTorch backend assumes bfloat16): both are written, the same."""
+    assert exports["Phi3ForCausalLM", "none"][2] == ["config.json:attention_bias", "config.json:torch_dtype"]
+    assert exports["Gemma3ForCausalLM", "none"][2] == ["config.json:sliding_window_pattern", "config.json:torch_dtype"]
     gemma = json.loads((exports["Gemma3ForCausalLM", "none"][1] / "config.json").read_text())
     assert gemma["sliding_window_pattern"] == 2 and gemma["layer_types"] == ["sliding_attention", "full_attention"]
-    assert exports["Qwen3ForCausalLM", "int4-awq"][2] == []
+    assert exports["Qwen3ForCausalLM", "int4-awq"][2] == ["config.json:torch_dtype"]
+    for key in exports:
+        config = json.loads((exports[key][1] / "config.json").read_text())
+        assert config["torch_dtype"] == config["dtype"] in ("float16", "bfloat16"), key
 
 
 def test_phi3_int4_with_its_fused_linears_excluded_loads(exports):

@@ -41,7 +41,8 @@ class ModelSection(Section):
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto",
-        description="The dtype the pipeline computes in: trtllm's checkpoint and engine (auto: float16) and a GGUF's "
+        description="The dtype the pipeline computes in: trtllm's checkpoint and engine (auto: the checkpoint's "
+        "bfloat16 or float16; float32 becomes float16; float16 for the tensorrt backend's LoRA) and a GGUF's "
         "dequantized weights (auto: float32). A Hugging Face checkpoint is imported in its own dtype whatever this "
         "says (bf16 stays bf16 on disk, converted a tensor at a time where a stage needs another); the onnxruntime "
         "graph computes in float32.",

@@ -176,7 +176,7 @@ def test_the_converter_command_uses_only_tabulated_flags():
     cfg = SimpleNamespace(
         target=SimpleNamespace(trtllm_version="1.2"),
         parallel=SimpleNamespace(tp_size=2, pp_size=1),
-        model=SimpleNamespace(dtype="auto"),
+        model=SimpleNamespace(dtype="float16"),  # auto reads the kept checkpoint (tests/targets/test_trtllm_dtypes.py)
     )
     command = pq.converter_command(cfg, GPTQ, Path("/in"), Path("/out"))
     assert command[:2] == ["python3", converter["script"]]

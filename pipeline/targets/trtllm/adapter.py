@@ -18,8 +18,8 @@ from pipeline.errors import BuildStepError, PipelineError
 from pipeline.prequantized import kept
 from pipeline.targets.trtllm import lora_conversion, prequantized
 from pipeline.targets.trtllm.backend import BACKEND_MODULES, BACKEND_TABLES, BACKENDS, backend_of, engine_backend
+from pipeline.targets.trtllm.dtypes import deployed_dtype
 from pipeline.targets.trtllm.modelopt import (
-    CHECKPOINT_DTYPES,
     LOADER_QUANTIZED,
     MODELOPT_PRESETS,
     STATE_FILE,
@@ -262,7 +262,7 @@ class TrtllmTarget:
             return prequantized.export_kept(cfg, ctx, detected, backend_of(cfg).name)
         quantized = ctx.upstream("quantize") if (ctx.upstream("quantize") / STATE_FILE).is_file() else None
         hf_dir = ctx.upstream("import")
-        dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
+        dtype = deployed_dtype(cfg, hf_dir)
         p, release, backend = cfg.parallel, cfg.target.trtllm_version, backend_of(cfg)
         deployed, kind = backend.deployed_checkpoint(ctx.out_dir)
         engine_input = kind == "trtllm"

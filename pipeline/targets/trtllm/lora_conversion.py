@@ -32,6 +32,7 @@ from pipeline.models import ModelFacts
 from pipeline.peft_adapters import LINEAR_MODULES, Adapter
 from pipeline.targets import Problem
 from pipeline.targets.trtllm.backend import link_or_copy
+from pipeline.targets.trtllm.dtypes import deployed_dtype
 from pipeline.targets.trtllm.triton_cpp_backend import template
 from pipeline.upstream import facts, release_facts, releases
 
@@ -179,14 +180,14 @@ def link_prefetch(lora_dir: Path, task_ids: dict[str, int]) -> Path:
 # ---------------------------------------------------------------- the engine workflow (tensorrt)
 
 
-def build_flags(cfg, dtype: str) -> list[str]:
+def build_flags(cfg) -> list[str]:
     """trtllm-build's LoRA flags (upstream/trtllm_build_flags.json): the plugin in the checkpoint dtype, the modules
     (nargs '+', one argument each), the largest rank."""
     if cfg.lora is None:
         return []
     lora = cfg.lora
     return [
-        f"--lora_plugin={dtype}",
+        f"--lora_plugin={deployed_dtype(cfg)}",
         "--lora_target_modules",
         *trtllm_modules(lora.target_modules),
         f"--max_lora_rank={lora.max_lora_rank}",
@@ -332,8 +333,6 @@ def loader_problems(adapter_dir: Path, config: dict) -> list[str]:
 def config_problems(cfg) -> list[Problem]:
     """What the targeted release and backend cannot do of the lora section and its adapters' settings, naming the
     field and the fix."""
-    from pipeline.targets.trtllm.modelopt import CHECKPOINT_DTYPES
-
     if cfg.lora is None:
         return []
     release = cfg.target.trtllm_version
@@ -350,7 +349,7 @@ def config_problems(cfg) -> list[Problem]:
     if unknown:
         return [(("lora", "target_modules"), f"{unknown} have no TensorRT-LLM LoRA module; remove them")]
     if cfg.target.trtllm_backend == "tensorrt":
-        return _engine_problems(cfg, CHECKPOINT_DTYPES[cfg.model.dtype])
+        return _engine_problems(cfg, deployed_dtype(cfg))
     return _llm_api_problems(cfg)
 
 
@@ -362,8 +361,6 @@ def backend_fields(backend: str) -> frozenset[str]:
 def convert_adapters(cfg, ctx) -> dict:
     """The lora stage's TensorRT-LLM part: for the engine workflow, each adapter's request tensors beside its PEFT
     files and the prefetch folder; for the PyTorch backend, which reads the PEFT files itself, the loader check."""
-    from pipeline.targets.trtllm.modelopt import CHECKPOINT_DTYPES
-
     names = [section.name for section in cfg.lora.adapters]  # the stage's copies: ctx.out_dir / name
     if cfg.target.trtllm_backend != "tensorrt":
         problems = [
@@ -372,7 +369,7 @@ def convert_adapters(cfg, ctx) -> dict:
         if problems:
             raise BuildStepError("; ".join(problems))
         return {}
-    dtype = CHECKPOINT_DTYPES[cfg.model.dtype]
+    dtype = deployed_dtype(cfg)
     written = 0
     for name in names:
         written += write_request_files(peft_adapters.load(ctx.out_dir / name), ctx.out_dir / name, dtype)

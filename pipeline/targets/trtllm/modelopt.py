@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.fetch import calibration_windows
 from pipeline.targets.trtllm.checkpoint import EXPECTED_ALGO, EngineFamily
+from pipeline.targets.trtllm.dtypes import checkpoint_dtype
 
 # (weights, method) -> the ModelOpt preset; int4 presets get their block size from quantization.group_size.
 MODELOPT_PRESETS = {
@@ -32,7 +33,6 @@ def loader_quantized(q) -> str | None:
 
 
 KV_QUANTIZER = "*[kv]_bmm_quantizer"
-CHECKPOINT_DTYPES = {"auto": "float16", "float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
 
 
 # ModelOpt warnings that are expected here and say nothing actionable: it tries to import tensorrt_llm
@@ -176,27 +176,6 @@ def load_calibrated(hf_dir: Path, quantize_dir: Path | None):
         for name, weight in rewritten.items():
             model.get_parameter(name).copy_(weight)
     return model
-
-
-SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-
-
-def checkpoint_dtype(hf_dir: Path) -> str:
-    """The torch dtype most of the checkpoint's floating-point values are stored in, read from the safetensors
-    headers (config.json's dtype may name the dtype the pipeline computes in rather than the one on disk)."""
-    from collections import Counter
-    from math import prod
-
-    from safetensors import safe_open
-
-    stored = Counter()
-    for file in sorted(Path(hf_dir).glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            for name in f.keys():
-                piece = f.get_slice(name)
-                stored[piece.get_dtype()] += prod(piece.get_shape())
-    floats = {dtype: count for dtype, count in stored.items() if dtype in SAFETENSORS_FLOATS}
-    return SAFETENSORS_FLOATS[max(floats, key=floats.get)]
 
 
 def smoothed_linears(model):

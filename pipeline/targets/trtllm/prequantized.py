@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError
 from pipeline.prequantized import QUANTIZED_DIR, CheckpointQuantization, kept, of_config
+from pipeline.targets.trtllm.dtypes import deployed_dtype
 from pipeline.upstream import facts
 
 TABLE = "trtllm_prequantized"
@@ -213,14 +214,12 @@ def converter_command(cfg, detected: CheckpointQuantization, quantized_dir: Path
     quantization comes from the checkpoint's config.json (the table's quantization_from_checkpoint_config), so the
     flags name only where, which dtype and how many ranks; each is one the tabulated argparse defines, within its
     choices."""
-    from pipeline.targets.trtllm.modelopt import CHECKPOINT_DTYPES
-
     release, p = cfg.target.trtllm_version, cfg.parallel
     converter = verdict(release, "tensorrt", detected.method)["converter"]
     values = {
         "model_dir": quantized_dir,
         "output_dir": checkpoint_dir,
-        "dtype": CHECKPOINT_DTYPES[cfg.model.dtype],
+        "dtype": deployed_dtype(cfg, quantized_dir),
         "tp_size": p.tp_size,
         "pp_size": p.pp_size,
         "workers": p.tp_size * p.pp_size,

@@ -42,7 +42,7 @@ from pipeline.targets.trtllm.guided import (
     write_tokenizer_info,
 )
 from pipeline.targets.trtllm.image import whole_config_commands
-from pipeline.targets.trtllm.modelopt import CHECKPOINT_DTYPES, LOADER_QUANTIZED
+from pipeline.targets.trtllm.modelopt import LOADER_QUANTIZED
 from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS, required_parameters, template
 
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
@@ -188,7 +188,7 @@ def trtllm_build_command(cfg, checkpoint: Path, out_dir: Path) -> list[str]:
         f"--tokens_per_block={b.tokens_per_block}",
         f"--multiple_profiles={_switch(b.multiple_profiles)}",
         f"--workers={cfg.parallel.tp_size * cfg.parallel.pp_size}",
-        *lora_conversion.build_flags(cfg, CHECKPOINT_DTYPES[cfg.model.dtype]),
+        *lora_conversion.build_flags(cfg),
     ]
 
 

@@ -508,7 +508,13 @@ def repair_config(unified_dir: Path) -> list[str]:
     """Write the config.json keys a tabulated release's model reads without a fallback (upstream/trtllm_torch_models
     config_required) that this transformers neither writes nor defaults, from what the checkpoint itself says:
     attention_bias (Phi-3's attention reads it; whether q/k/v biases are present) and sliding_window_pattern
-    (Gemma 3 before 1.2 reads it; the period of layer_types). Returns `config.json:<key>` per key written."""
+    (Gemma 3 before 1.2 reads it; the period of layer_types). Returns `config.json:<key>` per key written.
+
+    Also `torch_dtype` beside the `dtype` transformers 4.56+ writes: the containers' older transformers read only
+    `torch_dtype`, and the PyTorch backend's model dtype is `pretrained_config.torch_dtype or torch.bfloat16`
+    (ModelConfig.torch_dtype, NVIDIA/TensorRT-LLM tensorrt_llm/_torch/model_config.py at
+    008e0af8980fc560003631ba4ac37828836a91c8, a main-line commit): without it a float16 checkpoint would run in
+    bfloat16."""
     from transformers import AutoConfig
 
     file = unified_dir / "config.json"
@@ -522,6 +528,8 @@ def repair_config(unified_dir: Path) -> list[str]:
         added["attention_bias"] = any(n.endswith(("q_proj.bias", "qkv_proj.bias")) for n in _headers(unified_dir))
     if "sliding_window_pattern" in absent and config.get("layer_types") and period(config["layer_types"]):
         added["sliding_window_pattern"] = period(config["layer_types"])
+    if "torch_dtype" not in config and config.get("dtype"):
+        added["torch_dtype"] = config["dtype"]
     if added:
         file.write_text(json.dumps(config | added, indent=2, sort_keys=True) + "\n")
     return [f"config.json:{key}" for key in added]
