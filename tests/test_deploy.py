@@ -81,7 +81,9 @@ def deploy_llama(tmp_path: Path, config: str, size: str) -> tuple[Path, str, dic
     return model, result.stdout, written(tmp_path / "out")
 
 
-def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
+def test_llama_8b_fp8_deploys_the_gateway_in_front_of_trtllm_serve_built_on_a_claim(tmp_path):
+    """One node: `serve --openai` runs trtllm-serve on the pod's loopback and the OpenAI gateway in front of it; the
+    container declares, the Service exposes and the probes ask only the gateway's port."""
     model, _, objects = deploy_llama(tmp_path, "llama-3.1-8b-fp8-h100", "8b")
     assert sorted(objects) == ["ConfigMap", "Deployment", "Job", "PersistentVolumeClaim", "Service"]
     assert objects["Deployment"]["spec"]["replicas"] == 2
@@ -91,14 +93,22 @@ def test_llama_8b_fp8_deploys_trtllm_serve_built_on_a_claim(tmp_path):
     assert "plan" in wait["command"][2] and "--check" in wait["command"][2] and wait["resources"]["limits"]
     assert build["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert server["image"] == "trtllm-pipeline:gpu-1.2" and server["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert server["command"][:2] == ["trtllm-serve", "/artifacts/llama-3.1-8b-fp8-h100/engine/model"]
-    assert f"--extra_llm_api_options={CONFIG_DIR}/llm_api_options.yaml" in server["command"]
-    assert server["livenessProbe"]["httpGet"]["path"] == "/health"
+    output = "/artifacts/llama-3.1-8b-fp8-h100"
+    assert server["command"] == [
+        CLI, "serve", f"{CONFIG_DIR}/llama-3.1-8b-fp8-h100.yaml", "--output", output, "--host", "0.0.0.0",
+        "--http-port", "8000", "--openai", "--openai-port", "9000", "--allow-unauthenticated",
+    ]  # fmt: skip
+    assert [(p["name"], p["containerPort"]) for p in server["ports"]] == [("openai", 9000)]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert server[probe]["httpGet"] == {"path": "/health", "port": "openai"}, probe
+    service = objects["Service"]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["openai"] and "annotations" not in service[
+        "metadata"
+    ]
     assert (
         build["command"][1:3] == ["build", f"{CONFIG_DIR}/llama-3.1-8b-fp8-h100.yaml"] and "--wait" in build["command"]
     )
-    options = yaml.safe_load(objects["ConfigMap"]["data"]["llm_api_options.yaml"])
-    assert options["kv_cache_config"]["dtype"] == "fp8" and options["max_batch_size"] == 256
+    assert "llm_api_options.yaml" not in objects["ConfigMap"]["data"]  # serve reads the build's own options file
     mounts = {m["name"]: m["mountPath"] for m in server["volumeMounts"]}
     assert mounts["models"] == str(model) and mounts["artifacts"] == "/artifacts"
     assert objects["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -117,7 +127,11 @@ def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
     ]
     script = server_of(leader)["command"][2]
     assert script.count("-n 1 ") == 4 and "plm_rsh_agent /opt/trtllm-pipeline/scripts/kubessh" in script
-    assert script.count("trtllm-llmapi-launch trtllm-serve") == 4
+    assert script.count("trtllm-llmapi-launch trtllm-serve") == 4  # a group runs trtllm-serve alone
+    assert f"--extra_llm_api_options={CONFIG_DIR}/llm_api_options.yaml" in script
+    options = yaml.safe_load(objects["ConfigMap"]["data"]["llm_api_options.yaml"])
+    assert options["kv_cache_config"]["dtype"] == "fp8" and options["tensor_parallel_size"] == 4
+    assert [p["name"] for p in server_of(leader)["ports"]] == ["http"]
     assert objects["Service"]["spec"]["selector"] == {  # the leaders; the group's own headless Service is the LWS's
         "leaderworkerset.sigs.k8s.io/name": "llama-3-1-70b-fp8-tp4-group",
         "leaderworkerset.sigs.k8s.io/worker-index": "0",
@@ -172,15 +186,26 @@ def test_broken_deploy_values_are_refused_naming_the_field(tmp_path, overrides, 
 def test_ports_of_one_server_must_differ_but_unused_ones_are_not_checked(tmp_path):
     clash = run_cli("validate", CPU_CONFIG, "deploy.ports.metrics=8000")
     assert clash.returncode == 2 and "deploy.ports.metrics: 8000 is also deploy.ports.http" in clash.stderr
-    # trtllm-serve opens one port and serves no gateway of ours: grpc's number is free, no gateway key is asked for
+    # trtllm-serve opens no gRPC port: grpc's number is free
     exposed = run_cli(
-        "validate",
-        "build_configs/llama-3.1-8b-fp8-h100.yaml",
-        f"model.path={llama_shape(tmp_path, '8b')}",
-        "deploy.service_type=LoadBalancer",
+        "validate", "build_configs/llama-3.1-8b-fp8-h100.yaml", f"model.path={llama_shape(tmp_path, '8b')}",
         "deploy.ports.http=8001",
-    )
+    )  # fmt: skip
     assert exposed.returncode == 0, exposed.stderr
+
+
+def test_the_gateway_in_front_of_trtllm_serve_takes_the_key_of_the_secret(tmp_path):
+    """deploy.api_key_secret becomes the gateway's key (TRTLLM_PIPELINE_API_KEY from the Secret), so the command
+    drops --allow-unauthenticated; the manifests pass the offline checks."""
+    cfg = load_config(REPO / "build_configs/llama-3.1-8b-fp8-h100.yaml", [f"model.path={llama_shape(tmp_path, '8b')}"])
+    cfg.deploy.api_key_secret = "llm-key"
+    dep = plan_deployment(cfg, serving_of(cfg), "llama-3.1-8b-fp8-h100")
+    objects = render(cfg, dep)
+    server = server_of(next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"])
+    assert "--allow-unauthenticated" not in server["command"] and "--openai" in server["command"]
+    secret = {"secretKeyRef": {"name": "llm-key", "key": "api-key"}}
+    assert {"name": "TRTLLM_PIPELINE_API_KEY", "valueFrom": secret} in server["env"]
+    assert checks.manifest_problems(objects, dep, cfg, None) == []
 
 
 def test_deploy_needs_what_the_pods_need(tmp_path):

@@ -123,9 +123,11 @@ def test_export_unified_writes_the_model_dtype(builds, reports, tmp_path):
     root = builds["int4-awq"]
     model = load_calibrated(root / "out" / "import", root / "out" / "quantize")
     with quiet_modelopt():
-        assert export_unified(model, torch.float16, tmp_path / "hf_unified") == []  # AWQ has its pre_quant_scale
+        # AWQ has its pre_quant_scale; torch_dtype is written beside dtype for the containers' transformers
+        assert export_unified(model, torch.float16, tmp_path / "hf_unified") == ["config.json:torch_dtype"]
     unified = tmp_path / "hf_unified"
-    assert json.loads((unified / "config.json").read_text())["dtype"] == "float16"
+    config = json.loads((unified / "config.json").read_text())
+    assert config["dtype"] == config["torch_dtype"] == "float16"
     with safe_open(unified / "model.safetensors", "pt") as f:
         assert f.get_tensor("model.layers.0.input_layernorm.weight").dtype == torch.float16
         assert f.get_tensor("model.layers.0.mlp.down_proj.pre_quant_scale").dtype == torch.float16

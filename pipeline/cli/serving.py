@@ -162,9 +162,11 @@ def serve(
     """Serve a built Triton repository with a real tritonserver.
 
     onnxruntime builds: tritonserver 2.51 on CPU, from PyPI's nvidia-pytriton wheel. trtllm builds with the
-    PyTorch backend: trtllm-serve (OpenAI-compatible) on a GPU machine with TensorRT-LLM, else exit 4 with the
-    exact `docker run` commands (trtllm-serve, or tritonserver with the llmapi model). trtllm engine builds:
-    the tritonserver of NVIDIA's TensorRT-LLM container, under mpirun with one rank per GPU when
+    PyTorch backend: trtllm-serve (OpenAI-compatible) on a GPU machine with TensorRT-LLM, on --http-port; with
+    --openai, trtllm-serve on loopback --http-port and the gateway in front of it on --openai-port (the same routes,
+    API key and structured outputs as in front of tritonserver); else exit 4 with the exact `docker run` commands
+    (the gateway in front of trtllm-serve, or trtllm-serve alone, or tritonserver with the llmapi model). trtllm
+    engine builds: the tritonserver of NVIDIA's TensorRT-LLM container, under mpirun with one rank per GPU when
     tp x pp > 1. Validates the repository first, then runs until Ctrl-C or SIGTERM. Clients call the `ensemble` (or
     `tensorrt_llm_bls`) model exactly as they would a TensorRT-LLM deployment. Should a model process die, serve
     stops tritonserver at once (in-flight requests fail) and exits 1 naming the model, for its supervisor to restart;
@@ -177,6 +179,7 @@ def serve(
     from pipeline.build import cache_dir, default_output
     from pipeline.serving.app import configured_key
     from pipeline.serving.lifecycle import (
+        FrontedServing,
         GatewayOptions,
         Serving,
         checked_repository,
@@ -205,7 +208,22 @@ def serve(
         run_build(load(source, None), output or default_output(source), console, until="triton_repo", wait=True)
     repo = source if source.is_dir() else (output or default_output(source)) / "triton_repo"
     report = checked_repository(repo, source)
-    serve_without_triton(repo, host, http_port, gateway)
+    own = serve_without_triton(repo, host, http_port, gateway)
+    if own is not None:  # the gateway in front of the target's own server (without it, this process became that)
+        with FrontedServing(repo, own, host, gateway, log=lambda m: console.print(f"[dim]{m}[/]")) as fronted:
+            try:
+                fronted.start()
+                console.print(
+                    f"[green]serving[/] {repo} with {own.description} on {own.url} (loopback)\n"
+                    f"  OpenAI  http://{host_port(host, openai_port)}/v1 (model '{served_name(repo)}'"
+                    f"{', API key required' if api_key else ''}; 503 until {own.description} is ready)\n"
+                    "Ctrl-C stops the server.",
+                    highlight=False,
+                )
+                fronted.wait()
+            except KeyboardInterrupt:
+                console.print(f"stopping the gateway and {own.description}")
+        return
     serving = Serving(
         repo,
         report,

@@ -138,7 +138,9 @@ class DeploySection(Section):
     )
     ports: PortsSection = Field(default_factory=PortsSection)
     openai_gateway: bool = Field(
-        True, description="Triton-served targets: also serve the OpenAI gateway (trtllm-serve serves /v1 itself)."
+        True,
+        description="Also serve the OpenAI gateway: in front of tritonserver, or of trtllm-serve on one node (a "
+        "multi-node group serves trtllm-serve alone).",
     )
     expose_triton_ports: bool = Field(
         False,

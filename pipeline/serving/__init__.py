@@ -1,4 +1,4 @@
-"""The OpenAI-compatible serving tier in front of tritonserver.
+"""The OpenAI-compatible serving tier in front of tritonserver, or of a target's own server (trtllm-serve).
 
 Shaped like vLLM's `entrypoints/openai/`:
 
@@ -6,6 +6,7 @@ Shaped like vLLM's `entrypoints/openai/`:
 - `guard`: the door before any route: API key, body-size cap, readiness
 - `state`: what the routes share (`Gateway`, on `app.state`) and the checks every request passes first
 - `upstream`: the server behind the gateway as routes see it (`Upstream`), and tritonserver's BLS as one
+- `openai_upstream`: an OpenAI-compatible HTTP server as one (trtllm-serve, in the dialect its target supplies)
 - `responses`: one generation answered whole or streamed, shared by chat and completions (vLLM's serving_engine)
 - `stops`: stop strings cut from the text by the gateway
 - `chat`, `completions`, `models`: /v1/chat/completions, /v1/completions, /v1/models (vLLM's serving_chat,

@@ -1,12 +1,19 @@
 """A served repository's lifecycle, as `serve` runs it: the checks before anything starts, the OpenAI gateway and
 tritonserver started in that order, then both stopped together however serving ends (Ctrl-C, SIGTERM, a model
-process that died, an error). A repository of TensorRT-LLM's PyTorch backend is handed to trtllm-serve instead.
+process that died, an error).
+
+A repository a target serves with a server of its own (TensorRT-LLM's PyTorch backend: trtllm-serve) is that
+server's: without the gateway this process becomes it; with the gateway (`FrontedServing`) it runs on loopback and the
+gateway, with the same routes, API key and readiness as in front of tritonserver, stands in front of it on the public
+port.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +24,7 @@ from pipeline.adapter_registry import Registry
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.serving.adapter_admin import AdapterAdmin
 from pipeline.serving.app import create_app
+from pipeline.serving.openai_upstream import OpenAIUpstream, OwnServer
 from pipeline.targets import TARGETS, repository_checks
 from pipeline.triton.server import STOP_SIGNALS, Ports, TritonServer, dial_address, host_port
 from pipeline.triton.validate import RepoReport, validate_repo
@@ -59,11 +67,15 @@ def checked_repository(repo: Path, source: Path) -> RepoReport:
     return report
 
 
-def serve_without_triton(repo: Path, host: str, port: int, gateway: GatewayOptions | None) -> None:
+def serve_without_triton(repo: Path, host: str, port: int, gateway: GatewayOptions | None) -> OwnServer | None:
     """Where a target serves such a repository with a server of its own (TensorRT-LLM's PyTorch backend:
-    trtllm-serve), this process becomes it; any other repository returns at once."""
+    trtllm-serve): without the gateway this process becomes it on host:port; with the gateway, that server as it
+    runs on loopback port `port` behind the gateway (`FrontedServing` runs both). None for any other repository."""
     for target in TARGETS.values():
-        target.serve_without_triton(repo, host, port, gateway is not None)
+        own = target.serve_without_triton(repo, host, port, gateway.port if gateway else None)
+        if own is not None:
+            return own
+    return None
 
 
 def triton_launch(repo: Path, report: RepoReport):
@@ -91,8 +103,6 @@ def _start_gateway(
     Stopping takes two steps around tritonserver's stop: `should_exit` first (no new requests), `join`
     after, so streams cut by the stop still send their error event and [DONE] before the process exits.
     """
-    import uvicorn
-
     # the BLS is the model naming its preprocessing model; names come from the config (triton.*_name)
     bls, config = next(
         ((name, c) for name, c in report.models.items() if "preprocessing_model_name" in c.parameters), (None, None)
@@ -110,15 +120,20 @@ def _start_gateway(
         lora=adapter_admin(report, server.lora_registry, gateway.allowed_lora_dirs),
         ready=ready,
     )
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=gateway.port, log_level="warning"))
+    return start_gateway(app, host, gateway.port)
+
+
+def start_gateway(app, host: str, port: int):
+    """uvicorn serving the gateway `app` on a thread, once it listens; returns (its Server, the thread)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="openai-gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise PipelineError(
-                f"the OpenAI gateway did not start on {host_port(host, gateway.port)} (is the port free?)"
-            )
+            raise PipelineError(f"the OpenAI gateway did not start on {host_port(host, port)} (is the port free?)")
         time.sleep(0.05)
     return server, thread
 
@@ -200,6 +215,84 @@ class Serving:
             if self._uvicorn:
                 self._uvicorn.should_exit = True
             self.server.stop()
+            if self._uvicorn_thread:
+                self._uvicorn_thread.join(timeout=10)
+        finally:
+            for stop_signal, handler in self._handlers.items():
+                signal.signal(stop_signal, handler)
+
+
+class FrontedServing:
+    """A target's own server (`OwnServer`: trtllm-serve) on loopback with the OpenAI gateway in front of it on
+    `host`, as `serve --openai` runs them; a context manager like `Serving` (SIGTERM counts as Ctrl-C from entry on,
+    leaving stops both). The gateway listens first and answers 503 until the server's /health answers 200, so a
+    readiness probe on the gateway covers the server's start too. The server's LoRA adapters (`OwnServer.adapters`,
+    from the build) are models of the gateway's own, each request on one sent with the fields that pick it."""
+
+    STOP_GRACE_S = 30  # the server's own shutdown before it is killed
+
+    def __init__(self, repo: Path, own: OwnServer, host: str, gateway: GatewayOptions, log=print):
+        self.repo, self.own, self.host, self.gateway, self.log = repo, own, host, gateway, log
+        self.process: subprocess.Popen | None = None
+        self._uvicorn = self._uvicorn_thread = None
+        self._handlers: dict = {}
+
+    def __enter__(self) -> "FrontedServing":
+        self._handlers = {stop_signal: signal.getsignal(stop_signal) for stop_signal in STOP_SIGNALS}
+        signal.signal(signal.SIGTERM, _interrupt)
+        return self
+
+    @property
+    def openai_url(self) -> str:
+        """The gateway's base URL for a local client (`.../v1`)."""
+        return f"http://{dial_address(self.host, self.gateway.port)}/v1"
+
+    def start(self) -> None:
+        """The gateway, then the server (in a process group of its own, which its stop takes along)."""
+        own = self.own
+        app = create_app(
+            OpenAIUpstream(own.url, own.model, own.dialect, adapters=own.adapters),
+            own.tokenizer_dir,
+            served_name=served_name(self.repo),
+            api_key=self.gateway.api_key,
+            max_body_bytes=int(self.gateway.max_body_mb * 1_000_000),
+            limits_dir=own.limits_dir,
+        )
+        self._uvicorn, self._uvicorn_thread = start_gateway(app, self.host, self.gateway.port)
+        if own.adapters:
+            self.log(f"LoRA adapters served as models: {', '.join(own.adapters)}")
+        self.log(f"starting {own.description}: {' '.join(own.command)}")
+        self.process = subprocess.Popen(own.command, start_new_session=True)
+
+    def wait(self) -> NoReturn:
+        """Until the server exits, which is a failure: serving ends on Ctrl-C or SIGTERM only."""
+        code = self.process.wait()
+        raise PipelineError(
+            f"{self.own.description} exited with status {code}\n"
+            "serve exits so that its supervisor (e.g. Kubernetes) restarts it"
+        )
+
+    def _stop_server(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        for stop_signal, grace in ((signal.SIGINT, self.STOP_GRACE_S), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.process.pid, stop_signal)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout=grace)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __exit__(self, *exc) -> None:
+        for stop_signal in STOP_SIGNALS:  # a second Ctrl-C must not orphan the server mid-stop
+            signal.signal(stop_signal, signal.SIG_IGN)
+        try:
+            if self._uvicorn:
+                self._uvicorn.should_exit = True
+            self._stop_server()
             if self._uvicorn_thread:
                 self._uvicorn_thread.join(timeout=10)
         finally:

@@ -7,13 +7,21 @@ cannot honour.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 
-from pipeline.serving.adapter_admin import AdapterAdmin
 from pipeline.serving.protocol import UNSUPPORTED, OpenAIError, Sampling
 from pipeline.serving.upstream import Upstream
+
+
+class Adapters(Protocol):
+    """The LoRA adapters a gateway serves as models of their own: `AdapterAdmin` (in front of tritonserver, loaded
+    and unloaded while serving) or `app.ServerAdapters` (those a server behind holds from the build)."""
+
+    def served(self) -> dict[str, int]:
+        """name -> task id (or position) of each adapter served now."""
+        ...
 
 
 @dataclass
@@ -24,7 +32,7 @@ class Gateway:
     served_name: str
     tokenizer: Any  # transformers' tokenizer, loaded by `create_app`
     upstream: Upstream
-    lora: AdapterAdmin | None
+    lora: Adapters | None
     default_max_tokens: int
     max_input_len: int | None
     max_seq_len: int | None

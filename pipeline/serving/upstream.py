@@ -1,8 +1,8 @@
 """The server behind the gateway, as the routes see it (`Upstream`), and tritonserver's BLS as one (`TritonUpstream`).
 
 Routes call only the protocol: one request's generation streamed as (text, log-probabilities) pieces, cancelled by
-closing that stream, and whether the server takes requests yet; so another server (an OpenAI-HTTP one) can stand
-behind the same routes.
+closing that stream, and whether the server takes requests yet; so another server stands behind the same routes just
+as well (an OpenAI-compatible HTTP one such as trtllm-serve: `pipeline.serving.openai_upstream`).
 
 Triton: requests go to the repository's `tensorrt_llm_bls` model over gRPC streaming; the BLS is used rather than
 the ensemble because only it stops generating when the client goes away (closing the stream stops it:
@@ -33,6 +33,11 @@ class Upstream(Protocol):
 
     def ready(self) -> bool:
         """Whether the server takes requests yet: until then the gateway answers 503."""
+        ...
+
+    async def run(self) -> None:
+        """What the upstream keeps doing while the app runs (e.g. polling the server's readiness); cancelled when the
+        app stops. Returns at once when there is nothing to do."""
         ...
 
     def generate(self, prompt: str, body: Sampling, max_tokens: int) -> AsyncIterator[Piece]:
@@ -87,6 +92,9 @@ class TritonUpstream:
 
     def ready(self) -> bool:
         return self.ready_event is None or self.ready_event.is_set()
+
+    async def run(self) -> None:
+        return None  # readiness is set by `serve` once tritonserver's models are loaded
 
     async def generate(self, prompt: str, body: Sampling, max_tokens: int) -> AsyncIterator[Piece]:
         """Streamed until the RPC ends (the aio client cannot ask for the empty final response)."""

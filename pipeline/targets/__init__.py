@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
@@ -113,9 +114,12 @@ class Target(Protocol):
         """Checks of this target's models in any Triton repository (`pipeline.triton.validate`), given the `target`
         settings the repository was built for (e.g. `trtllm_version`; absent when unknown)."""
 
-    def serve_without_triton(self, repo: Path, host: str, port: int, openai_gateway: bool) -> None:
-        """Become the server of `repo` where this target serves such a repository with a server of its own (trtllm's
-        PyTorch backend: trtllm-serve); return at once for any other repository."""
+    def serve_without_triton(self, repo: Path, host: str, port: int, openai_port: int | None) -> OwnServer | None:
+        """Where this target serves such a repository with a server of its own (trtllm's PyTorch backend:
+        trtllm-serve): without the OpenAI gateway (`openai_port` None) become that server on host:port; with it,
+        return how that server runs on loopback port `port` behind the gateway on `openai_port` (which `serve`
+        runs: `pipeline.serving.lifecycle.FrontedServing`). Where this machine lacks what the server
+        needs, raise TargetUnavailable with the exact commands for one that has it. None for any other repository."""
 
     def triton_launch(self, repo: Path, report: RepoReport) -> Callable[[list[str]], list[str]] | None:
         """The tritonserver command serving `repo` (given its address arguments) where this target's models need a
@@ -124,6 +128,39 @@ class Target(Protocol):
     def served_adapters(self, report: RepoReport) -> ServedAdapters | None:
         """What the repository's LLM model of this target takes of LoRA adapters added while serving (None: the
         repository has no such model, or its engine takes none)."""
+
+
+# What a target's own server is, as `serve --openai` puts the OpenAI gateway (pipeline.serving) in front of it
+# (`Target.serve_without_triton`). Here, with the hook, so that neither side imports the other.
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What an OpenAI-compatible server takes of a /v1/completions request, where such servers differ."""
+
+    server: str  # the server as errors name it, e.g. "trtllm-serve of TensorRT-LLM 1.1"
+    # the gateway's guide (guided_decoding_guide_type, guided_decoding_guide) as the request's response_format;
+    # ValueError saying why where the server would not enforce it
+    response_format: Callable[[tuple[str, str]], dict]
+    chosen_logprobs: int | None  # the `logprobs` that returns the chosen token's log-probability; None: none comes
+    takes: frozenset[str] | None = None  # the request fields it has (None: every field the gateway sends)
+
+
+@dataclass(frozen=True)
+class OwnServer:
+    """A server of a target's own that `serve --openai` runs on loopback with the gateway in front of it: its
+    command, where it listens, and what the gateway needs to front it."""
+
+    command: list[str]
+    url: str  # its base URL on loopback, e.g. http://127.0.0.1:8000
+    model: str  # the model name its requests give
+    tokenizer_dir: str  # the tokenizer the gateway renders chat templates and counts prompts with
+    limits_dir: str  # the directory whose config.json holds the engine's limits (`serving.app.engine_limits`)
+    dialect: Dialect
+    description: str  # the server as messages name it, e.g. "trtllm-serve (TensorRT-LLM 1.2)"
+    # the LoRA adapters it serves, each a model of the gateway's own: model name -> the request fields that pick it
+    # (e.g. trtllm-serve's `lora_request`), all from the build, none from a client
+    adapters: dict[str, dict] = field(default_factory=dict)
 
 
 # The quality gate's fields (pipeline.quality), honoured by every target, which gates one of its stages.

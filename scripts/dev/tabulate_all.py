@@ -34,6 +34,7 @@ TABULATORS = {
     "sampling_checks": "tabulate_sampling_checks",
     "llm_args": "tabulate_trtllm_llm_args",
     "trtllm_serving": "tabulate_trtllm_serving",
+    "trtllm_response_format": "tabulate_trtllm_response_format",
     "llmapi_model": "tabulate_trtllm_llmapi_model",
     "trtllm_torch_loader": "tabulate_trtllm_torch_loader",
     "trtllm_torch_models": "tabulate_trtllm_torch_models",
@@ -45,6 +46,7 @@ TABULATORS = {
     "leaderworkerset": "tabulate_lws",
     "prometheus_adapter": "tabulate_prometheus_adapter",
     "triton_trtllm_images": "tabulate_triton_trtllm_images",
+    "trtllm_pytorch_features": "tabulate_trtllm_pytorch_features",
 }
 
 

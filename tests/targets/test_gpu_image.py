@@ -1,12 +1,11 @@
 """Our GPU image, one Dockerfile stage per TensorRT-LLM release (pipeline/targets/trtllm/image.py), and the commands
 that build it. Each stage is read back as Docker parses it; the virtualenv layout a stage relies on is made here for
-real; the image's own check (image_check.py) runs on this machine's torch and ModelOpt; and `plan` prints commands
-that work as printed."""
+real; and `plan` prints commands that work as printed. The image's own check (image_check.py) is tested in
+test_image_check.py."""
 
 from __future__ import annotations
 
 import io
-import json
 import shlex
 import subprocess
 import sys
@@ -15,14 +14,16 @@ from pathlib import Path
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from pipeline.targets.trtllm import image_check
 from pipeline.targets.trtllm.image import (
     CHECK,
     container,
+    container_pth,
     image_tag,
     nvidia_image,
+    stage,
     stage_name,
     stages,
+    transformers_conflict,
 )
 from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS
 from pipeline.upstream import releases
@@ -59,11 +60,24 @@ def test_every_supported_release_has_a_current_stage_in_the_dockerfile():
     assert list(dockerfile_stages(text))[-1] == "cpu", "the CPU image stays the default (last) stage"
 
 
+def test_a_release_whose_container_transformers_is_outside_ours_gets_a_stage_that_says_why():
+    """1.0's container holds transformers 4.53.1, which its tensorrt_llm pins; the pipeline needs 4.56 or later
+    (from_pretrained's `dtype`): its stage stops with the reason, and the config's commands say what to do."""
+    assert transformers_conflict("1.1") is transformers_conflict("1.2") is None
+    conflict = transformers_conflict("1.0")
+    assert "transformers 4.53.1" in conflict and "target 1.1 or 1.2" in conflict
+    stage_found = dockerfile_stages(DOCKERFILE.read_text())[stage_name("1.0")]
+    instructions = [item for item in stage_found if item[0] != "COMMENT"]
+    assert instructions == [("FROM", nvidia_image("1.0")), ("RUN", f"echo {shlex.quote(conflict)} >&2 && exit 1")]
+
+
 @pytest.mark.parametrize("release", releases("triton_trtllm_images"))
 def test_each_stage_keeps_the_containers_packages_and_checks_it_uses_them(release):
     facts = container(release)
     stage = dockerfile_stages(DOCKERFILE.read_text())[stage_name(release)]
     assert stage[0] == ("FROM", nvidia_image(release))
+    if transformers_conflict(release):  # the stage only says why (the test above)
+        return
     commands = setup_commands(release)
 
     def index(start: str) -> int:
@@ -72,20 +86,40 @@ def test_each_stage_keeps_the_containers_packages_and_checks_it_uses_them(releas
     record = index(f"python3 -I {CHECK} record --tensorrt-llm {facts['tensorrt_llm']} ")
     venv = index(f"{facts['interpreter']} -m venv --system-site-packages .venv")
     install = index(".venv/bin/pip install ")
-    compare = index(f".venv/bin/python -I {CHECK} compare ")
+    compare = index(f".venv/bin/python -I {CHECK} compare --release {release} ")
     assert record < venv < install < compare < index("python3 -m pip freeze | diff ")
     assert "--constraint" in commands[install] and commands[install].endswith(" -e .")  # no [quant]: theirs
     pth = [command for command in commands if ".pth" in command]
     if facts["environment"] == "/usr":  # packages in the system's site-packages: --system-site-packages sees them
         assert facts["site_packages"].startswith("/usr/") and not pth
-    else:  # a virtualenv first on PATH: ours cannot be made from it, so it reads its site-packages
+    else:  # a virtualenv first on PATH: ours cannot be made from it, so it adds its site-packages, .pth files too
+        site = f".venv/lib/python{facts['python']}/site-packages"
         assert pth == [
-            f"echo {facts['site_packages']} > .venv/lib/python{facts['python']}/site-packages/container-packages.pth"
+            f"echo \"import site; site.addsitedir('{facts['site_packages']}')\" > {site}/container-packages.pth"
         ]
     venv_module = [command for command in commands if f"python{facts['python']}-venv" in command]
     assert bool(venv_module) is not facts["venv_module"]
     if venv_module:
         assert commands.index(venv_module[0]) < venv
+    # once the configs are in: a real ModelOpt quantization of a tiny model with the build's config and overrides
+    after_configs = stage[stage.index(("COPY", "build_configs build_configs")) + 1]
+    assert after_configs == ("RUN", f".venv/bin/python -I {CHECK} quantize --release {release} $CONFIG $OVERRIDES")
+
+
+def test_the_stage_comments_name_the_modelopt_the_release_pins():
+    """As tabulated from the release notes: 1.1 and 1.2 pin 0.37, whose quant_cfg is a dict."""
+    pins = {release: container(release)["modelopt"] for release in releases("triton_trtllm_images")}
+    assert {release: pin["requirement"] for release, pin in pins.items()} == {
+        "0.18": "~=0.25.0",
+        "0.19": "~=0.27.0",
+        "0.20": "~=0.29.0",
+        "0.21": "~=0.31.0",
+        "1.0": "~=0.33.0",
+        "1.1": "~=0.37.0",
+        "1.2": "~=0.37.0",
+    }
+    assert {pin["quant_cfg"] for pin in pins.values()} == {"dict"}
+    assert "# Its TensorRT-LLM pins nvidia-modelopt~=0.37.0, which the image checks." in stage("1.2")
 
 
 def test_releases_before_26_03s_container_need_the_venv_module_installed_and_1_2_reads_a_pth():
@@ -127,10 +161,11 @@ def where_it_imports(venv: Path, module: str) -> str:
 
 
 def test_the_stages_virtualenv_layout_keeps_a_virtualenvs_packages_made_for_real(tmp_path):
-    """26.03+'s layout made with real venv and pip: a package (a pre-release with a local version, as NVIDIA's torch
+    """1.2's layout made with real venv and pip: a package (a pre-release with a local version, as NVIDIA's torch
     is) installed in a virtualenv, 'theirs'. A virtualenv made from theirs' python does not see it (the defect). One
-    made from the base interpreter with the stage's .pth line sees it, and pip, given the constraint the image check
-    writes, takes it as installed for a project requiring it, installing no second copy."""
+    made from the base interpreter with a .pth line naming theirs' site-packages sees it, but not what theirs' own .pth
+    files add; with the stage's `site.addsitedir` line it sees both, and pip, given the constraint the image check
+    writes, takes the package as installed for a project requiring it, installing no second copy."""
     base = str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
     wheels = tmp_path / "wheels"
     probe = distribution(tmp_path, "layout-probe", "2.10.0a0+abc.nv25.12")
@@ -150,8 +185,19 @@ def test_the_stages_virtualenv_layout_keeps_a_virtualenvs_packages_made_for_real
     )
     assert where_it_imports(from_theirs, "layout_probe") == "ModuleNotFoundError: No module named 'layout_probe'"
 
+    # theirs' own .pth files (NVIDIA's site-packages has some) must work in ours too: one adding a directory
+    extra = tmp_path / "theirs-extra"
+    (extra / "layout_extra").mkdir(parents=True)
+    (extra / "layout_extra" / "__init__.py").write_text("")
+    (site_packages(theirs) / "theirs-extra.pth").write_text(f"{extra}\n")
+    assert where_it_imports(theirs, "layout_extra") == str(extra / "layout_extra" / "__init__.py")
+
     subprocess.run([base, "-m", "venv", "--without-pip", "--system-site-packages", ours], check=True)
-    (site_packages(ours) / "container-packages.pth").write_text(f"{site_packages(theirs)}\n")
+    (site_packages(ours) / "container-packages.pth").write_text(f"{site_packages(theirs)}\n")  # a bare path
+    assert where_it_imports(ours, "layout_probe") == installed
+    assert where_it_imports(ours, "layout_extra") == "ModuleNotFoundError: No module named 'layout_extra'"
+    (site_packages(ours) / "container-packages.pth").write_text(f"{container_pth(str(site_packages(theirs)))}\n")
+    assert where_it_imports(ours, "layout_extra") == str(extra / "layout_extra" / "__init__.py")
     (tmp_path / "constraints.txt").write_text("layout-probe==2.10.0a0+abc.nv25.12\n")
     install = [
         *pip[:-1],
@@ -167,34 +213,6 @@ def test_the_stages_virtualenv_layout_keeps_a_virtualenvs_packages_made_for_real
     assert "Requirement already satisfied: layout-probe>=2.4" in result.stdout
     assert where_it_imports(ours, "layout_probe") == installed  # theirs, not a copy of ours
     assert not list(site_packages(ours).glob("layout_probe*"))
-
-
-def run_check(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-I", str(REPO / CHECK), *args], capture_output=True, text=True)
-
-
-def test_the_image_check_refuses_a_python_without_tensorrt_llm(tmp_path):
-    result = run_check("record", "--tensorrt-llm", "1.2.1", str(tmp_path / "record"))
-    assert result.returncode == 1
-    assert f"the container's python3 ({sys.executable}) has no tensorrt_llm" in result.stderr
-    assert not (tmp_path / "record").exists()
-
-
-def test_the_image_check_passes_the_same_modules_and_names_a_replaced_one(tmp_path, capsys):
-    """compare (here in this process, which has the modules imported already) against a record of this very
-    interpreter: same files, and ModelOpt's quantization and export import; against a record whose torch lies
-    elsewhere: refused, naming torch."""
-    record = image_check.resolved()
-    (tmp_path / image_check.RECORD).write_text(json.dumps(record))
-    assert image_check.compare(tmp_path) is None
-    printed = capsys.readouterr().out
-    assert f"same: torch {record['torch']['version']} at {record['torch']['file']}" in printed
-    assert "imported: modelopt.torch.export" in printed
-    assert "absent: tensorrt_llm (the record has none)" in printed  # a container's record always has it
-
-    record["torch"]["file"] = "/opt/venv-tritonserver/lib/python3.12/site-packages/torch/__init__.py"
-    (tmp_path / image_check.RECORD).write_text(json.dumps(record))
-    assert "does not use the container's torch" in image_check.compare(tmp_path)
 
 
 # ---------------------------------------------------------------- the printed commands

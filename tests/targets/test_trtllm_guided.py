@@ -16,9 +16,11 @@ from pipeline.targets.trtllm.guided import (
     GUIDED_DECODING_BACKEND,
     TOKENIZER_INFO_FILE,
     config_problems,
+    detected_metadata,
     takes_guided_decoding,
     tokenizer_info_problems,
     write_tokenizer_info,
+    xgrammar_facts,
     xgrammar_tokenizer_info,
 )
 from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES, has_option, options_problems
@@ -28,7 +30,7 @@ from pipeline.targets.trtllm.repo_checks import model_checks
 from pipeline.targets.trtllm.triton_cpp_backend import SUPPORTED_VERSIONS, backend_facts
 from pipeline.targets.trtllm.triton_llmapi_model import LLMAPI_RELEASES, guide_inputs, llmapi_model, model_yaml_problems
 from pipeline.triton.validate import validate_repo
-from pipeline.upstream import release_facts
+from pipeline.upstream import facts, release_facts
 from pipeline.validation import load_config
 from tests.conftest import write_config
 from tests.serving.test_repo import read_config, trtllm_engine_record
@@ -174,3 +176,76 @@ def test_config_problems_judge_a_written_models_guided_parameters_as_its_backend
     assert "opens it as given, from tritonserver's working directory; give an absolute path" in relative
     (missing,) = config_problems(on | {"xgrammar_tokenizer_info_path": str(tmp_path / "gone.json")}, "1.2")
     assert "gone.json does not exist" in missing
+
+
+# ---------------------------------------------------------------- the xgrammar each release depends on
+
+
+@pytest.mark.parametrize("release", ["1.0", "1.1", "1.2"])
+def test_the_tokenizer_info_reads_right_in_the_xgrammar_the_release_depends_on(tiny_llama, tmp_path, release):
+    """The file's tokenizer_str goes to the release's xgrammar (0.1.21 or 0.1.25, not the 0.2.8 once checked by
+    hand), whose rules read from its source detect the vocabulary type: the word-level tiny Llama has no decoder, so
+    RAW, which is right for tokens that are plain text."""
+    xgrammar = xgrammar_facts(release)
+    assert xgrammar["version"] == facts("trtllm_pytorch_features")["releases"][release]["xgrammar"]["version"]
+    assert xgrammar["version"] == ("0.1.21" if release == "1.0" else "0.1.25")
+    info = json.loads(write_tokenizer_info(tiny_llama, tmp_path).read_text())
+    assert detected_metadata(json.loads(info["tokenizer_str"]), xgrammar["detect_from_hf"]) == {
+        "vocab_type": "RAW",
+        "add_prefix_space": False,
+    }
+    assert not tokenizer_info_problems(tmp_path / TOKENIZER_INFO_FILE, release)
+    assert xgrammar_facts("0.19") is None  # the table starts at 1.0
+
+
+def byte_level_tokenizer(out: Path, decoder) -> Path:
+    """A byte-level BPE tokenizer (its tokens spell bytes, as GPT-2's do) with the given decoder, saved as HF does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(["a", "b", "\u0120", "\u0120a", "</s>"])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("\u0120", "a")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoder
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>").save_pretrained(out)
+    return out
+
+
+def test_a_byte_level_tokenizer_the_releases_xgrammar_would_take_for_another_type_is_refused(tmp_path):
+    """A ByteFallback-first decoder makes xgrammar detect BYTE_FALLBACK for byte-level tokens (as a GGUF-born
+    tokenizer once had it): named with the xgrammar and the fix; with a ByteLevel decoder it reads as BYTE_LEVEL."""
+    from tokenizers import decoders
+
+    wrong = byte_level_tokenizer(tmp_path / "wrong", decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()]))
+    path = write_tokenizer_info(wrong, tmp_path / "wrong")
+    (problem,) = tokenizer_info_problems(path, "1.2")
+    assert "makes xgrammar 0.1.25 (TensorRT-LLM 1.2's) take the vocabulary for BYTE_FALLBACK" in problem
+    assert "give tokenizer.json a ByteLevel decoder" in problem and "rebuild the engine" in problem
+    assert tokenizer_info_problems(path, "0.19") == []  # no xgrammar tabulated for 0.19
+    right = byte_level_tokenizer(tmp_path / "right", decoders.ByteLevel())
+    info = json.loads(write_tokenizer_info(right, tmp_path / "right").read_text())
+    detected = detected_metadata(json.loads(info["tokenizer_str"]), xgrammar_facts("1.0")["detect_from_hf"])
+    assert detected["vocab_type"] == "BYTE_LEVEL"
+    assert tokenizer_info_problems(tmp_path / "right" / TOKENIZER_INFO_FILE, "1.0") == []
+
+
+def test_the_detection_rules_read_sequences_and_the_prefix_space_settings():
+    rules = xgrammar_facts("1.1")["detect_from_hf"]
+    fallback = {"decoder": {"type": "Sequence", "decoders": [{"type": "Replace"}, {"type": "ByteFallback"}]}}
+    assert detected_metadata(fallback, rules) == {"vocab_type": "BYTE_FALLBACK", "add_prefix_space": False}
+    untyped = {"decoder": {"type": "Sequence", "decoders": [{"kind": "x"}, {"type": "ByteLevel"}]}}
+    assert detected_metadata(untyped, rules)["vocab_type"] == "RAW"  # xgrammar stops at an item without a type
+    metaspace = {"pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "first"}}
+    assert detected_metadata(metaspace, rules)["add_prefix_space"]
+    prepend = {"normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}]}}
+    assert detected_metadata(prepend, rules)["add_prefix_space"]
+    assert not detected_metadata({"pre_tokenizer": {"type": "Metaspace", "prepend_scheme": "never"}}, rules)[
+        "add_prefix_space"
+    ]
+
+
+def test_a_tokenizer_str_that_is_no_json_object_is_refused_with_the_xgrammar_that_needs_it(tmp_path):
+    path = tmp_path / TOKENIZER_INFO_FILE
+    path.write_text(json.dumps({"encoded_vocab": ["a"], "tokenizer_str": "[1, 2]", "stop_token_ids": [0]}))
+    (problem,) = tokenizer_info_problems(path, "1.0")
+    assert "'tokenizer_str' is not a JSON object, which xgrammar 0.1.21 (TensorRT-LLM 1.0's) requires" in problem

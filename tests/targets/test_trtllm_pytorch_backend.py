@@ -11,14 +11,24 @@ import pytest
 import yaml
 
 from pipeline.errors import ConfigError
+from pipeline.targets.trtllm import gpu_memory
+from pipeline.targets.trtllm.backend import BACKENDS
+from pipeline.targets.trtllm.guided import GUIDED_DECODING_BACKEND
 from pipeline.targets.trtllm.llm_api_options import options_problems
 from pipeline.targets.trtllm.llm_api_serving import OPTIONS_FILE
-from pipeline.targets.trtllm.pytorch_backend import cuda_graph_batch_sizes, release_options
+from pipeline.targets.trtllm.pytorch_backend import (
+    cuda_graph_batch_sizes,
+    options_yaml,
+    release_features,
+    release_options,
+)
 from pipeline.targets.trtllm.repo_checks import model_checks
 from pipeline.targets.trtllm.triton_llmapi_model import llmapi_model
 from pipeline.triton.validate import validate_repo
+from pipeline.upstream import facts
 from pipeline.validation import load_config
 from tests.conftest import run_cli, slow_fixture, spawn_cli, write_config
+from tests.runtime.test_multi_lora import make_adapter
 
 RELEASES = ("1.0", "1.2")
 
@@ -201,3 +211,89 @@ def test_what_the_targeted_release_lacks_is_a_validate_error_naming_field_and_re
     assert any(f": {field}: " in p and says in p for p in info.value.problems), info.value.problems
     if field == "build.tokens_per_block":  # the same setting is an option in 1.2
         load_config(path, ["target.trtllm_version=1.2"])
+
+
+# ---------------------------------------------------------------- feature pairs a release cannot run (issue #48)
+
+FEATURE_RELEASES = ("1.0", "1.1", "1.2")
+RUNTIME = "runtime: {enable_kv_cache_reuse: true, enable_chunked_context: true}"
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_llama, tmp_path_factory) -> Path:
+    return make_adapter(
+        tiny_llama, tmp_path_factory.mktemp("adapter") / "every", 3, r=4, target_modules=["q_proj", "v_proj"]
+    )
+
+
+def feature_config(tmp_path: Path, tiny_llama: Path, release: str, runtime: str = "", lora: Path | None = None):
+    """The pytorch config of `release` with extra runtime settings and, given an adapter, a lora section."""
+    path = pytorch_config(tmp_path, tiny_llama, release)
+    text = path.read_text().replace(RUNTIME, RUNTIME[:-1] + (f", {runtime}}}" if runtime else "}"))
+    if lora is not None:
+        text += f"lora:\n  max_lora_rank: 4\n  adapters: [{{name: every, path: {lora}}}]\n"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("release", FEATURE_RELEASES)
+def test_a_lora_config_gets_no_cuda_graphs_where_the_releases_graph_replay_carries_no_lora(
+    tmp_path, tiny_llama, adapter, release, monkeypatch
+):
+    """LoRA with runtime.cuda_graph_mode left at its default: cuda_graph_config is null in the options file, and the
+    memory plan reserves no graph pool; the same config without lora keeps its graphs."""
+    assert not release_features(release)["lora_with_cuda_graph"]["supported"]
+    cfg = load_config(feature_config(tmp_path, tiny_llama, release, lora=adapter))
+    options, problems = release_options(cfg)
+    assert problems == [] and options_problems(options, release) == []
+    assert options["cuda_graph_config"] is None and options["lora_config"]["max_lora_rank"] == 4
+    text = options_yaml(cfg, options)
+    assert "\ncuda_graph_config: null\n" in text and yaml.safe_load(text) == options
+    planned = []
+    monkeypatch.setattr(
+        gpu_memory, "plan_memory", lambda cfg, facts, cuda_graph_batch=0: planned.append(cuda_graph_batch)
+    )
+    BACKENDS["pytorch"].memory_plan(cfg, None)
+    plain = load_config(pytorch_config(tmp_path, tiny_llama, release))
+    BACKENDS["pytorch"].memory_plan(plain, None)
+    assert planned == [0, plain.build.max_batch_size]
+    assert release_options(plain)[0]["cuda_graph_config"]["batch_sizes"] == cuda_graph_batch_sizes(12)
+
+
+@pytest.mark.parametrize("release", FEATURE_RELEASES)
+def test_lora_with_cuda_graph_mode_set_true_is_refused_naming_release_source_and_fix(
+    tmp_path, tiny_llama, adapter, release
+):
+    path = feature_config(tmp_path, tiny_llama, release, "cuda_graph_mode: true", lora=adapter)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (problem,) = [p for p in info.value.problems if ": runtime.cuda_graph_mode: " in p]
+    assert f"TensorRT-LLM {release}'s PyTorch backend runs no LoRA under CUDA graphs" in problem
+    assert "cuda_graph_runner.py@" in problem and "set runtime.cuda_graph_mode: false" in problem
+    assert "no tabulated release has it" in problem
+    options, problems = release_options(load_config(path, ["runtime.cuda_graph_mode=false"]))  # the fix
+    assert problems == [] and options["cuda_graph_config"] is None
+
+
+SPECULATIVE = "speculative: {type: ngram, max_draft_len: 4}"
+
+
+@pytest.mark.parametrize("release", FEATURE_RELEASES)
+def test_guided_decoding_with_ngram_drafts_is_refused_where_the_release_refuses_the_pair(tmp_path, tiny_llama, release):
+    """Guided decoding is always on; runtime.speculative is a validate problem on 1.0, whose executor creation
+    raises for any speculative config with a guided decoder, and the options of 1.1 and 1.2 carry both."""
+    path = feature_config(tmp_path, tiny_llama, release, SPECULATIVE)
+    guided = facts("trtllm_pytorch_features")["releases"][release]["guided_with_speculative"]
+    assert ("NGRAM" in guided["allowed_modes"]) == (release != "1.0")
+    if release == "1.0":
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        (problem,) = [p for p in info.value.problems if ": runtime.speculative: " in p]
+        assert f"TensorRT-LLM {release}'s PyTorch backend refuses a guided decoder with NGRAM" in problem
+        assert "raises ValueError (BHbean/TensorRT-LLM py_executor_creator.py@22d1bd42)" in problem
+        assert "remove runtime.speculative, or target TensorRT-LLM 1.1" in problem and "PR #6948" in problem
+        return
+    options, problems = release_options(load_config(path))
+    assert problems == [] and options_problems(options, release) == []
+    assert options["guided_decoding_backend"] == GUIDED_DECODING_BACKEND
+    assert options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}

@@ -119,6 +119,21 @@ CHECKPOINT_FIELDS = (
     | VERIFY_FIELDS
 )
 GPU_DEPLOY_FIELDS = DEPLOY_FIELDS | {"deploy.gpus_per_node"}
+# The OpenAI gateway `serve --openai` runs on one node, in front of tritonserver or trtllm-serve.
+GATEWAY_DEPLOY_FIELDS = frozenset({"deploy.ports.openai", "deploy.openai_gateway", "deploy.api_key_secret"})
+
+
+def gateway_problems(cfg) -> list[Problem]:
+    """A multi-node group's leader runs mpirun or trtllm-llmapi-launch, not `serve`: no gateway runs beside it."""
+    if multi_node(cfg) and cfg.deploy.openai_gateway and "openai_gateway" in cfg.deploy.model_fields_set:
+        return [
+            (
+                ("deploy", "openai_gateway"),
+                "a multi-node group's leader runs the release's launcher, not `serve`, so no gateway runs beside it: "
+                "set it false, or deploy.gpus_per_node to tp x pp (one node)",
+            )
+        ]
+    return []
 
 
 # The backends declared under the `trtllm_pipeline.trtllm_backends` entry points (pyproject.toml), loaded on first use:

@@ -14,6 +14,7 @@ import re
 from pipeline.errors import PipelineError
 from pipeline.host_memory import build_peak_bytes
 from pipeline.k8s import (
+    CLI,
     TRITON_PORT_FLAGS,
     QueueMetric,
     Serving,
@@ -33,7 +34,7 @@ from pipeline.targets.trtllm.triton_launch import tritonserver_ranks
 from pipeline.triton.server import Ports, tritonserver_address_args
 from pipeline.upstream import release_facts
 
-HEALTH_ROUTE = "/health"  # trtllm-serve's liveness route (200 once the server runs)
+HEALTH_ROUTE = "/health"  # trtllm-serve's liveness route (200 once the server runs), and the OpenAI gateway's
 
 # /dev/shm cap of a GPU pod: NCCL's shared-memory transport between the pod's ranks and the python backend's regions
 # (the `docker run` lines `plan` prints share the host's IPC namespace instead). A memory-backed emptyDir holds only
@@ -117,32 +118,48 @@ def engine_serving(cfg) -> Serving:
     )
 
 
+def gateway_command(cfg, paths) -> list[str]:
+    """`trtllm-pipeline serve --openai`: trtllm-serve on the pod's loopback (deploy.ports.http), the OpenAI gateway in
+    front of it on every address (deploy.ports.openai), with the key of deploy.api_key_secret (the env var the
+    manifest sets) or, without one, for a ClusterIP Service only (`deploy` says so)."""
+    d = cfg.deploy
+    command = [CLI, "serve", paths.config, "--output", paths.output, "--host", "0.0.0.0"]
+    command += ["--http-port", str(d.ports.http), "--openai", "--openai-port", str(d.ports.openai)]
+    if d.api_key_secret is None:
+        command.append("--allow-unauthenticated")
+    return command + (["--build"] if paths.build_in_server else [])
+
+
 def llm_api_serving(cfg) -> Serving:
-    """trtllm-serve in our GPU image, reading the options from the ConfigMap; a group runs it on every rank
-    under trtllm-llmapi-launch (rank 0 the others work for it)."""
+    """One node: the OpenAI gateway in front of trtllm-serve, which reads the build's options, both run by
+    `trtllm-pipeline serve --openai` in our GPU image (deploy.openai_gateway; trtllm-serve alone without it). A group
+    runs trtllm-serve alone on every rank under trtllm-llmapi-launch (rank 0 the others work for it), reading the
+    options from the ConfigMap: its leader runs mpirun, with no gateway beside it."""
     release, gpus = cfg.target.trtllm_version, cfg.parallel.tp_size * cfg.parallel.pp_size
     routes = {route.get("path") for route in serving_facts(release)["trtllm_serve"]["routes"]["register_routes"]}
-    if HEALTH_ROUTE not in routes:  # the probes would fail forever
+    if HEALTH_ROUTE not in routes:  # the gateway's readiness, and the probes, would fail forever
         raise PipelineError(f"trtllm-serve of TensorRT-LLM {release} registers no {HEALTH_ROUTE} route")
     options, _ = release_options(cfg)
+    gateway = cfg.deploy.openai_gateway and not multi_node(cfg)
 
     def command(paths) -> list[str]:
         model, options_file = f"{paths.output}/engine/{MODEL_DIR}", f"{paths.config_dir}/{OPTIONS_FILE}"
         return trtllm_serve_command(release, model, options_file, "0.0.0.0", cfg.deploy.ports.http)
 
+    bare = "trtllm-serve's OpenAI API, which has no API key: generate, and name a LoRA adapter directory of the "
+    bare += "server's in a request's lora_request (TensorRT-LLM loads it)"
     return gpu_serving(
         cfg,
-        port_flags={"http": "--port"},
-        unauthenticated="trtllm-serve's OpenAI API, which has no API key: generate, and name a LoRA adapter "
-        "directory of the server's in a request's lora_request (TensorRT-LLM loads it)",
-        health=("http", HEALTH_ROUTE, HEALTH_ROUTE),
+        port_flags={"openai": "--openai-port"} if gateway else {"http": "--port"},
+        unauthenticated="the OpenAI gateway only (trtllm-serve listens on the pod's loopback)" if gateway else bare,
+        health=("openai" if gateway else "http", HEALTH_ROUTE, HEALTH_ROUTE),
         metrics=None,
         queue_metric=None,
         queue_problem=f"trtllm-serve (TensorRT-LLM {release}) exports no Prometheus gauge of waiting requests "
         "(its /metrics are JSON iteration stats; /prometheus/metrics, with return_perf_metrics, holds latencies): "
         "set deploy.replicas, or use target.trtllm_backend: tensorrt, whose queue the autoscaler reads",
-        command=command,
-        config_files={OPTIONS_FILE: options_yaml(cfg, options)},
+        command=(lambda paths: gateway_command(cfg, paths)) if gateway else command,
+        config_files={} if gateway else {OPTIONS_FILE: options_yaml(cfg, options)},
         group_command=lambda paths, per_node: mpi_group_command(
             CONTAINER_MPIRUN, [["trtllm-llmapi-launch", *command(paths)]] * gpus, per_node
         ),

@@ -10,6 +10,12 @@ The C++ backend ignores `tokenizer_dir` for guided decoding and needs that file 
 The file is ours: xgrammar's tokenizer description as TensorRT-LLM's own generator writes it (the vocabulary in
 token id order, the fast tokenizer's serialized JSON, the end-of-sequence id as the stop token), made from the
 engine directory's tokenizer files with `transformers`, so no TensorRT-LLM install is needed to make it.
+
+The backend hands `tokenizer_str` to the xgrammar its release depends on (1.0: 0.1.21, 1.1 and 1.2: 0.1.25), whose
+DetectMetadataFromHF takes the vocabulary type from the tokenizer JSON's `decoder` and add_prefix_space from its
+`normalizer` / `pre_tokenizer` (upstream/trtllm_pytorch_features.json, `xgrammar`, read from that version's source).
+`tokenizer_info_problems` applies those rules: the string must be a JSON object, and a byte-level tokenizer must be
+detected as such, or every grammar is matched against the wrong token text.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline import upstream
 from pipeline.errors import BuildStepError
 from pipeline.targets.trtllm.triton_cpp_backend import backend_facts
 
@@ -25,6 +32,7 @@ BACKEND_PARAMETER = "guided_decoding_backend"
 INFO_PATH_PARAMETER = "xgrammar_tokenizer_info_path"
 TOKENIZER_INFO_FILE = "xgrammar_tokenizer_info.json"  # in the engine directory, beside the tokenizer it describes
 REBUILD = "rebuild the engine (`trtllm-pipeline build` re-runs the engine stage, which writes it)"
+BYTE_LEVEL = "ByteLevel"  # the tokenizers library's type name of a byte-level pre-tokenizer and decoder
 
 
 def takes_guided_decoding(version: str) -> bool:
@@ -81,9 +89,85 @@ def _holds(value, cpp_type: str) -> bool:
     raise ValueError(f"no JSON check for the C++ type {cpp_type}: add one to _holds")
 
 
+def xgrammar_facts(version: str) -> dict | None:
+    """What the xgrammar TensorRT-LLM `version` depends on reads of a tokenizer, with that xgrammar's `version`;
+    None for a release the table does not hold (0.19-0.21)."""
+    table = upstream.facts("trtllm_pytorch_features")  # per release its xgrammar, per xgrammar what it reads
+    release = table["releases"].get(version)
+    if release is None:
+        return None
+    return table["xgrammar"][release["xgrammar"]["version"]] | {"version": release["xgrammar"]["version"]}
+
+
+def _listed(node: dict, sequence: dict | None) -> list:
+    """The items of a `Sequence` node (its list field), or the node itself."""
+    if sequence and node.get("type") == sequence["type"]:
+        items = node.get(sequence["items"])
+        return items if isinstance(items, list) else []
+    return [node]
+
+
+def detected_metadata(tokenizer: dict, rules: dict) -> dict:
+    """{"vocab_type": a VocabType name, "add_prefix_space": bool}, as xgrammar's DetectMetadataFromHF finds them in
+    a Hugging Face tokenizer JSON by `rules` (the version's tabulated `detect_from_hf`)."""
+    vocab = rules["vocab_type"]
+    vocab_type, decoder = vocab["otherwise"], tokenizer.get(vocab["field"])
+    for item in _listed(decoder, vocab["sequence"]) if isinstance(decoder, dict) else []:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if not isinstance(kind, str) or kind in vocab["by_type"]:  # an item without a type: xgrammar gives up
+            vocab_type = vocab["by_type"].get(kind, vocab["otherwise"])
+            break
+    prefix = False
+    for rule in rules["add_prefix_space"]:
+        node = tokenizer.get(rule["field"])
+        items = _listed(node, rule.get("sequence")) if isinstance(node, dict) else []
+        prefix = prefix or any(
+            isinstance(i, dict) and i.get("type") == rule["type"] and i.get(rule["key"]) in rule["values"]
+            for i in items
+        )
+    return {"vocab_type": vocab_type, "add_prefix_space": prefix}
+
+
+def _byte_level(tokenizer: dict) -> bool:
+    """Whether the tokenizer splits text into byte-level tokens (a ByteLevel pre-tokenizer, alone or in a Sequence)."""
+    node = tokenizer.get("pre_tokenizer")
+    items = _listed(node, {"type": "Sequence", "items": "pretokenizers"}) if isinstance(node, dict) else []
+    return any(isinstance(i, dict) and i.get("type") == BYTE_LEVEL for i in items)
+
+
+def xgrammar_problems(path: Path, tokenizer_str, version: str) -> list[str]:
+    """What the xgrammar of TensorRT-LLM `version` would get wrong reading `tokenizer_str` (none for a release not
+    tabulated): a string that is no JSON object fails DetectMetadataFromHF; a byte-level tokenizer whose decoder
+    makes it detect another vocabulary type has its tokens decoded as the wrong text."""
+    xgrammar = xgrammar_facts(version)
+    if xgrammar is None:
+        return []
+    named = f"xgrammar {xgrammar['version']} (TensorRT-LLM {version}'s)"
+    try:
+        tokenizer = json.loads(tokenizer_str)
+    except (TypeError, json.JSONDecodeError):
+        tokenizer = None
+    if not isinstance(tokenizer, dict):
+        return [
+            f"{path}: 'tokenizer_str' is not a JSON object, which {named} requires to detect the vocabulary; {REBUILD}"
+        ]
+    rules = xgrammar["detect_from_hf"]
+    detected = detected_metadata(tokenizer, rules)["vocab_type"]
+    wanted = rules["vocab_type"]["by_type"].get(BYTE_LEVEL)
+    if _byte_level(tokenizer) and detected != wanted:
+        return [
+            f"{path}: the tokenizer splits text into byte-level tokens (a {BYTE_LEVEL} pre_tokenizer), but its "
+            f"{rules['vocab_type']['field']} makes {named} take the vocabulary for {detected}, so guided decoding "
+            f"would match every grammar against the wrong token text; give tokenizer.json a {BYTE_LEVEL} decoder (as "
+            f"byte-level BPE checkpoints ship it) and {REBUILD}"
+        ]
+    return []
+
+
 def tokenizer_info_problems(path: Path, version: str) -> list[str]:
     """What would stop the release's backend from loading the tokenizer info file at `path`: it must exist and hold
-    every key the backend reads, each of the type the backend reads it as (an empty list when it would load)."""
+    every key the backend reads, each of the type the backend reads it as, and its `tokenizer_str` must read right in
+    the xgrammar the release depends on (an empty list when it would load)."""
     if not path.is_file():
         return [f"{path} does not exist: the tensorrtllm backend fails to load without it; {REBUILD}"]
     try:
@@ -98,7 +182,7 @@ def tokenizer_info_problems(path: Path, version: str) -> list[str]:
             problems.append(f"{path} lacks {key!r}, which TensorRT-LLM {version}'s backend reads; {REBUILD}")
         elif not _holds(info[key], cpp_type):
             problems.append(f"{path}: {key!r} is not a {cpp_type}, as the backend reads it; {REBUILD}")
-    return problems
+    return problems or xgrammar_problems(path, info.get("tokenizer_str"), version)
 
 
 def config_problems(parameters: dict[str, str], version: str) -> list[str]:

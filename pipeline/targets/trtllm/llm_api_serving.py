@@ -1,6 +1,15 @@
 """Running and serving what the `pytorch` backend built: the LLM API over its model directory and options (`run`),
-and `trtllm-serve` of the targeted release over a repository (`serve`), or the commands for NVIDIA's container where
-this machine lacks it."""
+and `trtllm-serve` of the targeted release over a repository (`serve`), or the commands for a container where this
+machine lacks it.
+
+`serve --openai` puts the project's OpenAI gateway in front of trtllm-serve (`Deployment.own_server`): trtllm-serve
+on a loopback port, the gateway on the public one, with the same routes, API key and readiness as in front of
+tritonserver, speaking the release's dialect (`openai_dialect`: the guides it enforces). The container command for
+that runs `trtllm-pipeline serve` in our GPU image of the release, which holds NVIDIA's container and the pipeline.
+
+A build with LoRA adapters (the lora stage's PEFT directories in `<output>/lora/<name>/`, listed in its index, and
+`lora_config` in the options) serves each as a model of the gateway's: a request naming it is sent to trtllm-serve
+with the release's `lora_request` for that directory and task id (`openai_dialect.adapter_fields`)."""
 
 from __future__ import annotations
 
@@ -10,16 +19,23 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.adapter_registry import INDEX, read_index
+from pipeline.docker import APP_DIR
 from pipeline.errors import PipelineError, TargetUnavailable
+from pipeline.targets import OwnServer
 from pipeline.targets.trtllm.backend import lacking
-from pipeline.targets.trtllm.image import nvidia_image
+from pipeline.targets.trtllm.image import image_tag, nvidia_image
 from pipeline.targets.trtllm.llm_api_options import serve_options_flag
+from pipeline.targets.trtllm.openai_dialect import adapter_fields, dialect
 from pipeline.targets.trtllm.repo_checks import recorded_release
 from pipeline.targets.trtllm.triton_llmapi_model import llmapi_model
 
 OPTIONS_FILE = "llm_api_options.yaml"
 MODEL_DIR = "model"  # engine/model: the unified checkpoint and tokenizer, what `trtllm-serve MODEL` loads
 ENGINE_RECORD = "config.json"  # engine/config.json: limits and release, where run/serve read an engine's
+LORA_DIR = "lora"  # <output>/lora: the lora stage's PEFT directories and their index
+OPENAI_PORT = 9000  # `serve --openai-port`'s default: the gateway in front of trtllm-serve
+CLI = f"{APP_DIR}/.venv/bin/trtllm-pipeline"  # in our images
 
 
 class LlmApiRunner:
@@ -129,22 +145,79 @@ class Deployment:
     def trtllm_serve(self, host: str, port: int) -> list[str]:
         return trtllm_serve_command(self.release, str(self.model_dir), str(self.options), host, port)
 
-    def container_commands(self, host: str, port: int) -> list[str]:
-        """`docker run` lines for the release's container, publishing `port` on `host`: trtllm-serve
-        (OpenAI-compatible), or tritonserver once the container's llmapi model.py is copied beside our model.yaml."""
+    @property
+    def lora_dir(self) -> Path:
+        """The build's lora stage output: <output>/lora beside <output>/engine."""
+        return self.model_dir.parent.parent / LORA_DIR
+
+    def adapters(self) -> dict[str, dict]:
+        """The build's LoRA adapters as the gateway picks them: model name -> the request fields that make this
+        release's trtllm-serve generate with it (its PEFT directory and task id); {} for a build without any."""
+        if not (self.lora_dir / INDEX).is_file():
+            return {}
+        options = yaml.safe_load(self.options.read_text()) if self.options.is_file() else None
+        if not (options or {}).get("lora_config"):
+            raise PipelineError(
+                f"{self.lora_dir} holds LoRA adapters but {self.options} has no lora_config, so trtllm-serve would "
+                "refuse every request on one: rebuild (trtllm-pipeline build CONFIG)"
+            )
+        adapters = {}
+        for name, entry in read_index(self.lora_dir).items():
+            path = self.lora_dir / name
+            if not path.is_dir():
+                raise PipelineError(f"{path} is missing (the lora stage's copy of adapter {name}): rebuild")
+            try:
+                adapters[name] = adapter_fields(self.release, name, entry["task_id"], str(path.resolve()))
+            except ValueError as exc:
+                raise PipelineError(f"adapter {name}: {exc}") from None
+        return adapters
+
+    def own_server(self, port: int) -> OwnServer:
+        """trtllm-serve on loopback port `port`, as the OpenAI gateway in front of it sees it."""
+        return OwnServer(
+            command=self.trtllm_serve("127.0.0.1", port),
+            url=f"http://127.0.0.1:{port}",
+            model=self.model_dir.name,
+            tokenizer_dir=str(self.model_dir),
+            limits_dir=str(self.model_dir.parent),  # engine/config.json's build_config
+            dialect=dialect(self.release),
+            description=f"trtllm-serve (TensorRT-LLM {self.release})",
+            adapters=self.adapters(),
+        )
+
+    def container_commands(self, host: str, port: int, openai_port: int | None = OPENAI_PORT) -> list[str]:
+        """`docker run` lines, publishing on `host`: the OpenAI gateway on `openai_port` in front of trtllm-serve on
+        loopback port `port` (`trtllm-pipeline serve --openai` in our GPU image of the release), or with
+        `openai_port` None trtllm-serve itself on `port` (NVIDIA's container); then tritonserver on `port` in NVIDIA's
+        container, once its llmapi model.py is copied beside our model.yaml."""
         import shlex
 
         image = nvidia_image(self.release)
         mounts = sorted({str(self.model_dir.parent.parent), str(self.repo.parent)})
         docker = ["docker", "run", "--rm", "--gpus=all", "--ipc=host", *(f"--volume={m}:{m}" for m in mounts)]
-        docker.append(f"--publish={host}:{port}:{port}")
+        published = [*docker, f"--publish={host}:{port}:{port}"]
         model_py = f"{llmapi_model(self.release)['container']['llmapi_model_dir']}/1/*.py"
         triton = f"cp {model_py} {self.repo / self.llm_model_name / '1'}/ && tritonserver "
         triton += f"--model-repository={self.repo} --http-port={port}"
-        return [
-            shlex.join([*docker, image, *self.trtllm_serve("0.0.0.0", port)]),  # 0.0.0.0 inside: --publish binds
-            shlex.join([*docker, image, "bash", "-c"]) + " " + shlex.quote(triton),
-        ]
+        if openai_port is None:  # 0.0.0.0 inside: --publish binds
+            first = [*published, image, *self.trtllm_serve("0.0.0.0", port)]
+        else:
+            first = [*docker, f"--publish={host}:{openai_port}:{openai_port}", "--env=TRTLLM_PIPELINE_API_KEY"]
+            first += [image_tag(self.release), *gateway_serve_command(self.repo, port, openai_port, _loopback(host))]
+        return [shlex.join(first), shlex.join([*published, image, "bash", "-c"]) + " " + shlex.quote(triton)]
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
+def gateway_serve_command(repo, port: int, openai_port: int, unauthenticated: bool) -> list[str]:
+    """`trtllm-pipeline serve --openai` in our image: the gateway on every address of the container, trtllm-serve on
+    its loopback; without a key only where the published port is itself on a loopback address (the key is
+    TRTLLM_PIPELINE_API_KEY, passed through by `docker run --env`)."""
+    command = [CLI, "serve", str(repo), "--host", "0.0.0.0", "--http-port", str(port)]
+    command += ["--openai", "--openai-port", str(openai_port)]
+    return command + (["--allow-unauthenticated"] if unauthenticated else [])
 
 
 def trtllm_serve_command(release: str, model_dir: str, options: str, host: str, port: int) -> list[str]:
@@ -158,18 +231,27 @@ def llmapi_model_name(repo: Path) -> str | None:
     return found[0] if found else None
 
 
-def serve_llm_api(repo: Path, host: str, port: int) -> None:
-    """Serve a pytorch-backend repository with trtllm-serve where TensorRT-LLM and a GPU are (the process becomes
-    trtllm-serve); elsewhere stop with exit 4 and the exact commands for NVIDIA's container."""
+def serve_llm_api(repo: Path, host: str, port: int, openai_port: int | None = None) -> OwnServer:
+    """Serve a pytorch-backend repository with trtllm-serve where TensorRT-LLM and a GPU are: without the gateway
+    (`openai_port` None) the process becomes trtllm-serve on host:port; with it, trtllm-serve as it runs on loopback
+    port `port` behind the gateway. Elsewhere stop with exit 4 and the exact container commands."""
     deployment = Deployment.of(repo)
     missing = missing_for_llm_api()
     if missing:
-        trtllm_serve, triton = deployment.container_commands(host, port)
+        served, triton = deployment.container_commands(host, port, openai_port)
+        how = (
+            f"our GPU image of TensorRT-LLM {deployment.release} (NVIDIA's container with trtllm-pipeline: "
+            "`trtllm-pipeline plan CONFIG` prints its docker build), the OpenAI gateway in front of trtllm-serve"
+            if openai_port is not None
+            else "NVIDIA's container"
+        )
         raise TargetUnavailable(
             f"{deployment.repo} is served by TensorRT-LLM {deployment.release}'s PyTorch backend, which needs "
-            f"{' and '.join(missing)}. On a GPU machine run NVIDIA's container:\n  {trtllm_serve}\nor, for "
-            f"Triton's llmapi model:\n  {triton}"
+            f"{' and '.join(missing)}. On a GPU machine run {how}:\n  {served}\nor, for Triton's llmapi model:\n  "
+            f"{triton}"
         )
+    if openai_port is not None:
+        return deployment.own_server(port)
     command = deployment.trtllm_serve(host, port)
     os.execvp(command[0], command)
 

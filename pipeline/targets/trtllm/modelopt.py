@@ -56,29 +56,109 @@ def quiet_modelopt():
         yield
 
 
+class UnsupportedModelOpt(RuntimeError):
+    """The installed ModelOpt's presets hold `quant_cfg` in a form `modelopt_config` does not write."""
+
+
 def modelopt_config(q) -> dict:
-    """The ModelOpt quantization config for the `quantization` section (a copy of a preset, adjusted)."""
+    """The ModelOpt quantization config for the `quantization` section: a copy of the installed ModelOpt's preset with
+    its int4 block size, the KV-cache quantizer and the excluded modules added, in the preset's own format. Up to
+    ModelOpt 0.43 `quant_cfg` is a dict of pattern -> quantizer attributes (its key "default" applies first, the rest in
+    order); from 0.44 a list of {quantizer_name, cfg and/or enable} entries applied in order (upstream/
+    triton_trtllm_images.json `modelopt`: the presets read at each tag, and 0.44's changelog). Each container keeps
+    the ModelOpt its TensorRT-LLM pins (0.37 on 1.1 and 1.2), our CPU environment has 0.47: both are written here.
+
+    Raises UnsupportedModelOpt, naming the version and what was found, for a quant_cfg of neither form or of the form
+    the table says that version does not have."""
     import copy
 
     import modelopt.torch.quantization as mtq
 
-    entries = []
-    if (q.weights, q.method) in MODELOPT_PRESETS:
-        preset = copy.deepcopy(getattr(mtq, MODELOPT_PRESETS[(q.weights, q.method)]))
-        entries = preset["quant_cfg"]
-        for entry in entries:
-            for cfg in entry.get("cfg") if isinstance(entry.get("cfg"), list) else [entry.get("cfg")]:
-                if isinstance(cfg, dict) and "block_sizes" in cfg:
-                    cfg["block_sizes"] = {**cfg["block_sizes"], -1: q.group_size}
-        algorithm = preset.get("algorithm", "max")
-    else:
-        entries, algorithm = [{"quantizer_name": "*", "enable": False}], "max"
-    if q.kv_cache != "none":
-        entries.append(
-            {"quantizer_name": KV_QUANTIZER, "cfg": {"num_bits": (4, 3) if q.kv_cache == "fp8" else 8, "axis": None}}
+    version = installed_modelopt()
+    key = (q.weights, q.method)
+    preset = copy.deepcopy(getattr(mtq, MODELOPT_PRESETS[key] if key in MODELOPT_PRESETS else "FP8_DEFAULT_CFG"))
+    form = quant_cfg_form(preset.get("quant_cfg"), version)
+    if key in MODELOPT_PRESETS:
+        quant_cfg, algorithm = preset["quant_cfg"], preset.get("algorithm", "max")
+        for cfg in attribute_dicts(quant_cfg, form):
+            if "block_sizes" in cfg:
+                cfg["block_sizes"] = {**cfg["block_sizes"], -1: q.group_size}
+    else:  # nothing quantized but what is added below
+        quant_cfg, algorithm = (
+            ([{"quantizer_name": "*", "enable": False}] if form == "list" else {"default": {"enable": False}}),
+            "max",
         )
-    entries += [{"quantizer_name": f"*{pattern}*", "enable": False} for pattern in q.exclude_modules]
-    return {"quant_cfg": entries, "algorithm": algorithm}
+    if q.kv_cache != "none":
+        kv = {"num_bits": (4, 3) if q.kv_cache == "fp8" else 8, "axis": None}
+        add_entry(quant_cfg, form, KV_QUANTIZER, kv)
+    for pattern in q.exclude_modules:
+        add_entry(quant_cfg, form, f"*{pattern}*", None)
+    return {"quant_cfg": quant_cfg, "algorithm": algorithm}
+
+
+def installed_modelopt() -> str:
+    import modelopt
+
+    return getattr(modelopt, "__version__", None) or "unknown"
+
+
+def tabulated_quant_cfg_form(version: str) -> str | None:
+    """'dict' or 'list': the quant_cfg format of ModelOpt `version` as tabulated (None for a version not parsed)."""
+    from packaging.version import InvalidVersion, Version
+
+    from pipeline.upstream import facts
+
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        return None
+    list_from = Version(facts("triton_trtllm_images")["modelopt"]["quant_cfg_list_from"]).release
+    return "list" if release >= list_from else "dict"
+
+
+def quant_cfg_form(quant_cfg, version: str) -> str:
+    """'dict' or 'list': the form of a preset's quant_cfg, checked entry by entry and against the table."""
+    if isinstance(quant_cfg, dict) and all(
+        isinstance(name, str) and isinstance(cfg, (dict, list)) for name, cfg in quant_cfg.items()
+    ):
+        form = "dict"
+    elif isinstance(quant_cfg, list) and all(
+        isinstance(entry, dict) and isinstance(entry.get("quantizer_name"), str) for entry in quant_cfg
+    ):
+        form = "list"
+    else:
+        raise UnsupportedModelOpt(
+            f"ModelOpt {version}'s presets hold quant_cfg as {type(quant_cfg).__name__} "
+            f"{str(quant_cfg)[:120]}: neither a dict of pattern -> attributes (up to 0.43) nor a list of "
+            "{quantizer_name, cfg/enable} entries (from 0.44)"
+        )
+    expected = tabulated_quant_cfg_form(version)
+    if expected and expected != form:
+        raise UnsupportedModelOpt(
+            f"ModelOpt {version}'s presets hold quant_cfg as a {form}, but the table (pipeline/upstream/"
+            f"triton_trtllm_images.json `modelopt`) says ModelOpt {version} holds a {expected}: re-tabulate it"
+        )
+    return form
+
+
+def attribute_dicts(quant_cfg, form: str) -> list[dict]:
+    """The quantizer-attribute dicts of a quant_cfg (a W4A8 weight quantizer has a list of two)."""
+    if form == "list":
+        cfgs = [entry.get("cfg") for entry in quant_cfg]
+    else:
+        cfgs = list(quant_cfg.values())
+    flat = [cfg for item in cfgs for cfg in (item if isinstance(item, list) else [item])]
+    return [cfg for cfg in flat if isinstance(cfg, dict)]
+
+
+def add_entry(quant_cfg, form: str, pattern: str, cfg: dict | None) -> None:
+    """Append the quantizers matching `pattern`: quantized as `cfg`, or disabled (None). Applied after the preset's
+    entries, so it overrides them: in a dict, the pattern is moved to the end."""
+    if form == "list":
+        quant_cfg.append({"quantizer_name": pattern, **({"cfg": cfg} if cfg else {"enable": False})})
+    else:
+        quant_cfg.pop(pattern, None)
+        quant_cfg[pattern] = {**cfg, "enable": True} if cfg else {"enable": False}
 
 
 MODELOPT_MODULES = ("modelopt.torch.opt", "modelopt.torch.quantization", "modelopt.torch.export")
@@ -152,6 +232,18 @@ def save_calibrated(model, hf_dir: Path, out_dir: Path) -> int:
     return len(state[REWRITTEN_WEIGHTS])
 
 
+def load_state(path: Path) -> dict:
+    """The state `save_calibrated` wrote. `mto.load_modelopt_state` exists from ModelOpt 0.43 (tabulated:
+    load_modelopt_state_from); before it, ModelOpt's own way is a torch.load of the whole dict (its
+    restore_from_modelopt_state docstring at 0.37.0), which is what 0.43's loads and then validates."""
+    import modelopt.torch.opt as mto
+    import torch
+
+    if hasattr(mto, "load_modelopt_state"):
+        return mto.load_modelopt_state(path)
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
 def load_calibrated(hf_dir: Path, quantize_dir: Path | None):
     """The imported model in the dtype it is stored in (a bfloat16 checkpoint is not upcast: float32 would double it)
     with the quantizers calibrated in `quantize_dir` restored onto it: ModelOpt's placement, then their buffers, then
@@ -166,7 +258,7 @@ def load_calibrated(hf_dir: Path, quantize_dir: Path | None):
     import modelopt.torch.opt as mto
     from modelopt.torch.quantization.utils import set_quantizer_state_dict
 
-    state = mto.load_modelopt_state(quantize_dir / STATE_FILE)
+    state = load_state(quantize_dir / STATE_FILE)
     buffers, rewritten = state.pop(QUANTIZER_BUFFERS), state.pop(REWRITTEN_WEIGHTS)
     model = mto.restore_from_modelopt_state(model, state)
     set_quantizer_state_dict(model, buffers)
@@ -260,6 +352,7 @@ def export_checkpoints(
                 inference_tensor_parallel=tp_size,
                 inference_pipeline_parallel=pp_size,
             )
+        identity_pre_quant_scales(model)
         export_unified(model, torch_dtype, out_dir / "hf_unified")  # last: it casts the model to the dtype
     if not family:
         return
@@ -270,6 +363,37 @@ def export_checkpoints(
         config = json.loads(config_file.read_text())
         config["quantization"] = {**(config.get("quantization") or {}), "quant_algo": loader_quantized}
         config_file.write_text(json.dumps(config, indent=4))
+
+
+def identity_pre_quant_scales(model) -> int:
+    """Before the unified export under a ModelOpt older than `pre_quant_scale_optional_from` (0.45, tabulated from
+    fuse_prequant_layernorm in modelopt/torch/export/quant_utils.py): that export folds the input quantizer's
+    pre_quant_scale of a group of linears in an AWQ format into the layernorm before them and fails where there is
+    none, as for int4 round-to-nearest, which it exports in that format (AttributeError: no _pre_quant_scale, under
+    0.37). Give those linears the identity scale they stand for (ones, what repair_pre_quant_scale writes for 0.47's
+    export): the fold then changes nothing. Returns how many were given one."""
+    from packaging.version import InvalidVersion, Version
+
+    from pipeline.upstream import facts
+
+    fixed_in = facts("triton_trtllm_images")["modelopt"]["pre_quant_scale_optional_from"]
+    try:
+        if Version(installed_modelopt()).release >= Version(fixed_in).release:
+            return 0
+    except InvalidVersion:  # a ModelOpt of no version: the repair changes nothing where the export needs none
+        pass
+    import torch
+    from modelopt.torch.export.quant_utils import get_quantization_format
+
+    given = 0
+    for module in model.modules():
+        quantizer, weight = getattr(module, "input_quantizer", None), getattr(module, "weight", None)
+        if quantizer is None or weight is None or getattr(quantizer, "pre_quant_scale", None) is not None:
+            continue
+        if "awq" in str(get_quantization_format(module)):
+            quantizer.pre_quant_scale = torch.ones(weight.shape[1], dtype=weight.dtype, device=weight.device)
+            given += 1
+    return given
 
 
 def repair_family_keys(checkpoint: Path, hf_config: dict, family: EngineFamily) -> bool:

@@ -11,7 +11,10 @@ and an ensemble that keeps our clients' tensor names.
 
 LoRA: the options get `lora_config` (lora_conversion.py); trtllm-serve then takes an adapter per request
 (`lora_request`). Triton's llmapi model declares no LoRA input in any tabulated release, so through it no request
-picks an adapter.
+picks an adapter. No tabulated release replays a CUDA graph with LoRA parameters (upstream/trtllm_pytorch_features.json,
+`lora_with_cuda_graph`), so a lora config gets `cuda_graph_config: null` (and a memory plan without graphs) unless it
+sets runtime.cuda_graph_mode, which is then refused. Guided decoding is always on, so runtime.speculative is refused
+where the release refuses a guided decoder with that speculative mode (`guided_with_speculative`).
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ from pathlib import Path
 
 import yaml
 
+from pipeline import upstream
 from pipeline.errors import BuildStepError, TargetUnavailable
 from pipeline.models import SERVED_TOKENIZER_FILES
 from pipeline.targets import Problem, given_fields
 from pipeline.targets.trtllm import lora_conversion
 from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
+    GATEWAY_DEPLOY_FIELDS,
     GPU_DEPLOY_FIELDS,
+    gateway_problems,
     link_or_copy,
 )
 from pipeline.targets.trtllm.guided import GUIDED_DECODING_BACKEND
@@ -76,6 +82,8 @@ CLIENT_TO_LLMAPI = {
 LLMAPI_TO_CLIENT_OUTPUTS = {"text_output": "text_output"}
 # runtime.speculative.type -> the LLM API's speculative_config.decoding_type
 SPECULATIVE_DECODING_TYPES = {"ngram": "NGram"}
+# runtime.speculative.type -> TensorRT-LLM's SpeculativeDecodingMode (its from_string: the decoding type upper-cased)
+SPECULATIVE_MODES = {"ngram": "NGRAM"}
 
 
 @dataclass(frozen=True)
@@ -138,13 +146,89 @@ def all_options(cfg) -> list[Option]:
         }
         options.append(Option(("speculative_config",), speculative, "runtime.speculative"))
     graphs = {"batch_sizes": cuda_graph_batch_sizes(b.max_batch_size), "enable_padding": True}
-    options.append(Option(("cuda_graph_config",), graphs if r.cuda_graph_mode else None, "runtime.cuda_graph_mode"))
+    options.append(Option(("cuda_graph_config",), graphs if cuda_graphs_on(cfg) else None, "runtime.cuda_graph_mode"))
     # Guided decoding (structured outputs) on wherever the release has the option: without a backend the LLM
     # refuses a request's guide. No config field sets it, so a release lacking it just goes without.
     options.append(Option(("guided_decoding_backend",), GUIDED_DECODING_BACKEND, "target.trtllm_version"))
     if cfg.lora is not None:  # its fields are lora_conversion.LLM_API_FIELDS, which engine_reads adds
         options.append(Option(("lora_config",), lora_conversion.llm_api_lora_config(cfg), "lora.target_modules"))
     return options
+
+
+def release_features(release: str) -> dict | None:
+    """The release's row of upstream/trtllm_pytorch_features.json (None: not tabulated)."""
+    return upstream.facts("trtllm_pytorch_features")["releases"].get(release)
+
+
+def lora_without_graphs(cfg) -> bool:
+    """Whether the config serves LoRA on a release whose CUDA graph replay carries no LoRA parameters."""
+    features = release_features(cfg.target.trtllm_version)
+    return cfg.lora is not None and features is not None and not features["lora_with_cuda_graph"]["supported"]
+
+
+def cuda_graphs_on(cfg) -> bool:
+    """Whether the options capture CUDA graphs: runtime.cuda_graph_mode, except left at its default by a lora config
+    on a release without LoRA under graphs (set true there, feature_problems refuses it)."""
+    explicit = ("runtime", "cuda_graph_mode") in given_fields(cfg)
+    return cfg.runtime.cuda_graph_mode and (explicit or not lora_without_graphs(cfg))
+
+
+def feature_problems(cfg) -> list[Problem]:
+    """Feature pairs the targeted release cannot run: LoRA with an explicit runtime.cuda_graph_mode: true where the
+    graph replay carries no LoRA, and runtime.speculative where creating the executor refuses a guided decoder with
+    that speculative mode (guided decoding is on wherever the release has guided_decoding_backend)."""
+    release, r = cfg.target.trtllm_version, cfg.runtime
+    features = release_features(release)
+    if features is None:
+        return []
+    read = {  # the copy each fact was read from; a fork's named with its repository
+        f["path"].rsplit("/", 1)[-1]: ("" if f["repo"] == "NVIDIA/TensorRT-LLM" else f"{f['repo']} ") + cited(f)
+        for f in features["source"]["files"]
+        if "/" in f["path"]
+    }
+    out: list[Problem] = []
+    if lora_without_graphs(cfg) and r.cuda_graph_mode and ("runtime", "cuda_graph_mode") in given_fields(cfg):
+        refreshed = ", ".join(features["lora_with_cuda_graph"]["inputs_refreshed"])
+        having = [
+            x
+            for x in upstream.releases("trtllm_pytorch_features")
+            if release_features(x)["lora_with_cuda_graph"]["supported"]
+        ]
+        out.append(
+            (
+                ("runtime", "cuda_graph_mode"),
+                f"TensorRT-LLM {release}'s PyTorch backend runs no LoRA under CUDA graphs: a captured graph replays "
+                f"with only {refreshed} copied in ({read['cuda_graph_runner.py']}), no LoRA parameters, so decode "
+                "steps would not apply the request's adapter as eager ones do (TensorRT-LLM PR #5480: the outputs "
+                "differ; LoRA-aware graphs came with PR #8279); set runtime.cuda_graph_mode: false (left unset, a "
+                "lora config gets cuda_graph_config: null)"
+                + (f", or target TensorRT-LLM {having[0]}" if having else "; no tabulated release has it"),
+            )
+        )
+    if r.speculative is not None and has_option(release, ("guided_decoding_backend",)):
+        mode, guided = SPECULATIVE_MODES[r.speculative.type], features["guided_with_speculative"]
+        if mode not in guided["allowed_modes"]:
+            allowing = [
+                x
+                for x in upstream.releases("trtllm_pytorch_features")
+                if mode in release_features(x)["guided_with_speculative"]["allowed_modes"]
+            ]
+            out.append(
+                (
+                    ("runtime", "speculative"),
+                    f"TensorRT-LLM {release}'s PyTorch backend refuses a guided decoder with {mode} speculative "
+                    f"decoding: creating the executor raises {guided['raises']} ({read['py_executor_creator.py']}), "
+                    f"and guided decoding is always on here (guided_decoding_backend: {GUIDED_DECODING_BACKEND}); "
+                    "remove runtime.speculative"
+                    + (
+                        f", or target TensorRT-LLM {allowing[0]}, which allows it (TensorRT-LLM's TRTLLM-7028: "
+                        "PR #6948 and the two-model part before it)"
+                        if allowing
+                        else ""
+                    ),
+                )
+            )
+    return out
 
 
 def release_options(cfg) -> tuple[dict, list[Problem]]:
@@ -259,6 +343,7 @@ class PytorchBackend:
     honours = (
         CHECKPOINT_FIELDS
         | GPU_DEPLOY_FIELDS
+        | GATEWAY_DEPLOY_FIELDS
         | {
             "build.max_batch_size",
             "build.max_input_len",
@@ -316,7 +401,7 @@ class PytorchBackend:
     def config_problems(self, cfg) -> list[Problem]:
         b, r, q = cfg.build, cfg.runtime, cfg.quantization
         release = cfg.target.trtllm_version
-        out: list[Problem] = []
+        out: list[Problem] = gateway_problems(cfg)
         if b.kv_cache_type != "paged":
             out.append((("build", "kv_cache_type"), "the PyTorch backend's KV cache is always paged; remove it"))
         if r.batching_strategy != "inflight_fused_batching":
@@ -340,6 +425,7 @@ class PytorchBackend:
         if window:
             out.append((("build", "max_seq_len"), window))
         out += release_options(cfg)[1]
+        out += feature_problems(cfg)
         return out
 
     def writes(self, stage: str, cfg) -> str:
@@ -431,4 +517,4 @@ class PytorchBackend:
     def memory_plan(self, cfg, facts):
         from pipeline.targets.trtllm.gpu_memory import plan_memory
 
-        return plan_memory(cfg, facts, cuda_graph_batch=cfg.build.max_batch_size if cfg.runtime.cuda_graph_mode else 0)
+        return plan_memory(cfg, facts, cuda_graph_batch=cfg.build.max_batch_size if cuda_graphs_on(cfg) else 0)
