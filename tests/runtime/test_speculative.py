@@ -187,7 +187,9 @@ def test_the_pytorch_backend_writes_speculative_config_each_release_accepts(tmp_
     from pipeline.targets.trtllm.pytorch_backend import RELEASES, release_options
     from pipeline.upstream import facts
 
-    for release in RELEASES[1:]:  # 1.0 refuses a guided decoder beside it (tests/targets/test_trtllm_pytorch_backend.py)
+    for release in RELEASES[
+        1:
+    ]:  # 1.0 refuses a guided decoder beside it (tests/targets/test_trtllm_pytorch_backend.py)
         options, problems = release_options(load_config(trtllm_config(tmp_path, tiny_llama, "pytorch", release)))
         assert problems == []
         assert options["speculative_config"] == {
