@@ -266,3 +266,18 @@ def test_deploy_prints_the_cpu_image_command_with_the_config_as_the_image_has_it
         "--tag=trtllm-pipeline:smollm2-135m-cpu",
         str(REPO),
     ]
+
+
+def test_serving_a_release_no_image_of_ours_holds_falls_back_to_trtllm_serve_alone(tmp_path):
+    """The gateway in front of trtllm-serve runs in our image; for 1.0, which none holds, the printed command is
+    trtllm-serve alone in NVIDIA's container, and for 1.2 our image with the gateway."""
+    from pipeline.targets.trtllm.llm_api_serving import Deployment
+
+    def commands(release):
+        deployment = Deployment(tmp_path / "engine/model", tmp_path / "engine/o.yaml", release, tmp_path / "repo", "m")
+        return deployment.container_commands("127.0.0.1", 8000, 9000)
+
+    old, _ = commands("1.0")
+    assert f" {nvidia_image('1.0')} trtllm-serve " in old and "--openai" not in old
+    new, _ = commands("1.2")
+    assert f" {image_tag('1.2')} " in new and "--openai --openai-port 9000" in new

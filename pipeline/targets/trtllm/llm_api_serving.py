@@ -24,7 +24,7 @@ from pipeline.docker import APP_DIR
 from pipeline.errors import PipelineError, TargetUnavailable
 from pipeline.targets import OwnServer
 from pipeline.targets.trtllm.backend import lacking
-from pipeline.targets.trtllm.image import image_tag, nvidia_image
+from pipeline.targets.trtllm.image import image_tag, nvidia_image, transformers_conflict
 from pipeline.targets.trtllm.llm_api_options import serve_options_flag
 from pipeline.targets.trtllm.openai_dialect import adapter_fields, dialect
 from pipeline.targets.trtllm.repo_checks import recorded_release
@@ -192,6 +192,8 @@ class Deployment:
         container, once its llmapi model.py is copied beside our model.yaml."""
         import shlex
 
+        if transformers_conflict(self.release):  # no image of ours holds the release: trtllm-serve alone
+            openai_port = None
         image = nvidia_image(self.release)
         mounts = sorted({str(self.model_dir.parent.parent), str(self.repo.parent)})
         docker = ["docker", "run", "--rm", "--gpus=all", "--ipc=host", *(f"--volume={m}:{m}" for m in mounts)]
@@ -239,11 +241,12 @@ def serve_llm_api(repo: Path, host: str, port: int, openai_port: int | None = No
     missing = missing_for_llm_api()
     if missing:
         served, triton = deployment.container_commands(host, port, openai_port)
+        no_image = transformers_conflict(deployment.release)
         how = (
             f"our GPU image of TensorRT-LLM {deployment.release} (NVIDIA's container with trtllm-pipeline: "
             "`trtllm-pipeline plan CONFIG` prints its docker build), the OpenAI gateway in front of trtllm-serve"
-            if openai_port is not None
-            else "NVIDIA's container"
+            if openai_port is not None and not no_image
+            else "NVIDIA's container" + (f" (trtllm-serve alone, without the gateway: {no_image})" if no_image else "")
         )
         raise TargetUnavailable(
             f"{deployment.repo} is served by TensorRT-LLM {deployment.release}'s PyTorch backend, which needs "

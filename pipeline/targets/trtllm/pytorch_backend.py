@@ -39,7 +39,7 @@ from pipeline.targets.trtllm.backend import (
     link_or_copy,
 )
 from pipeline.targets.trtllm.guided import GUIDED_DECODING_BACKEND
-from pipeline.targets.trtllm.image import whole_config_commands
+from pipeline.targets.trtllm.image import transformers_conflict, whole_config_commands
 from pipeline.targets.trtllm.llm_api_options import LLM_API_RELEASES, has_option, options_problems, serve_options_flag
 from pipeline.targets.trtllm.llm_api_serving import (
     ENGINE_RECORD,
@@ -506,10 +506,16 @@ class PytorchBackend:
             output / "triton_repo",
             cfg.triton.llm_model_name,
         )
+        release = cfg.target.trtllm_version
         trtllm_serve, triton = deployment.container_commands("127.0.0.1", 8000)
+        served = (
+            f"serve with trtllm-serve alone (TensorRT-LLM {release}, NVIDIA's container: no image of ours holds the "
+            "release, see below)"
+            if transformers_conflict(release)
+            else f"serve with the OpenAI gateway in front of trtllm-serve (TensorRT-LLM {release}, our GPU image)"
+        )
         return [
-            f"serve with trtllm-serve (TensorRT-LLM {cfg.target.trtllm_version}, NVIDIA's container):\n"
-            f"  {trtllm_serve}",
+            f"{served}:\n  {trtllm_serve}",
             f"or with Triton's llmapi model:\n  {triton}",
             f"or the whole config in NVIDIA's container:\n  {whole_config_commands(cfg)}",
         ]
