@@ -24,29 +24,13 @@ import time
 import traceback
 from pathlib import Path
 
+from pipeline.targets.trtllm.image_check import tiny_llama  # torch and transformers are imported when it runs
+
 REPO = Path(__file__).resolve().parents[1]
 FP8_CONFIG = REPO / "build_configs" / "smollm2-135m-fp8.yaml"
 NAME = "modelopt-container"
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 E4M3 = (4, 3)
-
-
-def tiny_llama(device: str):
-    """A 2-layer Llama with grouped-query attention, random weights (seeded), float32 as the pipeline calibrates."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(config).to(device=device, dtype=torch.float32).eval()
 
 
 def expected_state(name: str, q) -> tuple | None:

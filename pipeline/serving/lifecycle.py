@@ -148,11 +148,44 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-class Serving:
-    """tritonserver on a checked repository and, given GatewayOptions, the OpenAI gateway in front of it. A context
-    manager: SIGTERM counts as Ctrl-C from entry on (a stop during start-up must clean up too), and leaving it
-    stops the gateway and tritonserver together, ignoring further stop signals meanwhile, then gives the stop signals
-    their handlers back (`bench serve` goes on to its peer after serving)."""
+class _GatewayInFront:
+    """What both ways of serving share as context managers: SIGTERM counts as Ctrl-C from entry on (a stop during
+    start-up must clean up too); leaving tells the gateway to exit, stops the server behind it (`_stop_server`) and
+    joins the gateway, ignoring further stop signals meanwhile, then gives the stop signals their handlers back."""
+
+    host: str
+    gateway: GatewayOptions | None
+
+    def __enter__(self):
+        self._handlers = {stop_signal: signal.getsignal(stop_signal) for stop_signal in STOP_SIGNALS}
+        signal.signal(signal.SIGTERM, _interrupt)
+        return self
+
+    @property
+    def openai_url(self) -> str:
+        """The gateway's base URL for a local client (`.../v1`)."""
+        return f"http://{dial_address(self.host, self.gateway.port)}/v1"
+
+    def _stop_server(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, *exc) -> None:
+        for stop_signal in STOP_SIGNALS:  # a second Ctrl-C must not orphan the server mid-stop
+            signal.signal(stop_signal, signal.SIG_IGN)
+        try:
+            if self._uvicorn:
+                self._uvicorn.should_exit = True
+            self._stop_server()
+            if self._uvicorn_thread:
+                self._uvicorn_thread.join(timeout=10)
+        finally:
+            for stop_signal, handler in self._handlers.items():
+                signal.signal(stop_signal, handler)
+
+
+class Serving(_GatewayInFront):
+    """tritonserver on a checked repository and, given GatewayOptions, the OpenAI gateway in front of it (`bench
+    serve` goes on to its peer after serving, so leaving gives the stop signals their handlers back)."""
 
     def __init__(
         self,
@@ -180,16 +213,6 @@ class Serving:
         self._ready = threading.Event()  # the gateway answers 503 until tritonserver is ready
         self._handlers: dict = {}
 
-    def __enter__(self) -> "Serving":
-        self._handlers = {stop_signal: signal.getsignal(stop_signal) for stop_signal in STOP_SIGNALS}
-        signal.signal(signal.SIGTERM, _interrupt)
-        return self
-
-    @property
-    def openai_url(self) -> str:
-        """The gateway's base URL for a local client (`.../v1`)."""
-        return f"http://{dial_address(self.host, self.gateway.port)}/v1"
-
     def start(self, timeout: float) -> None:
         """The gateway first, listening before tritonserver is ready, so a readiness probe on tritonserver covers it
         too; then tritonserver, waiting up to `timeout` seconds for its models to load."""
@@ -207,27 +230,20 @@ class Serving:
             f"{self.server.exit_reason()}\nserve exits so that its supervisor (e.g. Kubernetes) restarts it"
         )
 
+    def _stop_server(self) -> None:
+        self.server.stop()
+
     def __exit__(self, *exc) -> None:
-        for stop_signal in STOP_SIGNALS:  # a second Ctrl-C must not orphan the server mid-stop
-            signal.signal(stop_signal, signal.SIG_IGN)
         self._ready.clear()
-        try:
-            if self._uvicorn:
-                self._uvicorn.should_exit = True
-            self.server.stop()
-            if self._uvicorn_thread:
-                self._uvicorn_thread.join(timeout=10)
-        finally:
-            for stop_signal, handler in self._handlers.items():
-                signal.signal(stop_signal, handler)
+        super().__exit__(*exc)
 
 
-class FrontedServing:
+class FrontedServing(_GatewayInFront):
     """A target's own server (`OwnServer`: trtllm-serve) on loopback with the OpenAI gateway in front of it on
-    `host`, as `serve --openai` runs them; a context manager like `Serving` (SIGTERM counts as Ctrl-C from entry on,
-    leaving stops both). The gateway listens first and answers 503 until the server's /health answers 200, so a
-    readiness probe on the gateway covers the server's start too. The server's LoRA adapters (`OwnServer.adapters`,
-    from the build) are models of the gateway's own, each request on one sent with the fields that pick it."""
+    `host`, as `serve --openai` runs them; a context manager like `Serving`. The gateway listens first and answers
+    503 until the server's /health answers 200, so a readiness probe on the gateway covers the server's start too.
+    The server's LoRA adapters (`OwnServer.adapters`, from the build) are models of the gateway's own, each request
+    on one sent with the fields that pick it."""
 
     STOP_GRACE_S = 30  # the server's own shutdown before it is killed
 
@@ -236,16 +252,6 @@ class FrontedServing:
         self.process: subprocess.Popen | None = None
         self._uvicorn = self._uvicorn_thread = None
         self._handlers: dict = {}
-
-    def __enter__(self) -> "FrontedServing":
-        self._handlers = {stop_signal: signal.getsignal(stop_signal) for stop_signal in STOP_SIGNALS}
-        signal.signal(signal.SIGTERM, _interrupt)
-        return self
-
-    @property
-    def openai_url(self) -> str:
-        """The gateway's base URL for a local client (`.../v1`)."""
-        return f"http://{dial_address(self.host, self.gateway.port)}/v1"
 
     def start(self) -> None:
         """The gateway, then the server (in a process group of its own, which its stop takes along)."""
@@ -285,16 +291,3 @@ class FrontedServing:
                 return
             except subprocess.TimeoutExpired:
                 continue
-
-    def __exit__(self, *exc) -> None:
-        for stop_signal in STOP_SIGNALS:  # a second Ctrl-C must not orphan the server mid-stop
-            signal.signal(stop_signal, signal.SIG_IGN)
-        try:
-            if self._uvicorn:
-                self._uvicorn.should_exit = True
-            self._stop_server()
-            if self._uvicorn_thread:
-                self._uvicorn_thread.join(timeout=10)
-        finally:
-            for stop_signal, handler in self._handlers.items():
-                signal.signal(stop_signal, handler)

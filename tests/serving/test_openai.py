@@ -27,24 +27,29 @@ QUESTION = [
 
 
 @contextmanager
-def running(grpc_port: int, engine, **options) -> Iterator[str]:
-    """A gateway in front of the tritonserver on grpc_port, served by uvicorn on a thread; yields its /v1 URL."""
+def serving_app(app) -> Iterator[str]:
+    """An ASGI app served by uvicorn on a thread of this process, on a free loopback port; yields its /v1 URL."""
     import uvicorn
 
-    from pipeline.serving.app import create_app
-
-    port = free_port()
-    app = create_app(f"127.0.0.1:{grpc_port}", str(engine), MODEL, **options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{server.config.port}/v1"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def running(grpc_port: int, engine, **options) -> Iterator[str]:
+    """A gateway in front of the tritonserver on grpc_port, served by uvicorn on a thread; yields its /v1 URL."""
+    from pipeline.serving.app import create_app
+
+    with serving_app(create_app(f"127.0.0.1:{grpc_port}", str(engine), MODEL, **options)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

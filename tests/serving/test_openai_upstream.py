@@ -26,7 +26,7 @@ from pipeline.errors import TargetUnavailable
 from pipeline.serving.openai_upstream import GATEWAY, Dialect, OpenAIUpstream, OwnServer
 from pipeline.targets.trtllm.openai_dialect import response_format
 from pipeline.triton.server import free_port
-from tests.serving.test_openai import MODEL, PERSON, QUESTION, running
+from tests.serving.test_openai import MODEL, PERSON, QUESTION, running, serving_app
 from tests.serving.test_serving import metric
 
 
@@ -34,26 +34,15 @@ from tests.serving.test_serving import metric
 def fronting(upstream_url: str, engine, dialect: Dialect = GATEWAY, **options) -> Iterator[str]:
     """The gateway in front of the OpenAI-compatible server at `upstream_url` (its /v1 URL), on a uvicorn thread;
     yields the gateway's /v1 URL once it is ready (or at once with wait=False)."""
-    import uvicorn
-
     from pipeline.serving.app import create_app
 
     wait, adapters = options.pop("wait", True), options.pop("adapters", {})
     upstream = OpenAIUpstream(upstream_url.removesuffix("/v1"), MODEL, dialect, poll_s=0.2, adapters=adapters)
-    app = create_app(upstream, str(engine), MODEL, **options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    deadline = time.monotonic() + 30
-    while wait and not upstream.ready() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving_app(create_app(upstream, str(engine), MODEL, **options)) as url:
+        deadline = time.monotonic() + 30
+        while wait and not upstream.ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -288,8 +277,6 @@ def test_the_gateway_command_needs_a_key_off_loopback(tmp_path):
 def recording_server() -> Iterator[tuple[str, list[dict]]]:
     """A real OpenAI-compatible HTTP server (FastAPI on uvicorn) that answers every /v1/completions with one streamed
     word and records each request body; yields (its /v1 URL, the bodies)."""
-    import uvicorn
-
     app, bodies = FastAPI(), []
 
     @app.get("/health")
@@ -302,16 +289,8 @@ def recording_server() -> Iterator[tuple[str, list[dict]]]:
         chunk = {"choices": [{"index": 0, "text": " yes"}], "usage": {"completion_tokens": 1}}
         return StreamingResponse(iter([f"data: {json.dumps(chunk)}\n\n", "data: [DONE]\n\n"]))
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}/v1", bodies
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving_app(app) as url:
+        yield url, bodies
 
 
 def lora_request(name: str, task_id: int) -> dict:

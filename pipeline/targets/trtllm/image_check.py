@@ -173,9 +173,10 @@ def pin_problems(container: dict, requires: dict[str, str], release: str) -> lis
     return problems
 
 
-def tiny_llama():
-    """A randomly initialised 2-layer Llama made here (no download): every linear's input a multiple of 128, so any
-    int4 group size divides it."""
+def tiny_llama(device: str = "cpu"):
+    """A randomly initialised (seeded) float32 2-layer Llama with grouped-query attention, made here (no download):
+    every linear's input a multiple of 128, so any int4 group size divides it. scripts/modelopt_container_smoke.py
+    quantizes it on the GPU."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -189,7 +190,7 @@ def tiny_llama():
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(config).to(device=device, dtype=torch.float32).eval()
 
 
 def quantize(config: Path, overrides: list[str], release: str) -> str | None:
