@@ -363,3 +363,18 @@ def test_a_pytorch_build_with_adapters_serves_each_with_its_lora_request(tmp_pat
     }
     fronted = OpenAIUpstream("http://127.0.0.1:1", "model", deployment.own_server(8123).dialect, adapters=adapters)
     assert set(fronted.adapters) == {"upper", "ahoy"}  # 1.2's trtllm-serve takes lora_request
+
+
+def test_a_lora_build_is_not_served_by_trtllm_serve_alone_on_an_open_address(tmp_path):
+    """trtllm-serve loads whatever lora_path a request to its port names: with a lora_config, `serve` without the
+    gateway keeps it on loopback (the refusal comes before the missing GPU is even looked at)."""
+    from pipeline.errors import PipelineError
+    from pipeline.targets.trtllm.llm_api_serving import Deployment, serve_llm_api
+
+    repo = pytorch_repository(tmp_path, "1.2")
+    Deployment.of(repo).options.write_text(yaml.safe_dump({"lora_config": {"max_lora_rank": 8}}))
+    with pytest.raises(PipelineError, match="loads whatever lora_path a request to its port names") as raised:
+        serve_llm_api(repo, "0.0.0.0", 8000)
+    assert not isinstance(raised.value, TargetUnavailable)
+    with pytest.raises(TargetUnavailable):  # on loopback, or behind the gateway, it goes on (to the missing GPU here)
+        serve_llm_api(repo, "127.0.0.1", 8000)

@@ -297,3 +297,22 @@ def test_guided_decoding_with_ngram_drafts_is_refused_where_the_release_refuses_
     assert problems == [] and options_problems(options, release) == []
     assert options["guided_decoding_backend"] == GUIDED_DECODING_BACKEND
     assert options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
+
+
+def test_lora_on_a_multi_node_group_is_refused_since_no_gateway_stands_in_front_of_trtllm_serve():
+    from types import SimpleNamespace
+
+    from pipeline.targets.trtllm.backend import gateway_problems
+
+    def cfg(lora, gpus_per_node, backend="pytorch"):
+        return SimpleNamespace(
+            lora=lora,
+            parallel=SimpleNamespace(tp_size=2, pp_size=1),
+            deploy=SimpleNamespace(gpus_per_node=gpus_per_node, openai_gateway=True, model_fields_set=set()),
+            target=SimpleNamespace(trtllm_backend=backend),
+        )
+
+    (refused,) = gateway_problems(cfg(object(), 1))
+    assert refused[0] == ("lora",) and "loads whatever lora_path a request names" in refused[1]
+    assert gateway_problems(cfg(object(), 2)) == []  # one node: the gateway sends only the build's adapters
+    assert gateway_problems(cfg(None, 1)) == gateway_problems(cfg(object(), 1, "tensorrt")) == []

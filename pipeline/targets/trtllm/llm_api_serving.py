@@ -150,13 +150,17 @@ class Deployment:
         """The build's lora stage output: <output>/lora beside <output>/engine."""
         return self.model_dir.parent.parent / LORA_DIR
 
+    def takes_lora(self) -> bool:
+        """Whether the options give trtllm-serve a lora_config, so that a request's lora_request loads an adapter."""
+        options = yaml.safe_load(self.options.read_text()) if self.options.is_file() else None
+        return bool((options or {}).get("lora_config"))
+
     def adapters(self) -> dict[str, dict]:
         """The build's LoRA adapters as the gateway picks them: model name -> the request fields that make this
         release's trtllm-serve generate with it (its PEFT directory and task id); {} for a build without any."""
         if not (self.lora_dir / INDEX).is_file():
             return {}
-        options = yaml.safe_load(self.options.read_text()) if self.options.is_file() else None
-        if not (options or {}).get("lora_config"):
+        if not self.takes_lora():
             raise PipelineError(
                 f"{self.lora_dir} holds LoRA adapters but {self.options} has no lora_config, so trtllm-serve would "
                 "refuse every request on one: rebuild (trtllm-pipeline build CONFIG)"
@@ -238,6 +242,12 @@ def serve_llm_api(repo: Path, host: str, port: int, openai_port: int | None = No
     (`openai_port` None) the process becomes trtllm-serve on host:port; with it, trtllm-serve as it runs on loopback
     port `port` behind the gateway. Elsewhere stop with exit 4 and the exact container commands."""
     deployment = Deployment.of(repo)
+    if openai_port is None and not _loopback(host) and deployment.takes_lora():
+        raise PipelineError(
+            f"{deployment.options} has a lora_config, and trtllm-serve loads whatever lora_path a request to its port "
+            f"names, while {host} carries no authentication: serve it behind the gateway (--openai, which sends only "
+            "the build's adapters), or on 127.0.0.1"
+        )
     missing = missing_for_llm_api()
     if missing:
         served, triton = deployment.container_commands(host, port, openai_port)
