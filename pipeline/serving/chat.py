@@ -74,6 +74,6 @@ async def chat_prompt(tokenizer, body: ChatRequest) -> str:
 
 @router.post("/v1/chat/completions")
 async def chat(body: ChatRequest, request: Request, gateway: Shared):
-    gateway.check(body)
+    await asyncio.to_thread(gateway.check, body)
     prompt = await chat_prompt(gateway.tokenizer, body)
     return await respond(gateway, prompt, ChatShape(body), request)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 
 from pipeline.serving.protocol import CompletionRequest
@@ -37,5 +39,5 @@ class CompletionShape(Shape):
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request, gateway: Shared):
-    gateway.check(body)
+    await asyncio.to_thread(gateway.check, body)
     return await respond(gateway, body.prompt, CompletionShape(body), request)

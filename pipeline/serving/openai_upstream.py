@@ -125,7 +125,9 @@ class OpenAIUpstream:
 
     def guide_field(self, body: Sampling) -> str:
         """The request field the guide came from (response_format, structured_outputs or tool_choice)."""
-        return next((name for name, guide_of in body.formats().items() if guide_of() is not None), "response_format")
+        return next(
+            (name for name, constrained in body.formats().items() if constrained() is not None), "response_format"
+        )
 
     def completion_body(self, prompt: str, body: Sampling, max_tokens: int) -> dict:
         """The /v1/completions request for one generation; OpenAIError 400 naming the field the server would not

@@ -2,11 +2,12 @@
 asks the output to look like, as the engine's guided-decoding guide: the `response_format` of OpenAI and
 trtllm-serve, vLLM's `structured_outputs`, and tool calls (`tools`, `tool_choice`).
 
-Each shape becomes (guided_decoding_guide_type, guided_decoding_guide), the two inputs of the `tensorrt_llm` model
-(whichever target's model stands there); a shape the engine cannot take is a 400 naming the field. Tool calls are
-written in one generic format every model can be guided into: a JSON array of `{"name": ..., "arguments": {...}}`;
-`required` and a named function are enforced by a grammar built from the functions' own parameter schemas, so the
-arguments always parse and validate.
+Each shape becomes a `Constraint`: (guided_decoding_guide_type, guided_decoding_guide), the two inputs of the
+`tensorrt_llm` model (whichever target's model stands there), and for JSON the client's schema, prepared for the
+grammar and for checking the answer (`pipeline.serving.schemas`); a shape the engine cannot take is a 400 naming the
+field. Tool calls are written in one generic format every model can be guided into: a JSON array of
+`{"name": ..., "arguments": {...}}`; `required` and a named function are enforced by a grammar built from the
+functions' own parameter schemas.
 """
 
 from __future__ import annotations
@@ -15,12 +16,36 @@ import functools
 import json
 import re
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from pipeline.serving.schemas import PreparedSchema, prepare
+
 Guide = tuple[str, str]  # (guided_decoding_guide_type, guided_decoding_guide)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request constrains its answer to: the engine's `guide`, and for JSON the `schema` the answer is
+    checked against once generated (None for a regex or a grammar, which the engine enforces whole)."""
+
+    guide: Guide
+    schema: PreparedSchema | None = None
+
+
+def json_constraint(schema: dict, strict: bool, additional_properties_default: bool) -> Constraint:
+    """A JSON schema's constraint: the grammar gets the schema as `prepare` makes it."""
+    prepared = prepare(schema, strict=strict, additional_properties_default=additional_properties_default)
+    return Constraint(("json_schema", json.dumps(prepared.grammar_schema)), prepared)
+
+
+def any_object() -> Constraint:
+    """OpenAI's json_object: the engine's `json` guide, the answer checked to be an object."""
+    return Constraint(("json", ""), prepare({"type": "object"}, strict=True))
+
 
 INT32_MAX = 2**31 - 1  # max_tokens and min_length are TYPE_INT32 tensors
 UINT64_MAX = 2**64 - 1  # random_seed is TYPE_UINT64
@@ -38,25 +63,28 @@ class ResponseFormat(BaseModel):
     regex: str | None = None
     ebnf: str | None = None
 
-    def guide(self) -> Guide | None:
-        """The engine's guide; None for text."""
+    def constraint(self, additional_properties_default: bool) -> Constraint | None:
+        """The answer's constraint; None for text. OpenAI's `strict` (false unless given) decides whether a schema
+        keyword the grammar cannot enforce is refused or checked after generation."""
         if self.type == "text":
             return None
         if self.type == "json_object":
-            return "json", ""
+            return any_object()
         if self.type == "structural_tag":
             raise ValueError("type structural_tag is not supported by this server; use json_schema, regex or ebnf")
         if self.type == "json_schema":
             schema = (self.json_schema or {}).get("schema")
             if not isinstance(schema, dict):
                 raise ValueError("type json_schema needs json_schema.schema, the JSON schema as an object")
-            return "json_schema", json.dumps(schema)
+            strict = bool(self.json_schema.get("strict"))
+            return json_constraint(schema, strict, additional_properties_default)
         value = {"json": self.schema_, "regex": self.regex, "ebnf": self.ebnf}[self.type]
         if value is None:
             field = "schema" if self.type == "json" else self.type
             raise ValueError(f"type {self.type} needs response_format.{field}")
-        kind = {"json": "json_schema", "regex": "regex", "ebnf": "ebnf_grammar"}[self.type]
-        return kind, json.dumps(value) if self.type == "json" else value
+        if self.type == "json":
+            return json_constraint(value, False, additional_properties_default)
+        return Constraint(({"regex": "regex", "ebnf": "ebnf_grammar"}[self.type], value))
 
 
 class StructuredOutputs(BaseModel):
@@ -71,19 +99,20 @@ class StructuredOutputs(BaseModel):
     grammar: str | None = None
     json_object: bool | None = None
 
-    def guide(self) -> Guide:
+    def constraint(self, additional_properties_default: bool) -> Constraint:
         given = [name for name in ("json_", "regex", "choice", "grammar", "json_object") if getattr(self, name)]
         if len(given) != 1:
             raise ValueError(f"give exactly one of json, regex, choice, grammar, json_object (got {len(given)})")
         if self.json_ is not None:
-            return "json_schema", self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)
+            schema = self.json_ if isinstance(self.json_, dict) else json_object_text(self.json_)
+            return json_constraint(schema, False, additional_properties_default)
         if self.regex is not None:
-            return "regex", self.regex
+            return Constraint(("regex", self.regex))
         if self.choice is not None:  # one of the strings, exactly
-            return "regex", "(" + "|".join(re.escape(choice) for choice in self.choice) + ")"
+            return Constraint(("regex", "(" + "|".join(re.escape(choice) for choice in self.choice) + ")"))
         if self.grammar is not None:
-            return "ebnf_grammar", self.grammar
-        return "json", ""
+            return Constraint(("ebnf_grammar", self.grammar))
+        return any_object()
 
 
 class Function(BaseModel):
@@ -136,11 +165,25 @@ def chosen_tools(tools: list[Tool], choice: ToolChoice) -> list[Tool]:
     return tools
 
 
-def tool_guide(tools: list[Tool], choice: ToolChoice) -> Guide | None:
-    """`required` and a named function: the output must be calls (to that function); `auto` and `none`: free."""
+def tool_constraint(tools: list[Tool], choice: ToolChoice, additional_properties_default: bool) -> Constraint | None:
+    """`required` and a named function: the output must be calls (to that function); `auto` and `none`: free. A
+    keyword the grammar cannot enforce is refused when a function asks for `strict`."""
     if not tools or choice in ("auto", "none"):
         return None
-    return "json_schema", json.dumps(calls_schema(chosen_tools(tools, choice)))
+    chosen = chosen_tools(tools, choice)
+    strict = any(tool.function.strict for tool in chosen)
+    return json_constraint(calls_schema(chosen), strict, additional_properties_default)
+
+
+def json_object_text(text: str) -> dict:
+    """A schema given as JSON text, as an object; ValueError otherwise."""
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"json: not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ValueError("json: a JSON schema is an object")
+    return schema
 
 
 def tool_prompt(tools: list[Tool]) -> str:
@@ -267,24 +310,33 @@ class Sampling(BaseModel):
     ignore_eos: bool = False  # vLLM's extension: generate on past end of sequence, to max_tokens (benchmarks)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's extension
+    # This server's extension: what an object schema that does not say `additionalProperties` allows beside the
+    # properties it names: nothing (false, as OpenAI's strict mode, xgrammar and llama.cpp have it) or anything (true,
+    # JSON Schema's own default)
+    additional_properties_default: bool = False
 
     def formats(self) -> dict:
-        """The request's fields that may ask for a guide: name -> a callable giving it (or None)."""
+        """The request's fields that may constrain the answer: name -> a callable giving its Constraint (or None)."""
         return {
-            name: section.guide
+            name: functools.partial(section.constraint, self.additional_properties_default)
             for name in ("response_format", "structured_outputs")
             if (section := getattr(self, name)) is not None
         }
 
+    @property
+    def guide(self) -> Guide | None:
+        """The engine's guide (guided_decoding_guide_type, guided_decoding_guide), or None."""
+        return self.constraint.guide if self.constraint is not None else None
+
     @functools.cached_property
-    def guide(self) -> tuple[str, str] | None:
-        """The engine's guide (guided_decoding_guide_type, guided_decoding_guide) for response_format,
-        structured_outputs or tool_choice, or None; OpenAIError 400 naming the field for one it cannot give. Worked
-        out once a request (the gateway checks it first, then sends it)."""
+    def constraint(self) -> Constraint | None:
+        """The answer's constraint from response_format, structured_outputs or tool_choice, or None; OpenAIError 400
+        naming the field for one the engine cannot take. Worked out once a request (the gateway checks it first, on
+        a worker thread, then sends it)."""
         guides = {}
-        for name, guide_of in self.formats().items():
+        for name, constraint_of in self.formats().items():
             try:
-                guide = guide_of()
+                guide = constraint_of()
             except ValueError as exc:
                 raise OpenAIError(400, f"{name}: {exc}", param=name) from None
             if guide is not None:
@@ -365,7 +417,8 @@ class ChatRequest(Sampling):
             raise OpenAIError(400, f"tool_choice: {exc}", param="tool_choice") from None
 
     def formats(self) -> dict:
-        tools = {"tool_choice": lambda: tool_guide(self.tools, self.choice)} if self.tools else {}
+        defaults = self.additional_properties_default
+        tools = {"tool_choice": lambda: tool_constraint(self.tools, self.choice, defaults)} if self.tools else {}
         return super().formats() | tools
 
 

@@ -41,9 +41,22 @@ class Shape(ABC):
     def __init__(self, body: Sampling):
         self.body = body
 
-    def choice(self, text: str, finish: str | None, pieces: list[tuple[str, float]] | None, offset: int = 0) -> dict:
-        """A choice of `text` (of a stream's chunk, its pieces starting at character `offset` of the answer)."""
-        return self.render(text, finish, None if pieces is None else self.logprobs(pieces, offset))
+    def choice(
+        self,
+        text: str,
+        finish: str | None,
+        pieces: list[tuple[str, float]] | None,
+        offset: int = 0,
+        answer: str | None = None,
+    ) -> dict:
+        """A choice of `text` (of a stream's chunk, its pieces starting at character `offset` of the answer). The
+        choice that finishes a JSON answer (`answer`, the whole of it: `text` unless streamed) says whether it is
+        valid for the client's schema (`structured_output`)."""
+        choice = self.render(text, finish, None if pieces is None else self.logprobs(pieces, offset))
+        constraint = self.body.constraint
+        if finish is not None and constraint is not None and constraint.schema is not None:
+            choice["structured_output"] = constraint.schema.check(text if answer is None else answer)
+        return choice
 
     @abstractmethod
     def logprobs(self, pieces: list[tuple[str, float]], offset: int) -> dict | None:
@@ -161,7 +174,7 @@ async def events(answer: Answer, visible: Visible, first: tuple[str, float] | No
             pieces = [first, *[piece async for piece in visible]] if first is not None else []
             yield chunk([shape.choice(generation.text, answer.finish_reason(), pieces)])
         else:
-            yield chunk([shape.choice("", answer.finish_reason(), None)])
+            yield chunk([shape.choice("", answer.finish_reason(), None, answer=generation.text)])
         if with_usage:
             yield event({**header, "choices": [], "usage": answer.usage()})
     except Exception as exc:  # after the 200 the error can only go in-band (e.g. tritonserver stopped)

@@ -42,7 +42,8 @@ class Gateway:
         return self.lora.served() if self.lora is not None else {}
 
     def check(self, body: Sampling) -> None:
-        """The model name and the fields this server cannot honour, before any work is done."""
+        """The model name and the fields this server cannot honour, before any work is done (on a worker thread:
+        a large JSON schema takes a while to prepare)."""
         if body.model != self.served_name and body.model not in self.adapters():
             served = ", ".join(repr(name) for name in [self.served_name, *self.adapters()])
             raise OpenAIError(
@@ -54,7 +55,7 @@ class Gateway:
         for name, value in (body.model_extra or {}).items():
             if name in UNSUPPORTED and value not in (None, UNSUPPORTED[name], {}, []):
                 raise OpenAIError(400, f"{name}: not supported by this server", param=name)
-        body.guide  # a format the engine cannot take fails here, before any work
+        body.constraint  # a format the engine cannot take fails here, before any work
 
 
 def current(request: Request) -> Gateway:

@@ -479,10 +479,38 @@ def test_a_json_schema_response_format_answers_json_that_validates_streamed_or_n
     answer = reply.choices[0].message.content
     jsonschema.validate(json.loads(answer), PERSON)
     assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].model_extra["structured_output"] == {"valid": True, "relaxed": []}
     stream = client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=64, temperature=0, response_format=response_format, stream=True
     )
-    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == answer
+    chunks = [chunk for chunk in stream if chunk.choices]
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == answer
+    assert [c.choices[0].model_extra.get("structured_output") for c in chunks][-1] == {"valid": True, "relaxed": []}
+    assert all("structured_output" not in c.choices[0].model_extra for c in chunks[:-1])  # the last chunk alone
+
+
+def test_a_keyword_the_grammar_cannot_enforce_is_checked_after_generation_or_refused_when_strict(client):
+    """`uniqueItems` is not in the grammar: without strict the answer is checked and says so; with strict, a 400."""
+    schema = {"type": "array", "items": {"enum": ["red", "green"]}, "minItems": 3, "maxItems": 3, "uniqueItems": True}
+    messages = [{"role": "user", "content": "Name three colours as a JSON array."}]
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=32,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "colours", "schema": schema}},
+    )
+    report = reply.choices[0].model_extra["structured_output"]
+    assert report["relaxed"] == ["uniqueItems"]  # three of two colours cannot be unique
+    assert report["valid"] is False and "non-unique" in report["errors"][0]
+    with pytest.raises(openai.BadRequestError, match="uniqueItems") as raised:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=32,
+            response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": True}},
+        )
+    assert raised.value.param == "response_format"
 
 
 def test_structured_outputs_choice_regex_and_grammar_constrain_the_answer(client):

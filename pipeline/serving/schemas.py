@@ -1,0 +1,356 @@
+"""JSON schemas for structured outputs: what the grammar is given (`prepare`), and each answer checked against the
+client's schema (`PreparedSchema.check`).
+
+Real-world schemas use keywords no token grammar enforces (`uniqueItems`, `not`, `dependentRequired`, ...). OpenAI's
+`strict: false`, its default, asks for best effort, so a schema is refused only with `strict: true`: otherwise the
+grammar enforces what it can, the keywords it cannot are left out of it (`relaxed`), and the answer is validated
+with `jsonschema` after generation, the result in the response (`structured_output`), never silently. What the
+grammar can enforce is what llguidance, the CPU engine's grammar compiler (and one of TensorRT-LLM's two), compiles:
+the schema is compiled here without a tokenizer, and each keyword it names as unimplemented is left out in turn.
+
+An object schema that names its properties and does not say whether others are allowed is closed
+(`additionalProperties: false`), as OpenAI's strict mode requires, xgrammar's strict mode and llama.cpp's converter
+assume: with JSON Schema's own default (open) a small model invents properties until `max_tokens`.
+`additional_properties_default=True` keeps JSON Schema's default.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import jsonschema
+import llguidance
+from jsonschema.exceptions import SchemaError, relevance
+
+# Keywords whose value holds subschemas, by shape (JSON Schema 2020-12, with draft 4-7's spellings).
+ONE_SCHEMA = (
+    "additionalProperties",
+    "additionalItems",
+    "items",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contentSchema",
+)
+SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+# Keywords that say what an object's unnamed properties may be: an object with any of them is not closed.
+OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+# Keywords about an object's properties: beside anyOf / oneOf, they meet each branch's in one object.
+OBJECT_KEYWORDS = ("properties", "required", *OPEN_KEYWORDS, "minProperties", "maxProperties", "propertyNames")
+HUGE_BOUND = 1e300  # a number bound at least this far from 0 stands for no bound
+RELAX_ROUNDS = 16  # each round leaves out what one compile named; real schemas need two or three
+ERRORS_SHOWN = 3
+ERROR_CHARS = 240
+
+
+def subschemas(schema: dict) -> Iterator[dict]:
+    """The schema objects directly inside `schema` (not its data: `enum`, `const`, `default`, `examples`)."""
+    for keyword in ONE_SCHEMA:
+        if isinstance(schema.get(keyword), dict):
+            yield schema[keyword]
+    for keyword in SCHEMA_LISTS:
+        if isinstance(schema.get(keyword), list):
+            yield from (item for item in schema[keyword] if isinstance(item, dict))
+    for keyword in SCHEMA_MAPS:
+        if isinstance(schema.get(keyword), dict):
+            yield from (item for item in schema[keyword].values() if isinstance(item, dict))
+
+
+def every_schema(root: dict) -> Iterator[dict]:
+    """`root` and every schema object inside it, each once: those at the keywords' places, and those a local `$ref`
+    points at wherever they are (a `$defs` entry, or any place in the document)."""
+    seen, stack = set(), [root]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        stack.extend(subschemas(current))
+        target = local_target(root, current.get("$ref"))
+        if target is not None:
+            stack.append(target)
+
+
+def local_target(root: dict, ref: str) -> dict | None:
+    """The schema a local `$ref` ("#/$defs/x") points at in `root`; None for any other reference."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    target: Any = root
+    for part in filter(None, ref[1:].split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return None
+    return target if isinstance(target, dict) else None
+
+
+def members(schema: dict, keywords=("allOf", "anyOf", "oneOf")) -> list[dict]:
+    return [m for k in keywords if isinstance(schema.get(k), list) for m in schema[k] if isinstance(m, dict)]
+
+
+def intersected(root: dict) -> set[int]:
+    """The schemas whose properties meet another schema's in one object: allOf members, a `$ref` beside other
+    keys, anyOf / oneOf branches beside properties, and, from each, its own branches and what it refers to. Closing
+    one of them would forbid the properties the other names."""
+    pending: list[dict] = []
+    for schema in every_schema(root):
+        beside_branches = members(schema, ("anyOf", "oneOf")) and any(k in schema for k in OBJECT_KEYWORDS)
+        if "allOf" in schema or ("$ref" in schema and len(schema) > 1) or beside_branches:
+            pending.append(schema)
+    combined: set[int] = set()
+    while pending:
+        schema = pending.pop()
+        if id(schema) in combined:
+            continue
+        combined.add(id(schema))
+        pending.extend(members(schema))
+        target = local_target(root, schema.get("$ref"))
+        if target is not None:
+            pending.append(target)
+    return combined
+
+
+def close_objects(root: dict) -> None:
+    """In place: every object schema that names properties and says nothing of others gets
+    `additionalProperties: false`, but where its properties meet another schema's (`intersected`) or it requires
+    one it does not name."""
+    combined = intersected(root)
+    for schema in every_schema(root):
+        named = schema.get("properties")
+        required = schema.get("required") if isinstance(schema.get("required"), list) else []
+        names_all = isinstance(named, dict) and all(name in named for name in required)
+        if names_all and id(schema) not in combined and not any(k in schema for k in OPEN_KEYWORDS):
+            schema["additionalProperties"] = False
+
+
+def drop_keywords(root: dict, keywords: set[str]) -> None:
+    for schema in every_schema(root):
+        for keyword in keywords & schema.keys():
+            del schema[keyword]
+
+
+def drop_format(root: dict, name: str) -> None:
+    for schema in every_schema(root):
+        if schema.get("format") == name:
+            del schema["format"]
+
+
+def one_of_as_any_of(root: dict) -> None:
+    """oneOf as anyOf: exact where the branches exclude each other, the output validated where they do not."""
+    for schema in every_schema(root):
+        if "oneOf" in schema:
+            branches = schema.pop("oneOf")
+            if "anyOf" in schema:  # both: the answer must match one of each
+                schema["allOf"] = [*schema.get("allOf", []), {"anyOf": branches}]
+            else:
+                schema["anyOf"] = branches
+
+
+def drop_ref(root: dict, ref: str) -> None:
+    """Every `$ref` to `ref` left out (the keys beside it stay): llguidance cannot intersect a recursive reference
+    with keys beside it, whether beside the `$ref` or beside a combinator holding it."""
+    for schema in every_schema(root):
+        if schema.get("$ref") == ref:
+            del schema["$ref"]
+
+
+def drop_overlapping_patterns(root: dict) -> None:
+    """Objects with several `patternProperties` lose them and any bound on unnamed properties: llguidance needs
+    the patterns disjoint, and leaving them out must widen, not narrow, what is allowed."""
+    for schema in every_schema(root):
+        if isinstance(schema.get("patternProperties"), dict) and len(schema["patternProperties"]) > 1:
+            del schema["patternProperties"]
+            schema.pop("additionalProperties", None)
+
+
+def drop_unbounded_bounds(root: dict) -> list[str]:
+    """Number bounds near float's limit (1.8e308 standing for "none") left out: llguidance builds a regular
+    expression of every number in range and cannot for those."""
+    dropped = []
+    for schema in every_schema(root):
+        for keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            value = schema.get(keyword)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= HUGE_BOUND:
+                dropped.append(f"{keyword} {schema.pop(keyword)}")
+    return dropped
+
+
+def pattern_refusal(pattern: str) -> str:
+    return grammar_refusal({"type": "string", "pattern": pattern})
+
+
+def drop_unparsed_patterns(root: dict) -> list[str]:
+    """Each `pattern` llguidance's regex parser does not take (lookarounds, backreferences) left out; the
+    patterns, for the client."""
+    dropped = []
+    for schema in every_schema(root):
+        if isinstance(schema.get("pattern"), str) and pattern_refusal(schema["pattern"]):
+            dropped.append(f"pattern {schema.pop('pattern')}")
+    return dropped
+
+
+def listed_keywords(match: re.Match) -> list[str]:
+    return json.loads(f"[{match[1]}]")
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """One kind of llguidance refusal: how it reads (a regular expression over its message) and how the schema is
+    relaxed, in place, so that the grammar compiles without what it refused; `apply` returns what was left out, as
+    the client is told."""
+
+    pattern: str
+    apply: Callable[[dict, re.Match], list[str]]
+
+
+def _dropping(keywords: Callable[[re.Match], list[str]]) -> Callable[[dict, re.Match], list[str]]:
+    def apply(root: dict, match: re.Match) -> list[str]:
+        names = keywords(match)
+        drop_keywords(root, set(names))
+        return names
+
+    return apply
+
+
+def _with_name(name: Callable[[re.Match], str], relax: Callable[[dict, re.Match], None]):
+    def apply(root: dict, match: re.Match) -> list[str]:
+        relax(root, match)
+        return [name(match)]
+
+    return apply
+
+
+# llguidance 1.9's refusals of a schema it cannot enforce (pinned in pyproject.toml; tests/serving/test_schemas.py
+# holds one schema per refusal, so a release that words them otherwise fails there, not in production).
+RELAXATIONS = (
+    Relaxation(r"Unimplemented keys: \[(.*?)\]", _dropping(listed_keywords)),
+    Relaxation(
+        r"Unknown format: (\S+)", _with_name(lambda m: f"format {m[1]}", lambda root, m: drop_format(root, m[1]))
+    ),
+    Relaxation(
+        r"oneOf constraints are not supported", _with_name(lambda m: "oneOf", lambda root, m: one_of_as_any_of(root))
+    ),
+    Relaxation(
+        r"min/maxProperties only supported",
+        _dropping(lambda m: ["minProperties", "maxProperties"]),
+    ),
+    Relaxation(
+        r"circular references with sibling keys are not supported: \S*?(#\S*)",
+        _with_name(lambda m: f"$ref {m[1]} (recursive, beside other keys)", lambda root, m: drop_ref(root, m[1])),
+    ),
+    Relaxation(
+        r"patternProperty regexes .* are not disjoint",
+        _with_name(lambda m: "patternProperties (overlapping)", lambda root, m: drop_overlapping_patterns(root)),
+    ),
+    Relaxation(r"regex parse error", lambda root, m: drop_unparsed_patterns(root)),
+    Relaxation(r"Failed to generate regex for float range", lambda root, m: drop_unbounded_bounds(root)),
+)
+
+
+def grammar_refusal(schema: dict) -> str:
+    """llguidance's refusal of `schema` as a grammar, or "" when it compiles."""
+    try:
+        return llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(schema))
+    except ValueError as exc:
+        return str(exc)
+
+
+@functools.cache
+def enforced_formats() -> frozenset[str]:
+    """The `format` values the grammar enforces and jsonschema can check: asserted after generation too (other
+    formats are annotations, as JSON Schema has them)."""
+    checkable = jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers
+    return frozenset(f for f in checkable if not grammar_refusal({"type": "string", "format": f}))
+
+
+@dataclass(frozen=True)
+class PreparedSchema:
+    """A client's `schema` as the grammar takes it (`grammar_schema`), the keywords left out of the grammar
+    (`relaxed`), and the validator every answer is checked with."""
+
+    schema: dict
+    grammar_schema: dict
+    relaxed: tuple[str, ...]
+    validator: Any = field(repr=False)
+
+    def check(self, text: str) -> dict:
+        """The response's `structured_output`: whether `text` is valid for the client's schema, why not (the most
+        relevant errors first), and what the grammar did not enforce."""
+        report: dict[str, Any] = {"valid": False, "relaxed": list(self.relaxed)}
+        try:
+            instance = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return {**report, "errors": [f"not JSON ({exc.msg} at character {exc.pos}): unfinished at max_tokens?"]}
+        try:
+            errors = sorted(self.validator.iter_errors(instance), key=relevance)
+        except Exception as exc:  # noqa: BLE001 -- a reference jsonschema cannot follow: say so, do not fail the answer
+            return {**report, "valid": None, "errors": [f"not checked: {exc}"[:ERROR_CHARS]]}
+        if errors:
+            report["errors"] = [f"{e.json_path}: {e.message}"[:ERROR_CHARS] for e in errors[:ERRORS_SHOWN]]
+        report["valid"] = not errors
+        return report
+
+
+def validator(schema: dict, relaxed: tuple[str, ...]):
+    """jsonschema's validator for the schema's own `$schema` (draft 2020-12 without one), asserting the formats
+    the grammar enforced; SchemaError when `schema` is not a schema of its draft."""
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    formats = enforced_formats() - {name.removeprefix("format ") for name in relaxed}
+    return cls(schema, format_checker=jsonschema.FormatChecker(formats))
+
+
+@functools.lru_cache(maxsize=64)
+def _prepare(text: str, strict: bool, additional_properties_default: bool) -> PreparedSchema:
+    schema = json.loads(text)
+    try:
+        check_first = validator(schema, ())
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the top level"
+        raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}"[:400]) from None
+    grammar_schema = copy.deepcopy(schema)
+    if not additional_properties_default:
+        close_objects(grammar_schema)
+    relaxed: list[str] = []
+    for _ in range(RELAX_ROUNDS):
+        refusal = grammar_refusal(grammar_schema)
+        if not refusal:
+            break
+        found = next(((r, m) for r in RELAXATIONS if (m := re.search(r.pattern, refusal))), None)
+        if found is None:
+            raise ValueError(f"the grammar cannot be built: {' '.join(refusal.split())}"[:400])
+        relaxation, match = found
+        if strict:
+            raise ValueError(
+                f"the grammar cannot enforce this with strict: true ({' '.join(refusal.split())}); without strict, "
+                "the rest is enforced and the answer is validated against the whole schema after generation"[:400]
+            )
+        names = relaxation.apply(grammar_schema, match)
+        if not names:
+            raise ValueError(f"the grammar cannot be built: {' '.join(refusal.split())}"[:400])
+        relaxed += [name for name in names if name not in relaxed]
+    else:
+        raise ValueError(f"the grammar cannot be built after leaving out {', '.join(relaxed)}")
+    checker = validator(schema, tuple(relaxed)) if relaxed else check_first
+    return PreparedSchema(schema, grammar_schema, tuple(relaxed), checker)
+
+
+def prepare(schema: dict, *, strict: bool, additional_properties_default: bool = False) -> PreparedSchema:
+    """`schema` made ready for the grammar and for checking answers (the last 64 kept); ValueError, its message for
+    the client, for a schema that is not one or, with `strict`, one the grammar cannot wholly enforce."""
+    return _prepare(json.dumps(schema), strict, additional_properties_default)  # key order: the order written
