@@ -1,0 +1,224 @@
+"""Structured outputs on real-world JSON Schema keywords (`pipeline.serving.schemas`): each keyword the grammar
+cannot enforce is left out of it and checked after generation, or refused with `strict`; objects are closed unless
+the schema (or the request) says otherwise. The grammar's verdict is taken token by token, as the engine takes it,
+on a byte-level tokenizer made here; the schemas are written here for each keyword."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import llguidance
+import pytest
+
+from pipeline.serving.schemas import prepare
+from pipeline.targets.onnxruntime.runtime.guided import Guide, grammar
+
+END_OF_TEXT = 256
+
+
+@functools.cache
+def byte_tokenizer() -> llguidance.LLTokenizer:
+    """A byte-level BPE with no merges: one token per byte, so any text is one token sequence."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: index for index, symbol in enumerate(sorted(alphabet))}
+    vocab["<|endoftext|>"] = END_OF_TEXT
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=END_OF_TEXT + 1, eos_token=END_OF_TEXT)
+
+
+def grammar_accepts(schema: dict, instance, **options) -> bool:
+    """Whether the engine's grammar for `schema` (as the gateway prepares it) takes `instance`, written as the
+    engine writes JSON."""
+    prepared = prepare(schema, strict=False, **options)
+    tokenizer = byte_tokenizer()
+    matcher = llguidance.LLMatcher(tokenizer, grammar(Guide("json_schema", json.dumps(prepared.grammar_schema))))
+    assert not matcher.is_error(), matcher.get_error()
+    return matcher.consume_tokens(tokenizer.tokenize_str(json.dumps(instance))) and matcher.is_accepting()
+
+
+def verdict(schema: dict, instance) -> dict:
+    return prepare(schema, strict=False).check(json.dumps(instance))
+
+
+PAIR = {"a": {"type": "string"}, "b": {"type": "string"}}
+# keyword -> (a schema using it, an instance the grammar takes but the schema does not, what the client is told)
+RELAXED = {
+    "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [1, 1], ["uniqueItems"]),
+    "oneOf": (
+        {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]},
+        3,  # an integer and a non-negative number: both branches
+        ["oneOf"],
+    ),
+    "dependencies": (  # draft 7's spelling of the two below: a keyword of draft 7, not 2020-12
+        {"$schema": "http://json-schema.org/draft-07/schema#", "properties": PAIR, "dependencies": {"a": ["b"]}},
+        {"a": "x"},
+        ["dependencies"],
+    ),
+    "dependentRequired": (
+        {"type": "object", "properties": PAIR, "dependentRequired": {"a": ["b"]}},
+        {"a": "x"},
+        ["dependentRequired"],
+    ),
+    "dependentSchemas": (
+        {"type": "object", "properties": PAIR, "dependentSchemas": {"a": {"required": ["b"]}}},
+        {"a": "x"},
+        ["dependentSchemas"],
+    ),
+    "not": ({"type": "string", "not": {"const": "no"}}, "no", ["not"]),
+    "minProperties": (  # of an open object (of a closed one, the grammar counts its named properties)
+        {"type": "object", "properties": PAIR, "additionalProperties": True, "minProperties": 1},
+        {},
+        ["minProperties", "maxProperties"],
+    ),
+    "if/then": (
+        {"type": "object", "properties": PAIR, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+        {"a": "x"},
+        ["if", "then"],
+    ),
+    "recursive $ref beside keys": (
+        {
+            "$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node", "type": "object"}}}},
+            "$ref": "#/$defs/node",
+            "required": ["next"],
+        },
+        {"next": 5},
+        ["$ref #/$defs/node (recursive, beside other keys)"],
+    ),
+    "overlapping patternProperties": (
+        {"type": "object", "patternProperties": {"^a": {"type": "integer"}, "b$": {"type": "string"}}},
+        {"ab": 1},
+        ["patternProperties (overlapping)"],
+    ),
+    "pattern with a lookahead": (
+        {"type": "string", "pattern": "^(?!x)[a-z]+$"},
+        "xy",
+        ["pattern ^(?!x)[a-z]+$"],
+    ),
+}
+
+
+@pytest.mark.parametrize("keyword", RELAXED)
+def test_a_keyword_the_grammar_cannot_enforce_is_left_out_and_checked_after_generation(keyword):
+    schema, instance, named = RELAXED[keyword]
+    prepared = prepare(schema, strict=False)
+    assert list(prepared.relaxed) == named
+    assert grammar_accepts(schema, instance)  # the grammar lets it through ...
+    report = verdict(schema, instance)  # ... and the answer says it is not valid, and why
+    assert report["valid"] is False and report["relaxed"] == named and report["errors"]
+
+
+# keyword -> how llguidance's refusal, quoted in the 400, names it
+REFUSED_AS = {
+    "uniqueItems": '"uniqueItems"',
+    "oneOf": "oneOf",
+    "dependencies": '"dependencies"',
+    "dependentRequired": '"dependentRequired"',
+    "dependentSchemas": '"dependentSchemas"',
+    "not": '"not"',
+    "minProperties": "min/maxProperties",
+    "if/then": '"if", "then"',
+    "recursive $ref beside keys": "#/$defs/node",
+    "overlapping patternProperties": "patternProperty regexes",
+    "pattern with a lookahead": "regex parse error",
+}
+
+
+@pytest.mark.parametrize("keyword", RELAXED)
+def test_with_strict_a_keyword_the_grammar_cannot_enforce_is_refused_naming_it(keyword):
+    schema, _, _ = RELAXED[keyword]
+    with pytest.raises(ValueError, match="cannot enforce this with strict: true") as refused:
+        prepare(schema, strict=True)
+    assert REFUSED_AS[keyword] in str(refused.value)
+
+
+def test_one_of_whose_branches_exclude_each_other_is_enforced_exactly():
+    schema = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
+    assert prepare(schema, strict=True).relaxed == ()
+    assert grammar_accepts(schema, "x") and grammar_accepts(schema, 3) and not grammar_accepts(schema, [])
+
+
+def test_an_unknown_format_is_an_annotation_a_known_one_is_enforced_and_asserted():
+    unknown = {"type": "string", "format": "colour-hex"}
+    assert prepare(unknown, strict=False).relaxed == ("format colour-hex",)
+    assert verdict(unknown, "not a colour")["valid"] is True  # JSON Schema: an unknown format asserts nothing
+    uuid = {"type": "string", "format": "uuid"}
+    assert prepare(uuid, strict=True).relaxed == ()
+    assert grammar_accepts(uuid, "123e4567-e89b-12d3-a456-426614174000") and not grammar_accepts(uuid, "nope")
+    assert verdict(uuid, "nope")["valid"] is False  # what the grammar enforces is asserted after it too
+
+
+def test_objects_are_closed_unless_the_schema_or_the_request_opens_them():
+    named = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert not grammar_accepts(named, {"a": 1, "invented": 2})  # OpenAI strict, xgrammar, llama.cpp
+    assert grammar_accepts(named, {"a": 1, "invented": 2}, additional_properties_default=True)  # JSON Schema's
+    opened = {**named, "additionalProperties": {"type": "string"}}
+    assert grammar_accepts(opened, {"a": 1, "x": "y"}) and not grammar_accepts(opened, {"a": 1, "x": 2})
+    assert grammar_accepts({"type": "object"}, {"free": True})  # names no property: any object
+    assert verdict(named, {"a": 1, "invented": 2})["valid"] is True  # the client's schema allows it
+
+
+@pytest.mark.parametrize(
+    "schema, instance",
+    [
+        (  # allOf members meet in one object: closing either would forbid the other's properties
+            {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "integer"}}}]},
+            {"a": 1, "b": 2},
+        ),
+        (  # a $ref extended by properties beside it
+            {
+                "$defs": {"base": {"properties": {"a": {"type": "integer"}}}},
+                "$ref": "#/$defs/base",
+                "properties": {"b": {}},
+            },
+            {"a": 1, "b": 2},
+        ),
+        (  # branches beside properties
+            {"properties": {"a": {"type": "integer"}}, "anyOf": [{"properties": {"b": {"type": "integer"}}}]},
+            {"a": 1, "b": 2},
+        ),
+        (  # a required property the object does not name
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+            {"a": 1, "b": 2},
+        ),
+    ],
+)
+def test_objects_whose_properties_meet_another_schemas_stay_open(schema, instance):
+    assert grammar_accepts(schema, instance)
+    assert verdict(schema, instance)["valid"] is True
+
+
+def test_alternatives_alone_are_each_closed():
+    schema = {"anyOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "string"}}}]}
+    assert grammar_accepts(schema, {"a": 1}) and grammar_accepts(schema, {"b": "x"})
+    assert not grammar_accepts(schema, {"a": 1, "c": 3})
+
+
+def test_the_check_says_why_an_answer_is_not_valid():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}, "required": ["n"]}
+    assert verdict(schema, {"n": 2}) == {"valid": True, "relaxed": []}
+    assert verdict(schema, {"n": 9})["errors"] == ["$.n: 9 is greater than the maximum of 3"]
+    unfinished = prepare(schema, strict=False).check('{"n": ')
+    assert unfinished["valid"] is False and unfinished["errors"][0].startswith("not JSON")
+
+
+def test_the_schemas_own_draft_is_used_and_a_schema_that_is_none_is_refused():
+    draft4 = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "number",
+        "maximum": 3,
+        "exclusiveMaximum": True,
+    }
+    assert verdict(draft4, 3)["valid"] is False  # draft 4's boolean exclusiveMaximum
+    with pytest.raises(ValueError, match="not a valid JSON Schema at type"):
+        prepare({"type": "integr"}, strict=False)
+
+
+def test_key_order_is_the_clients():
+    schema = {"type": "object", "properties": {"z": {"const": 1}, "a": {"const": 2}}, "required": ["z", "a"]}
+    assert list(prepare(schema, strict=False).grammar_schema["properties"]) == ["z", "a"]
+    assert grammar_accepts(schema, {"z": 1, "a": 2})
