@@ -49,6 +49,16 @@ OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProper
 # Keywords about an object's properties: beside anyOf / oneOf, they meet each branch's in one object.
 OBJECT_KEYWORDS = ("properties", "required", *OPEN_KEYWORDS, "minProperties", "maxProperties", "propertyNames")
 HUGE_BOUND = 1e300  # a number bound at least this far from 0 stands for no bound
+# Keywords that say nothing of an instance's validity, and groups of keywords that read each other (an allOf member
+# moves into its parent only where no group has keywords on both sides)
+ANNOTATIONS = frozenset({"title", "description", "$comment", "examples", "default", "$schema", "deprecated"})
+INTERACTING = (
+    frozenset({"properties", "patternProperties", "additionalProperties", "unevaluatedProperties"}),
+    frozenset(
+        {"prefixItems", "items", "additionalItems", "unevaluatedItems", "contains", "minContains", "maxContains"}
+    ),
+    frozenset({"if", "then", "else"}),
+)
 RELAX_ROUNDS = 16  # each round leaves out what one compile named; real schemas need two or three
 ERRORS_SHOWN = 3
 ERROR_CHARS = 240
@@ -103,10 +113,21 @@ def members(schema: dict, keywords=("allOf", "anyOf", "oneOf")) -> list[dict]:
     return [m for k in keywords if isinstance(schema.get(k), list) for m in schema[k] if isinstance(m, dict)]
 
 
+def targets(root: dict, ref) -> list[dict]:
+    """What a `$ref` may point at: the schema at its JSON pointer, or, for one by `$anchor` or `$id` (resolved
+    against base URIs this does not follow), every schema that has one."""
+    if not isinstance(ref, str):
+        return []
+    if ref.startswith("#/") or ref == "#":
+        target = local_target(root, ref)
+        return [target] if target is not None else []
+    return [schema for schema in every_schema(root) if "$anchor" in schema or "$id" in schema]
+
+
 def intersected(root: dict) -> set[int]:
-    """The schemas whose properties meet another schema's in one object: allOf members, a `$ref` beside other
-    keys, anyOf / oneOf branches beside properties, and, from each, its own branches and what it refers to. Closing
-    one of them would forbid the properties the other names."""
+    """The schemas whose properties may meet another schema's in one object: allOf members, a `$ref` beside other
+    keys, anyOf / oneOf branches beside properties, and, from each, everything inside it (the same property of two
+    members meets too) and what it refers to. Closing one of them could forbid what the other allows."""
     pending: list[dict] = []
     for schema in every_schema(root):
         beside_branches = members(schema, ("anyOf", "oneOf")) and any(k in schema for k in OBJECT_KEYWORDS)
@@ -118,11 +139,39 @@ def intersected(root: dict) -> set[int]:
         if id(schema) in combined:
             continue
         combined.add(id(schema))
-        pending.extend(members(schema))
-        target = local_target(root, schema.get("$ref"))
-        if target is not None:
-            pending.append(target)
+        pending.extend(subschemas(schema))
+        pending.extend(targets(root, schema.get("$ref")))
     return combined
+
+
+def mergeable(parent: dict, member: dict) -> bool:
+    """Whether an allOf member can move into its parent and mean the same: they share no keyword, no keyword of
+    either reads one of the other's (the groups below), and nothing moves that a `$ref` or base URI may name."""
+    own = parent.keys() - ANNOTATIONS - {"allOf"}
+    theirs = member.keys() - ANNOTATIONS
+    if own & theirs or theirs & {"$ref", "$id", "$anchor", "$defs", "definitions", "$dynamicAnchor"}:
+        return False
+    return not any(own & group and theirs & group for group in INTERACTING)
+
+
+def merge_all_of(root: dict) -> None:
+    """In place: an allOf whose members can all move into their parent where that means the same (`mergeable`) is
+    dissolved, so that a wrapper such as `{"type": "object", "allOf": [{"properties": ...}]}` is one object schema
+    that can be closed. A partial merge would reorder properties (the grammar writes the parent's after the
+    members'), and nothing moves when a `$ref` points inside an allOf, which moving would break."""
+    if any("/allOf/" in str(schema.get("$ref", "")) for schema in every_schema(root)):
+        return
+    for schema in list(every_schema(root)):
+        if not isinstance(schema.get("allOf"), list):
+            continue
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        for member in schema["allOf"]:
+            if not (isinstance(member, dict) and mergeable(merged, member)):
+                break
+            merged.update({k: v for k, v in member.items() if k not in ANNOTATIONS or k not in merged})
+        else:
+            schema.clear()
+            schema.update(merged)
 
 
 def close_objects(root: dict) -> None:
@@ -325,6 +374,7 @@ def _prepare(text: str, strict: bool, additional_properties_default: bool) -> Pr
         raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}"[:400]) from None
     grammar_schema = copy.deepcopy(schema)
     if not additional_properties_default:
+        merge_all_of(grammar_schema)
         close_objects(grammar_schema)
     relaxed: list[str] = []
     for _ in range(RELAX_ROUNDS):

@@ -181,6 +181,19 @@ def test_objects_are_closed_unless_the_schema_or_the_request_opens_them():
             {"properties": {"a": {"type": "integer"}}, "anyOf": [{"properties": {"b": {"type": "integer"}}}]},
             {"a": 1, "b": 2},
         ),
+        (  # a $ref by anchor, extended by properties beside it
+            {"$defs": {"a": {"$anchor": "a", "properties": {"x": {}}}}, "properties": {"y": {}}, "$ref": "#a"},
+            {"y": 2, "x": 1},  # the grammar writes the properties beside a $ref first
+        ),
+        (  # the same property in two allOf members: its two object schemas meet too
+            {
+                "allOf": [
+                    {"properties": {"f": {"properties": {"a": {}}}}},
+                    {"properties": {"f": {"properties": {"b": {}}}}},
+                ]
+            },
+            {"f": {"a": 1, "b": 2}},
+        ),
         (  # a required property the object does not name
             {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
             {"a": 1, "b": 2},
@@ -190,6 +203,17 @@ def test_objects_are_closed_unless_the_schema_or_the_request_opens_them():
 def test_objects_whose_properties_meet_another_schemas_stay_open(schema, instance):
     assert grammar_accepts(schema, instance)
     assert verdict(schema, instance)["valid"] is True
+
+
+def test_an_all_of_that_only_wraps_an_object_is_dissolved_and_the_object_closed():
+    schema = {"type": "object", "description": "wrapper", "allOf": [{"properties": {"a": {"type": "integer"}}}]}
+    assert prepare(schema, strict=False).grammar_schema == {
+        "type": "object",
+        "description": "wrapper",
+        "properties": {"a": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    assert not grammar_accepts(schema, {"a": 1, "b": 2}) and verdict(schema, {"a": 1, "b": 2})["valid"] is True
 
 
 def test_alternatives_alone_are_each_closed():
