@@ -10,7 +10,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 OUTPUT ?= artifacts/$(basename $(notdir $(CONFIG)))
 
-.PHONY: setup build-engine run-batch bench bench-scale bench-family-decode bench-lora bench-quantization lora-adapters peers serve plan validate deploy test test-fast format clean tables
+.PHONY: setup build-engine run-batch bench bench-structured bench-scale bench-family-decode bench-lora bench-quantization lora-adapters peers serve plan validate deploy test test-fast format clean tables
 
 setup: $(STAMP)
 
@@ -57,6 +57,10 @@ bench: peers
 	$(VENV)/bin/trtllm-pipeline bench profile $(CONFIG) --batch 1 --batch 8 --shape 128x64
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --protocol openai --peer llama-server --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --workload shared-prefix --workload grounded --concurrency 1 --concurrency 8 --requests 8 --output-len 64
+
+# JSON-schema answers on JSONSchemaBench's schemas, ours and llama-server side by side (DATA: a local copy of it).
+bench-structured: peers
+	$(VENV)/bin/trtllm-pipeline bench structured $(CONFIG)$(if $(DATA), --data $(DATA))
 
 # What every build stage costs at real model sizes (0.5B, 1.1B, 3B, 8B widths with 2 layers), on both targets: peak
 # host memory, CPU and wall seconds, disk, bytes per parameter, beside the memory plan's prediction. Hours on 2 cores;

@@ -8,7 +8,7 @@ import os
 
 import typer
 
-from pipeline.cli import build, registries, serving
+from pipeline.cli import bench_structured, build, registries, serving
 from pipeline.cli.bench import bench_app
 
 app = typer.Typer(
@@ -40,4 +40,5 @@ for verb in (
 ):
     app.command()(verb)
 app.command("validate-repo")(serving.validate_repo)
+bench_app.command("structured")(bench_structured.bench_structured)
 app.add_typer(bench_app, name="bench")
