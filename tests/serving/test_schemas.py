@@ -246,3 +246,26 @@ def test_key_order_is_the_clients():
     schema = {"type": "object", "properties": {"z": {"const": 1}, "a": {"const": 2}}, "required": ["z", "a"]}
     assert list(prepare(schema, strict=False).grammar_schema["properties"]) == ["z", "a"]
     assert grammar_accepts(schema, {"z": 1, "a": 2})
+
+
+def test_a_request_opens_objects_and_a_strict_function_refuses_what_the_grammar_cannot_enforce():
+    """The request's own fields, as the gateway reads them (`Sampling.constraint`)."""
+    from pipeline.serving.protocol import ChatRequest, OpenAIError
+
+    named = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    json_schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": named}}
+    closed = ChatRequest(**ask, response_format=json_schema)
+    opened = ChatRequest(**ask, response_format=json_schema, additional_properties_default=True)
+    assert json.loads(closed.guide[1])["additionalProperties"] is False
+    assert "additionalProperties" not in json.loads(opened.guide[1])
+    unique = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+    tool = {"type": "function", "function": {"name": "tag", "parameters": unique}}
+    relaxed = ChatRequest(**ask, tools=[tool], tool_choice="required")
+    assert relaxed.constraint.schema.relaxed == ("uniqueItems",)
+    strict = ChatRequest(
+        **ask, tools=[{**tool, "function": {**tool["function"], "strict": True}}], tool_choice="required"
+    )
+    with pytest.raises(OpenAIError, match="uniqueItems") as refused:
+        strict.constraint
+    assert refused.value.status == 400 and refused.value.param == "tool_choice"
