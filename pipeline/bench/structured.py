@@ -182,14 +182,16 @@ WHITESPACE = {
 }
 
 
-def chat_request(model: str, schema: dict, max_tokens: int, layout: dict | None = None) -> dict:
-    """What both servers are asked for `schema` (with `layout`, our grammar's JSON layout)."""
+def chat_request(model: str, schema: dict, max_tokens: int, layout: dict | None = None, strict: bool = False) -> dict:
+    """What both servers are asked for `schema` (with `layout`, our grammar's JSON layout; with `strict`, OpenAI's
+    `strict: true`, which llama-server ignores)."""
     if layout is not None:
         schema = {**schema, "x-guidance": layout}
+    json_schema = {"name": "schema", "schema": schema, **({"strict": True} if strict else {})}
     return {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
-        "response_format": {"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}},
+        "response_format": {"type": "json_schema", "json_schema": json_schema},
         "temperature": 0,
         "max_tokens": max_tokens,
     }
@@ -225,7 +227,14 @@ async def ask(client, url: str, body: dict) -> dict:
 
 
 async def ask_all(
-    base_url: str, model: str, schemas: list[Drawn], max_tokens: int, concurrency: int, log, layout: dict | None = None
+    base_url: str,
+    model: str,
+    schemas: list[Drawn],
+    max_tokens: int,
+    concurrency: int,
+    strict: bool,
+    log,
+    layout: dict | None = None,
 ) -> list:
     """Every schema asked of the OpenAI server at `base_url` (`.../v1`), `concurrency` requests in flight; one row
     per schema, in their order."""
@@ -242,7 +251,9 @@ async def ask_all(
             nonlocal answered
             for index, drawn in pending:
                 outcome = await ask(
-                    client, f"{base_url}/chat/completions", chat_request(model, drawn.schema, max_tokens, layout)
+                    client,
+                    f"{base_url}/chat/completions",
+                    chat_request(model, drawn.schema, max_tokens, layout, strict),
                 )
                 rows[index] = {"set": drawn.set, "file": drawn.file, **outcome}
                 answered += 1
@@ -489,6 +500,7 @@ def benchmark_structured(
     concurrency: int,
     peer: str | None,
     whitespace: str = "engine",
+    strict: bool = False,
     log=print,
     server_log=print,
 ) -> dict:
@@ -515,7 +527,7 @@ def benchmark_structured(
     schemas = [d for d in drawn if d.schema is not None]
     repo = output / "triton_repo"
     report = checked_repository(repo, config)
-    settings = {"max_tokens": max_tokens, "concurrency": concurrency}
+    settings = {"max_tokens": max_tokens, "concurrency": concurrency, "strict": strict}
     servers = {"ours": measure_ours(repo, report, schemas, settings, WHITESPACE[whitespace], log, server_log)}
     if peer != "none":
         servers[PEER] = measure_llama_server(output, report, schemas, settings, log)
@@ -537,7 +549,7 @@ def benchmark_structured(
         },
         "request": {
             "prompt": PROMPT,
-            "response_format": "json_schema (name schema, no strict key)",
+            "response_format": f"json_schema (name schema, {'strict: true' if strict else 'no strict key'})",
             "temperature": 0,
             "max_tokens": max_tokens,
             "concurrency": concurrency,

@@ -44,6 +44,12 @@ def bench_structured(
         help="Our grammar's JSON layout: engine (as the engine lays it out), compact (one line, ', ' and ': ') or "
         "flexible (any whitespace), set per schema by llguidance's `x-guidance` extension; llama-server's is its own.",
     ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Ask with OpenAI's strict: true: ours then refuses what its grammar cannot enforce, so every finished "
+        "answer must be valid (llama-server ignores the key).",
+    ),
     out: Path = BenchOut,
 ):
     """Structured outputs on real-world JSON schemas: each schema asked once, as a chat request with
@@ -77,6 +83,7 @@ def bench_structured(
         concurrency=concurrency,
         peer=peer,
         whitespace=whitespace,
+        strict=strict,
         log=lambda m: console.print(f"  {m}", highlight=False, markup=False),
         server_log=lambda m: console.print(f"[dim]{m}[/]"),
     )
