@@ -173,12 +173,11 @@ def draw(root: Path, sets: list[str], per_set: int, seed: int) -> list[Drawn]:
 
 
 # --whitespace: how our engine's grammar lays JSON out, set per schema by llguidance's own schema extension
-# (`x-guidance`), which other servers ignore; "engine" leaves it to the engine (pipeline/targets/onnxruntime/runtime/
-# guided.py JSON_OPTIONS)
+# (`x-guidance`), which other servers ignore: "engine" leaves it to the engine (pipeline/targets/onnxruntime/runtime/
+# guided.py JSON_OPTIONS: llama.cpp's whitespace), "compact" asks for one line with ", " and ": "
 WHITESPACE = {
     "engine": None,
     "compact": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
-    "flexible": {"whitespace_flexible": True},
 }
 
 

@@ -48,6 +48,9 @@ SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depen
 OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 # Keywords about an object's properties: beside anyOf / oneOf, they meet each branch's in one object.
 OBJECT_KEYWORDS = ("properties", "required", *OPEN_KEYWORDS, "minProperties", "maxProperties", "propertyNames")
+# 16 digits at most, as llama.cpp's `integral-part`; the largest integer a float holds exactly with its neighbours
+# (I-JSON, RFC 7493 section 2.2), since llguidance reads bounds as floats
+NUMBER_BOUND = 2**53 - 1
 HUGE_BOUND = 1e300  # a number bound at least this far from 0 stands for no bound
 # Keywords that say nothing of an instance's validity, and groups of keywords that read each other (an allOf member
 # moves into its parent only where no group has keywords on both sides)
@@ -185,6 +188,24 @@ def close_objects(root: dict) -> None:
         names_all = isinstance(named, dict) and all(name in named for name in required)
         if names_all and id(schema) not in combined and not any(k in schema for k in OPEN_KEYWORDS):
             schema["additionalProperties"] = False
+
+
+def bound_numbers(root: dict) -> None:
+    """In place: a number with no bound on a side gets NUMBER_BOUND there, as llama.cpp's converter writes numbers
+    of 16 digits at most (`integral-part`): a small model otherwise writes digits until `max_tokens`. The grammar
+    narrows; the answer is still checked against the schema as written."""
+    for schema in every_schema(root):
+        types = schema.get("type")
+        numeric = types in ("integer", "number") or (isinstance(types, list) and {"integer", "number"} & set(types))
+        if not numeric or "enum" in schema or "const" in schema:
+            continue
+        given = [schema.get(k) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")]
+        if any(isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= NUMBER_BOUND for v in given):
+            continue
+        if "minimum" not in schema and "exclusiveMinimum" not in schema:
+            schema["minimum"] = -NUMBER_BOUND
+        if "maximum" not in schema and "exclusiveMaximum" not in schema:
+            schema["maximum"] = NUMBER_BOUND
 
 
 def drop_keywords(root: dict, keywords: set[str]) -> None:
@@ -376,6 +397,7 @@ def _prepare(text: str, strict: bool, additional_properties_default: bool) -> Pr
     if not additional_properties_default:
         merge_all_of(grammar_schema)
         close_objects(grammar_schema)
+    bound_numbers(grammar_schema)
     relaxed: list[str] = []
     for _ in range(RELAX_ROUNDS):
         refusal = grammar_refusal(grammar_schema)

@@ -210,10 +210,19 @@ def test_an_all_of_that_only_wraps_an_object_is_dissolved_and_the_object_closed(
     assert prepare(schema, strict=False).grammar_schema == {
         "type": "object",
         "description": "wrapper",
-        "properties": {"a": {"type": "integer"}},
+        "properties": {"a": {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1}},
         "additionalProperties": False,
     }
     assert not grammar_accepts(schema, {"a": 1, "b": 2}) and verdict(schema, {"a": 1, "b": 2})["valid"] is True
+
+
+def test_numbers_stay_within_i_json_where_the_schema_does_not_bound_them():
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "x": {"type": ["number", "null"]}}}
+    assert grammar_accepts(schema, {"n": 2**53 - 1, "x": -1.5}) and not grammar_accepts(schema, {"n": 2**53})
+    assert not grammar_accepts(schema, {"x": 10**17}) and grammar_accepts(schema, {"x": None})
+    big = {"type": "integer", "minimum": 10**16}  # a bound of its own beyond ours: left as written
+    assert grammar_accepts(big, 10**17)
+    assert verdict(schema, {"n": 10**17})["valid"] is True  # checked against the schema as written
 
 
 def test_alternatives_alone_are_each_closed():
