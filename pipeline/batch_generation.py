@@ -120,7 +120,7 @@ def run_batches(
                 stopped = len(generated) < max_tokens or any(generated[-len(w) :] == w for w in stop_ids if w)
                 results[index] = Result(
                     prompt=prompts[index].text,
-                    text=tokenizer.decode(generated, skip_special_tokens=True),
+                    text=tokenizer.decode(generated, skip_special_tokens=True, clean_up_tokenization_spaces=False),
                     prompt_tokens=len(ids[row]),
                     completion_tokens=len(generated),
                     finish_reason="stop" if stopped else "length",

@@ -87,7 +87,7 @@ def tokenizer_of(engine_dir: Path):
 
 
 def text_of(runner: ModelRunner, tokens: list[int]) -> str:
-    return tokenizer_of(runner.engine_dir).decode(tokens, skip_special_tokens=True)
+    return tokenizer_of(runner.engine_dir).decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 @slow_fixture(scope="module")

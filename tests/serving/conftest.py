@@ -42,7 +42,9 @@ def runner_text(smollm2_build):
         ids = tokenizer.encode(prompt)
         out = runner.generate([ids], max_new_tokens=max_tokens, return_dict=True)
         return tokenizer.decode(
-            out["output_ids"][0, 0, len(ids) : out["sequence_lengths"][0, 0]].tolist(), skip_special_tokens=True
+            out["output_ids"][0, 0, len(ids) : out["sequence_lengths"][0, 0]].tolist(),
+            skip_special_tokens=True,
+            clean_up_tokenization_spaces=False,
         )
 
     return generate
@@ -71,7 +73,9 @@ def greedy_gaps(smollm2_build):
         while text != served:
             logits = batch.logits[0]
             for token in logits.argsort()[::-1][:50]:
-                candidate = tokenizer.decode(request.output + [int(token)], skip_special_tokens=True)
+                candidate = tokenizer.decode(
+                    request.output + [int(token)], skip_special_tokens=True, clean_up_tokenization_spaces=False
+                )
                 if len(candidate) > len(text) and served.startswith(candidate):
                     break
             else:

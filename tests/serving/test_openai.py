@@ -533,6 +533,15 @@ def test_structured_outputs_choice_regex_and_grammar_constrain_the_answer(client
     assert re.fullmatch(r"(yes|no), in [A-Z][a-z]+", grammar.choices[0].message.content)
 
 
+def test_text_is_the_tokens_own_streamed_or_not_even_a_space_before_a_comma(client):
+    """transformers' tokenization clean-up would turn " ," into "," (on in SmolLM2's tokenizer): a streamed delta
+    then lost the comma; the text is what the tokens say, the same both ways."""
+    guide = {"response_format": {"type": "regex", "regex": "Paris ,France \\.Europe"}}
+    messages = [{"role": "user", "content": "Where is Paris?"}]
+    (whole, _), (streamed, _) = chat_both_ways(client, messages, max_tokens=16, **guide)
+    assert whole == streamed == "Paris ,France .Europe"
+
+
 def test_a_guide_the_engine_cannot_compile_is_a_400_naming_it(client):
     with pytest.raises(openai.BadRequestError, match=r"guided_decoding_guide \(regex\)"):
         client.completions.create(

@@ -5,6 +5,11 @@ Streaming sends each chunk of tokens separately, and decoding a chunk on its own
 space of SentencePiece tokens ("▁Paris" decodes to "Paris"). Each chunk is therefore decoded after
 a fixed anchor token and the anchor's text is cut off, so concatenated chunks equal the decoded
 whole. (The LLM model holds back tokens that end inside a UTF-8 character.)
+
+Text is the tokens' own, never "cleaned up": transformers' `clean_up_tokenization_spaces` (on in
+SmolLM2's tokenizer) deletes the space before a comma or a period, which changes what the model
+wrote (inside a JSON string too) and, once a later token brings the comma, shortens text already
+streamed, so a delta cut at the old length lost the comma.
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ class TritonPythonModel:
     def decode(self, tokens: list[int]) -> str:
         if not tokens:
             return ""
-        text = self.tokenizer.decode(self.anchor + tokens, skip_special_tokens=self.skip_special_tokens)
+        options = {"skip_special_tokens": self.skip_special_tokens, "clean_up_tokenization_spaces": False}
+        text = self.tokenizer.decode(self.anchor + tokens, **options)
         return (
             text[len(self.anchor_text) :]
             if text.startswith(self.anchor_text)
-            else self.tokenizer.decode(tokens, skip_special_tokens=self.skip_special_tokens)
+            else self.tokenizer.decode(tokens, **options)
         )
 
     def execute(self, requests):
