@@ -225,6 +225,13 @@ def test_numbers_stay_within_i_json_where_the_schema_does_not_bound_them():
     assert verdict(schema, {"n": 10**17})["valid"] is True  # checked against the schema as written
 
 
+def test_strings_stay_within_256_characters_where_the_schema_does_not_bound_them():
+    schema = {"type": "object", "properties": {"s": {"type": "string"}, "long": {"type": "string", "maxLength": 999}}}
+    assert grammar_accepts(schema, {"s": "x" * 256}) and not grammar_accepts(schema, {"s": "x" * 257})
+    assert grammar_accepts(schema, {"long": "x" * 999})  # a bound of its own: the schema's
+    assert verdict(schema, {"s": "x" * 1000})["valid"] is True  # checked against the schema as written
+
+
 def test_alternatives_alone_are_each_closed():
     schema = {"anyOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "string"}}}]}
     assert grammar_accepts(schema, {"a": 1}) and grammar_accepts(schema, {"b": "x"})
