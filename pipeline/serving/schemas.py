@@ -11,7 +11,9 @@ the schema is compiled here without a tokenizer, and each keyword it names as un
 An object schema that names its properties and does not say whether others are allowed is closed
 (`additionalProperties: false`), as OpenAI's strict mode requires, xgrammar's strict mode and llama.cpp's converter
 assume: with JSON Schema's own default (open) a small model invents properties until `max_tokens`.
-`additional_properties_default=True` keeps JSON Schema's default.
+`additional_properties_default=True` keeps JSON Schema's default. Strings and numbers the schema does not bound are
+bounded in the grammar (`bound_strings`, `bound_numbers`) for the same reason. Each of these narrows the grammar
+only: answers are always checked against the schema as the client wrote it.
 """
 
 from __future__ import annotations
