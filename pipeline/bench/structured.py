@@ -174,17 +174,10 @@ def draw(root: Path, sets: list[str], per_set: int, seed: int) -> list[Drawn]:
 
 # --whitespace: how our engine's grammar lays JSON out, set per schema by llguidance's own schema extension
 # (`x-guidance`), which other servers ignore: "engine" leaves it to the engine (pipeline/targets/onnxruntime/runtime/
-# guided.py JSON_OPTIONS: one line), "flexible" takes llama.cpp's whitespace: a space, or one or two newlines and up
-# to 20 spaces or tabs (llama-cpp-python 0.3.36's sdist, vendor/llama.cpp/common/json-schema-to-grammar.cpp,
-# SPACE_RULE)
+# guided.py JSON_OPTIONS: llama.cpp's whitespace), "compact" asks for one line with ", " and ": "
 WHITESPACE = {
     "engine": None,
-    "flexible": {
-        "whitespace_flexible": True,
-        "whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?",
-        "item_separator": ",",
-        "key_separator": ":",
-    },
+    "compact": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
 }
 
 

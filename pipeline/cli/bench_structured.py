@@ -41,9 +41,8 @@ def bench_structured(
     ),
     whitespace: str = typer.Option(
         "engine",
-        help="Our grammar's JSON layout: engine (as the engine lays it out: one line, ', ' and ': ') or flexible "
-        "(llama.cpp's whitespace: newlines and indentation), set per schema by llguidance's `x-guidance` extension; "
-        "llama-server's is its own.",
+        help="Our grammar's JSON layout: engine (as the engine lays it out: llama.cpp's whitespace) or compact (one "
+        "line, ', ' and ': '), set per schema by llguidance's `x-guidance` extension; llama-server's is its own.",
     ),
     strict: bool = typer.Option(
         False,

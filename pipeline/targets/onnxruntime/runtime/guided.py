@@ -39,10 +39,16 @@ from pipeline.upstream import facts
 # The `guided_decoding_guide_type` values of TensorRT-LLM's `tensorrt_llm` model (tensorrtllm_backend v0.19.0, the
 # interface the CPU model mirrors; scripts/dev/tabulate_trtllm_backend.py).
 GUIDE_TYPES: tuple[str, ...] = tuple(facts("tensorrtllm_backend")["releases"]["0.19"]["guide_types"])
-# JSON is generated on one line with a space after ',' and ':' (the separators xgrammar uses without any_whitespace).
-# Measured against llama.cpp's whitespace (a space, or newlines and indentation) on JSONSchemaBench: as many answers
-# valid either way (docs/serving.md, "JSON schemas from the real world"), and one line takes fewer tokens.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON's layout is the model's, within llama.cpp's bounds: between tokens a space, or one or two newlines and up to 20
+# spaces or tabs (llama-cpp-python 0.3.36's sdist, vendor/llama.cpp/common/json-schema-to-grammar.cpp, SPACE_RULE).
+# Measured on JSONSchemaBench (docs/serving.md, "JSON schemas from the real world"): small models close the objects
+# they indent as they were trained to far more often than those they must write on one line.
+JSON_OPTIONS = {
+    "whitespace_flexible": True,
+    "whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?",
+    "item_separator": ",",
+    "key_separator": ":",
+}
 CACHED_GRAMMARS = 64
 # llguidance's limits bound a compile's work: grammars of 50,000 symbols at most (its default: 500,000), which compiled
 # here in 0.5-1.4 s (schemas of 30,000-60,000 symbols, 0.4-0.8 MB), 3 s for an object of 4,000 optional properties;
