@@ -49,6 +49,8 @@ JSON_OPTIONS = {
     "item_separator": ",",
     "key_separator": ":",
 }
+# JSON without the model's whitespace, where the tokens a guide forces are counted (`Grammars._compile`)
+ONE_LINE = {"whitespace_flexible": False, "whitespace_pattern": None, "item_separator": ", ", "key_separator": ": "}
 CACHED_GRAMMARS = 64
 # llguidance's limits bound a compile's work: grammars of 50,000 symbols at most (its default: 500,000), which compiled
 # here in 0.5-1.4 s (schemas of 30,000-60,000 symbols, 0.4-0.8 MB), 3 s for an object of 4,000 optional properties;
@@ -69,13 +71,15 @@ class Guide:
     text: str = ""
 
 
-def grammar(guide: Guide) -> str:
+def grammar(guide: Guide, layout: dict | None = None) -> str:
     """The guide as an llguidance grammar; ValueError naming the problem for a guide that does not compile."""
     if guide.kind == "json":  # TensorRT-LLM's "any JSON": an object (OpenAI's json_object)
-        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            {"type": "object"}, defaults=JSON_OPTIONS, overrides=layout
+        )
     if guide.kind == "json_schema":  # the text as is: parsed by llguidance, not into Python objects first
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(guide.text, defaults=JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(guide.text, defaults=JSON_OPTIONS, overrides=layout)
         except ValueError as exc:
             raise ValueError(f"guided_decoding_guide (json_schema): not valid JSON, or not an object: {exc}") from None
     if guide.kind == "regex":
@@ -138,7 +142,12 @@ class Grammars:
             raise ValueError(f"guided_decoding_guide ({guide.kind}): {one_line(compiled.get_error())}")
         # The tokens the guide forces before the model chooses any, taken on a copy: a guide that has no finite
         # instance forces them without end (llguidance stops at its limits), and fails at the first token otherwise.
-        forced = compiled.deep_copy()
+        # JSON's copy is compiled on one line: where whitespace is the model's to choose, nothing is forced.
+        forced = (
+            llguidance.LLMatcher(self.tokenizer, grammar(guide, ONE_LINE), log_level=0, limits=LIMITS)
+            if guide.kind in ("json", "json_schema")
+            else compiled.deep_copy()
+        )
         tokens = forced.compute_ff_tokens()
         if len(tokens) >= self.max_seq_len:
             raise ValueError(
