@@ -367,26 +367,32 @@ def llm_model(report: RepoReport):
     return next(config for config in report.models.values() if "engine_dir" in config.parameters)
 
 
-def measure_llama_server(output: Path, report: RepoReport, tokenizer, workload_sets: dict, sweep, log) -> dict:
-    """llama-server sized like our server (see pipeline.bench.serve_peer) through the same sweep, with the check that
-    it reads every prompt as the same token ids; or why it could not run."""
+def llama_server_sizing(report: RepoReport) -> dict:
+    """How llama-server is sized like our server (pipeline.bench.serve_peer): our max_batch_size as slots, our LLM
+    model's thread count, a whole max_seq_len per slot."""
     from pipeline.targets.onnxruntime.runtime.model_runner import default_threads
 
     llm = llm_model(report)
     _, max_seq_len = engine_limits(llm.parameters["engine_dir"].string_value)
     threads = int(llm.parameters["cpu_threads"].string_value or 0) or default_threads()
-    peer = {"name": "llama-server", "threads": threads, "parallel": llm.max_batch_size}
+    return {"parallel": llm.max_batch_size, "threads": threads, "context": llm.max_batch_size * max_seq_len}
+
+
+def sized_llama_server(output: Path, sizing: dict) -> LlamaServer:
+    """llama-server on the Q8_0 GGUF `bench peers` built for `output`, sized by `sizing`; PeerMissing when not built."""
+    binary, model = llama_server_files(output)
+    return LlamaServer(binary, model, **sizing, log_file=output / "peers" / "logs" / "llama-server.log")
+
+
+def measure_llama_server(output: Path, report: RepoReport, tokenizer, workload_sets: dict, sweep, log) -> dict:
+    """llama-server sized like our server (see pipeline.bench.serve_peer) through the same sweep, with the check that
+    it reads every prompt as the same token ids; or why it could not run."""
+    sizing = llama_server_sizing(report)
+    peer = {"name": "llama-server", "threads": sizing["threads"], "parallel": sizing["parallel"]}
     try:
-        binary, model = llama_server_files(output)
-        server = LlamaServer(
-            binary,
-            model,
-            parallel=llm.max_batch_size,
-            threads=threads,
-            context=llm.max_batch_size * max_seq_len,
-            log_file=output / "peers" / "logs" / "llama-server.log",
-        )
-        log(f"llama-server: {model.name}, {llm.max_batch_size} slots, {threads} threads")
+        server = sized_llama_server(output, sizing)
+        model = server.model
+        log(f"llama-server: {model.name}, {sizing['parallel']} slots, {sizing['threads']} threads")
         prompts = [p for prompts in workload_sets.values() for p in prompts]
         with server:
             server.check_prompts(prompts, tokenizer)

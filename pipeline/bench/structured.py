@@ -38,12 +38,12 @@ import jsonschema
 
 from pipeline.bench.peers import CHECKOUT
 from pipeline.bench.report import build_info, markdown_table
-from pipeline.bench.serve import READY_TIMEOUT_S, llm_model
-from pipeline.bench.serve_peer import PEERS, LlamaServer, llama_server_files
+from pipeline.bench.serve import READY_TIMEOUT_S, llama_server_sizing, sized_llama_server
+from pipeline.bench.serve_peer import PEERS, llama_server_files
 from pipeline.bench.stats import percentiles
 from pipeline.build import cache_dir, default_output
 from pipeline.errors import PipelineError
-from pipeline.serving.app import DEFAULT_MAX_BODY_BYTES, engine_limits
+from pipeline.serving.app import DEFAULT_MAX_BODY_BYTES
 from pipeline.serving.lifecycle import GatewayOptions, Serving, checked_repository, served_name
 from pipeline.triton.server import Ports, free_ports
 from pipeline.triton.validate import RepoReport
@@ -317,22 +317,11 @@ def measure_llama_server(output: Path, report: RepoReport, schemas: list[Drawn],
     slots, our thread count, a whole max_seq_len per slot), asked every schema; or why it could not run."""
     from transformers import AutoTokenizer
 
-    from pipeline.targets.onnxruntime.runtime.model_runner import default_threads
-
-    llm = llm_model(report)
-    _, max_seq_len = engine_limits(llm.parameters["engine_dir"].string_value)
-    threads = int(llm.parameters["cpu_threads"].string_value or 0) or default_threads()
+    sizing = llama_server_sizing(report)
     try:
-        binary, model = llama_server_files(output)
-        server = LlamaServer(
-            binary,
-            model,
-            parallel=llm.max_batch_size,
-            threads=threads,
-            context=llm.max_batch_size * max_seq_len,
-            log_file=output / "peers" / "logs" / "llama-server.log",
-        )
-        log(f"{PEER}: {model.name}, {llm.max_batch_size} slots, {threads} threads: {len(schemas)} requests")
+        server = sized_llama_server(output, sizing)
+        model = server.model
+        log(f"{PEER}: {model.name}, {sizing['parallel']} slots, {sizing['threads']} threads: {len(schemas)} requests")
         with server:
             server.check_prompts([PROMPT], AutoTokenizer.from_pretrained(output / "engine"))
             rows = asyncio.run(ask_all(f"{server.url}/v1", model.name, schemas, **settings, log=log))
