@@ -287,6 +287,8 @@ def test_offline_bench_runs_every_engine_on_the_same_workload_and_reports_ratios
         (ours, "transformers fp32", 2) for ours in ("ours fp32", "ours fp32, spinning threads")
     }
     assert "No module named 'llama_cpp'" in results["peers_skipped"]["llama.cpp Q8_0"]
+    # llama.cpp's own tools are timed beside its bindings only when `bench peers` built them
+    assert "llama-bench, llama-batched-bench not built" in results["peers_skipped"]["llama.cpp Q8_0 (its tools)"]
     assert results["peers_skipped"]["openvino"] == "export failed"
     # ours scored as the quality gate scores it (the only engine here besides the reference's own transformers)
     assert [q["engine"] for q in results["quality"]] == ["ours fp32"]

@@ -72,3 +72,36 @@ def test_a_failed_step_reports_its_error_line_not_its_last_lines():
 def test_bench_peers_needs_a_build_and_known_peer_names(tmp_path):
     with pytest.raises(PipelineError, match="no imported checkpoint"):
         build_peers(tmp_path, tmp_path / "cache")
+
+
+def test_llama_cpp_tools_timings_become_the_rows_every_engine_gets(tmp_path):
+    """llama-bench's tokens/s and llama-batched-bench's seconds, as (time to first token, total) of one run: a stand-in
+    prints each tool's JSON line (the real tools run in `make bench`, once `bench peers` compiled them)."""
+    from pipeline.bench.offline import decode_pairs, point
+    from pipeline.bench.peers.native import NativeTimer, NativeToolError
+
+    tools = {}
+    for name, line in {
+        "llama-bench": '{"n_prompt": 0, "avg_ts": 200.0}',
+        "llama-batched-bench": '{"pl": 4, "t_pp": 0.5, "t_tg": 2.0}',
+    }.items():
+        tools[name] = tmp_path / name
+        tools[name].write_text(f"#!/bin/sh\necho \"$*\" >&2\necho 'log line'\necho '{line}'\n")
+        tools[name].chmod(0o755)
+    spec = EngineSpec("llama.cpp Q8_0", "llama.cpp", "Q8_0", "python", "pipeline.bench.peers.llamacpp", "m.gguf")
+    timer = NativeTimer(spec, {k: str(v) for k, v in tools.items()}, 2, tmp_path / "logs")
+    ttft, total = timer.generate([[1] * 100], 65)
+    assert (ttft, total) == (0.5, 0.5 + 64 / 200)  # 100 prompt tokens at 200 tok/s, then 64 decode steps
+    assert "-p 0 -n 65 -d 100 -r 5 -o jsonl" in timer.log_path.read_text()
+    row = point(timer, [(ttft, total)], 1, 100, 65)
+    assert row["engine"] == "llama.cpp Q8_0 (its tools)" and row["decode_tok_s_per_seq"] == 200.0
+    ttft, total = timer.generate([[1] * 10] * 4, 8)
+    batched = point(timer, [(ttft, total)], 4, 10, 8)
+    assert ttft == 0.5 and batched["decode_tok_s_total"] == 4 * 8 / 2.0  # the tool's tokens over its decode time
+    ours = {**row, "engine": "ours", "kind": "ours", "raw_s": [[0.1, 0.1 + 64 / 220], [0.1, 0.1 + 64 / 180]]}
+    peer = {**row, "raw_s": [[0.5, 0.5 + 64 / 200], [0.5, 0.5 + 64 / 200]]}
+    (pairs,) = decode_pairs([ours, peer])
+    assert pairs["pairs"] == [1.1, 0.9] and pairs["median"] == 1.0 and pairs["min"] == 0.9
+
+    with pytest.raises(NativeToolError, match="llama-batched-bench not built"):
+        NativeTimer(spec, {"llama-bench": str(tools["llama-bench"])}, 2, tmp_path)

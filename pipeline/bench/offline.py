@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 from pipeline.bench.peers import EngineSpec, PeerManifest
-from pipeline.bench.peers.client import Worker, WorkerError
+from pipeline.bench.peers.client import Worker, WorkerError, alone
+from pipeline.bench.peers.native import NativeTimer, NativeToolError
+from pipeline.errors import PipelineError
 
 
 def workload(tokenizer, text: str, batch: int, input_len: int) -> list[list[int]]:
@@ -69,6 +71,19 @@ def start_workers(engines: list[EngineSpec], threads: int, log_dir: Path, skippe
     return workers
 
 
+def native_timers(output: Path, engines: list[EngineSpec], threads: int, log_dir: Path, skipped: dict, log) -> list:
+    """llama.cpp's own tools on each of its GGUFs among `engines` (`pipeline.bench.peers.native`)."""
+    tools = PeerManifest.read(output).tools
+    timers = []
+    for spec in (e for e in engines if e.engine == "llama.cpp"):
+        try:
+            timers.append(NativeTimer(spec, tools, threads, log_dir))
+        except NativeToolError as exc:
+            log(f"{spec.name} by its tools: not measured: {exc}")
+            skipped[f"{spec.name} (its tools)"] = str(exc)
+    return timers
+
+
 def measure(workers: list[Worker], tokenizer, text: str, batches, shapes, repeats: int, log) -> list[dict]:
     rows = []
     for input_len, output_len in shapes:
@@ -76,18 +91,52 @@ def measure(workers: list[Worker], tokenizer, text: str, batches, shapes, repeat
             prompts = workload(tokenizer, text, batch, input_len)
             log(f"batch {batch}, {input_len} tokens in, {output_len} out: {repeats} rounds of {len(workers)} engines")
             for worker in workers:
-                with worker.alone(workers):
-                    worker.generate(prompts, 2)  # warm-up: first-call allocations and kernel selection
+                with alone(worker, workers):
+                    worker.warm_up(prompts)
                 worker.peak_rss_mib = 0.0
             runs: dict[str, list[tuple[float, float]]] = {w.spec.name: [] for w in workers}
             for round_ in range(repeats):
                 shift = round_ % len(workers)
                 for worker in workers[shift:] + workers[:shift]:
-                    with worker.alone(workers):
+                    with alone(worker, workers):
                         runs[worker.spec.name].append(worker.generate(prompts, output_len))
             for worker in workers:
                 rows.append(point(worker, runs[worker.spec.name], batch, input_len, output_len))
     return rows
+
+
+def decode_rates(row: dict) -> list[float]:
+    """A row's decode tokens/s per sequence in each round, in round order."""
+    return [(row["output_len"] - 1) / max(1e-9, total - first) for first, total in row["raw_s"]]
+
+
+def decode_pairs(rows: list[dict]) -> list[dict]:
+    """Ours / llama.cpp timed by its own tools, decode per sequence, round by round: the engines of one round ran
+    minutes apart at most, so a pair sees the same machine, and a lead is real only when every pair holds it."""
+    out = []
+    for ours in (r for r in rows if r["kind"] == "ours"):
+        for peer in (r for r in rows if r["engine"].endswith("(its tools)")):
+            if (peer["batch"], peer["input_len"], peer["output_len"]) != (
+                ours["batch"],
+                ours["input_len"],
+                ours["output_len"],
+            ):
+                continue
+            pairs = [round(a / b, 3) for a, b in zip(decode_rates(ours), decode_rates(peer))]
+            out.append(
+                {
+                    "ours": ours["engine"],
+                    "peer": peer["engine"],
+                    "batch": ours["batch"],
+                    "input_len": ours["input_len"],
+                    "output_len": ours["output_len"],
+                    "pairs": pairs,
+                    "median": round(statistics.median(pairs), 3),
+                    "min": min(pairs),
+                    "max": max(pairs),
+                }
+            )
+    return out
 
 
 def point(worker: Worker, runs: list[tuple[float, float]], batch: int, input_len: int, output_len: int) -> dict:
@@ -138,3 +187,86 @@ def ratios(rows: list[dict]) -> list[dict]:
                 }
             )
     return out
+
+
+def precision_label(cfg, with_method: bool) -> str:
+    """'fp32', or the weights ('int8'), with how they were made ('int4 gptq') for engines of one model side by side."""
+    q = cfg.quantization
+    return "fp32" if q.weights == "none" else f"{q.weights} {q.method}" if with_method else str(q.weights)
+
+
+def benchmark(
+    config: Path,
+    cfg,
+    output: Path | None,
+    others: list[tuple],
+    *,
+    batches: list[int],
+    shapes: list[tuple[int, int]],
+    repeats: int,
+    threads: int | None,
+    peers: list[str] | None,
+    quality: bool,
+    both_spinning: bool,
+    out: Path,
+    log,
+) -> tuple[str, Path]:
+    """`bench offline`: every engine measured, llama.cpp's GGUFs also by llama.cpp's tools, the engines scored
+    (`quality`), and the report written; returns its table and folder. `others`: (config path, config) of builds of
+    the same model measured beside ours."""
+    from transformers import AutoTokenizer
+
+    from pipeline.bench import report
+    from pipeline.bench.engine_quality import score_engines
+    from pipeline.build import cache_dir, default_output
+    from pipeline.fetch import load_text
+    from pipeline.targets.onnxruntime.runtime.model_runner import default_threads
+
+    output = output or default_output(config)
+    if not (output / "engine" / "config.json").is_file():
+        raise PipelineError(f"no engine in {output / 'engine'}: build it first (trtllm-pipeline build {config})")
+    text = load_text(cfg.verify.eval_text, cfg.resolve_path("."), cache_dir())
+    spinning = (False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",)
+    peer_specs, skipped = peer_engines(output, peers)
+    others = [(path, c, default_output(path)) for path, c in others]
+    for path, _, other_output in others:
+        if not (other_output / "engine" / "config.json").is_file():
+            raise PipelineError(f"--with {path}: no engine in {other_output / 'engine'}: build it first")
+    precision = precision_label(cfg, bool(others))
+    engines = our_engines(output, config, precision, spinning) + peer_specs
+    engines += [our_engines(o, path, precision_label(c, True), spinning)[1] for path, c, o in others]
+    threads = threads or default_threads()
+    log_dir = output / "peers" / "logs"
+    workers = start_workers(engines, threads, log_dir, skipped, log)
+    timers = native_timers(output, peer_specs, threads, log_dir, skipped, log)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(output / "import")
+        rows = measure(workers + timers, tokenizer, text, batches, shapes, repeats, log)
+        extra = [(f"ours {precision_label(c, True)}", c, o) for _, c, o in others]
+        scores = score_engines(cfg, output, f"ours {precision}", workers, cache_dir(), log, extra) if quality else []
+    finally:
+        for worker in workers:
+            worker.close()
+    versus, pairs = ratios(rows), decode_pairs(rows)
+    table = report.offline_table(rows, versus, scores, skipped, pairs)
+    results = {
+        "name": config.stem,
+        "build": report.build_info(output),
+        "threads": threads,
+        "engines": {w.spec.name: {"model": w.spec.model, "facts": w.facts} for w in workers + timers},
+        "rows": rows,
+        "ratios": versus,
+        "decode_pairs": pairs,
+        "quality": scores,
+        "peers_skipped": skipped,
+    }
+    folder = report.write_report(
+        out,
+        "offline",
+        f"offline benchmark: {config}",
+        results,
+        table,
+        lambda path: report.plot_offline(rows, scores, path),
+        "speed_and_quality.png",
+    )
+    return table, folder

@@ -231,8 +231,11 @@ def serve_versus_table(rows: list[dict], peer: str) -> str:
     )
 
 
-def offline_table(rows: list[dict], ratios: list[dict], quality: list[dict], skipped: dict[str, str]) -> str:
-    """The engines' speed, our ratios to each peer, their quality side by side and the peers that did not run."""
+def offline_table(
+    rows: list[dict], ratios: list[dict], quality: list[dict], skipped: dict[str, str], pairs: list[dict] = ()
+) -> str:
+    """The engines' speed, our ratios to each peer, our decode against llama.cpp's own tools round by round, their
+    quality side by side and the peers that did not run."""
     speed = markdown_table(
         [
             "engine",
@@ -277,6 +280,26 @@ def offline_table(rows: list[dict], ratios: list[dict], quality: list[dict], ski
         ],
     )
     parts = [speed, "Ours / peer, same points (above 1: ours is faster):\n\n" + versus]
+    if pairs:
+        parts.append(
+            "Decode per sequence, ours / llama.cpp timed by its own tools, each round a pair run back to back:\n\n"
+            + markdown_table(
+                ["ours", "vs", "batch", "in/out", "median", "min", "max", "pairs"],
+                [
+                    [
+                        r["ours"],
+                        r["peer"],
+                        r["batch"],
+                        f"{r['input_len']}/{r['output_len']}",
+                        f"{r['median']}x",
+                        f"{r['min']}x",
+                        f"{r['max']}x",
+                        " ".join(f"{x:.2f}" for x in r["pairs"]),
+                    ]
+                    for r in pairs
+                ],
+            )
+        )
     if quality:
         parts.append(
             "Quality against the same fp32 reference (the quality gate's eval windows and chat set):\n\n"

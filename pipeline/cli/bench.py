@@ -61,12 +61,6 @@ def bench_peers(
     console.print(f"peers: {manifest.path(output)}")
 
 
-def precision_label(cfg, with_method: bool) -> str:
-    """'fp32', or the weights ('int8'), with how they were made ('int4 gptq') for engines of one model side by side."""
-    q = cfg.quantization
-    return "fp32" if q.weights == "none" else f"{q.weights} {q.method}" if with_method else str(q.weights)
-
-
 @bench_app.command("offline")
 @reports_errors
 def bench_offline(
@@ -113,62 +107,23 @@ def bench_offline(
     Quantizations side by side: trtllm-pipeline bench offline build_configs/smollm2-135m-cpu-int4.yaml --with
     build_configs/smollm2-135m-cpu-int4-gptq.yaml --peer none
     """
-    from transformers import AutoTokenizer
+    from pipeline.bench.offline import benchmark
 
-    from pipeline.bench import report
-    from pipeline.bench.engine_quality import score_engines
-    from pipeline.bench.offline import measure, our_engines, peer_engines, ratios, start_workers
-    from pipeline.build import cache_dir, default_output
-    from pipeline.fetch import load_text
-    from pipeline.targets.onnxruntime.runtime.model_runner import default_threads
-
-    cfg = load(config, [])
-    output = output or default_output(config)
-    if not (output / "engine" / "config.json").is_file():
-        raise PipelineError(f"no engine in {output / 'engine'}: build it first (trtllm-pipeline build {config})")
-    shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (shape or ["128x64"])]
-    text = load_text(cfg.verify.eval_text, cfg.resolve_path("."), cache_dir())
-    log = lambda m: console.print(f"  {m}", highlight=False, markup=False)  # noqa: E731
-    spinning = (False, True) if both_spinning else (cfg.runtime.cpu_thread_spinning != "off",)
-    peers, skipped = peer_engines(output, peer)
-    others = [(path, load(path, []), default_output(path)) for path in also or []]
-    for path, _, other_output in others:
-        if not (other_output / "engine" / "config.json").is_file():
-            raise PipelineError(f"--with {path}: no engine in {other_output / 'engine'}: build it first")
-    precision = precision_label(cfg, bool(others))
-    engines = our_engines(output, config, precision, spinning) + peers
-    engines += [our_engines(o, path, precision_label(c, True), spinning)[1] for path, c, o in others]
-    threads = threads or default_threads()
-    workers = start_workers(engines, threads, output / "peers" / "logs", skipped, log)
-    try:
-        rows = measure(
-            workers, AutoTokenizer.from_pretrained(output / "import"), text, batch or [1, 8], shapes, repeats, log
-        )
-        extra = [(f"ours {precision_label(c, True)}", c, o) for _, c, o in others]
-        scores = score_engines(cfg, output, f"ours {precision}", workers, cache_dir(), log, extra) if quality else []
-    finally:
-        for worker in workers:
-            worker.close()
-    versus = ratios(rows)
-    table = report.offline_table(rows, versus, scores, skipped)
-    results = {
-        "name": config.stem,
-        "build": report.build_info(output),
-        "threads": threads,
-        "engines": {w.spec.name: {"model": w.spec.model, "facts": w.facts} for w in workers},
-        "rows": rows,
-        "ratios": versus,
-        "quality": scores,
-        "peers_skipped": skipped,
-    }
-    folder = report.write_report(
-        out,
-        "offline",
-        f"offline benchmark: {config}",
-        results,
-        table,
-        lambda path: report.plot_offline(rows, scores, path),
-        "speed_and_quality.png",
+    others = [(path, load(path, [])) for path in also or []]
+    table, folder = benchmark(
+        config,
+        load(config, []),
+        output,
+        others,
+        batches=batch or [1, 8],
+        shapes=[tuple(int(x) for x in s.lower().split("x")) for s in (shape or ["128x64"])],
+        repeats=repeats,
+        threads=threads,
+        peers=peer,
+        quality=quality,
+        both_spinning=both_spinning,
+        out=out,
+        log=lambda m: console.print(f"  {m}", highlight=False, markup=False),
     )
     console.print(table, highlight=False, soft_wrap=True)
     console.print(f"report: {folder}")

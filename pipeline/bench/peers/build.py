@@ -29,8 +29,10 @@ Log = Callable[[str], None]
 TORCH_SPEC = "torch==2.13.0"  # the CPU wheel goes in first, as in the Makefile: later, a dependency pulls CUDA's
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
-# llama.cpp's tools the benchmarks use: the quantizer makes the GGUFs, llama-server is the serving peer
-LLAMA_CPP_TARGETS = ("llama", "llama-quantize", "llama-server")
+# llama.cpp's tools the benchmarks use: the quantizer makes the GGUFs, llama-server is the serving peer, llama-bench
+# and llama-batched-bench time it as its maintainers do (pipeline.bench.peers.native)
+LLAMA_CPP_TOOLS = ("llama-server", "llama-bench", "llama-batched-bench")
+LLAMA_CPP_TARGETS = ("llama", "llama-quantize", *LLAMA_CPP_TOOLS)
 LLAMA_CPP_PRECISIONS = ("F16", "Q8_0", "Q4_K_M")  # F16 is the converter's output; the others llama-quantize's
 OPENVINO_PACKAGES = ("openvino-genai==2026.4.1.0", "optimum-intel[openvino]==2.2.0")
 OPENVINO_EXPORTS = {"int8": [], "int4": ["--group-size", "64"]}  # --weight-format -> its options (build_openvino)
@@ -153,7 +155,8 @@ def build_llamacpp(ctx: PeerContext) -> Built:
     llama_cpp = source / "vendor" / "llama.cpp"
     build = root / "build"
     bin_dir = build / "bin"
-    if not (build / ".complete").is_file():
+    complete = build / ".complete"  # names the targets compiled: a new one is compiled into the same tree
+    if not complete.is_file() or complete.read_text() != json.dumps(LLAMA_CPP_TARGETS):
         run(
             [
                 "cmake",
@@ -190,7 +193,7 @@ def build_llamacpp(ctx: PeerContext) -> Built:
             "compiling llama.cpp (~10 min on 2 cores, once)",
             progress=progress,
         )
-        (build / ".complete").touch()
+        complete.write_text(json.dumps(LLAMA_CPP_TARGETS))
     # the bindings alone (LLAMA_BUILD=OFF), loading the library compiled above through LLAMA_CPP_LIB_PATH
     python = environment(
         root / "venv", [str(sdist)], ctx.log, env={"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}, torch=False
@@ -220,7 +223,7 @@ def build_llamacpp(ctx: PeerContext) -> Built:
         EngineSpec(f"llama.cpp {p}", "llama.cpp", p, str(python), "pipeline.bench.peers.llamacpp", str(m), env)
         for p, m in models.items()
     ]
-    return Built(engines, {"llama-server": str(bin_dir / "llama-server")})
+    return Built(engines, {tool: str(bin_dir / tool) for tool in LLAMA_CPP_TOOLS})
 
 
 def build_openvino(ctx: PeerContext) -> Built:

@@ -19,6 +19,23 @@ class WorkerError(PipelineError):
     pass
 
 
+@contextmanager
+def alone(engine, engines: list):
+    """Every other engine's worker stopped (SIGSTOP) while `engine` works: an idle engine's threads (OpenMP's, a
+    spinning thread pool's) cannot take cycles from the one being timed."""
+    import psutil
+
+    processes = [getattr(e, "process", None) for e in engines if e is not engine]
+    stopped = [psutil.Process(p.pid) for p in processes if p is not None and p.poll() is None]
+    for process in stopped:
+        process.suspend()
+    try:
+        yield engine
+    finally:
+        for process in stopped:
+            process.resume()
+
+
 class Worker:
     """One engine in its own process. `peak_rss_mib` is the largest resident set seen while it generated."""
 
@@ -76,20 +93,9 @@ class Worker:
             sampler.join()
         return result["ttft_s"], result["total_s"]
 
-    @contextmanager
-    def alone(self, others: list[Worker]):
-        """The other workers stopped (SIGSTOP) while this one works: an idle engine's threads (OpenMP's, a spinning
-        thread pool's) cannot take cycles from the one being timed."""
-        import psutil
-
-        stopped = [psutil.Process(w.process.pid) for w in others if w is not self and w.process.poll() is None]
-        for process in stopped:
-            process.suspend()
-        try:
-            yield self
-        finally:
-            for process in stopped:
-                process.resume()
+    def warm_up(self, prompts: list[list[int]]) -> None:
+        """First-call allocations and kernel selection, untimed."""
+        self.generate(prompts, 2)
 
     def logits(self, ids: np.ndarray) -> np.ndarray:
         """[1, n, vocab] logits for int64 ids [1, n]: the quality gate's `LogitsFn`."""
