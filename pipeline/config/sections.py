@@ -290,11 +290,10 @@ class RuntimeSection(Section):
     )
     cpu_thread_spinning: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="onnxruntime: let idle ONNX Runtime threads spin instead of sleeping: ~20% faster batch-1 "
-        "decode when the "
-        "engine has the cores to itself, much slower when other work shares them. auto: on for offline runs "
-        "(run, run_batch.py, bench offline), off inside the Triton server (it shares the cores with the "
-        "tokenizer models).",
+        description="onnxruntime: let idle ONNX Runtime threads spin instead of sleeping: ~30% faster batch-1 "
+        "decode when nothing else needs the cores, slower when other work shares them. auto (the default): on, for "
+        "offline runs and inside the Triton server alike (measured side by side, docs/serving.md); off: for a host "
+        "whose cores other work needs.",
     )
 
 

@@ -25,6 +25,7 @@ from pipeline.errors import ConfigError, PipelineError
 from pipeline.serving.adapter_admin import AdapterAdmin
 from pipeline.serving.app import create_app
 from pipeline.serving.openai_upstream import OpenAIUpstream, OwnServer
+from pipeline.serving.upstream import triton_upstream
 from pipeline.targets import TARGETS, repository_checks
 from pipeline.triton.server import STOP_SIGNALS, Ports, TritonServer, dial_address, host_port
 from pipeline.triton.validate import RepoReport, validate_repo
@@ -104,21 +105,18 @@ def _start_gateway(
     after, so streams cut by the stop still send their error event and [DONE] before the process exits.
     """
     # the BLS is the model naming its preprocessing model; names come from the config (triton.*_name)
-    bls, config = next(
-        ((name, c) for name, c in report.models.items() if "preprocessing_model_name" in c.parameters), (None, None)
-    )
+    bls = next((name for name, c in report.models.items() if "preprocessing_model_name" in c.parameters), None)
     if bls is None:
         raise PipelineError(f"{repo} has no BLS model (tensorrt_llm_bls), which --openai forwards to; rebuild it")
-    preprocessing = config.parameters["preprocessing_model_name"].string_value
+    lora = adapter_admin(report, server.lora_registry, gateway.allowed_lora_dirs)
+    upstream = triton_upstream(report.models, bls, dial_address(host, server.ports.grpc), lora, ready)
     app = create_app(
-        dial_address(host, server.ports.grpc),
-        report.models[preprocessing].parameters["tokenizer_dir"].string_value,
+        upstream,
+        upstream.tokenizer_dir,
         served_name=served_name(repo),
-        triton_model=bls,
         api_key=gateway.api_key,
         max_body_bytes=int(gateway.max_body_mb * 1_000_000),
-        lora=adapter_admin(report, server.lora_registry, gateway.allowed_lora_dirs),
-        ready=ready,
+        lora=lora,
     )
     return start_gateway(app, host, gateway.port)
 

@@ -4,23 +4,27 @@ Routes call only the protocol: one request's generation streamed as (text, log-p
 closing that stream, and whether the server takes requests yet; so another server stands behind the same routes just
 as well (an OpenAI-compatible HTTP one such as trtllm-serve: `pipeline.serving.openai_upstream`).
 
-Triton: requests go to the repository's `tensorrt_llm_bls` model over gRPC streaming; the BLS is used rather than
-the ensemble because only it stops generating when the client goes away (closing the stream stops it:
-`pipeline.triton.client.stream_responses`).
+Triton: where the repository's LLM model streams text itself (it declares `text_output`, as our CPU model does), the
+gateway does what the BLS and preprocessing would (the prompt and stop words tokenized, the sampling fields named as
+the LLM model names them) and streams from the LLM model directly: a token then crosses tritonserver and one model
+process, not the BLS and the postprocessing model as well. Otherwise requests go to the `tensorrt_llm_bls` model,
+rather than the ensemble because only the BLS stops generating when the client goes away. Either stops when the
+gateway closes its stream (`pipeline.triton.client.stream_responses`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Protocol
 
 import numpy as np
 
 from pipeline.serving.adapter_admin import AdapterAdmin
 from pipeline.serving.protocol import OpenAIError, Sampling
-from pipeline.triton.client import client_inputs, stream_responses
+from pipeline.triton.client import client_inputs, llm_inputs, stream_responses
 
 # tritonserver 2.51's python backend answers this for a model whose process died, until `serve`'s watchdog stops it
 DEAD_MODEL = "is not healthy"
@@ -71,6 +75,59 @@ def triton_inputs(prompt: str, body: Sampling, max_tokens: int, lora_task_id: in
     return params
 
 
+# the BLS's client inputs the LLM model takes under another name (bls.py's TO_LLM; the others keep theirs)
+LLM_NAMES = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "stream": "streaming"}
+TEXT_OUTPUTS = ["text_output", "output_log_probs"]  # what the gateway reads of each response
+
+
+@dataclass(frozen=True)
+class LLMRequests:
+    """Requests straight to an LLM model that streams text: the preprocessing model's work done here, as the
+    repository's preprocessing model is configured (`tokenizer`, whether special tokens are added, end and pad ids)."""
+
+    tokenizer: Any
+    add_special_tokens: bool
+    end_id: int
+    pad_id: int
+
+    def inputs(self, prompt: str, body: Sampling, max_tokens: int, lora_task_id: int | None) -> list:
+        values = triton_inputs(prompt, body, max_tokens, lora_task_id)
+        ids = self.tokenizer.encode(values.pop("text_input"), add_special_tokens=self.add_special_tokens)
+        stops = values.pop("stop_words")
+        values.pop("max_tokens")
+        end_id = values.pop("end_id")
+        return llm_inputs(
+            {
+                "input_ids": ids,
+                "input_lengths": len(ids),
+                "request_output_len": max_tokens,
+                "end_id": self.end_id if end_id is None else end_id,
+                "pad_id": self.pad_id,
+                "stop_words_list": self.word_list(stops or []),
+                **{LLM_NAMES.get(name, name): value for name, value in values.items()},
+            }
+        )
+
+    @classmethod
+    def from_preprocessing(cls, parameters: dict[str, str]) -> LLMRequests:
+        """As the preprocessing model with these parameters tokenizes (pipeline/triton/models/preprocessing.py)."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(parameters["tokenizer_dir"])
+        eos = tokenizer.eos_token_id
+        end_id = int(parameters.get("end_id") or (eos if eos is not None else 0))
+        pad = tokenizer.pad_token_id
+        pad_id = int(parameters.get("pad_id") or (pad if pad is not None else end_id))
+        return cls(tokenizer, parameters.get("add_special_tokens", "false").lower() == "true", end_id, pad_id)
+
+    def word_list(self, words: list[str]) -> list[list[int]] | None:
+        """TensorRT-LLM's [2, n] word list: every word's tokens one after the other, then where each word ends."""
+        encoded = [ids for ids in (self.tokenizer.encode(w, add_special_tokens=False) for w in words if w) if ids]
+        flat = [token for ids in encoded for token in ids]
+        ends = [sum(len(ids) for ids in encoded[: i + 1]) for i in range(len(encoded))]
+        return [flat, ends + [-1] * (len(flat) - len(ends))] if flat else None
+
+
 def response_error(error, started: bool) -> OpenAIError:
     """An error response of the BLS as the client's error: before any text the request was refused; after it, the
     server failed."""
@@ -82,13 +139,15 @@ def response_error(error, started: bool) -> OpenAIError:
 
 @dataclass
 class TritonUpstream:
-    """tritonserver's BLS model `model` at `grpc_url`; `lora` maps adapter model names to task ids; `ready_event`,
-    once set, says its models are loaded (None: ready at once)."""
+    """tritonserver's model `model` at `grpc_url`: the BLS, or with `llm` the LLM model that streams text; `lora`
+    maps adapter model names to task ids; `ready_event`, once set, says its models are loaded (None: ready at once)."""
 
     grpc_url: str
     model: str
     lora: AdapterAdmin | None = None
     ready_event: threading.Event | None = None
+    llm: LLMRequests | None = None
+    tokenizer_dir: str = ""  # the tokenizer the repository's preprocessing model loads
 
     def ready(self) -> bool:
         return self.ready_event is None or self.ready_event.is_set()
@@ -101,12 +160,17 @@ class TritonUpstream:
         import grpc
 
         adapters = self.lora.served() if self.lora is not None else {}
-        inputs = client_inputs(triton_inputs(prompt, body, max_tokens, adapters.get(body.model)))
+        task_id = adapters.get(body.model)
+        if self.llm is not None:  # tokenizing takes a while on a long prompt: not on the event loop
+            inputs = await asyncio.to_thread(self.llm.inputs, prompt, body, max_tokens, task_id)
+        else:
+            inputs = client_inputs(triton_inputs(prompt, body, max_tokens, task_id))
+        outputs = TEXT_OUTPUTS if self.llm is not None else ()
         started = False
         adapter = self.lora.using(body.model) if body.model in adapters else contextlib.nullcontext()
         try:
             with adapter:  # not evicted while it runs (lora.evict_idle_adapters)
-                async with contextlib.aclosing(stream_responses(self.grpc_url, self.model, inputs)) as stream:
+                async with contextlib.aclosing(stream_responses(self.grpc_url, self.model, inputs, outputs)) as stream:
                     async for result, error in stream:
                         if error is not None:
                             raise response_error(error, started)
@@ -118,3 +182,24 @@ class TritonUpstream:
         except grpc.aio.AioRpcError as exc:  # tritonserver stopped, crashed or unreachable
             status = 503 if exc.code() == grpc.StatusCode.UNAVAILABLE else 502
             raise OpenAIError(status, f"the inference server failed: {exc.details()}", "server_error") from None
+
+
+def triton_upstream(
+    models: dict, bls: str, grpc_url: str, lora: AdapterAdmin | None = None, ready: threading.Event | None = None
+) -> TritonUpstream:
+    """The gateway's upstream for a repository whose model configs are `models` (name -> ModelConfig) and whose BLS
+    model is `bls`: the LLM model the BLS names where it streams text itself (it declares `text_output`), else the
+    BLS. The preprocessing model the BLS names says how prompts are tokenized."""
+    names = {key: value.string_value for key, value in models[bls].parameters.items()}
+    preprocessing = {k: v.string_value for k, v in models[names["preprocessing_model_name"]].parameters.items()}
+    llm = models.get(names.get("tensorrt_llm_model_name", ""))
+    if llm is not None and any(output.name == TEXT_OUTPUTS[0] for output in llm.output):
+        return TritonUpstream(
+            grpc_url,
+            llm.name,
+            lora,
+            ready,
+            LLMRequests.from_preprocessing(preprocessing),
+            preprocessing["tokenizer_dir"],
+        )
+    return TritonUpstream(grpc_url, bls, lora, ready, None, preprocessing["tokenizer_dir"])

@@ -14,7 +14,7 @@ from typing import AsyncIterator, Iterator
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.triton.interface import CLIENT_INPUTS, LORA_LLM_INPUTS
+from pipeline.triton.interface import CLIENT_INPUTS, LLM_INPUTS, LORA_LLM_INPUTS
 
 _NUMPY = {
     "TYPE_STRING": object,
@@ -35,19 +35,29 @@ _WIRE = {
 # A stream closed early: how often it is stopped (`_stop`), and how long it is read towards its end each time.
 STOP_ATTEMPTS, STOP_WAIT_S = 3, 2.0
 _TYPES = {name: dtype for name, dtype, _, _ in CLIENT_INPUTS + LORA_LLM_INPUTS}
+_LLM_TYPES = {name: dtype for name, dtype, _, _ in LLM_INPUTS + LORA_LLM_INPUTS}
 
 
 def client_inputs(values: dict) -> list:
     """InferInputs with a batch of one for the given client inputs (None values are left out)."""
+    return typed_inputs(values, _TYPES, "the ensemble")
+
+
+def llm_inputs(values: dict) -> list:
+    """InferInputs with a batch of one for the given inputs of the LLM model (None values are left out)."""
+    return typed_inputs(values, _LLM_TYPES, "the LLM model")
+
+
+def typed_inputs(values: dict, types: dict[str, str], taker: str) -> list:
     import tritonclient.grpc as grpcclient
 
     inputs = []
     for name, value in values.items():
         if value is None:
             continue
-        if name not in _TYPES:
-            raise PipelineError(f"unknown input '{name}'; the ensemble takes: {', '.join(_TYPES)}")
-        dtype = _TYPES[name]
+        if name not in types:
+            raise PipelineError(f"unknown input '{name}'; {taker} takes: {', '.join(types)}")
+        dtype = types[name]
         items = value if isinstance(value, (list, tuple)) else [value]
         if dtype == "TYPE_STRING":
             items = [v.encode("utf-8") if isinstance(v, str) else v for v in items]
@@ -93,8 +103,9 @@ def stream_text(
         client.close()
 
 
-async def stream_responses(url: str, model: str, inputs: list) -> AsyncIterator[tuple]:
-    """(result, error) of one streamed request over tritonclient's asyncio gRPC client, to the RPC's own end.
+async def stream_responses(url: str, model: str, inputs: list, outputs: list[str] = ()) -> AsyncIterator[tuple]:
+    """(result, error) of one streamed request over tritonclient's asyncio gRPC client, to the RPC's own end; the
+    responses carry the `outputs` named (none named: every output of the model).
 
     Closing this iterator early stops the generation, but never by cancelling the stream: tritonserver 2.51's gRPC
     frontend crashed under clients cancelling BLS streams (a segfault or a heap corruption within two minutes of 4-8
@@ -109,8 +120,10 @@ async def stream_responses(url: str, model: str, inputs: list) -> AsyncIterator[
     client = grpcclient.InferenceServerClient(url)
     request_id = uuid.uuid4().hex
 
+    requested = [grpcclient.InferRequestedOutput(name) for name in outputs]
+
     async def requests():
-        yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+        yield {"model_name": model, "inputs": inputs, "request_id": request_id, "outputs": requested or None}
 
     responses = client.stream_infer(requests())
     ended = failed = False

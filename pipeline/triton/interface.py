@@ -112,6 +112,10 @@ LLM_OUTPUTS: list[Tensor] = [
     ("sequence_index", "TYPE_INT32", SCALAR, False),
 ]
 
+# An output our LLM models add to the template's (never sent unless a request asks for it): each response's text
+# delta, decoded where the tokens are made, so a client of the LLM model itself needs no postprocessing model.
+LLM_TEXT_OUTPUT: Tensor = ("text_output", "TYPE_STRING", [-1], False)
+
 POSTPROCESSING_INPUTS: list[Tensor] = [
     ("TOKENS_BATCH", "TYPE_INT32", [-1, -1], False),
     ("SEQUENCE_LENGTH", "TYPE_INT32", [-1], False),

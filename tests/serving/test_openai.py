@@ -44,17 +44,28 @@ def serving_app(app) -> Iterator[str]:
 
 
 @contextmanager
-def running(grpc_port: int, engine, **options) -> Iterator[str]:
-    """A gateway in front of the tritonserver on grpc_port, served by uvicorn on a thread; yields its /v1 URL."""
+def running(grpc_port: int, engine, via_bls: bool = False, **options) -> Iterator[str]:
+    """A gateway in front of the tritonserver on grpc_port, served by uvicorn on a thread; yields its /v1 URL. It
+    talks to the repository beside `engine` as `serve` does (the LLM model that streams text), or `via_bls`."""
     from pipeline.serving.app import create_app
+    from pipeline.serving.upstream import triton_upstream
+    from pipeline.triton.validate import validate_repo
 
-    with serving_app(create_app(f"127.0.0.1:{grpc_port}", str(engine), MODEL, **options)) as url:
+    address, repo = f"127.0.0.1:{grpc_port}", engine.parent / "triton_repo"
+    upstream = address
+    if repo.is_dir() and not via_bls:
+        ready = options.pop("ready", None)  # the upstream's own, as `serve` gives it
+        upstream = triton_upstream(validate_repo(repo).models, "tensorrt_llm_bls", address, options.get("lora"), ready)
+        assert upstream.model == "tensorrt_llm" and upstream.llm is not None  # our LLM model streams text
+    with serving_app(create_app(upstream, str(engine), MODEL, **options)) as url:
         yield url
 
 
-@pytest.fixture(scope="module")
-def gateway(server, smollm2_build) -> Iterator[str]:
-    with running(server.ports.grpc, smollm2_build / "engine") as url:
+@pytest.fixture(scope="module", params=["LLM model", "BLS"])
+def gateway(server, smollm2_build, request) -> Iterator[str]:
+    """Both ways the gateway reaches the engine: straight to the LLM model (as `serve --openai` does) and through the
+    BLS (as it does for an LLM model that does not stream text: TensorRT-LLM's C++ backend)."""
+    with running(server.ports.grpc, smollm2_build / "engine", via_bls=request.param == "BLS") as url:
         yield url
 
 
@@ -401,17 +412,18 @@ def test_serve_refuses_an_open_gateway_on_a_public_address(tmp_path, args, env, 
     assert result.returncode == 1 and error in result.stderr, result.stderr
 
 
-def test_a_stream_cut_by_a_server_stop_ends_with_an_error_event_and_done(smollm2_build, tmp_path):
-    """Its own short-lived tritonserver, stopped as `serve` stops it while a stream is in flight."""
+@pytest.mark.parametrize("via_bls", [False, True], ids=["LLM model", "BLS"])
+def test_a_stream_cut_by_a_server_stop_ends_with_an_error_event_and_done(smollm2_build, tmp_path, via_bls):
+    """Its own short-lived tritonserver, stopped as `serve` stops it while a stream is in flight: tritonserver lets
+    what is in flight finish for the stop's timeout (a short answer ends normally), then the process is killed."""
     from pipeline.build import cache_dir
     from pipeline.triton.server import TritonServer
 
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "min_tokens": 64, "stream": True}
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1500, "min_tokens": 1500, "stream": True}
     with TritonServer(smollm2_build / "triton_repo", cache_dir(), log_file=tmp_path / "triton.log") as triton:
-        # SIGINT as `serve` sends it; the gateway reports within milliseconds, so the test does not wait out
-        # tritonserver's 30 s exit timeout when the BLS outlives the stop (it sometimes does)
+        # SIGINT as `serve` sends it, killed after 5 s rather than tritonserver's 30 s exit timeout
         stopper = threading.Thread(target=triton.stop, kwargs={"timeout": 5})
-        with running(triton.ports.grpc, smollm2_build / "engine") as url:
+        with running(triton.ports.grpc, smollm2_build / "engine", via_bls=via_bls) as url:
             events = []
             with httpx.stream("POST", f"{url}/completions", json=body, timeout=60) as reply:
                 for line in filter(None, reply.iter_lines()):

@@ -355,7 +355,7 @@ class OnnxRuntimeTarget:
             t.llm_model_name,
             max_batch_size=engine["build_config"]["max_batch_size"],
             inputs=interface.LLM_INPUTS + (interface.LORA_LLM_INPUTS if cfg.lora else []),
-            outputs=interface.LLM_OUTPUTS,
+            outputs=[*interface.LLM_OUTPUTS, interface.LLM_TEXT_OUTPUT],
             decoupled=True,
             instances=t.llm_instance_count,
             queue_delay_us=r.max_queue_delay_microseconds,
@@ -363,7 +363,7 @@ class OnnxRuntimeTarget:
             parameters={
                 "engine_dir": engine_dir,
                 "cpu_threads": r.cpu_threads or 0,
-                "cpu_thread_spinning": r.cpu_thread_spinning == "on",
+                "cpu_thread_spinning": r.cpu_thread_spinning != "off",
                 "exclude_input_in_output": r.exclude_input_in_output,
                 "enable_chunked_context": r.enable_chunked_context,
                 "max_tokens_in_paged_kv_cache": r.max_tokens_in_paged_kv_cache or 0,

@@ -19,46 +19,77 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from pipeline.adapter_registry import Registry, read_index
 from pipeline.targets.onnxruntime.runtime.model_runner import ModelRunner
+from pipeline.targets.onnxruntime.runtime.outbox import END, Outbox
 from pipeline.targets.onnxruntime.runtime.scheduler import COUNTERS, GAUGES, LABELLED_COUNTERS, METRIC_PREFIX, Scheduler
 from pipeline.targets.onnxruntime.runtime.speculative import from_parameters
+from pipeline.targets.onnxruntime.runtime.text_stream import TextStream, anchor_of
+from pipeline.triton.interface import LLM_TEXT_OUTPUT
 
 faulthandler.enable()  # a crash dumps every thread's stack to stderr: tritonserver's log, which `serve` quotes
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+TEXT_OUTPUT = LLM_TEXT_OUTPUT[0]
 
 
 class TritonResponder:
-    """The scheduler's Responder for one request: its answers as Triton responses, with the `tensorrt_llm` outputs."""
+    """The scheduler's Responder for one request: its answers as Triton responses, with the `tensorrt_llm` outputs
+    the request asked for, and `text_output` (each row's text delta, `runtime.text_stream`) when it asks for that.
+    They are handed to the `Outbox`, which sends them on its own thread."""
 
-    def __init__(self, sender, model_name: str):
+    def __init__(
+        self, sender, model_name: str, wanted: set[str], text: Callable[[], TextStream] | None, outbox: Outbox
+    ):
         self.sender = sender
         self.model_name = model_name
+        self.wanted = wanted
+        self.text = text
+        self.outbox = outbox
+        self.rows: dict[int, TextStream] = {}
 
     def send_tokens(
         self, row: int, tokens: list[int], log_probs: list[float], cum_log_prob: float, final: bool
     ) -> None:
-        outputs = [
-            pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
-            pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob]], dtype=np.float32)),
-            pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)),
-            pb_utils.Tensor("batch_index", np.asarray([[row]], dtype=np.int32)),
-            pb_utils.Tensor("sequence_index", np.asarray([[0]], dtype=np.int32)),
-        ]
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0)
+        self.outbox.put(self, row, (list(tokens), list(log_probs), cum_log_prob, final))
 
     def send_error(self, message: str) -> None:
-        error = pb_utils.TritonError(f"{self.model_name}: {message}")
-        self.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+        self.outbox.put(self, END, message)
 
     def send_final(self) -> None:
-        self.sender.send(flags=FINAL)
+        self.outbox.put(self, END, None)
+
+    def respond(self, row: int, answer) -> None:
+        """Send one answer (on the outbox's thread): a row's tokens, or with row END an error (a message) or the
+        empty final response (None)."""
+        if row == END:
+            if answer is None:
+                self.sender.send(flags=FINAL)
+            else:
+                error = pb_utils.TritonError(f"{self.model_name}: {answer}")
+                self.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+            return
+        tokens, log_probs, cum_log_prob, final = answer
+        outputs = {
+            "output_ids": lambda: np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1),
+            "sequence_length": lambda: np.asarray([[len(tokens)]], dtype=np.int32),
+            "cum_log_probs": lambda: np.asarray([[cum_log_prob]], dtype=np.float32),
+            "output_log_probs": lambda: np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1),
+            "batch_index": lambda: np.asarray([[row]], dtype=np.int32),
+            "sequence_index": lambda: np.asarray([[0]], dtype=np.int32),
+            "text_output": lambda: np.array([self.delta(row, tokens, final).encode("utf-8")], dtype=object),
+        }
+        tensors = [pb_utils.Tensor(name, make()) for name, make in outputs.items() if name in self.wanted]
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+
+    def delta(self, row: int, tokens: list[int], final: bool) -> str:
+        stream = self.rows.get(row) or self.rows.setdefault(row, self.text())
+        return stream.add(tokens, final)
 
 
 class TritonPythonModel:
@@ -84,7 +115,9 @@ class TritonPythonModel:
                 runner.lora.register(name, lora_dir / name, entry["task_id"])
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(engine_dir)  # only to hold back incomplete UTF-8 when streaming
+        tokenizer = AutoTokenizer.from_pretrained(engine_dir)  # incomplete UTF-8 held back, and `text_output`
+        anchor = anchor_of(tokenizer)
+        self.text_stream = lambda: TextStream(tokenizer, anchor)
         # Triton's metrics: families must outlive their metrics, so both are kept on self
         self.metric_families, self.metrics = {}, {}
         for names, kind in ((COUNTERS, pb_utils.MetricFamily.COUNTER), (GAUGES, pb_utils.MetricFamily.GAUGE)):
@@ -93,6 +126,7 @@ class TritonPythonModel:
                 self.metric_families[name] = family
                 if name not in LABELLED_COUNTERS:  # those get a metric per label value, on first use
                     self.metrics[name] = family.Metric(labels={"model": self.model_name})
+        self.outbox = Outbox(lambda message: pb_utils.Logger.log_error(f"{self.model_name}: {message}"))
         self.scheduler = Scheduler(
             runner,
             kv_budget=int(params.get("max_tokens_in_paged_kv_cache") or 0) or None,
@@ -132,7 +166,9 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            responder = TritonResponder(sender, self.model_name)
+            wanted = set(request.requested_output_names())
+            text = self.text_stream if TEXT_OUTPUT in wanted else None
+            responder = TritonResponder(sender, self.model_name, wanted, text, self.outbox)
             inputs = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
             stop = inputs.get("stop")
             if stop is not None and stop.any():
@@ -150,6 +186,7 @@ class TritonPythonModel:
         self.scheduler.close()
         self.scheduler.on_metrics = None  # a step outliving close() touches no metric
         self.scheduler = None
+        self.outbox.close()  # after the scheduler: its last answers are sent
         self.metrics.clear()
         self.metric_families.clear()
         gc.collect()
