@@ -53,7 +53,7 @@ peers: build-engine
 # then the serving benchmarks: ours through its OpenAI gateway and llama-server side by side, then the shared-prefix
 # and grounded workloads.
 bench: peers
-	$(VENV)/bin/trtllm-pipeline bench offline $(CONFIG) --batch 1 --batch 8 --shape 128x64 --repeats 3 --both-spinning
+	$(VENV)/bin/trtllm-pipeline bench offline $(CONFIG) --batch 1 --batch 8 --shape 128x64 --repeats 5 --both-spinning
 	$(VENV)/bin/trtllm-pipeline bench profile $(CONFIG) --batch 1 --batch 8 --shape 128x64
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --protocol openai --peer llama-server --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64
 	$(VENV)/bin/trtllm-pipeline bench serve $(CONFIG) --workload shared-prefix --workload grounded --concurrency 1 --concurrency 8 --requests 8 --output-len 64

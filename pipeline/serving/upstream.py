@@ -152,8 +152,20 @@ class TritonUpstream:
     def ready(self) -> bool:
         return self.ready_event is None or self.ready_event.is_set()
 
+    def __post_init__(self):
+        self.client = None  # one asyncio gRPC client for every request, made on the app's event loop (`run`)
+
     async def run(self) -> None:
-        return None  # readiness is set by `serve` once tritonserver's models are loaded
+        """Hold the gRPC client while the app runs (readiness is set by `serve` once tritonserver's models are
+        loaded)."""
+        import tritonclient.grpc.aio as grpcclient
+
+        self.client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            client, self.client = self.client, None
+            await client.close()
 
     async def generate(self, prompt: str, body: Sampling, max_tokens: int) -> AsyncIterator[Piece]:
         """Streamed until the RPC ends (the aio client cannot ask for the empty final response)."""
@@ -170,7 +182,9 @@ class TritonUpstream:
         adapter = self.lora.using(body.model) if body.model in adapters else contextlib.nullcontext()
         try:
             with adapter:  # not evicted while it runs (lora.evict_idle_adapters)
-                async with contextlib.aclosing(stream_responses(self.grpc_url, self.model, inputs, outputs)) as stream:
+                async with contextlib.aclosing(
+                    stream_responses(self.grpc_url, self.model, inputs, outputs, self.client)
+                ) as stream:
                     async for result, error in stream:
                         if error is not None:
                             raise response_error(error, started)

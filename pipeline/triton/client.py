@@ -103,9 +103,13 @@ def stream_text(
         client.close()
 
 
-async def stream_responses(url: str, model: str, inputs: list, outputs: list[str] = ()) -> AsyncIterator[tuple]:
+async def stream_responses(
+    url: str, model: str, inputs: list, outputs: list[str] = (), client=None
+) -> AsyncIterator[tuple]:
     """(result, error) of one streamed request over tritonclient's asyncio gRPC client, to the RPC's own end; the
-    responses carry the `outputs` named (none named: every output of the model).
+    responses carry the `outputs` named (none named: every output of the model). `client`: an asyncio client of
+    `url` its owner keeps open (a channel made per request cost the gateway about a millisecond of CPU each); None:
+    one for this request.
 
     Closing this iterator early stops the generation, but never by cancelling the stream: tritonserver 2.51's gRPC
     frontend crashed under clients cancelling BLS streams (a segfault or a heap corruption within two minutes of 4-8
@@ -117,7 +121,8 @@ async def stream_responses(url: str, model: str, inputs: list, outputs: list[str
     """
     import tritonclient.grpc.aio as grpcclient
 
-    client = grpcclient.InferenceServerClient(url)
+    owned = client is None
+    client = grpcclient.InferenceServerClient(url) if owned else client
     request_id = uuid.uuid4().hex
 
     requested = [grpcclient.InferRequestedOutput(name) for name in outputs]
@@ -139,7 +144,8 @@ async def stream_responses(url: str, model: str, inputs: list, outputs: list[str
         except Exception:  # the server failed or stopped: nothing left to end
             pass
         finally:
-            await client.close()
+            if owned:
+                await client.close()
 
 
 async def _end(client, model: str, request_id: str, responses, stop: bool) -> None:
