@@ -233,8 +233,12 @@ def benchmark(
         if not (other_output / "engine" / "config.json").is_file():
             raise PipelineError(f"--with {path}: no engine in {other_output / 'engine'}: build it first")
     precision = precision_label(cfg, bool(others))
+    labels = [precision]  # another build of the same weights and method is told apart by its config's name
+    for path, c, _ in others:
+        label = precision_label(c, True)
+        labels.append(f"{label} ({path.stem})" if label in labels else label)
     engines = our_engines(output, config, precision, spinning) + peer_specs
-    engines += [our_engines(o, path, precision_label(c, True), spinning)[1] for path, c, o in others]
+    engines += [our_engines(o, path, label, spinning)[1] for (path, _, o), label in zip(others, labels[1:])]
     threads = threads or default_threads()
     log_dir = output / "peers" / "logs"
     workers = start_workers(engines, threads, log_dir, skipped, log)
@@ -242,7 +246,7 @@ def benchmark(
     try:
         tokenizer = AutoTokenizer.from_pretrained(output / "import")
         rows = measure(workers + timers, tokenizer, text, batches, shapes, repeats, log)
-        extra = [(f"ours {precision_label(c, True)}", c, o) for _, c, o in others]
+        extra = [(f"ours {label}", c, o) for (_, c, o), label in zip(others, labels[1:])]
         scores = score_engines(cfg, output, f"ours {precision}", workers, cache_dir(), log, extra) if quality else []
     finally:
         for worker in workers:
