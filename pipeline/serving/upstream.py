@@ -190,9 +190,14 @@ class TritonUpstream:
                             raise response_error(error, started)
                         response = result.get_response()
                         if any(o.name == "text_output" for o in response.outputs):
-                            text = "".join(t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1))
+                            texts = [t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1)]
+                            log_probs = np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
                             started = True
-                            yield text, np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
+                            if len(texts) == len(log_probs) > 1:  # the LLM model's text, one string per token
+                                for text, log_prob in zip(texts, log_probs):
+                                    yield text, [log_prob]
+                            else:
+                                yield "".join(texts), log_probs
         except grpc.aio.AioRpcError as exc:  # tritonserver stopped, crashed or unreachable
             status = 503 if exc.code() == grpc.StatusCode.UNAVAILABLE else 502
             raise OpenAIError(status, f"the inference server failed: {exc.details()}", "server_error") from None

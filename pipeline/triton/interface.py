@@ -112,8 +112,9 @@ LLM_OUTPUTS: list[Tensor] = [
     ("sequence_index", "TYPE_INT32", SCALAR, False),
 ]
 
-# An output our LLM models add to the template's (never sent unless a request asks for it): each response's text
-# delta, decoded where the tokens are made, so a client of the LLM model itself needs no postprocessing model.
+# An output our LLM models add to the template's (never sent unless a request asks for it): the text each token of
+# the response adds (one string per token of `output_ids`), decoded where the tokens are made, so a client of the LLM
+# model itself needs no postprocessing model.
 LLM_TEXT_OUTPUT: Tensor = ("text_output", "TYPE_STRING", [-1], False)
 
 POSTPROCESSING_INPUTS: list[Tensor] = [

