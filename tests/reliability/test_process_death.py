@@ -165,8 +165,8 @@ def repo(smollm2_build) -> Path:
 
 @pytest.mark.parametrize("model", ["tensorrt_llm", "tensorrt_llm_bls"])
 def test_a_killed_model_process_fails_in_flight_streams_and_serve_exits_naming_it(repo, tmp_path, model):
-    """tensorrt_llm is the LLM (the onnxruntime Triton model's scheduler), tensorrt_llm_bls the BLS the gateway
-    calls."""
+    """tensorrt_llm is the LLM (the onnxruntime Triton model's scheduler), which the gateway streams from;
+    tensorrt_llm_bls the BLS that Triton clients may call."""
     serve = Serve(repo, tmp_path / "tritonserver.log").wait_serving()
     try:
         server = serve.processes()

@@ -180,9 +180,11 @@ class TritonPythonModel:
             self.metrics[name].set(value)
 
     def _exit(self, reason: str) -> None:
-        """The scheduler died: end this process, as tritonserver 2.51 has no way to mark a model unhealthy. `serve`'s
-        watchdog sees it gone and stops the server (its streams fail as UNAVAILABLE); a supervisor restarts `serve`."""
+        """The scheduler died: end this process, once the outbox has sent what the scheduler answered, as
+        tritonserver 2.51 has no way to mark a model unhealthy. `serve`'s watchdog sees it gone and stops the server
+        (its streams fail as UNAVAILABLE); a supervisor restarts `serve`."""
         print(f"{self.model_name}: {reason}; exiting", file=sys.stderr, flush=True)
+        self.outbox.close()  # what the scheduler answered before it died (its last tokens, the jobs' errors) first
         os._exit(1)
 
     def execute(self, requests):
