@@ -114,29 +114,38 @@ def decode_pairs(rows: list[dict]) -> list[dict]:
     """Ours / llama.cpp timed by its own tools, decode per sequence, round by round: the engines of one round ran
     minutes apart at most, so a pair sees the same machine, and a lead is real only when every pair holds it."""
     out = []
-    for ours in (r for r in rows if r["kind"] == "ours"):
-        for peer in (r for r in rows if r["engine"].endswith("(its tools)")):
-            if (peer["batch"], peer["input_len"], peer["output_len"]) != (
-                ours["batch"],
-                ours["input_len"],
-                ours["output_len"],
-            ):
-                continue
-            pairs = [round(a / b, 3) for a, b in zip(decode_rates(ours), decode_rates(peer))]
-            out.append(
-                {
-                    "ours": ours["engine"],
-                    "peer": peer["engine"],
-                    "batch": ours["batch"],
-                    "input_len": ours["input_len"],
-                    "output_len": ours["output_len"],
-                    "pairs": pairs,
-                    "median": round(statistics.median(pairs), 3),
-                    "min": min(pairs),
-                    "max": max(pairs),
-                }
-            )
+    for ours, peer in same_points(rows, lambda row: row["engine"].endswith("(its tools)")):
+        pairs = [round(a / b, 3) for a, b in zip(decode_rates(ours), decode_rates(peer))]
+        out.append(
+            {
+                **versus(ours, peer),
+                "pairs": pairs,
+                "median": round(statistics.median(pairs), 3),
+                "min": min(pairs),
+                "max": max(pairs),
+            }
+        )
     return out
+
+
+def same_points(rows: list[dict], is_peer) -> list[tuple[dict, dict]]:
+    """(ours, peer) rows measured at the same point (batch, input and output lengths), for each of ours and each
+    row `is_peer` picks."""
+    point_of = lambda row: (row["batch"], row["input_len"], row["output_len"])  # noqa: E731
+    return [
+        (ours, peer)
+        for ours in rows
+        if ours["kind"] == "ours"
+        for peer in rows
+        if is_peer(peer) and point_of(peer) == point_of(ours)
+    ]
+
+
+def versus(ours: dict, peer: dict) -> dict:
+    """The names and the point of a comparison row."""
+    return {"ours": ours["engine"], "peer": peer["engine"]} | {
+        key: ours[key] for key in ("batch", "input_len", "output_len")
+    }
 
 
 def point(worker: Worker, runs: list[tuple[float, float]], batch: int, input_len: int, output_len: int) -> dict:
@@ -163,30 +172,11 @@ def point(worker: Worker, runs: list[tuple[float, float]], batch: int, input_len
 
 def ratios(rows: list[dict]) -> list[dict]:
     """Ours / each peer at every point: prefill tok/s, decode tok/s per sequence, total tok/s."""
-    peers = [r for r in rows if r["kind"] != "ours"]
-    out = []
-    for ours in (r for r in rows if r["kind"] == "ours"):
-        for peer in peers:
-            if (peer["batch"], peer["input_len"], peer["output_len"]) != (
-                ours["batch"],
-                ours["input_len"],
-                ours["output_len"],
-            ):
-                continue
-            out.append(
-                {
-                    "ours": ours["engine"],
-                    "peer": peer["engine"],
-                    "batch": ours["batch"],
-                    "input_len": ours["input_len"],
-                    "output_len": ours["output_len"],
-                    **{
-                        key: round(ours[key] / peer[key], 2)
-                        for key in ("prefill_tok_s", "decode_tok_s_per_seq", "total_tok_s")
-                    },
-                }
-            )
-    return out
+    keys = ("prefill_tok_s", "decode_tok_s_per_seq", "total_tok_s")
+    return [
+        {**versus(ours, peer), **{key: round(ours[key] / peer[key], 2) for key in keys}}
+        for ours, peer in same_points(rows, lambda row: row["kind"] != "ours")
+    ]
 
 
 def precision_label(cfg, with_method: bool) -> str:
