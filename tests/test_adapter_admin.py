@@ -58,3 +58,32 @@ def test_with_evict_idle_adapters_the_least_recently_used_idle_one_makes_room(ti
     served.add("w", str(adapter))  # both idle now; x's request started before z's: x goes
     assert sorted(served.served()) == ["built", "w", "z"]
     assert sorted(Registry(tmp_path / "registry.json").read()) == ["w", "z"]  # the build's stay in the build
+
+
+def test_a_forged_header_is_refused_by_the_gateway_before_a_tensor_is_read(tiny_llama, adapter, tmp_path):
+    """A header declaring a [1048576, 576] float32 lora_A (2.4 GB) over a file of a few bytes: the gateway's load
+    refuses it from the header and the file's size alone, reading no tensor, and registers nothing."""
+    import resource
+    import shutil
+    import struct
+
+    forged = adapter.parent / "forged"
+    shutil.copytree(adapter, forged)
+    layer = "base_model.model.model.layers.0.self_attn.q_proj"
+    a_bytes, b_bytes = 1048576 * 576 * 4, 64 * 1048576 * 4
+    header = {
+        f"{layer}.lora_A.weight": {"dtype": "F32", "shape": [1048576, 576], "data_offsets": [0, a_bytes]},
+        f"{layer}.lora_B.weight": {
+            "dtype": "F32",
+            "shape": [64, 1048576],
+            "data_offsets": [a_bytes, a_bytes + b_bytes],
+        },
+    }
+    text = json.dumps(header).encode().ljust(8 * (len(json.dumps(header)) // 8 + 1))
+    (forged / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(64))
+    served = admin(tiny_llama, adapter, tmp_path, evict=False)
+    high_water = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ValueError, match=r"forged/adapter_model\.safetensors: cannot read .*not fully covered"):
+        served.add("forged", str(forged))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - high_water < 64 * 1024  # KiB: nothing was read
+    assert sorted(served.served()) == ["built"] and not (tmp_path / "registry.json").exists()

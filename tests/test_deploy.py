@@ -114,6 +114,22 @@ def test_llama_8b_fp8_deploys_the_gateway_in_front_of_trtllm_serve_built_on_a_cl
     assert objects["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
+def test_the_engine_backends_triton_ports_leave_the_service_unless_opted_in_and_then_say_what_a_client_can_do(
+    tmp_path,
+):
+    """TensorRT-LLM's C++ tensorrt_llm model takes lora_weights per request by design: with the gateway in front,
+    the Service exposes the gateway alone; exposing Triton's ports is an opt-in whose annotation says so."""
+    model = llama_shape(tmp_path, "8b")
+    config, engine = "build_configs/llama-3.1-8b-fp8-h100.yaml", "target.trtllm_backend=tensorrt"
+    for opted_in, ports in ((False, ["openai"]), (True, ["http", "grpc", "metrics", "openai"])):
+        _, _, objects = rendered(config, f"model.path={model}", engine, f"deploy.expose_triton_ports={opted_in}")
+        service = next(obj for obj in objects if obj["kind"] == "Service")
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == ports
+        said = service["metadata"].get("annotations", {}).get("trtllm-pipeline/unauthenticated-ports")
+        assert (said is not None) == opted_in
+    assert "lora_weights" in said and "every later request" in said
+
+
 def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
     _, out, objects = deploy_llama(tmp_path, "llama-3.1-70b-fp8-tp4", "70b")
     assert "2 pods of 2 GPUs per replica" in " ".join(out.split())

@@ -299,3 +299,28 @@ def test_registered_adapters_are_capped_and_the_registry_is_taken_before_a_reque
     gone = Recorder()
     scheduler.submit(ask, gone)
     assert gone.errors() == ["lora_task_id 5 names no loaded LoRA adapter; loaded: 1 (every), 2 (qv)"]
+
+
+def test_a_name_registered_again_never_reads_the_prefix_blocks_its_old_weights_wrote(lora_engine):
+    """Prefix-cache blocks are keyed by the adapter's registration, not its name: once `qv` is registered again
+    with other weights, the same prompt is prefilled afresh and answers as those weights do, never from the K/V
+    its old weights left in the cache."""
+    runner = served_runner(lora_engine)
+    scheduler = Scheduler(runner, kv_cache_reuse=True, tokens_per_block=4)
+    shared = prompt(13, 1)  # three full blocks
+
+    def ask(task_id: int) -> list[int]:
+        recorder = Recorder()
+        scheduler.submit(inputs([shared], 6, end_id=-1, lora_task_id=task_id), recorder)
+        run_to_idle(scheduler)
+        assert not recorder.errors()
+        return recorder.tokens()
+
+    old = ask(2)
+    hits = scheduler.counters["prefix_cache_hit_blocks_total"]
+    assert ask(2) == old and scheduler.counters["prefix_cache_hit_blocks_total"] == hits + 3  # the cache works
+    every = ask(1)
+    assert every != old  # the two adapters answer this prompt differently
+    runner.lora.register("qv", lora_engine / "lora" / "every", 2)
+    hits = scheduler.counters["prefix_cache_hit_blocks_total"]
+    assert ask(2) == every and scheduler.counters["prefix_cache_hit_blocks_total"] == hits

@@ -91,18 +91,19 @@ def test_bad_requests_get_clear_errors_and_the_server_stays_healthy(server, body
 
 
 def test_a_request_joins_the_running_batch_and_leaves_first(url, runner_text, greedy_gaps):
-    """In-flight batching: B arrives while A decodes, is admitted at the next step and finishes first. A is long:
-    on a busy machine the LLM model sends what piled up in one response, so its first chunks may hold many tokens."""
+    """In-flight batching: B arrives while A decodes, is admitted at the next step and finishes first. A is long
+    and B is sent at A's first response: on a busy machine the LLM model sends what piled up in one response, so a
+    few of A's responses may hold most of a shorter A (a CI run saw 256 tokens end in 4)."""
     long_chunks, finished = [], {}
 
     def long_request():
-        for chunk in stream_text(url, "ensemble", PROMPT, 256):
+        for chunk in stream_text(url, "ensemble", PROMPT, 1024):
             long_chunks.append(chunk)
         finished["long"] = time.monotonic()
 
     thread = threading.Thread(target=long_request)
     thread.start()
-    while len(long_chunks) < 4:
+    while not long_chunks:
         time.sleep(0.01)
     short = "".join(stream_text(url, "ensemble", "One, two, three,", 6))
     finished["short"] = time.monotonic()
@@ -112,7 +113,7 @@ def test_a_request_joins_the_running_batch_and_leaves_first(url, runner_text, gr
     # Decoded in a batch, B's tokens may flip at near-ties (see BATCHED_LOGIT_TOLERANCE), as on TensorRT-LLM;
     # A is exact up to where B joined.
     assert max(greedy_gaps("One, two, three,", short)) < BATCHED_LOGIT_TOLERANCE
-    assert runner_text(PROMPT, 256).startswith("".join(long_chunks[:4]))
+    assert runner_text(PROMPT, 256).startswith(long_chunks[0])
 
 
 def test_32_concurrent_streams_are_queued_beyond_max_batch_size_and_all_complete(url, greedy_gaps):
