@@ -59,7 +59,8 @@ DEATH_SIGNS = ("Fatal Python error", "died", "Segmentation fault", "Stub process
 
 
 def structured_chat(client: openai.OpenAI, model: str) -> str:
-    """The 1500-token json_schema chat; returns what went wrong, or '' when its answer parsed with 50 objects."""
+    """The 1500-token json_schema chat; returns what went wrong, or '' when it was answered: with 50 objects that
+    parse, or cut at max_tokens (the run that found the death asked for more than 1500 tokens' worth too)."""
     reply = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": f"List {NESTED_OBJECTS} people with their addresses as JSON."}],
@@ -68,6 +69,8 @@ def structured_chat(client: openai.OpenAI, model: str) -> str:
         response_format={"type": "json_schema", "json_schema": {"name": "people", "schema": NESTED_SCHEMA}},
     )
     choice = reply.choices[0]
+    if choice.finish_reason == "length" and choice.message.content:
+        return ""
     if choice.finish_reason != "stop":
         return f"finish_reason {choice.finish_reason}"
     people = json.loads(choice.message.content)["people"]
@@ -111,7 +114,7 @@ def compile_stall(client: openai.OpenAI, model: str, round_number: int) -> dict:
             )
             outcome.append("answered")
         except openai.APIStatusError as exc:
-            outcome.append(f"{exc.status_code}")
+            outcome.append(f"{exc.status_code}: {exc.message[:200]}")
 
     schema_thread = threading.Thread(target=schema_request)
     schema_thread.start()
