@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
 from pipeline.serving.schemas import PreparedSchema, prepare
 
@@ -47,6 +47,7 @@ def any_object() -> Constraint:
     return Constraint(("json", ""), prepare({"type": "object"}, strict=True))
 
 
+UNSET = object()  # a request's constraint not worked out yet
 INT32_MAX = 2**31 - 1  # max_tokens and min_length are TYPE_INT32 tensors
 UINT64_MAX = 2**64 - 1  # random_seed is TYPE_UINT64
 
@@ -314,6 +315,7 @@ class Sampling(BaseModel):
     # properties it names: nothing (false, as OpenAI's strict mode, xgrammar and llama.cpp have it) or anything (true,
     # JSON Schema's own default)
     additional_properties_default: bool = False
+    _constraint: Constraint | None | object = PrivateAttr(default_factory=lambda: UNSET)
 
     def formats(self) -> dict:
         """The request's fields that may constrain the answer: name -> a callable giving its Constraint (or None)."""
@@ -328,11 +330,17 @@ class Sampling(BaseModel):
         """The engine's guide (guided_decoding_guide_type, guided_decoding_guide), or None."""
         return self.constraint.guide if self.constraint is not None else None
 
-    @functools.cached_property
+    @property
     def constraint(self) -> Constraint | None:
         """The answer's constraint from response_format, structured_outputs or tool_choice, or None; OpenAIError 400
         naming the field for one the engine cannot take. Worked out once a request (the gateway checks it first, on
-        a worker thread, then sends it)."""
+        a worker thread, then sends it). Not a functools.cached_property: Python 3.11's holds one lock for every
+        instance, so one request preparing a large schema held up every other request's constraint."""
+        if self._constraint is UNSET:
+            self._constraint = self._work_out_constraint()
+        return self._constraint
+
+    def _work_out_constraint(self) -> Constraint | None:
         guides = {}
         for name, constraint_of in self.formats().items():
             try:

@@ -285,3 +285,44 @@ def test_a_request_opens_objects_and_a_strict_function_refuses_what_the_grammar_
     with pytest.raises(OpenAIError, match="uniqueItems") as refused:
         strict.constraint
     assert refused.value.status == 400 and refused.value.param == "tool_choice"
+
+
+def test_a_schema_being_prepared_holds_up_no_other_requests_constraint(monkeypatch):
+    """Each request works out its own constraint: while one request's schema is prepared (a megabyte takes a second),
+    another request's constraint is worked out at once (functools.cached_property would have made it wait: Python
+    3.11's holds one lock for every instance)."""
+    import threading
+
+    from pipeline.serving import protocol
+
+    preparing, release = threading.Event(), threading.Event()
+    prepare_as_before = protocol.prepare
+
+    def slow_prepare(schema, **options):
+        if schema.get("title") == "slow":
+            preparing.set()
+            release.wait(30)
+        return prepare_as_before(schema, **options)
+
+    monkeypatch.setattr(protocol, "prepare", slow_prepare)
+
+    def request(title: str) -> protocol.ChatRequest:
+        schema = {"title": title, "type": "object", "properties": {"a": {"type": "integer"}}}
+        return protocol.ChatRequest.model_validate(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": title, "schema": schema}},
+            }
+        )
+
+    slow, other = request("slow"), request("other")
+    worker = threading.Thread(target=lambda: slow.constraint)
+    worker.start()
+    assert preparing.wait(30)
+    done = threading.Event()
+    threading.Thread(target=lambda: (other.constraint, done.set()), daemon=True).start()
+    assert done.wait(10), "the other request waited for the slow one's schema"
+    release.set()
+    worker.join(30)
+    assert slow.constraint.schema.schema["title"] == "slow" and other.constraint.guide[0] == "json_schema"
