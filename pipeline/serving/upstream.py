@@ -156,10 +156,14 @@ class TritonUpstream:
         self.client = None  # one asyncio gRPC client for every request, made on the app's event loop (`run`)
 
     async def run(self) -> None:
-        """Hold the gRPC client while the app runs (readiness is set by `serve` once tritonserver's models are
-        loaded)."""
+        """Hold one gRPC client while the app runs, made once tritonserver is ready (`serve` sets readiness when its
+        models are loaded; requests before the client exists make their own). Not before: `serve` starts
+        tritonserver after the gateway listens, and a fork while gRPC's threads ran aborted tritonserver's child
+        (SIGABRT from gRPC's at-fork handler, which a Popen with a preexec_fn runs; once in a CI run)."""
         import tritonclient.grpc.aio as grpcclient
 
+        while not self.ready():
+            await asyncio.sleep(0.05)
         self.client = grpcclient.InferenceServerClient(self.grpc_url)
         try:
             await asyncio.Event().wait()

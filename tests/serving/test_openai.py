@@ -629,3 +629,30 @@ def test_a_tool_choice_the_server_cannot_follow_is_a_400(client, kwargs, text):
     with pytest.raises(openai.BadRequestError, match=text) as raised:
         client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, max_tokens=8, **kwargs)
     assert raised.value.param in {"tool_choice", "response_format"}
+
+
+def test_the_gateway_opens_no_grpc_channel_before_tritonserver_is_ready():
+    """`serve` forks tritonserver after the gateway listens, and a fork while gRPC's threads ran aborted the child
+    once (gRPC's at-fork handler, which a Popen with a preexec_fn runs): the upstream's one client is made only once
+    the models are ready, and closed when the app stops."""
+    import asyncio
+    import contextlib
+
+    from pipeline.serving.upstream import TritonUpstream
+
+    ready = threading.Event()
+    upstream = TritonUpstream("127.0.0.1:1", "tensorrt_llm_bls", ready_event=ready)
+
+    async def scenario() -> None:
+        running = asyncio.ensure_future(upstream.run())
+        await asyncio.sleep(0.3)
+        assert upstream.client is None
+        ready.set()
+        await asyncio.sleep(0.3)
+        assert upstream.client is not None
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        assert upstream.client is None
+
+    asyncio.run(scenario())
