@@ -25,7 +25,7 @@ from statistics import median
 
 import httpx
 import openai
-from soak import API_KEY, Serve, Soak
+from soak import API_KEY, Serve, Soak, serve_command
 
 STOP_LIMIT_S = 8.0
 NESTED_OBJECTS = 50
@@ -96,8 +96,9 @@ def chat_seconds(client: openai.OpenAI, model: str) -> float:
 
 
 def compile_stall(client: openai.OpenAI, model: str, round_number: int) -> dict:
-    """8-token chats alone, then while the 1 MB schema's request compiles its guide (its answer does not matter:
-    a guide past the compile bound is refused, naming it)."""
+    """8-token chats alone, then while the 1 MB schema's request is prepared and compiled (its answer does not
+    matter: llguidance refuses this schema's first token, past its row limit, with a 400 naming it)."""
+    schema = big_schema(round_number)
     alone = sorted(chat_seconds(client, model) for _ in range(3))
     outcome: list[str] = []
 
@@ -109,7 +110,7 @@ def compile_stall(client: openai.OpenAI, model: str, round_number: int) -> dict:
                 max_tokens=8,
                 response_format={
                     "type": "json_schema",
-                    "json_schema": {"name": "wide", "schema": big_schema(round_number)},
+                    "json_schema": {"name": "wide", "schema": schema},
                 },
             )
             outcome.append("answered")
@@ -123,7 +124,7 @@ def compile_stall(client: openai.OpenAI, model: str, round_number: int) -> dict:
         beside.append(chat_seconds(client, model))
     schema_thread.join()
     return {
-        "schema bytes": len(json.dumps(big_schema(round_number))),
+        "schema bytes": len(json.dumps(schema)),
         "schema request": outcome[0] if outcome else "no answer",
         "8-token chat alone, median (s)": round(alone[1], 3),
         "8-token chats beside the compile": len(beside),
@@ -203,11 +204,7 @@ def main() -> int:
     parser.add_argument("--report", type=Path, help="also write the rounds here as JSON")
     args = parser.parse_args()
 
-    ports = dict(
-        zip(("--http-port", "--grpc-port", "--metrics-port", "--openai-port"), range(args.port, args.port + 4))
-    )
-    command = [sys.executable, "-m", "pipeline.cli", "serve", args.source, "--openai"]
-    command += [str(item) for option in ports.items() for item in option]
+    command, ports = serve_command(args.source, args.port)
     gateway = f"http://127.0.0.1:{ports['--openai-port']}"
     rounds = []
     for number in range(1, args.rounds + 1):

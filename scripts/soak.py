@@ -348,6 +348,15 @@ def kill_serve(serve: Serve, repo: Path, ports: list[int]) -> dict:
     }
 
 
+def serve_command(source: str, first_port: int, output: str | None = None) -> tuple[list[str], dict[str, int]]:
+    """`serve --openai` of `source` on four loopback ports from `first_port`: (the command, option -> port)."""
+    flags = ("--http-port", "--grpc-port", "--metrics-port", "--openai-port")
+    ports = dict(zip(flags, range(first_port, first_port + 4)))
+    command = [sys.executable, "-m", "pipeline.cli", "serve", source, "--openai"]
+    command += [str(item) for option in ports.items() for item in option]
+    return command + (["--output", output] if output else []), ports
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", help="a build config (serves its output's triton_repo) or a repository directory")
@@ -362,17 +371,8 @@ def main() -> int:
     parser.add_argument("--report", type=Path, help="also write the report here as JSON")
     args = parser.parse_args()
 
-    http_port, grpc_port, metrics_port, openai_port = args.port, args.port + 1, args.port + 2, args.port + 3
-    ports = {
-        "--http-port": http_port,
-        "--grpc-port": grpc_port,
-        "--metrics-port": metrics_port,
-        "--openai-port": openai_port,
-    }
-    command = [sys.executable, "-m", "pipeline.cli", "serve", args.source, "--openai"]
-    command += [str(item) for option in ports.items() for item in option]
-    if args.output:
-        command += ["--output", args.output]
+    command, ports = serve_command(args.source, args.port, args.output)
+    http_port, openai_port, metrics_port = ports["--http-port"], ports["--openai-port"], ports["--metrics-port"]
     shm_before = shm()
     serve = Serve(command)
     try:
