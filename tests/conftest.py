@@ -186,27 +186,13 @@ def trtllm_config(path: Path, model: Path, quantization: str, parallel: str = "{
     )
 
 
-LLAMA_31 = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_theta": 500000.0,
-    "rms_norm_eps": 1e-05,
-    "num_key_value_heads": 8,
-    "tie_word_embeddings": False,
-}
-SHAPES = {
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64),
-}
-
-
 def llama_shape(tmp_path: Path, size: str) -> Path:
     """A directory holding only the published config.json shape of Llama 3.1 (no weights are needed to plan)."""
     path = tmp_path / size
     path.mkdir()
-    (path / "config.json").write_text(json.dumps({**LLAMA_31, **SHAPES[size]}))
+    from pipeline.bench.scale import LLAMA_31, LLAMA_31_SHAPES
+
+    (path / "config.json").write_text(json.dumps({**LLAMA_31, **LLAMA_31_SHAPES[size]}))
     return path
 
 

@@ -42,12 +42,23 @@ def test_every_stage_of_a_tiny_build_is_measured(tiny_scale):
     assert result["status"] == "ok" and result["parameters"] > 0
     stages = {s["stage"]: s for s in result["stages"]}
     ran = ["import", "export", "engine", "triton_repo"]
-    assert [name for name, s in stages.items() if s["status"] == "ok"] == ran
+    assert [name for name, s in stages.items() if s["status"] == "ok"] == [*ran, "serve"]
     assert stages["quantize"]["status"] == stages["lora"]["status"] == "skipped"
     for name in ran:
         s = stages[name]
         assert s["peak_anon_bytes"] > 0 and s["ru_maxrss_bytes"] > 0 and s["cpu_s"] > 0 and s["wall_s"] > 0, name
         assert s["disk_bytes"] > 0, name
+    # each part of a stage measured apart, named by what it does, within its stage's peak
+    phases = {name: [p["phase"] for p in stages[name]["phases"]] for name in ran}
+    assert phases["import"] == ["starting", "copying the tensors"]
+    assert phases["export"] == ["starting", "writing the ONNX graph", "the export's logits check"]
+    assert phases["engine"] == ["starting", "calibration", "quantization", "the quality gate"]
+    for name in ran:
+        assert max(p["peak_anon_bytes"] for p in stages[name]["phases"]) <= stages[name]["peak_anon_bytes"]
+    # the built repository served: tritonserver and our gateway answered every streamed completion
+    served = stages["serve"]
+    assert served["serving"]["requests"] == 4 and served["serving"]["errors"] == 0
+    assert served["peak_anon_bytes"] > 0 and "none failed" in served["answered"]
     assert stages["import"]["metrics"]["parameters"] == result["parameters"]
     assert stages["engine"]["gate_s"] is not None and 0 < stages["engine"]["gate_s"] < stages["engine"]["wall_s"]
     assert stages["engine"]["metrics"]["chat_prompts"] > 0  # the chat set scored, its threshold relaxed
@@ -55,6 +66,11 @@ def test_every_stage_of_a_tiny_build_is_measured(tiny_scale):
     summary = (root / "out" / "summary.md").read_text()
     for name in ran:
         assert f"| tiny | {result['parameters'] / 1e9:.3g} | onnxruntime | {name} |" in summary
+    assert "| tiny | onnxruntime | engine | the quality gate | runs a model |" in summary
+    assert "| tiny | onnxruntime | import | copying the tensors | converts |" in summary
+    assert "## Served" in summary and "none failed" in summary
+    assert f"Measured at commit {result['commit']}." in summary
+    assert "| Llama 3.1 8B (8.03B) | onnxruntime |" in summary  # the plan's 8B and 70B beside the measured line
     assert (root / "out" / "bytes_per_parameter.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (root / "work" / "tiny-onnxruntime").exists() and not (root / "work" / "checkpoints" / "tiny").exists()
 

@@ -48,26 +48,55 @@ class Shape:
     num_key_value_heads: int
     tie_word_embeddings: bool
     about: str = ""
+    full_depth: bool = True  # a real model's depth: its CPU-seconds per billion parameters are compared
 
 
 SIZES = {
     "0.5b": Shape(1024, 4096, 28, 16, 4, True, "about 0.48B parameters with SmolLM2's vocabulary"),
     "1.1b": Shape(2048, 5632, 22, 32, 4, False, "TinyLlama-1.1B's shape"),
     "3b": Shape(3072, 8192, 28, 24, 8, True, "Llama-3.2-3B's widths and depth"),
-    "8b-2l": Shape(4096, 14336, 2, 32, 8, False, "Llama-3.1-8B's widths, 2 layers: a layer's memory at real width"),
+    "8b-2l": Shape(
+        4096, 14336, 2, 32, 8, False, "Llama-3.1-8B's widths, 2 layers: a layer's memory at real width", False
+    ),
+}
+
+
+# Llama 3.1's published shapes (meta-llama/Llama-3.1-8B and -70B config.json), planned from config.json alone: what
+# the measured table says an 8B and a 70B need.
+LLAMA_31 = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-05,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+# The shipped configs an 8B and a 70B are built with on trtllm (the FP8 one for SmolLM2 names an L4, too small).
+EXTRAPOLATION_CONFIGS = {
+    ("8b", "trtllm"): Path("build_configs/llama-3.1-8b-fp8-h100.yaml"),
+    ("70b", "trtllm"): Path("build_configs/llama-3.1-70b-fp8-tp4.yaml"),
+}
+LLAMA_31_SHAPES = {
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
+    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64),
 }
 
 
 @dataclass(frozen=True)
 class TargetBuild:
-    """The shipped config a target is built from, and the stage it stops after (trtllm's engine needs a GPU)."""
+    """The shipped config a target is built from, the stage it stops after (trtllm's engine needs a GPU), and
+    whether its Triton repository serves on this machine (then it is served once built)."""
 
     config: Path
     until: str | None = None
+    serves: bool = False
 
 
 TARGETS = {
-    "onnxruntime": TargetBuild(Path("build_configs/smollm2-135m-cpu.yaml")),
+    "onnxruntime": TargetBuild(Path("build_configs/smollm2-135m-cpu.yaml"), serves=True),
     "trtllm": TargetBuild(Path("build_configs/smollm2-135m-fp8.yaml"), until="export"),
 }
 # What a random model meets: its answers are noise, so the engine's agree with the reference's by chance only. Only
@@ -77,6 +106,27 @@ RELAXED_GATE = dict(
 )
 # The first line the quality gate logs (`pipeline.quality.measure`): from it to the stage's end is the gate's time.
 GATE_STARTS = ("scoring ", " tokens of ")
+GATE = "the quality gate"
+# What a stage does from the log line holding these words on, and whether that part runs a model (the issue's
+# targets: a part that only converts and writes weights holds at most 0.5 B/param beyond its libraries, one that
+# runs a model one float32 copy); before the first: starting (imports, reading the config and headers).
+PHASES = (
+    (("copying ", " tensors into "), "copying the tensors", False),
+    (("building the fused graph",), "writing the ONNX graph", False),
+    (("exporting the decoder with optimum",), "writing the ONNX graph", False),
+    (("comparing ONNX Runtime logits",), "the export's logits check", True),
+    (("SmoothQuant: alpha",), "calibration", True),
+    (("GPTQ: int4",), "calibration", True),
+    (("quantizing the weights one at a time",), "quantization", False),
+    (("ModelOpt: ",), "calibration", True),
+    (("exporting a ", "unified HF checkpoint"), "the unified export", False),
+    (GATE_STARTS, GATE, True),
+)
+STARTING = "starting"
+CONVERT_LIMIT = (0.5, 1.5 * GIB)  # bytes per parameter, and beyond: the issue's bound on a part that converts
+MODEL_LIMIT = (4.0, 1.5 * GIB)  # ... and on a part that runs a (float32) model
+# The served check of a built repository: a few short streamed completions through our OpenAI gateway.
+SERVE_ARGS = ["--protocol", "openai", "--concurrency", "1", "--requests", "4", "--output-len", "16"]
 SAMPLE_SECONDS = 0.05
 IGNORE_MEMORY_CHECK = "--ignore-memory-check"
 DEFAULT_CONFIG = Path("build_configs/smollm2-135m-cpu.yaml")  # its import holds SmolLM2's tokenizer
@@ -164,6 +214,14 @@ def build_overrides(config: Path, checkpoint: Path, calibration_samples: int | N
     return overrides + relaxed + extra
 
 
+def seq_len(config: Path, overrides: list[str]) -> int | None:
+    """The calibration sequence length a target's build used (None when it calibrates nothing)."""
+    from pipeline.validation import load_config
+
+    calibration = load_config(REPO / config, overrides).quantization.calibration
+    return calibration.seq_len if calibration else None
+
+
 def predicted(config: Path, overrides: list[str], log: Callable[[str], None]) -> dict[str, dict]:
     """Stage -> the plan's predicted host and disk bytes (`pipeline.host_memory.predict`), or {} where it cannot
     predict this config: a measurement is never lost to a prediction."""
@@ -204,10 +262,31 @@ def tree_anon_bytes(pid: int) -> int:
     return 1024 * sum(status_kib(each, "RssAnon") for each in pids)
 
 
+def phase_of(line: str) -> tuple[str, bool] | None:
+    """(the phase a log line starts, whether it runs a model), or None when it starts none."""
+    return next(((name, runs) for words, name, runs in PHASES if all(word in line for word in words)), None)
+
+
+def phase_peaks(samples: list[tuple[float, int]], starts: list[tuple[float, str, bool]], wall: float) -> list[dict]:
+    """Each phase's start, seconds and peak anonymous RSS, from the samples taken while it ran (a phase starting
+    again, as the gate's models do, continues the one before)."""
+    bounds = [(0.0, STARTING, False)] + [s for i, s in enumerate(starts) if i == 0 or s[1] != starts[i - 1][1]]
+    phases = []
+    for number, (start, name, runs_model) in enumerate(bounds):
+        end = bounds[number + 1][0] if number + 1 < len(bounds) else wall
+        peak = max((anon for at, anon in samples if start <= at < end), default=0)
+        phases.append(
+            {"phase": name, "runs_model": runs_model, "start_s": round(start, 2), "seconds": round(end - start, 2)}
+            | {"peak_anon_bytes": peak}
+        )
+    return phases
+
+
 def measure_process(command: list[str], log_file: Path, env: dict | None = None) -> dict:
     """Run `command`, its output timestamped into `log_file`, sampling its process tree's anonymous RSS every 50 ms:
     wall seconds, CPU seconds (user + system of it and its waited-for children, from wait4), the sampled peak, the
-    kernel's ru_maxrss, the exit code (negative: killed by that signal) and when the quality gate began."""
+    kernel's ru_maxrss, the exit code (negative: killed by that signal), when the quality gate began, and the peak
+    of each phase its log names (`PHASES`)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     process = subprocess.Popen(
@@ -218,19 +297,19 @@ def measure_process(command: list[str], log_file: Path, env: dict | None = None)
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})},
     )
-    peak, done, marks, tail = [0], threading.Event(), {}, []
+    samples, done, starts, tail = [], threading.Event(), [], []
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], tree_anon_bytes(process.pid))
+            samples.append((time.monotonic() - started, tree_anon_bytes(process.pid)))
             done.wait(SAMPLE_SECONDS)
 
     def copy_output():
         with open(log_file, "w") as out:
             for line in process.stdout:
                 offset = time.monotonic() - started
-                if "gate" not in marks and all(part in line for part in GATE_STARTS):
-                    marks["gate"] = offset
+                if phase := phase_of(line):
+                    starts.append((offset, *phase))
                 out.write(f"[{offset:8.1f}s] {line}")
                 tail[:] = [*tail[-29:], line.rstrip()]
 
@@ -249,13 +328,15 @@ def measure_process(command: list[str], log_file: Path, env: dict | None = None)
     process.returncode = os.waitstatus_to_exitcode(status)
     for thread in threads:
         thread.join(timeout=10)
+    gate = next((at for at, name, _ in starts if name == GATE), None)
     return {
         "returncode": process.returncode,
         "wall_s": round(wall, 2),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-        "peak_anon_bytes": peak[0],
+        "peak_anon_bytes": max((anon for _, anon in samples), default=0),
         "ru_maxrss_bytes": usage.ru_maxrss * 1024,
-        "gate_s": None if "gate" not in marks else round(wall - marks["gate"], 2),
+        "gate_s": None if gate is None else round(wall - gate, 2),
+        "phases": phase_peaks(samples, starts, wall),
         "log_tail": tail,
     }
 
@@ -329,6 +410,11 @@ def measure_target(
             )
         row["predicted"] = prediction.get(name)
         stages.append(row)
+    if build.serves and not failed:
+        served = serve_once(output, logs / f"{target}-serve.log")
+        stages.append(served)
+        failed = served.get("reason")
+        log(f"{size} {target}: {failed or 'served: ' + served['answered']}")
     return {
         "status": "failed" if failed else "ok",
         "config": str(build.config),
@@ -336,6 +422,32 @@ def measure_target(
         "stages": stages,
         "build_disk_bytes": disk_bytes(output),
     }
+
+
+def serve_once(output: Path, log_file: Path) -> dict:
+    """The built repository served by tritonserver with our OpenAI gateway (`bench serve`, a server of its own),
+    a few streamed completions measured: the row of stage `serve` (its process tree: the server and every model)."""
+    report = output / "serve-report"
+    command = [sys.executable, "-m", "pipeline.cli", "bench", "serve", str(output / "triton_repo"), "-o", str(output)]
+    measured = measure_process([*command, *SERVE_ARGS, "--out", str(report)], log_file)
+    row = {"stage": "serve"} | measured
+    results = report / "latest-serve" / "results.json"
+    summary = json.loads(results.read_text())["levels"][0]["summary"] if results.is_file() else None
+    if measured["returncode"] != 0 or not summary or summary["errors"] or not summary["requests"]:
+        last = next((line.strip() for line in reversed(measured["log_tail"]) if line.strip()), "")
+        return row | {"status": "failed", "reason": f"serve failed: {failure(measured['returncode'])}: {last[:300]}"}
+    del row["log_tail"]
+    answered = (
+        f"{summary['requests']} streamed completions of {SERVE_ARGS[-1]} tokens, none failed, TTFT p50 "
+        f"{summary['ttft_ms']['p50']:.0f} ms, {summary['output_token_throughput']:.1f} output tokens/s"
+    )
+    return row | {"status": "ok", "answered": answered, "serving": summary, "disk_bytes": 0}
+
+
+def source_commit() -> str:
+    """The commit measured (`git describe --always --dirty`), or "unknown" outside a git checkout."""
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
 
 
 def result_path(out: Path, size: str, target: str) -> Path:
@@ -405,6 +517,8 @@ def run_scale(
                 "checkpoint_seconds": made_s,
                 "tokenizer": "SmolLM2's" if tokenizer_given is None else str(tokenizer_given),
                 "trtllm_calibration_samples": samples,
+                "trtllm_calibration_seq_len": seq_len(TARGETS[target].config, overrides) if samples else None,
+                "commit": source_commit(),
                 "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine_info(),
             }
@@ -487,6 +601,154 @@ def table(results: list[dict]) -> str:
     )
 
 
+def full_depth(size: str) -> bool:
+    return size in SIZES and SIZES[size].full_depth
+
+
+def limit_bytes(parameters: int, runs_model: bool) -> int:
+    """The issue's bound on a part of a stage: 0.5 B/param + 1.5 GiB where it converts, 4 + 1.5 GiB where it runs."""
+    per_param, beyond = MODEL_LIMIT if runs_model else CONVERT_LIMIT
+    return int(per_param * parameters + beyond)
+
+
+def phase_table(results: list[dict]) -> str:
+    """Each phase's peak against the issue's bound for what it does (converting, or running a model)."""
+    from pipeline.bench.report import markdown_table
+
+    rows = []
+    for r in results:
+        for s in r["stages"]:
+            for phase in s.get("phases", []) if s["status"] == "ok" else []:
+                if phase["phase"] == STARTING or not phase["peak_anon_bytes"]:
+                    continue
+                limit = limit_bytes(r["parameters"], phase["runs_model"])
+                rows.append(
+                    [
+                        r["size"],
+                        r["target"],
+                        s["stage"],
+                        phase["phase"],
+                        "runs a model" if phase["runs_model"] else "converts",
+                        f"{phase['seconds']:.0f}",
+                        f"{phase['peak_anon_bytes'] / GIB:.2f}",
+                        f"{phase['peak_anon_bytes'] / r['parameters']:.2f}",
+                        f"{limit / GIB:.2f}",
+                        "yes" if phase["peak_anon_bytes"] <= limit else "**no**",
+                    ]
+                )
+    columns = "size|target|stage|phase|does|wall s|peak anon GiB|B/param|bound GiB|within".split("|")
+    return markdown_table(columns, rows)
+
+
+def build_totals(results: list[dict]) -> tuple[str, list[str]]:
+    """Per size x target: the build's CPU-seconds (and per billion parameters), the gate's share of its wall time
+    and ModelOpt's calibration; then, per target, how linear CPU-seconds are in parameters over the full-depth
+    sizes (the per-billion spread, and the least-squares line through them)."""
+    from pipeline.bench.report import markdown_table
+
+    rows, per_target = [], {}
+    for r in results:
+        ran = [s for s in r["stages"] if s["status"] == "ok" and s["stage"] != "serve"]
+        if not ran or r["status"] != "ok":
+            continue
+        cpu, wall = sum(s["cpu_s"] for s in ran), sum(s["wall_s"] for s in ran)
+        gate = sum(s["gate_s"] or 0 for s in ran)
+        billions = r["parameters"] / 1e9
+        calibration = [
+            p["seconds"]
+            for s in ran
+            if s["stage"] == "quantize"
+            for p in s.get("phases", [])
+            if p["phase"] == "calibration"
+        ]
+        quantize_cpu = next((s["cpu_s"] for s in ran if s["stage"] == "quantize"), None)
+        rows.append(
+            [
+                r["size"],
+                r["target"],
+                f"{cpu:.0f}",
+                f"{cpu / billions:.0f}",
+                f"{gate:.0f} of {wall:.0f} ({gate / wall:.0%})" if wall else "-",
+                f"{sum(calibration):.0f} s wall ({sum(calibration) / billions:.0f} per B), the stage "
+                f"{quantize_cpu:.0f} CPU-s ({quantize_cpu / billions:.0f} per B), {r['trtllm_calibration_samples']} x "
+                f"{r.get('trtllm_calibration_seq_len') or '?'} tokens"
+                if calibration and quantize_cpu
+                else "-",
+            ]
+        )
+        if full_depth(r["size"]):
+            per_target.setdefault(r["target"], []).append((billions, cpu))
+    lines = []
+    for target, points in per_target.items():
+        if len(points) < 2:
+            continue
+        per_b = [cpu / b for b, cpu in points]
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_cpu = sum(cpu for _, cpu in points) / len(points)
+        slope = sum((b - mean_b) * (cpu - mean_cpu) for b, cpu in points) / sum((b - mean_b) ** 2 for b, _ in points)
+        fixed = mean_cpu - slope * mean_b
+        worst = max(abs(fixed + slope * b - cpu) / cpu for b, cpu in points)
+        mean = sum(per_b) / len(per_b)
+        within = all(abs(value / mean - 1) <= 0.25 for value in per_b)
+        lines.append(
+            f"- {target}, full-depth sizes: {', '.join(f'{value:.0f}' for value in per_b)} CPU-s per billion "
+            f"parameters, each within {max(abs(value / mean - 1) for value in per_b):.0%} of their mean "
+            f"({'within' if within else 'outside'} +-25%); least squares: {fixed:.0f} CPU-s + {slope:.0f} per "
+            f"billion, every size within {worst:.0%} of that line"
+        )
+    columns = "size|target|CPU s|CPU s per B|quality gate, s of the build's wall s|trtllm calibration".split("|")
+    return markdown_table(columns, rows), lines
+
+
+def extrapolated(out: Path, results: list[dict]) -> str:
+    """What Llama 3.1 8B and 70B need at each target's largest stage: the plan's prediction on their config.json
+    (float32 and bfloat16 references), beside a straight line through the measured full-depth peaks."""
+    from pipeline.bench.report import markdown_table
+    from pipeline.host_memory import checkpoint_shape, predict
+    from pipeline.validation import load_config
+
+    rows = []
+    for name, shape in LLAMA_31_SHAPES.items():
+        folder = out / "llama-3.1" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({**LLAMA_31, **shape}))
+        for target, build in TARGETS.items():
+            measured = sorted(
+                (r["parameters"], max(s["peak_anon_bytes"] for s in r["stages"] if s["status"] == "ok"))
+                for r in results
+                if r["target"] == target and r["status"] == "ok" and full_depth(r["size"])
+            )
+            peaks = {}
+            for reference in ("float32", "bfloat16"):
+                overrides = ["model.source=hf", f"model.path={folder.resolve()}", f"verify.reference_dtype={reference}"]
+                cfg = load_config(REPO / EXTRAPOLATION_CONFIGS.get((name, target), build.config), overrides)
+                stages = predict(cfg)
+                peak_stage = max(stages, key=lambda n: stages[n].host_bytes)
+                peaks[reference] = (peak_stage, stages[peak_stage].host_bytes)
+            parameters = checkpoint_shape(cfg).parameters
+            line = "-"
+            if len(measured) >= 2:
+                (p0, m0), (p1, m1) = measured[-2], measured[-1]
+                line = f"{(m0 + (m1 - m0) / (p1 - p0) * (parameters - p0)) / GIB:.1f}"
+            rows.append(
+                [
+                    f"Llama 3.1 {name.upper()} ({parameters / 1e9:.2f}B)",
+                    target,
+                    f"{peaks['float32'][1] / GIB:.1f} ({peaks['float32'][0]})",
+                    f"{peaks['bfloat16'][1] / GIB:.1f} ({peaks['bfloat16'][0]})",
+                    line,
+                ]
+            )
+    columns = [
+        "model",
+        "target",
+        "plan, float32 reference: GiB (stage)",
+        "plan, bfloat16 reference: GiB (stage)",
+        "line through the two largest measured peaks, GiB",
+    ]
+    return markdown_table(columns, rows)
+
+
 def plot(results: list[dict], path: Path) -> None:
     """Peak anonymous bytes per parameter against parameters, a line per target and stage (predictions dashed)."""
     import matplotlib
@@ -524,6 +786,7 @@ def write_summary(out: Path, results: list[dict]) -> Path:
     """summary.md, results.json (every result) and bytes_per_parameter.png in `out`; returns summary.md."""
     from pipeline.bench.report import machine_info, write_json
 
+    out.mkdir(parents=True, exist_ok=True)
     samples = sorted({r["trtllm_calibration_samples"] for r in results if r.get("trtllm_calibration_samples")})
     tokenizers = " or ".join(sorted({r.get("tokenizer", "SmolLM2's") for r in results}))
     method = (
@@ -539,8 +802,39 @@ def write_summary(out: Path, results: list[dict]) -> Path:
     )
     if samples:
         method += f" trtllm calibration: {', '.join(map(str, samples))} samples of the config's sequence length."
+    commits = sorted({r.get("commit", "unknown") for r in results})
+    method += f" Measured at commit {', '.join(commits)}."
+    totals, linearity = build_totals(results)
+    served = [
+        f"- {r['size']} {r['target']}: {s['answered']}; the server's process tree peaked at "
+        f"{s['peak_anon_bytes'] / GIB:.2f} GiB anonymous RSS"
+        for r in results
+        for s in r["stages"]
+        if s["stage"] == "serve" and s["status"] == "ok"
+    ]
+    sections = [
+        f"# bench scale\n\n{method}\n\n{table(results)}",
+        "## Each phase against its bound\n\nA phase starts at the log line that names it (`PHASES` in "
+        "pipeline/bench/scale.py); its peak is the highest sample while it ran. The bound (issue #46): 0.5 B/param "
+        "+ 1.5 GiB for a part that only converts and writes weights, 4 B/param (one float32 copy) + 1.5 GiB for a "
+        f"part that runs a model.\n\n{phase_table(results)}",
+        "## The build's CPU time\n\n" + totals + ("\n\n" + "\n".join(linearity) if linearity else ""),
+    ]
+    if served:
+        sections.append(
+            "## Served\n\nEach built repository, served by tritonserver with our OpenAI gateway "
+            f"(`bench serve {' '.join(SERVE_ARGS)}`):\n\n" + "\n".join(served)
+        )
+    if results:
+        sections.append(
+            "## An 8B and a 70B\n\nThe memory plan (`pipeline/host_memory.py`) on Llama 3.1's config.json, at "
+            "each build's largest stage (onnxruntime: the default config; trtllm: "
+            f"{' and '.join(str(c) for c in EXTRAPOLATION_CONFIGS.values())}), and a straight line through the two "
+            "largest measured full-depth peaks (49,152-token vocabulary: it misses a 128K vocabulary's logits).\n\n"
+            f"{extrapolated(out, results)}"
+        )
     summary = out / "summary.md"
-    summary.write_text(f"# bench scale\n\n{method}\n\n{table(results)}\n")
+    summary.write_text("\n\n".join(sections) + "\n")
     write_json(out / "results.json", {"kind": "scale", "machine": machine_info(), "results": results})
     if results:
         plot(results, out / "bytes_per_parameter.png")

@@ -257,8 +257,10 @@ class OnnxRuntimeTarget:
         hf_dir, export_dir = ctx.upstream("import"), ctx.upstream("export")
         q = cfg.quantization
         smoothquant = (q.smoothquant or SmoothQuantSection()) if q.method == "smoothquant" else None
+        linears = self._integer_linears(cfg, ctx, hf_dir)
+        smoothing = self._smoothing(cfg, ctx, hf_dir, export_dir, smoothquant.alpha) if smoothquant else None
         ctx.log(
-            f"optimising the graph and quantizing weights: {q.weights}"
+            f"optimising the graph and quantizing the weights one at a time: {q.weights}"
             + (f" (block {q.group_size})" if q.weights != "none" else "")
         )
         metrics = quantize_graph(
@@ -270,8 +272,8 @@ class OnnxRuntimeTarget:
             exclude_modules=q.exclude_modules,
             int8_modules=q.int8_modules,
             quantize_embedding=q.quantize_embedding,
-            linears=self._integer_linears(cfg, ctx, hf_dir),
-            smoothing=self._smoothing(cfg, ctx, hf_dir, export_dir, smoothquant.alpha) if smoothquant else None,
+            linears=linears,
+            smoothing=smoothing,
             module_group_sizes=q.module_group_sizes,
             symmetric=smoothquant.sym if smoothquant else None,
         )
