@@ -37,8 +37,12 @@ class Coefficients:
     light_libraries_bytes: int = int(0.25 * GiB)
     # ModelOpt imported on top of them (0.51 against 0.31 GiB for the imports alone, measured the same way)
     modelopt_bytes: int = int(0.2 * GiB)
-    # float32 copies of the largest tensor a streaming stage holds at once (the import's grew by one between sizes)
+    # float32 copies of the largest tensor a streaming stage holds at once
     streamed_tensor_copies: float = 1.0
+    # the import of a float checkpoint: bytes per element of its largest tensor (read in its dtype, checked finite,
+    # written) beside light libraries; fitted to bench scale's four sizes on 2026-11-29 (peak = 0.22 GiB + 5.1 bytes
+    # x the token table: 0.46 GiB at 0.5B, 1.17 GiB at 8b-2l)
+    imported_tensor_bytes: float = 5.0
     # bytes per matmul parameter trtllm's export stage holds beyond its gate's float32 checkpoint forward: measured
     # 1.3 at 0.5B-3B (bench scale, 2026-11-28), not yet accounted for (the export's model is freed: tested)
     trtllm_export_unexplained: float = 1.3
@@ -208,7 +212,8 @@ def _stage_phases(name: str, cfg, shape: CheckpointShape) -> tuple[Phases, int]:
     table_copies = 1 if shape.tied else 2
     if name == "import":
         if cfg.model.source == "hf":
-            return streamed, shape.checkpoint_bytes
+            copying = int(COEFFICIENTS.imported_tensor_bytes * shape.largest_tensor)
+            return {"one tensor at a time": (copying, "")}, shape.checkpoint_bytes
         # transformers dequantizes a GGUF whole (measured: SmolLM2's import held 973 MiB, 0.4 GiB + 4.4 B/param)
         whole = shape.parameters * shape.compute_bytes
         return {"the GGUF dequantized whole by transformers": (int(1.1 * whole), "")}, whole
@@ -257,7 +262,8 @@ def predict(cfg) -> dict[str, Prediction]:
         if stage.applies(cfg) is not None:
             continue
         phases, disk = _stage_phases(name, cfg, shape)
-        libraries = COEFFICIENTS.libraries_bytes if phases else COEFFICIENTS.light_libraries_bytes
+        light = not phases or (name == "import" and cfg.model.source == "hf")  # no model code runs there
+        libraries = COEFFICIENTS.light_libraries_bytes if light else COEFFICIENTS.libraries_bytes
         if cfg.target.name == "trtllm" and name in ("quantize", "export"):
             libraries += COEFFICIENTS.modelopt_bytes
         peak, (held, lowered_by) = max(phases.items(), key=lambda item: item[1][0], default=("libraries", (0, "")))

@@ -36,7 +36,7 @@ compressed-tensors pack-quantized (CTP): `weight_packed` int32 [out, ceil(in*bit
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +47,7 @@ from pipeline.prequantized import CheckpointQuantization, QuantizedLinear
 
 WORD_BITS = 32
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # field i of an AWQ word holds column AWQ_ORDER[i] of its eight (AWU)
-SCALE_DTYPES = (np.float16, np.float32)  # bfloat16 scales arrive here as float32 (see `_read_safetensors`)
+SCALE_DTYPES = (np.float16, np.float32)  # bfloat16 scales arrive here as float32 (see `StoredTensors`)
 # The tensor whose name marks a module as quantized, per packing, and every tensor such a module may have.
 MARKER = {"gptq_v1": "qweight", "gptq_v2": "qweight", "awq_gemm": "qweight", "pack_quantized": "weight_packed"}
 MODULE_TENSORS = {
@@ -227,29 +227,86 @@ def unpack(tensors: dict[str, np.ndarray], q: CheckpointQuantization, module: st
     return UNPACKERS[q.packing](tensors, q, where)
 
 
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of one file as numpy; bfloat16 (which numpy lacks) becomes float32 exactly, from its bits."""
-    from safetensors import safe_open
+class StoredTensors(Mapping[str, np.ndarray]):
+    """A directory's *.safetensors tensors (shards included) by name, each read from its file when looked up, as
+    numpy (bfloat16, which numpy lacks, as float32 exactly, from its bits) and refused if not finite: a checkpoint
+    of any size is read one tensor at a time."""
 
-    try:
-        with open(path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size))
-        out = {}
-        with safe_open(str(path), framework="np") as reader:
-            for name, info in header.items():
-                if name == "__metadata__":
-                    continue
-                if info["dtype"] == "BF16":
-                    start, end = info["data_offsets"]
-                    raw = np.fromfile(path, np.uint16, count=(end - start) // 2, offset=8 + size + start)
-                    out[name] = (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
-                else:
-                    out[name] = reader.get_tensor(name)
-                _refuse_nonfinite(path, name, out[name])
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"{path}: unreadable safetensors file ({error})") from error
-    return out
+    def __init__(self, hf_dir: Path):
+        from pipeline.safetensors_files import read_header
+
+        files = sorted(Path(hf_dir).glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{hf_dir}: no *.safetensors files")
+        self.where: dict[str, tuple[Path, dict, int]] = {}
+        for path in files:
+            try:
+                header, base = read_header(path)
+            except (OSError, ValueError) as error:
+                raise CheckpointError(f"{path}: unreadable safetensors file ({error})") from error
+            self.where |= {name: (path, info, base) for name, info in header.items()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        from safetensors import safe_open
+
+        path, info, base = self.where[name]
+        try:
+            if info["dtype"] == "BF16":
+                start, end = info["data_offsets"]
+                raw = np.fromfile(path, np.uint16, count=(end - start) // 2, offset=base + start)
+                value = (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
+            else:
+                with safe_open(str(path), framework="np") as reader:
+                    value = reader.get_tensor(name)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(f"{path}: unreadable safetensors file ({error})") from error
+        _refuse_nonfinite(path, name, value)
+        return value
+
+    def __iter__(self):
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def shape(self, name: str) -> list[int]:
+        return self.where[name][1]["shape"]
+
+    def is_float(self, name: str) -> bool:
+        return self.where[name][1]["dtype"] in ("F64", "F32", "F16", "BF16")
+
+
+class QuantizedLinears(Mapping[str, QuantizedLinear]):
+    """A checkpoint's quantized linears by HF module name, each unpacked from its own tensors when looked up and
+    kept by no one here: an engine placing them, or the import dequantizing them, holds one at a time."""
+
+    def __init__(self, tensors: StoredTensors, q: CheckpointQuantization, hf_dir: Path):
+        self.tensors, self.q, self.marker = tensors, q, MARKER[q.packing]
+        suffix = f".{self.marker}"
+        self.modules = sorted(name[: -len(suffix)] for name in tensors if name.endswith(suffix))
+        if not self.modules:
+            raise CheckpointError(f"{hf_dir}: no '*{suffix}' tensors, yet config.json says {q.describe()}")
+        self.parts = {
+            f"{module}.{part}"
+            for module in self.modules
+            for part in MODULE_TENSORS[self.marker]
+            if f"{module}.{part}" in tensors
+        }
+
+    def __getitem__(self, module: str) -> QuantizedLinear:
+        if module not in self.modules:
+            raise KeyError(module)
+        own = {n: self.tensors[f"{module}.{n}"] for n in MODULE_TENSORS[self.marker] if f"{module}.{n}" in self.tensors}
+        return unpack(own, self.q, module)
+
+    def __iter__(self):
+        return iter(self.modules)
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def __contains__(self, module) -> bool:
+        return module in self.modules
 
 
 def _refuse_nonfinite(path: Path, name: str, values: np.ndarray) -> None:
@@ -263,38 +320,50 @@ def _refuse_nonfinite(path: Path, name: str, values: np.ndarray) -> None:
         )
 
 
-def read_checkpoint(
-    hf_dir: Path, q: CheckpointQuantization
-) -> tuple[dict[str, QuantizedLinear], dict[str, np.ndarray]]:
-    """The quantized linears by HF module name, and every other tensor (floating ones as float32), from all the
-    directory's *.safetensors files (shards included)."""
-    files = sorted(Path(hf_dir).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{hf_dir}: no *.safetensors files")
-    tensors: dict[str, np.ndarray] = {}
-    for path in files:
-        tensors.update(_read_safetensors(path))
-    marker = MARKER[q.packing]
-    suffix = f".{marker}"
-    modules = sorted(name[: -len(suffix)] for name in tensors if name.endswith(suffix))
-    if not modules:
-        raise CheckpointError(f"{hf_dir}: no '*{suffix}' tensors, yet config.json says {q.describe()}")
-    linears = {}
-    for module in modules:
-        own = {n: tensors.pop(f"{module}.{n}") for n in MODULE_TENSORS[marker] if f"{module}.{n}" in tensors}
-        linears[module] = unpack(own, q, module)
-    others = {
-        name: value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
-        for name, value in tensors.items()
+def read_checkpoint(hf_dir: Path, q: CheckpointQuantization) -> tuple[QuantizedLinears, dict[str, np.ndarray]]:
+    """The quantized linears by HF module name (each unpacked when looked up), and every other tensor (floating ones
+    as float32: a few norms and tables), from all the directory's *.safetensors files (shards included)."""
+    tensors = StoredTensors(hf_dir)
+    linears = QuantizedLinears(tensors, q, hf_dir)
+    return linears, {name: float32(tensors, name) for name in tensors if name not in linears.parts}
+
+
+def float32(tensors: StoredTensors, name: str) -> np.ndarray:
+    value = tensors[name]
+    return value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
+
+
+def write_dequantized(
+    hf_dir: Path, q: CheckpointQuantization, out_file: Path, shapes: dict[str, list[int]], leave_out=frozenset()
+) -> dict:
+    """The float checkpoint the quantized one stands for, written to `out_file` one tensor at a time: each quantized
+    module's weight (and bias) dequantized to float32, every other floating tensor in float32, under the names and
+    `shapes` of transformers' model (HF name -> shape), stored tensors named in `leave_out` (a tied lm_head) left
+    out. Returns the header written; CheckpointError names a tensor missing or not the model's."""
+    from pipeline.safetensors_files import write_tensors
+
+    tensors = StoredTensors(hf_dir)
+    linears = QuantizedLinears(tensors, q, hf_dir)
+    made = {f"{module}.weight": (lambda m=module: linears[m].dequantize()) for module in linears}
+    made |= {  # a linear's own bias, stored beside its codes, in float32 (`_bias` checks its shape on unpacking)
+        f"{module}.bias": (lambda m=module: float32(tensors, f"{m}.bias"))
+        for module in linears
+        if f"{module}.bias" in tensors
     }
-    return linears, others
-
-
-def dequantized_state_dict(hf_dir: Path, q: CheckpointQuantization) -> dict[str, np.ndarray]:
-    """The float checkpoint the quantized one stands for: each quantized module's weight (and bias) in float32."""
-    linears, state = read_checkpoint(hf_dir, q)
-    for module, linear in linears.items():
-        state[f"{module}.weight"] = linear.dequantize()
-        if linear.bias is not None:
-            state[f"{module}.bias"] = linear.bias.astype(np.float32)
-    return state
+    made |= {name: (lambda n=name: float32(tensors, n)) for name in tensors if name not in linears.parts}
+    made = {name: make for name, make in made.items() if name not in leave_out}
+    missing, unexpected = sorted(set(shapes) - set(made)), sorted(set(made) - set(shapes))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{hf_dir}: after unpacking its {q.packing} tensors, "
+            + "; ".join(
+                f"{label} {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
+                for label, names in (("missing", missing), ("unexpected", unexpected))
+                if names
+            )
+        )
+    dtypes = {
+        name: "F32" if name not in tensors or tensors.is_float(name) else tensors.where[name][1]["dtype"]
+        for name in made
+    }
+    return write_tensors(out_file, [(name, dtypes[name], shapes[name], make) for name, make in made.items()])

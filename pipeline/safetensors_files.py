@@ -11,10 +11,10 @@ each tensor is aligned (safetensors/src/tensor.rs `prepare`, commit 45c8c2cbd1a8
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Callable, Iterable
 
-ALIGNMENT = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
 _COPY_CHUNK = 64 << 20
 
 
@@ -30,35 +30,68 @@ def read_header(file: Path) -> tuple[dict[str, dict], int]:
     return header, 8 + size
 
 
+# bytes per element of each safetensors dtype: also the alignment its data gets
+ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
+ELEMENT_BYTES |= {"I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _header(entries: list[tuple[str, str, list[int], int]]) -> tuple[bytes, list[tuple[str, str, list[int], int]]]:
+    """The file's header for (name, dtype, shape, bytes) entries, and the entries in the order their data follows:
+    the widest dtypes first, then by name, so each tensor is aligned to its dtype; padded to 8 bytes."""
+    ordered = sorted(entries, key=lambda entry: (-ELEMENT_BYTES.get(entry[1], 1), entry[0]))
+    header, offset = {}, 0
+    for name, dtype, shape, length in ordered:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + length]}
+        offset += length
+    text = json.dumps({"__metadata__": {"format": "pt"}, **header}, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, ordered
+
+
 def copy_tensors(
     out_file: Path, tensors: Iterable[tuple[str, Path]], check: Callable[[str, Path], None] = lambda n, f: None
 ) -> dict[str, dict]:
     """Write `tensors` (name, the safetensors file holding it) into one file, each tensor's bytes copied as they
-    are, after `check(name, file)`; the widest dtypes first, then by name, so each tensor is aligned to its dtype.
-    Returns the header written."""
+    are, after `check(name, file)`. Returns the header written."""
     headers: dict[Path, tuple[dict, int]] = {}
-    chosen = []
+    source = {}
     for name, file in tensors:
         if file not in headers:
             headers[file] = read_header(file)
-        chosen.append((name, file, headers[file][0][name]))
-    chosen.sort(key=lambda item: (-ALIGNMENT.get(item[2]["dtype"], 1), item[0]))
-    entries, offset = {}, 0
-    for name, _, info in chosen:
-        length = info["data_offsets"][1] - info["data_offsets"][0]
-        entries[name] = {"dtype": info["dtype"], "shape": info["shape"], "data_offsets": [offset, offset + length]}
-        offset += length
-    header = json.dumps({"__metadata__": {"format": "pt"}, **entries}, separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)
+        source[name] = (file, headers[file][0][name])
+    entries = [(n, i["dtype"], i["shape"], i["data_offsets"][1] - i["data_offsets"][0]) for n, (_, i) in source.items()]
+    header, ordered = _header(entries)
     with open(out_file, "wb") as out:
-        out.write(len(header).to_bytes(8, "little") + header)
-        for name, file, info in chosen:
+        out.write(header)
+        for name, *_ in ordered:
+            file, info = source[name]
             check(name, file)
             start, end = info["data_offsets"]
-            with open(file, "rb") as source:
-                source.seek(headers[file][1] + start)
-                copy_bytes(source, out, end - start)
-    return entries
+            with open(file, "rb") as stored:
+                stored.seek(headers[file][1] + start)
+                copy_bytes(stored, out, end - start)
+    written = json.loads(header[8:])
+    return {name: written[name] for name in source}
+
+
+def write_tensors(out_file: Path, tensors: list[tuple[str, str, list[int], Callable[[], object]]]) -> dict[str, dict]:
+    """Write tensors made one at a time into one file: (name, safetensors dtype, shape, a function making the numpy
+    array of that dtype and shape) each, made only when its bytes are written and then dropped. Returns the header
+    written; ValueError names a tensor made with another shape or element size than announced."""
+    import numpy as np
+
+    made = {name: (dtype, shape, make) for name, dtype, shape, make in tensors}
+    entries = [(n, d, s, math.prod(s) * ELEMENT_BYTES[d]) for n, (d, s, _) in made.items()]
+    header, ordered = _header(entries)
+    with open(out_file, "wb") as out:
+        out.write(header)
+        for name, dtype, shape, length in ordered:
+            value = np.ascontiguousarray(made[name][2]())
+            if list(value.shape) != list(shape) or value.nbytes != length:
+                raise ValueError(f"{name}: made {value.dtype} {list(value.shape)}, announced {dtype} {list(shape)}")
+            out.write(memoryview(value).cast("B"))
+    written = json.loads(header[8:])
+    return {name: written[name] for name in made}
 
 
 def copy_bytes(source, target, length: int) -> None:

@@ -139,7 +139,7 @@ def _import_hf(cfg: BuildConfig, ctx) -> dict:
     if detected is not None:
         ctx.log(f"the checkpoint is {detected.describe()}: importing the float weights its codes stand for")
         info["quantization"] = detected.describe()
-        metrics = _save_loaded(_dequantized(path, detected, kwargs), tokenizer, info, ctx)
+        metrics = {**info, **_stream_dequantized(path, detected, tokenizer, ctx, kwargs)}
         (ctx.out_dir / prequantized.QUANTIZED_DIR).mkdir()  # the codes themselves, for an engine that keeps them
         for file in [path / "config.json", *sorted(path.glob("*.safetensors"))]:
             shutil.copy2(file, ctx.out_dir / prequantized.QUANTIZED_DIR / file.name)
@@ -180,13 +180,42 @@ def _stream_weights(path: Path, chosen: list[tuple[str, Path]], tokenizer, ctx, 
     """model.safetensors holding the checkpoint's tensors in their own dtype, each checked finite and copied as it
     is: the stage holds one tensor at a time, whatever the model's size. `model.dtype` is the dtype the stages
     compute in, not a copy on disk."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import AutoConfig
 
     from pipeline.safetensors_files import copy_tensors
 
     config = AutoConfig.from_pretrained(path, **kwargs)
     ctx.log(f"copying {len(chosen)} tensors into {ctx.out_dir / 'model.safetensors'}")
     written = copy_tensors(ctx.out_dir / "model.safetensors", ctx.progress(chosen, "tensors"), _finite)
+    return _with_side_files(path, config, tokenizer, written, ctx)
+
+
+def _stream_dequantized(path: Path, detected, tokenizer, ctx, kwargs: dict) -> dict:
+    """model.safetensors holding the float32 weights an already-quantized checkpoint stands for, each (codes - zero)
+    * scale exactly, dequantized and written one at a time (`prequantized_packing.write_dequantized`), without
+    transformers' quantizers (they need GPU kernel packages); config.json without its quantization_config."""
+    from transformers import AutoConfig
+
+    from pipeline.prequantized_packing import write_dequantized
+
+    config = AutoConfig.from_pretrained(path, **kwargs)
+    del config.quantization_config
+    shapes = expected_shapes(path, kwargs.get("trust_remote_code", False))
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()  # what save_pretrained leaves out
+    shapes = {name: shape for name, shape in shapes.items() if name not in tied}
+    ctx.log(f"dequantizing {len(shapes)} tensors into {ctx.out_dir / 'model.safetensors'}, one at a time")
+    try:
+        written = write_dequantized(path, detected, ctx.out_dir / "model.safetensors", shapes, tied)
+    except CheckpointError as exc:
+        raise StageError(NAME, str(exc)) from None
+    return _with_side_files(path, config, tokenizer, written, ctx)
+
+
+def _with_side_files(path: Path, config, tokenizer, written: dict, ctx) -> dict:
+    """config.json, generation_config.json and the tokenizer beside the model.safetensors just `written` (its
+    header); the import's metrics."""
+    from transformers import GenerationConfig
+
     config.save_pretrained(ctx.out_dir)
     try:
         generation = GenerationConfig.from_pretrained(path)
@@ -242,38 +271,6 @@ def _refuse_nonfinite(path: Path, model) -> None:
         if where
         else f"{path}: {bad} is not finite: a NaN or an infinity in weights that are not *.safetensors",
     )
-
-
-def _dequantized(path: Path, detected, kwargs: dict):
-    """The float32 model an already-quantized checkpoint stands for, each weight (codes - zero) * scale exactly, built
-    without transformers' quantizers (they need GPU kernel packages)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from pipeline.prequantized_packing import dequantized_state_dict
-
-    config = AutoConfig.from_pretrained(path, **kwargs)
-    del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
-    try:
-        state = dequantized_state_dict(path, detected)
-    except CheckpointError as exc:
-        raise StageError(NAME, str(exc)) from None
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
-    if config.tie_word_embeddings:
-        model.tie_weights()
-        missing = [name for name in missing if name != "lm_head.weight"]
-    if missing or unexpected:
-        raise StageError(
-            NAME,
-            f"{path}: after unpacking its {detected.packing} tensors, "
-            + "; ".join(
-                f"{label} {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
-                for label, names in (("missing", missing), ("unexpected", unexpected))
-                if names
-            ),
-        )
-    return model.eval()
 
 
 def _gguf_special_tokens(gguf_file: Path) -> dict:

@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 
 from pipeline.errors import CheckpointError
 from pipeline.prequantized import CheckpointQuantization, QuantizedLinear, detect
-from pipeline.prequantized_packing import dequantized_state_dict, read_checkpoint, unpack
+from pipeline.prequantized_packing import read_checkpoint, unpack, write_dequantized
 from tests.prequantized_checkpoints import pack, rtn_linears, write_checkpoint
 
 # (packing, bits, symmetric, act-order, group_size): each format's bit widths (AWQ's GEMM packing is 4-bit only),
@@ -74,10 +74,18 @@ def test_unpack_gives_back_what_was_packed(written, float_state):
     assert all(np.array_equal(others[k], float_state[k]) for k in others)
 
 
-def test_dequantize_is_codes_minus_zeros_times_scales(written, float_state):
+def test_dequantize_is_codes_minus_zeros_times_scales(written, float_state, tmp_path):
+    """The float checkpoint written one tensor at a time (`write_dequantized`), read back by safetensors."""
+    from safetensors.numpy import load_file
+
     _, linears, out = written
-    state = dequantized_state_dict(out, detect(out))
-    assert sorted(state) == sorted(float_state)
+    shapes = {name: list(value.shape) for name, value in float_state.items()}
+    header = write_dequantized(out, detect(out), tmp_path / "model.safetensors", shapes)
+    state = load_file(tmp_path / "model.safetensors")
+    assert sorted(state) == sorted(header) == sorted(float_state)
+    assert all(
+        np.array_equal(state[k], float_state[k]) for k in float_state if k not in {f"{m}.weight" for m in linears}
+    )
     for name, linear in linears.items():
         out_rows, rows = linear.codes.shape
         size = rows if linear.group_size == -1 else linear.group_size

@@ -1,7 +1,8 @@
-"""The onnxruntime target's weight-writing stages stream (issue #46): the fused-graph export writes each initializer
-to its data file as it is made and the engine stage's quantization reads one weight at a time, so neither holds a
-copy of the model. Measured as the growth of the process's anonymous memory (RssAnon, sampled every 2 ms in a
-process of its own) over a checkpoint whose weights are large beside everything else the process holds."""
+"""The weight-writing stages stream (issue #46): the fused-graph export writes each initializer to its data file as
+it is made, the engine stage's quantization reads one weight at a time, and the import of an already-quantized
+checkpoint dequantizes one linear at a time, so none holds a copy of the model. Measured as the growth of the
+process's anonymous memory (RssAnon, sampled every 2 ms in a process of its own) over a checkpoint whose weights are
+large beside everything else the process holds."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ import pytest
 from pipeline.targets.onnxruntime import ONNX_NAME, graph
 from tests.conftest import REPO, make_tiny
 
-# Runs `stage` (export | quantize) from argv[2] into argv[3]; prints the growth of RssAnon over the imports'.
+# Runs `stage` (export | quantize | dequantize) from argv[2] into argv[3]; prints the growth of RssAnon over the
+# imports'.
 MEASURED = """
 import json, sys, threading, time
 from pathlib import Path
 
 import numpy, onnx, onnxruntime, torch, transformers
 
+from pipeline.prequantized import detect
+from pipeline.prequantized_packing import write_dequantized
+from pipeline.stages.import_model import expected_shapes
 from pipeline.targets.onnxruntime import graph, quantize
 
 
@@ -46,6 +51,9 @@ sampler.start()
 stage, source, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 if stage == "export":
     graph.build(source, out / "model.onnx")
+elif stage == "dequantize":
+    out.mkdir()
+    write_dequantized(source, detect(source), out / "model.safetensors", expected_shapes(source))
 else:
     quantize.quantize_graph(source, out, weights="int8", group_size=32, quantize_embedding=True)
 running[0] = False
@@ -85,6 +93,26 @@ def test_the_export_and_the_quantization_hold_less_than_half_a_copy_of_the_weigh
     assert all(value < 0.5 * weights for value in grown.values()), (grown, weights)
     assert onnx.load(str(engine / ONNX_NAME), load_external_data=False).graph.node  # written whole
     onnx.checker.check_model(str(engine / ONNX_NAME))
+
+
+@pytest.mark.slow
+def test_an_already_quantized_checkpoint_is_dequantized_one_linear_at_a_time(wide, tmp_path):
+    """The import of a GPTQ checkpoint of the wide model: its float32 weights written, never held (it held the whole
+    float32 model and a float32 state dict beside it: 10.4 B/param at 0.23B parameters, measured 2026-11-29)."""
+    from safetensors.numpy import load_file
+
+    from tests.prequantized_checkpoints import rtn_linears, write_checkpoint
+
+    float_state = load_file(wide / "model.safetensors")
+    gptq = write_checkpoint(
+        wide, tmp_path / "gptq", rtn_linears(float_state, 4, 128, True), "gptq_v2", 4, 128, False, True
+    )
+    del float_state
+    weights = (wide / "model.safetensors").stat().st_size
+    grown = growth("dequantize", gptq, tmp_path / "import")
+    print(f"\nanonymous memory grown, of one float32 copy of the weights ({weights / 2**20:.0f} MiB): {grown}")
+    assert grown < 0.5 * weights, (grown, weights)
+    assert (tmp_path / "import" / "model.safetensors").stat().st_size == pytest.approx(weights, rel=0.01)
 
 
 def test_a_graph_written_as_it_is_made_is_the_bytes_onnx_save_writes(tiny_llama, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pipeline import prequantized
 from pipeline.errors import CheckpointError
+from pipeline.memory import parameter_counts
 from pipeline.targets.onnxruntime.quantize import BLOCK_SIZES
 
 BLOCK_SIZE_LIST = ", ".join(map(str, BLOCK_SIZES))  # the block sizes, as messages list them
@@ -17,6 +18,7 @@ def _checkpoint_graph_problems(cfg) -> list:
     buildable, or a max_seq_len past the length a fixed RoPE table is exact for (GGUF and built-in models are
     checked at export, once imported)."""
     from pipeline.targets.onnxruntime import graph as fused_onnx
+    from pipeline.targets.onnxruntime.adapter import optimum_too_large
 
     unreadable = isinstance(prequantized.of_config(cfg), CheckpointError)  # named by validate; AutoConfig fails
     if cfg.model.source != "hf" or cfg.model_facts() is None or unreadable:
@@ -27,6 +29,9 @@ def _checkpoint_graph_problems(cfg) -> list:
         out.append((("target", "onnx_graph"), f"'fused' but {why_not}; set target.onnx_graph: auto or optimum"))
     if why_not and cfg.target.onnx_graph == "auto":
         out += _fused_only_problems(cfg, f"this checkpoint gets the optimum graph ({why_not})")
+    if why_not or cfg.target.onnx_graph == "optimum":
+        too_large = optimum_too_large(sum(parameter_counts(cfg.model_facts())), why_not)
+        out += [(("target", "onnx_graph"), too_large)] if too_large else []
     limit = fused_onnx.exact_length(hf_dir)
     if limit and cfg.build.max_seq_len > limit:
         out.append(

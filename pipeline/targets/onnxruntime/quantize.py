@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -50,12 +51,12 @@ def untie_lm_head(model, store: Initializers) -> bool:
     return True
 
 
-def fuse(linears: dict[str, QuantizedLinear], parts: list[str]) -> QuantizedLinear:
+def fuse(linears: Mapping[str, QuantizedLinear], parts: list[str]) -> QuantizedLinear:
     """The quantized parts of one graph matmul stacked along the output axis, as the graph stacks their weights;
     act-order parts must order their input rows alike (GPTQ's parts reading one input do)."""
-    first = linears[parts[0]]
-    for part in parts[1:]:
-        other = linears[part]
+    found = [linears[part] for part in parts]  # once each: an imported checkpoint's are unpacked on lookup
+    first = found[0]
+    for part, other in zip(parts[1:], found[1:]):
         same_rows = (first.g_idx is None) == (other.g_idx is None) and (
             first.g_idx is None or np.array_equal(first.g_idx, other.g_idx)
         )
@@ -64,9 +65,7 @@ def fuse(linears: dict[str, QuantizedLinear], parts: list[str]) -> QuantizedLine
                 f"{part} and {parts[0]} read one input but group it differently (act-order g_idx, bits or group size), "
                 "so the engine cannot run them as one matmul; set quantization.checkpoint_quantization: dequantize"
             )
-    stacked = {
-        key: np.concatenate([getattr(linears[part], key) for part in parts]) for key in ("codes", "scales", "zeros")
-    }
+    stacked = {key: np.concatenate([getattr(linear, key) for linear in found]) for key in ("codes", "scales", "zeros")}
     return QuantizedLinear(**stacked, g_idx=first.g_idx, bits=first.bits, group_size=first.group_size)
 
 
@@ -127,8 +126,11 @@ def matmul_nbits(node, linear: QuantizedLinear, accuracy_level: int | None) -> t
     return nodes, initializers
 
 
-def place_linears(model, linears: dict[str, QuantizedLinear], accuracy_level: int | None, add=None) -> list[str]:
-    """Replace every MatMul whose HF modules `linears` holds by MatMulNBits of their codes; the names replaced.
+def place_linears(
+    model, linears: Mapping[str, QuantizedLinear], accuracy_level: int | None, add=None, only=None
+) -> list[str]:
+    """Replace every MatMul whose HF modules `linears` holds (and `only` names, when given) by MatMulNBits of their
+    codes, each looked up once (an imported checkpoint's are unpacked from its file then); the names replaced.
     `add` puts each new initializer in the graph (default: as it is; `Initializers.add` writes its bytes out)."""
     import onnx
 
@@ -136,9 +138,10 @@ def place_linears(model, linears: dict[str, QuantizedLinear], accuracy_level: in
 
     replaced = []
     for node in list(model.graph.node):
-        if node.op_type != "MatMul" or not all(p in linears for p in fused_parts(module_name(node.name))):
+        parts = fused_parts(module_name(node.name))
+        if node.op_type != "MatMul" or not all(p in linears and (only is None or p in only) for p in parts):
             continue
-        nodes, initializers = matmul_nbits(node, fuse(linears, fused_parts(module_name(node.name))), accuracy_level)
+        nodes, initializers = matmul_nbits(node, fuse(linears, parts), accuracy_level)
         index = list(model.graph.node).index(node)
         model.graph.node.remove(node)
         for offset, new in enumerate(nodes):
@@ -211,10 +214,11 @@ class MatmulChoice:
             resized |= {n: size for n in matching(candidates, [pattern]) if n not in int8 and n not in resized}
         return cls(matmuls, excluded, int8, resized)
 
-    def placed_codes(self, linears: dict[str, QuantizedLinear]) -> dict[str, QuantizedLinear]:
-        """The `linears` read by the matmuls that are neither excluded nor int8_modules (those are rounded)."""
+    def placed_modules(self, linears: Mapping[str, QuantizedLinear]) -> set[str]:
+        """The modules of `linears` read by the matmuls that are neither excluded nor int8_modules (those are
+        rounded)."""
         kept = {n for n in self.matmuls if n not in self.excluded and n not in self.int8}
-        return {m: linears[m] for n in kept for m in fused_parts(module_name(n)) if m in linears}
+        return {m for n in kept for m in fused_parts(module_name(n)) if m in linears}
 
     def rounding_passes(self, block_size: int) -> dict[int, list[str]]:
         """Block -> the matmuls rounded in it: `block_size`'s pass first, with every matmul not otherwise chosen."""
@@ -244,7 +248,7 @@ def quantize_graph(
     accuracy_level: int | None = None,
     quantize_embedding: bool = False,
     int8_modules: list[str] | tuple[str, ...] = (),
-    linears: dict[str, QuantizedLinear] | None = None,
+    linears: Mapping[str, QuantizedLinear] | None = None,
     smoothing: Smoothing | None = None,
     module_group_sizes: dict[str, int] | None = None,
 ) -> dict:
@@ -310,7 +314,7 @@ def engine_bytes(out_dir: Path) -> int:
     return sum(f.stat().st_size for f in out_dir.glob("model.onnx*"))
 
 
-def check_weights(weights: str, method: str, linears: dict[str, QuantizedLinear] | None) -> None:
+def check_weights(weights: str, method: str, linears: Mapping[str, QuantizedLinear] | None) -> None:
     """Refuse weights this target has no kernel for, and rounding methods it has no quantizer for (placed codes
     need none), before any graph is read."""
     if weights not in ("int8", "int4"):
@@ -333,12 +337,13 @@ def matching(matmuls: list[str], patterns) -> list[str]:
 
 
 def quantize_matmuls(
-    store: Initializers, chosen: MatmulChoice, rounding: Rounding, linears: dict[str, QuantizedLinear] | None
+    store: Initializers, chosen: MatmulChoice, rounding: Rounding, linears: Mapping[str, QuantizedLinear] | None
 ) -> int:
     """Turn the chosen matmuls into MatMulNBits: `linears`' codes placed as they are, or the graph's weights rounded
     (one pass per block), then an int4 engine's int8_modules rounded in a pass of their own; the number placed."""
     if linears is not None:
-        placed = len(place_linears(store.model, chosen.placed_codes(linears), rounding.accuracy_level, store.add))
+        only = chosen.placed_modules(linears)
+        placed = len(place_linears(store.model, linears, rounding.accuracy_level, store.add, only))
     else:
         placed = 0
         for size, nodes in chosen.rounding_passes(rounding.block_size).items():
