@@ -46,6 +46,9 @@ class Coefficients:
     # bytes per matmul parameter trtllm's export stage holds beyond its gate's float32 checkpoint forward: measured
     # 1.3 at 0.5B-3B (bench scale, 2026-11-28), not yet accounted for (the export's model is freed: tested)
     trtllm_export_unexplained: float = 1.3
+    # optimum-onnx's export traces the whole float32 model and builds its ONNX proto in memory before writing it: its
+    # peak per parameter, measured on a 0.23B Llama (5.12 GiB, the fused graph's export 1.22 GiB; 2026-11-29)
+    optimum_export_bytes_per_parameter: float = 23.6
     # tokens of the export's logits check (a few short prompts)
     check_tokens: int = 64
     # a forward's live float32 activations per token, in hidden sizes and intermediate sizes (residual, norm,
@@ -218,6 +221,9 @@ def _stage_phases(name: str, cfg, shape: CheckpointShape) -> tuple[Phases, int]:
         whole = shape.parameters * shape.compute_bytes
         return {"the GGUF dequantized whole by transformers": (int(1.1 * whole), "")}, whole
     if name == "export" and target == "onnxruntime":
+        if cfg.target.onnx_graph == "optimum":  # it holds the traced model and its proto (validate refuses > 1B)
+            whole = int(COEFFICIENTS.optimum_export_bytes_per_parameter * shape.parameters)
+            return {"optimum-onnx's export of the whole model": (whole, "target.onnx_graph=auto")}, 4 * shape.parameters
         check = "the export's logits check on the float32 graph (4 B/param)"
         phases = streamed | {check: (4 * shape.parameters + _forward_bytes(shape, COEFFICIENTS.check_tokens), "")}
         # the fused graph holds the table and the lm_head apart, tied or not

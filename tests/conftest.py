@@ -190,7 +190,7 @@ def llama_shape(tmp_path: Path, size: str) -> Path:
     """A directory holding only the published config.json shape of Llama 3.1 (no weights are needed to plan)."""
     path = tmp_path / size
     path.mkdir()
-    from pipeline.bench.scale import LLAMA_31, LLAMA_31_SHAPES
+    from pipeline.bench.scale_report import LLAMA_31, LLAMA_31_SHAPES
 
     (path / "config.json").write_text(json.dumps({**LLAMA_31, **LLAMA_31_SHAPES[size]}))
     return path

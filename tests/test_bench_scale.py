@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pipeline.bench import scale
+from pipeline.bench import scale, scale_report
 from tests.conftest import make_tiny_llama, run_cli, slow_fixture
 from tests.test_quality import TINY_CHAT_TEMPLATE
 
@@ -110,7 +110,7 @@ def test_the_table_puts_the_prediction_beside_the_measurement():
     stage |= {"disk_bytes": 2**30, "gate_s": 4.0}
     result = {"size": "1.1b", "parameters": 2 * 10**9, "target": "onnxruntime"}
     predicted = {**stage, "stage": "engine", "predicted": {"host_bytes": 5 * 2**30, "disk_bytes": 2**30}}
-    text = scale.table(
+    text = scale_report.table(
         [{**result, "stages": [{**stage, "stage": "export"}, predicted, {"stage": "lora", "status": "skipped"}]}]
     )
     assert "| 1.1b | 2 | onnxruntime | export | 10.0 | 18.0 | 4.00 | 2.00 | 2.15 | 1.00 | - | - | - |" in text

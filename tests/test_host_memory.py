@@ -200,7 +200,7 @@ def test_ignore_memory_check_runs_the_stage_anyway(tmp_path, tiny_llama, cli_bui
 def test_optimum_onnx_export_is_refused_above_its_size_naming_the_fused_graph(tmp_path):
     """optimum-onnx's export cannot stream: an 8B asking for it is refused by validate (and by the export stage for
     sources validate cannot size), pointing at the fused graph; the same config on a small model is accepted."""
-    from pipeline.targets.onnxruntime.adapter import OPTIMUM_MAX_PARAMETERS, optimum_too_large
+    from pipeline.targets.onnxruntime.config_rules import OPTIMUM_MAX_PARAMETERS, optimum_too_large
 
     body = "model: {{source: hf, path: {path}}}\ntarget: {{onnx_graph: optimum}}\nquantization: {{weights: int8}}\n"
     config = write_config(tmp_path / "c.yaml", body.format(path=llama_shape(tmp_path, "8b")))
@@ -209,7 +209,7 @@ def test_optimum_onnx_export_is_refused_above_its_size_naming_the_fused_graph(tm
     message = str(refused.value)
     assert (
         "target.onnx_graph" in message
-        and "refused above 2B parameters; this checkpoint's layers and token table have 7.50B" in message
+        and "refused above 1B parameters; this checkpoint's layers and token table have 7.50B" in message
     )
     assert "set target.onnx_graph: auto (the fused graph streams)" in message
     assert optimum_too_large(OPTIMUM_MAX_PARAMETERS, None) is None

@@ -527,7 +527,8 @@ def bench_scale(
 
     Example: trtllm-pipeline bench scale --sizes 0.5b,1.1b --targets onnxruntime
     """
-    from pipeline.bench.scale import load_results, repredict, run_scale, write_summary
+    from pipeline.bench.scale import load_results, repredict, run_scale
+    from pipeline.bench.scale_report import write_summary
 
     log = lambda m: console.print(f"  {m}", highlight=False, markup=False)  # noqa: E731
     if report_only:

@@ -49,15 +49,19 @@ base = anonymous()
 sampler = threading.Thread(target=sample)
 sampler.start()
 stage, source, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-if stage == "export":
-    graph.build(source, out / "model.onnx")
-elif stage == "dequantize":
-    out.mkdir()
-    write_dequantized(source, detect(source), out / "model.safetensors", expected_shapes(source))
-else:
-    quantize.quantize_graph(source, out, weights="int8", group_size=32, quantize_embedding=True)
-running[0] = False
-sampler.join()
+try:
+    if stage == "export":
+        graph.build(source, out / "model.onnx")
+    elif stage == "dequantize":  # as the import stage does: a tied lm_head is not written
+        out.mkdir()
+        tied = json.loads((source / "config.json").read_text()).get("tie_word_embeddings", False)
+        shapes = {k: v for k, v in expected_shapes(source).items() if not (tied and k == "lm_head.weight")}
+        write_dequantized(source, detect(source), out / "model.safetensors", shapes)
+    else:
+        quantize.quantize_graph(source, out, weights="int8", group_size=32, quantize_embedding=True)
+finally:
+    running[0] = False
+    sampler.join()
 print(json.dumps({"growth": peak[0] - base}))
 """
 

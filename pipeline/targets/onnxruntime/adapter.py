@@ -22,6 +22,7 @@ from pipeline.errors import BuildStepError
 from pipeline.memory import parameter_counts
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS
 from pipeline.targets.onnxruntime import ONNX_NAME
+from pipeline.targets.onnxruntime.config_rules import optimum_too_large
 from pipeline.targets.onnxruntime.quantize import quantize_graph
 
 LLM_MODEL_FILE = Path(__file__).with_name("triton_model.py")
@@ -31,30 +32,6 @@ CHECK_PROMPTS = (
     "def fibonacci(n):\n    return",
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
 )
-
-
-# optimum-onnx's export traces the whole float32 model and builds its ONNX proto in memory before writing it, so it
-# cannot stream: it is refused above this many parameters, where it would hold tens of GB (OPTIMUM_BYTES_PER_PARAMETER
-# measured below); the fused graph, which streams, is the way for larger models.
-OPTIMUM_MAX_PARAMETERS = 2_000_000_000
-OPTIMUM_BYTES_PER_PARAMETER = 0.0  # TBD
-
-
-def optimum_too_large(parameters: int, why_not_fused: str | None) -> str | None:
-    """Why optimum-onnx's export is refused for a model whose layers and token table have `parameters`
-    (`memory.parameter_counts`), with the fix; None when it is not."""
-    if parameters <= OPTIMUM_MAX_PARAMETERS:
-        return None
-    fix = (
-        f"the fused graph, which streams, cannot take this checkpoint ({why_not_fused}): use target trtllm"
-        if why_not_fused
-        else "set target.onnx_graph: auto (the fused graph streams)"
-    )
-    return (
-        f"optimum-onnx's export holds the whole model in memory (about {OPTIMUM_BYTES_PER_PARAMETER:.0f} bytes per "
-        f"parameter), so it is refused above {OPTIMUM_MAX_PARAMETERS / 1e9:g}B parameters; this checkpoint's layers "
-        f"and token table have {parameters / 1e9:.2f}B: {fix}"
-    )
 
 
 def choose_graph(hf_dir: Path, wanted: str) -> tuple[str, str | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pipeline import prequantized
 from pipeline.errors import CheckpointError
+from pipeline.host_memory import COEFFICIENTS
 from pipeline.memory import parameter_counts
 from pipeline.targets.onnxruntime.quantize import BLOCK_SIZES
 
@@ -13,12 +14,34 @@ BLOCK_SIZE_LIST = ", ".join(map(str, BLOCK_SIZES))  # the block sizes, as messag
 CALIBRATED = {"gptq": ("int4", "gptq"), "smoothquant": ("int8", "SmoothQuant")}
 
 
+# optimum-onnx's export cannot stream (host_memory.Coefficients.optimum_export_bytes_per_parameter): refused above
+# this size, where it would hold over 20 GiB; the fused graph, which streams, is the way.
+OPTIMUM_MAX_PARAMETERS = 1_000_000_000
+
+
+def optimum_too_large(parameters: int, why_not_fused: str | None) -> str | None:
+    """Why optimum-onnx's export is refused for a model whose layers and token table have `parameters`
+    (`memory.parameter_counts`), with the fix; None when it is not."""
+    if parameters <= OPTIMUM_MAX_PARAMETERS:
+        return None
+    fix = (
+        f"the fused graph, which streams, cannot take this checkpoint ({why_not_fused}): use target trtllm"
+        if why_not_fused
+        else "set target.onnx_graph: auto (the fused graph streams)"
+    )
+    return (
+        f"optimum-onnx's export holds the whole model in memory (about "
+        f"{COEFFICIENTS.optimum_export_bytes_per_parameter:.0f} bytes per "
+        f"parameter), so it is refused above {OPTIMUM_MAX_PARAMETERS / 1e9:g}B parameters; this checkpoint's layers "
+        f"and token table have {parameters / 1e9:.2f}B: {fix}"
+    )
+
+
 def _checkpoint_graph_problems(cfg) -> list:
     """What an HF checkpoint's config.json rules out before any export: the fused graph asked for but not
     buildable, or a max_seq_len past the length a fixed RoPE table is exact for (GGUF and built-in models are
     checked at export, once imported)."""
     from pipeline.targets.onnxruntime import graph as fused_onnx
-    from pipeline.targets.onnxruntime.adapter import optimum_too_large
 
     unreadable = isinstance(prequantized.of_config(cfg), CheckpointError)  # named by validate; AutoConfig fails
     if cfg.model.source != "hf" or cfg.model_facts() is None or unreadable:
