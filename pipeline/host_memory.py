@@ -28,7 +28,8 @@ from pipeline.stages import STAGES
 class Coefficients:
     """How each stage's peak grows with the model, fitted to `make bench-scale`'s table (bench_results/scale/,
     docs/benchmarks.md "Build cost at real sizes": peak anonymous RSS per stage at 0.5B and 1.1B parameters,
-    2026-11-28); the plan's target is within 20% of every measured peak."""
+    2026-11-28; the import's on 2026-11-29); the plan's target is within 20% of every measured peak (the clean-clone
+    run of 2026-11-29: 0.93-1.15 at every size and stage)."""
 
     # python, torch, transformers and onnxruntime imported and at work, with the tokenizer: what import and export
     # held beyond their weights at both sizes (0.37-0.38 GiB)

@@ -515,11 +515,13 @@ def bench_scale(
     shapes (bfloat16, SmolLM2's tokenizer, seeded), each built from the shipped config with `model.source=hf`, each
     stage in its own process. Per size x target x stage: wall and CPU seconds, peak anonymous RSS of the stage's
     process tree (sampled every 50 ms) and the kernel's ru_maxrss, bytes per parameter, disk written, and the
-    memory plan's prediction beside them (`plan` prints the same). The quality gate's thresholds
-    are relaxed (a random model's answers are noise); what it computes is a user's default.
+    memory plan's prediction beside them (`plan` prints the same), and the peak of each phase a stage's log names
+    (copying, writing the graph, calibration, the quality gate...) against the bound for what it does. Each CPU
+    build is then served (tritonserver and the OpenAI gateway answer a few streamed completions). The quality gate's
+    thresholds are relaxed (a random model's answers are noise); what it computes is a user's default.
 
-    How long: hours on 2 cores for every size (the 3B alone about an hour per target; ModelOpt's calibration is
-    the slowest part of trtllm). Disk: each build is deleted once measured (a 3B CPU build writes ~24 GB).
+    How long: 41 minutes for every size on this project's 2-core machine (a clean clone, 2026-11-29; the 3B takes
+    half of it). Disk: each build is deleted once measured (a 3B CPU build writes 20.7 GB).
 
     Resuming: each size x target is written to OUT/SIZE/TARGET.json as it finishes, and a run skips those measured
     there; run the same command again after an interruption (--force measures them again). A stage that fails (e.g.

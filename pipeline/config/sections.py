@@ -376,5 +376,9 @@ class VerifySection(Section):
         "bfloat16 (the imported checkpoint run by transformers in bfloat16: ONNX Runtime's CPU provider has almost no "
         "bfloat16 kernels). Choose bfloat16 when the host cannot hold a float32 copy of the weights beside the "
         "build: the gate loads one model at a time, and an 8B model's reference then takes 16 GB rather than 32 GB. "
-        "It is a rounder reference (bfloat16 drifts from float32 itself) and slower to answer the chat set.",
+        "It is a rounder reference (bfloat16 drifts from float32 itself) and slower to answer the chat set. The "
+        "default is float32 at every size: in the shipped configs the build's largest stage is a float32 forward this "
+        "setting does not change (the export's logits check, SmoothQuant's or ModelOpt's calibration, trtllm's "
+        "dequantized checkpoint; `plan` shows each stage's peak), so bfloat16 would round the gate's figures "
+        "without lowering what the build needs.",
     )
