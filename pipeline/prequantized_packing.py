@@ -269,11 +269,9 @@ class StoredTensors(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         return len(self.where)
 
-    def shape(self, name: str) -> list[int]:
-        return self.where[name][1]["shape"]
-
-    def is_float(self, name: str) -> bool:
-        return self.where[name][1]["dtype"] in ("F64", "F32", "F16", "BF16")
+    def dtype(self, name: str) -> str:
+        """The tensor's safetensors dtype (F16, BF16, I32...), from its header."""
+        return self.where[name][1]["dtype"]
 
 
 class QuantizedLinears(Mapping[str, QuantizedLinear]):
@@ -320,15 +318,14 @@ def _refuse_nonfinite(path: Path, name: str, values: np.ndarray) -> None:
         )
 
 
-def read_checkpoint(hf_dir: Path, q: CheckpointQuantization) -> tuple[QuantizedLinears, dict[str, np.ndarray]]:
-    """The quantized linears by HF module name (each unpacked when looked up), and every other tensor (floating ones
-    as float32: a few norms and tables), from all the directory's *.safetensors files (shards included)."""
-    tensors = StoredTensors(hf_dir)
-    linears = QuantizedLinears(tensors, q, hf_dir)
-    return linears, {name: float32(tensors, name) for name in tensors if name not in linears.parts}
+def quantized_linears(hf_dir: Path, q: CheckpointQuantization) -> QuantizedLinears:
+    """The quantized linears of all the directory's *.safetensors files (shards included) by HF module name, each
+    unpacked when looked up."""
+    return QuantizedLinears(StoredTensors(hf_dir), q, hf_dir)
 
 
 def float32(tensors: StoredTensors, name: str) -> np.ndarray:
+    """A stored tensor, in float32 if it is floating (as the float checkpoint holds it)."""
     value = tensors[name]
     return value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
 
@@ -342,8 +339,8 @@ def write_dequantized(
     out. Returns the header written; CheckpointError names a tensor missing or not the model's."""
     from pipeline.safetensors_files import write_tensors
 
-    tensors = StoredTensors(hf_dir)
-    linears = QuantizedLinears(tensors, q, hf_dir)
+    linears = quantized_linears(hf_dir, q)
+    tensors = linears.tensors
     made = {f"{module}.weight": (lambda m=module: linears[m].dequantize()) for module in linears}
     made |= {  # a linear's own bias, stored beside its codes, in float32 (`_bias` checks its shape on unpacking)
         f"{module}.bias": (lambda m=module: float32(tensors, f"{m}.bias"))
@@ -362,8 +359,8 @@ def write_dequantized(
                 if names
             )
         )
+    floats = ("F64", "F32", "F16", "BF16")
     dtypes = {
-        name: "F32" if name not in tensors or tensors.is_float(name) else tensors.where[name][1]["dtype"]
-        for name in made
+        name: "F32" if name not in tensors or tensors.dtype(name) in floats else tensors.dtype(name) for name in made
     }
     return write_tensors(out_file, [(name, dtypes[name], shapes[name], make) for name, make in made.items()])

@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 
 from pipeline.errors import CheckpointError
 from pipeline.prequantized import CheckpointQuantization, QuantizedLinear, detect
-from pipeline.prequantized_packing import read_checkpoint, unpack, write_dequantized
+from pipeline.prequantized_packing import float32, quantized_linears, unpack, write_dequantized
 from tests.prequantized_checkpoints import pack, rtn_linears, write_checkpoint
 
 # (packing, bits, symmetric, act-order, group_size): each format's bit widths (AWQ's GEMM packing is 4-bit only),
@@ -60,7 +60,8 @@ def test_detect_reads_the_written_config(written):
 
 def test_unpack_gives_back_what_was_packed(written, float_state):
     _, linears, out = written
-    read, others = read_checkpoint(out, detect(out))
+    read = quantized_linears(out, detect(out))
+    others = {name: float32(read.tensors, name) for name in read.tensors if name not in read.parts}
     assert sorted(read) == sorted(linears) and len(read) == 14
     for name, want in linears.items():
         got = read[name]
@@ -198,7 +199,7 @@ def test_bfloat16_scales_read_as_float32_exactly(tmp_path):
     scales = torch.tensor(tensors["weight_scale"].astype(np.float32)).to(torch.bfloat16)
     state = {f"m.{k}": torch.from_numpy(v) for k, v in tensors.items()} | {"m.weight_scale": scales}
     save_file(state, tmp_path / "model.safetensors")
-    linears, _ = read_checkpoint(tmp_path, q)
+    linears = quantized_linears(tmp_path, q)
     assert linears["m"].scales.dtype == np.float32
     assert np.array_equal(linears["m"].scales, scales.float().numpy())
 
@@ -214,10 +215,10 @@ def test_sharded_checkpoint_and_wrong_packing_for_its_tensors(tmp_path, tiny_lla
     (shard / "config.json").write_text((out / "config.json").read_text())
     save_file({k: state[k] for k in names[::2]}, shard / "model-00001-of-00002.safetensors")
     save_file({k: state[k] for k in names[1::2]}, shard / "model-00002-of-00002.safetensors")
-    read, _ = read_checkpoint(shard, detect(shard))
+    read = quantized_linears(shard, detect(shard))
     assert all(np.array_equal(read[k].codes, linears[k].codes) for k in linears)
     with pytest.raises(CheckpointError, match=r"no '\*\.weight_packed' tensors"):
-        read_checkpoint(shard, CheckpointQuantization("compressed-tensors", "pack_quantized", 4, 32, False, True))
+        quantized_linears(shard, CheckpointQuantization("compressed-tensors", "pack_quantized", 4, 32, False, True))
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] == "pack_quantized"], ids=case_id)
@@ -234,7 +235,7 @@ def test_compressed_tensors_decompresses_to_our_weights(case, tmp_path, tiny_lla
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     args = QuantizationArgs(**config["config_groups"]["group_0"]["weights"])
     state = load_torch(out / "model.safetensors")
-    ours, _ = read_checkpoint(out, detect(out))
+    ours = quantized_linears(out, detect(out))
     for module, linear in ours.items():
         tensors = {k.rsplit(".", 1)[1]: v for k, v in state.items() if k.rsplit(".", 1)[0] == module}
         theirs = PackedQuantizationCompressor(config=None).decompress_weight(tensors, quantization_args=args)
@@ -301,7 +302,7 @@ def test_awq_unpacking_equals_autoawqs_own_dequantize(tmp_path, tiny_llama, floa
     _, _, out = write_case(("awq_gemm", 4, False, False, 32), tmp_path, tiny_llama, float_state)
     state = load_torch(out / "model.safetensors")
     awq = autoawq_packing_utils()
-    ours, _ = read_checkpoint(out, detect(out))
+    ours = quantized_linears(out, detect(out))
     for module, linear in ours.items():
         theirs = awq.dequantize_gemm(
             state[f"{module}.qweight"], state[f"{module}.qzeros"], state[f"{module}.scales"], 4, 32

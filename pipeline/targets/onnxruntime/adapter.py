@@ -296,10 +296,10 @@ class OnnxRuntimeTarget:
         q = cfg.quantization
         kept = prequantized.kept(cfg)
         if kept is not None:
-            from pipeline.prequantized_packing import read_checkpoint
+            from pipeline.prequantized_packing import quantized_linears
 
             ctx.log(f"placing the checkpoint's {kept.describe()} codes as they are")
-            return read_checkpoint(hf_dir / prequantized.QUANTIZED_DIR, kept)[0]
+            return quantized_linears(hf_dir / prequantized.QUANTIZED_DIR, kept)
         if q.method != "gptq":
             return None
         import fnmatch
