@@ -116,3 +116,15 @@ def test_the_table_puts_the_prediction_beside_the_measurement():
     assert "| 1.1b | 2 | onnxruntime | export | 10.0 | 18.0 | 4.00 | 2.00 | 2.15 | 1.00 | - | - | - |" in text
     assert "| engine | 10.0 | 18.0 | 4.00 | 2.00 | 2.15 | 1.00 | 5.00 | 1.25 | 1.00 |" in text
     assert "lora" not in text and "took 4 s of the engine stage's 10 s (40%)" in text
+
+
+@pytest.mark.parametrize(
+    "size, dim, ffn_dim_multiplier, multiple_of",
+    # meta-llama/llama-models models/sku_list.py @ 5309637ceedec731719b742d9a44176a8e96b494, Llama 3.1 8b and 70b
+    [("8b", 4096, 1.3, 1024), ("70b", 8192, 1.3, 4096)],
+)
+def test_the_planned_llama_shapes_follow_metas_feed_forward_rounding(size, dim, ffn_dim_multiplier, multiple_of):
+    hidden = int(ffn_dim_multiplier * int(2 * 4 * dim / 3))
+    intermediate = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+    shape = scale_report.LLAMA_31_SHAPES[size]
+    assert (shape["hidden_size"], shape["intermediate_size"]) == (dim, intermediate)

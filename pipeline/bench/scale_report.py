@@ -10,8 +10,10 @@ from pathlib import Path
 
 from pipeline.bench.scale import GIB, RELAXED_GATE, REPO, SAMPLE_SECONDS, SERVE_ARGS, SIZES, STARTING, TARGETS
 
-# Llama 3.1's published shapes (meta-llama/Llama-3.1-8B and -70B config.json), planned from config.json alone: what
-# the measured table says an 8B and a 70B need.
+# Llama 3.1's shapes, planned from config.json alone: what the measured table says an 8B and a 70B need. Source:
+# meta-llama/llama-models models/sku_list.py @ 5309637ceedec731719b742d9a44176a8e96b494 (`arch_args` of Llama 3.1 8b
+# and 70b: dim, n_layers, n_heads, n_kv_heads, vocab_size, rope_theta, norm_eps); the intermediate size follows its
+# feed-forward rounding (2/3 of 4 x dim, times ffn_dim_multiplier, up to a multiple_of: tests/test_bench_scale.py).
 LLAMA_31 = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
