@@ -73,8 +73,10 @@ class QuantizedLinear:
     def dequantize(self) -> np.ndarray:
         """float32 [out, in], exact: an integer below 2**bits times a float16 scale is a float32."""
         g = self.groups()
-        codes = self.codes.astype(np.float32)
-        return (codes - self.zeros[:, g].astype(np.float32)) * self.scales[:, g].astype(np.float32)
+        weight = self.codes.astype(np.float32)
+        weight -= self.zeros[:, g]  # in place: one float32 [out, in] beside the codes, whatever the linear's size
+        weight *= self.scales.astype(np.float32)[:, g]
+        return weight
 
 
 def detect(hf_dir: Path) -> CheckpointQuantization | None:

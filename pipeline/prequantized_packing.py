@@ -253,8 +253,9 @@ class StoredTensors(Mapping[str, np.ndarray]):
         try:
             if info["dtype"] == "BF16":
                 start, end = info["data_offsets"]
-                raw = np.fromfile(path, np.uint16, count=(end - start) // 2, offset=base + start)
-                value = (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
+                value = np.fromfile(path, np.uint16, count=(end - start) // 2, offset=base + start).astype(np.uint32)
+                value <<= 16  # in place: a bfloat16 is the high half of the float32 it stands for
+                value = value.view(np.float32).reshape(info["shape"])
             else:
                 with safe_open(str(path), framework="np") as reader:
                     value = reader.get_tensor(name)
@@ -269,6 +270,9 @@ class StoredTensors(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         return len(self.where)
 
+    def __contains__(self, name) -> bool:  # from the headers: Mapping's own would read the tensor
+        return name in self.where
+
     def dtype(self, name: str) -> str:
         """The tensor's safetensors dtype (F16, BF16, I32...), from its header."""
         return self.where[name][1]["dtype"]
@@ -282,6 +286,7 @@ class QuantizedLinears(Mapping[str, QuantizedLinear]):
         self.tensors, self.q, self.marker = tensors, q, MARKER[q.packing]
         suffix = f".{self.marker}"
         self.modules = sorted(name[: -len(suffix)] for name in tensors if name.endswith(suffix))
+        self.known = frozenset(self.modules)
         if not self.modules:
             raise CheckpointError(f"{hf_dir}: no '*{suffix}' tensors, yet config.json says {q.describe()}")
         self.parts = {
@@ -292,7 +297,7 @@ class QuantizedLinears(Mapping[str, QuantizedLinear]):
         }
 
     def __getitem__(self, module: str) -> QuantizedLinear:
-        if module not in self.modules:
+        if module not in self.known:
             raise KeyError(module)
         own = {n: self.tensors[f"{module}.{n}"] for n in MODULE_TENSORS[self.marker] if f"{module}.{n}" in self.tensors}
         return unpack(own, self.q, module)
@@ -304,7 +309,7 @@ class QuantizedLinears(Mapping[str, QuantizedLinear]):
         return len(self.modules)
 
     def __contains__(self, module) -> bool:
-        return module in self.modules
+        return module in self.known
 
 
 def _refuse_nonfinite(path: Path, name: str, values: np.ndarray) -> None:
@@ -327,7 +332,7 @@ def quantized_linears(hf_dir: Path, q: CheckpointQuantization) -> QuantizedLinea
 def float32(tensors: StoredTensors, name: str) -> np.ndarray:
     """A stored tensor, in float32 if it is floating (as the float checkpoint holds it)."""
     value = tensors[name]
-    return value.astype(np.float32) if np.issubdtype(value.dtype, np.floating) else value
+    return value.astype(np.float32, copy=False) if np.issubdtype(value.dtype, np.floating) else value
 
 
 def write_dequantized(
@@ -363,4 +368,9 @@ def write_dequantized(
     dtypes = {
         name: "F32" if name not in tensors or tensors.dtype(name) in floats else tensors.dtype(name) for name in made
     }
-    return write_tensors(out_file, [(name, dtypes[name], shapes[name], make) for name, make in made.items()])
+    try:
+        return write_tensors(out_file, [(name, dtypes[name], shapes[name], make) for name, make in made.items()])
+    except ValueError as exc:  # the codes describe another shape than config.json gives the model
+        raise CheckpointError(
+            f"{hf_dir}: {exc} by {hf_dir / 'config.json'}; the codes and the config disagree"
+        ) from None

@@ -74,10 +74,15 @@ def copy_tensors(
     return {name: written[name] for name in source}
 
 
+# numpy's name of each safetensors dtype a made tensor may have (bfloat16 and the FP8 ones have none)
+NUMPY_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32", "I16": "int16"}
+NUMPY_DTYPES |= {"I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool"}
+
+
 def write_tensors(out_file: Path, tensors: list[tuple[str, str, list[int], Callable[[], object]]]) -> dict[str, dict]:
     """Write tensors made one at a time into one file: (name, safetensors dtype, shape, a function making the numpy
-    array of that dtype and shape) each, made only when its bytes are written and then dropped. Returns the header
-    written; ValueError names a tensor made with another shape or element size than announced."""
+    array of that dtype and shape) each, made only when its bytes are written and dropped before the next is made.
+    Returns the header written; ValueError names a tensor made with another dtype or shape than announced."""
     import numpy as np
 
     made = {name: (dtype, shape, make) for name, dtype, shape, make in tensors}
@@ -85,11 +90,13 @@ def write_tensors(out_file: Path, tensors: list[tuple[str, str, list[int], Calla
     header, ordered = _header(entries)
     with open(out_file, "wb") as out:
         out.write(header)
-        for name, dtype, shape, length in ordered:
-            value = np.ascontiguousarray(made[name][2]())
-            if list(value.shape) != list(shape) or value.nbytes != length:
+        for name, dtype, shape, _ in ordered:
+            value = np.require(made[name][2](), requirements="C")
+            if list(value.shape) != list(shape) or value.dtype != np.dtype(NUMPY_DTYPES[dtype]):
                 raise ValueError(f"{name}: made {value.dtype} {list(value.shape)}, announced {dtype} {list(shape)}")
-            out.write(memoryview(value).cast("B"))
+            if value.nbytes:
+                out.write(memoryview(value.reshape(-1)).cast("B"))
+            value = None  # one tensor at a time: dropped before the next is made
     written = json.loads(header[8:])
     return {name: written[name] for name in made}
 

@@ -200,19 +200,39 @@ def test_ignore_memory_check_runs_the_stage_anyway(tmp_path, tiny_llama, cli_bui
 def test_optimum_onnx_export_is_refused_above_its_size_naming_the_fused_graph(tmp_path):
     """optimum-onnx's export cannot stream: an 8B asking for it is refused by validate (and by the export stage for
     sources validate cannot size), pointing at the fused graph; the same config on a small model is accepted."""
-    from pipeline.targets.onnxruntime.config_rules import OPTIMUM_MAX_PARAMETERS, optimum_too_large
+    from pipeline.models import ModelFacts
+    from pipeline.targets.onnxruntime.config_rules import optimum_too_large
 
     body = "model: {{source: hf, path: {path}}}\ntarget: {{onnx_graph: optimum}}\nquantization: {{weights: int8}}\n"
     config = write_config(tmp_path / "c.yaml", body.format(path=llama_shape(tmp_path, "8b")))
     with pytest.raises(PipelineError) as refused:
         load_config(config)
     message = str(refused.value)
-    assert (
-        "target.onnx_graph" in message
-        and "refused above 1B parameters; this checkpoint's layers and token table have 7.50B" in message
-    )
+    assert "target.onnx_graph" in message and "refused above 1B parameters; this checkpoint has 8.03B" in message
     assert "set target.onnx_graph: auto (the fused graph streams)" in message
-    assert optimum_too_large(OPTIMUM_MAX_PARAMETERS, None) is None
-    assert "use target trtllm" in optimum_too_large(OPTIMUM_MAX_PARAMETERS + 1, "its family has no fused graph")
+    facts = ModelFacts.from_hf_config(json.loads((tmp_path / "8b" / "config.json").read_text()))
+    assert "use target trtllm" in optimum_too_large(tmp_path / "8b", facts, "its family has no fused graph")
     small = write_float16_llama(tmp_path / "small")
     assert small and load_config(write_config(tmp_path / "s.yaml", body.format(path=tmp_path / "small")))
+
+
+def test_an_already_quantized_checkpoint_is_planned_as_dequantized_one_tensor_at_a_time(tmp_path):
+    """The import writes the float32 weights a GPTQ checkpoint stands for, one tensor at a time: its disk is four
+    bytes a parameter, its peak the largest tensor read in its own dtype and made float32 beside it."""
+    from safetensors.numpy import load_file
+
+    from tests.prequantized_checkpoints import rtn_linears, write_checkpoint
+
+    elements = write_float16_llama(tmp_path / "float")
+    state = {
+        name: value.astype(np.float32) for name, value in load_file(tmp_path / "float" / "model.safetensors").items()
+    }
+    write_checkpoint(
+        tmp_path / "float", tmp_path / "gptq", rtn_linears(state, 4, 32, True), "gptq_v2", 4, 32, False, True
+    )
+    overrides = [f"model.path={tmp_path / 'gptq'}", "quantization.checkpoint_quantization=dequantize"]
+    config = write_config(tmp_path / "c.yaml", "model: {source: hf, path: x}\n")
+    prediction = predict(load_config(config, overrides))["import"]
+    assert prediction.peak == "one tensor at a time, dequantized"
+    assert prediction.disk_bytes == 4 * elements
+    assert prediction.host_bytes == int(0.25 * GiB) + (2 + 4) * 256 * 64  # light libraries, the float16 table

@@ -88,6 +88,7 @@ GATE = "the quality gate"
 # runs a model one float32 copy); before the first: starting (imports, reading the config and headers).
 PHASES = (
     (("copying ", " tensors into "), "copying the tensors", False),
+    (("dequantizing ", " tensors into "), "dequantizing the tensors", False),
     (("building the fused graph",), "writing the ONNX graph", False),
     (("exporting the decoder with optimum",), "writing the ONNX graph", False),
     (("comparing ONNX Runtime logits",), "the export's logits check", True),
@@ -100,7 +101,9 @@ PHASES = (
 )
 STARTING = "starting"
 # The served check of a built repository: a few short streamed completions through our OpenAI gateway.
-SERVE_ARGS = ["--protocol", "openai", "--concurrency", "1", "--requests", "4", "--output-len", "16"]
+SERVE_REQUESTS, SERVE_TOKENS = 4, 16
+SERVE_ARGS = ["--protocol", "openai", "--concurrency", "1", "--requests", str(SERVE_REQUESTS)]
+SERVE_ARGS += ["--output-len", str(SERVE_TOKENS)]
 SAMPLE_SECONDS = 0.05
 IGNORE_MEMORY_CHECK = "--ignore-memory-check"
 DEFAULT_CONFIG = Path("build_configs/smollm2-135m-cpu.yaml")  # its import holds SmolLM2's tokenizer
@@ -369,8 +372,7 @@ def measure_target(
         measured = measure_process(command + overrides, logs / f"{target}-{name}.log")
         row |= measured | {"status": "ok" if measured["returncode"] == 0 else "failed"}
         if measured["returncode"] != 0:
-            last = next((line.strip() for line in reversed(measured["log_tail"]) if line.strip()), "")
-            failed = f"{name} failed: {failure(measured['returncode'])}: {last[:300]}"
+            failed = f"{name} failed: {failure(measured['returncode'])}: {last_line(measured)}"
             row["reason"] = failed
             log(f"{size} {target}: {failed}; log: {logs / f'{target}-{name}.log'}")
         else:
@@ -398,6 +400,11 @@ def measure_target(
     }
 
 
+def last_line(measured: dict) -> str:
+    """The last line a measured process printed (the error a failed stage ends on), cut to 300 characters."""
+    return next((line.strip() for line in reversed(measured["log_tail"]) if line.strip()), "")[:300]
+
+
 def serve_once(output: Path, log_file: Path) -> dict:
     """The built repository served by tritonserver with our OpenAI gateway (`bench serve`, a server of its own),
     a few streamed completions measured: the row of stage `serve` (its process tree: the server and every model)."""
@@ -407,12 +414,20 @@ def serve_once(output: Path, log_file: Path) -> dict:
     row = {"stage": "serve"} | measured
     results = report / "latest-serve" / "results.json"
     summary = json.loads(results.read_text())["levels"][0]["summary"] if results.is_file() else None
-    if measured["returncode"] != 0 or not summary or summary["errors"] or not summary["requests"]:
-        last = next((line.strip() for line in reversed(measured["log_tail"]) if line.strip()), "")
-        return row | {"status": "failed", "reason": f"serve failed: {failure(measured['returncode'])}: {last[:300]}"}
+    if measured["returncode"] != 0 or not summary:
+        return row | {
+            "status": "failed",
+            "reason": f"serve failed: {failure(measured['returncode'])}: {last_line(row)}",
+        }
+    if summary["errors"] or summary["requests"] != SERVE_REQUESTS:
+        answered = summary["requests"] - summary["errors"]
+        return row | {
+            "status": "failed",
+            "reason": f"served {answered} of {SERVE_REQUESTS} completions: {last_line(row)}",
+        }
     del row["log_tail"]
     answered = (
-        f"{summary['requests']} streamed completions of {SERVE_ARGS[-1]} tokens, none failed, TTFT p50 "
+        f"{SERVE_REQUESTS} streamed completions of {SERVE_TOKENS} tokens, none failed, TTFT p50 "
         f"{summary['ttft_ms']['p50']:.0f} ms, {summary['output_token_throughput']:.1f} output tokens/s"
     )
     return row | {"status": "ok", "answered": answered, "serving": summary, "disk_bytes": 0}
@@ -420,7 +435,10 @@ def serve_once(output: Path, log_file: Path) -> dict:
 
 def source_commit() -> str:
     """The commit measured (`git describe --always --dirty`), or "unknown" outside a git checkout."""
-    done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
+    except OSError:  # no git here: the measurement is kept all the same
+        return "unknown"
     return done.stdout.strip() or "unknown"
 
 
@@ -482,7 +500,7 @@ def run_scale(
                 logs = out / size / "logs"
                 result = measure_target(size, target, checkpoint, output, logs, overrides, log, check_memory)
             finally:
-                shutil.rmtree(output, ignore_errors=True)  # disk is tight: a 3B CPU build writes about 24 GB
+                shutil.rmtree(output, ignore_errors=True)  # disk is tight: a 3B CPU build writes 20.7 GB
             result |= {
                 "size": size,
                 "target": target,

@@ -200,6 +200,7 @@ def _stream_dequantized(path: Path, detected, tokenizer, ctx, kwargs: dict) -> d
 
     config = AutoConfig.from_pretrained(path, **kwargs)
     del config.quantization_config
+    config.dtype = "float32"  # what the weights written are, whatever the quantized checkpoint's scales were
     shapes = expected_shapes(path, kwargs.get("trust_remote_code", False))
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()  # what save_pretrained leaves out
     shapes = {name: shape for name, shape in shapes.items() if name not in tied}

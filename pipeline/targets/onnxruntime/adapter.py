@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline import prequantized
 from pipeline.errors import BuildStepError
-from pipeline.memory import parameter_counts
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS
 from pipeline.targets.onnxruntime import ONNX_NAME
 from pipeline.targets.onnxruntime.config_rules import optimum_too_large
@@ -232,7 +232,7 @@ class OnnxRuntimeTarget:
         hf_dir = ctx.upstream("import")
         graph, why_not = choose_graph(hf_dir, cfg.target.onnx_graph)
         facts = cfg.model_facts()
-        too_large = graph == "optimum" and facts and optimum_too_large(sum(parameter_counts(facts)), why_not)
+        too_large = graph == "optimum" and facts and optimum_too_large(hf_dir, facts, why_not)
         if too_large:
             raise BuildStepError(too_large)
         if graph != "fused" and cfg.lora is not None:
@@ -290,7 +290,7 @@ class OnnxRuntimeTarget:
         return metrics
 
     @staticmethod
-    def _integer_linears(cfg, ctx, hf_dir: Path) -> dict | None:
+    def _integer_linears(cfg, ctx, hf_dir: Path) -> Mapping | None:
         """The codes the engine holds as they are: an already-quantized checkpoint's (kept), or GPTQ's; None where
         the quantizer rounds the graph's weights itself."""
         q = cfg.quantization

@@ -3,6 +3,8 @@ and runtime cannot honour, each a (field path, message with the fix)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline import prequantized
 from pipeline.errors import CheckpointError
 from pipeline.host_memory import COEFFICIENTS
@@ -19,9 +21,13 @@ CALIBRATED = {"gptq": ("int4", "gptq"), "smoothquant": ("int8", "SmoothQuant")}
 OPTIMUM_MAX_PARAMETERS = 1_000_000_000
 
 
-def optimum_too_large(parameters: int, why_not_fused: str | None) -> str | None:
-    """Why optimum-onnx's export is refused for a model whose layers and token table have `parameters`
-    (`memory.parameter_counts`), with the fix; None when it is not."""
+def optimum_too_large(hf_dir: Path, facts, why_not_fused: str | None) -> str | None:
+    """Why optimum-onnx's export is refused for the checkpoint in `hf_dir` (its parameters: the layers, the token
+    table and an untied lm_head), with the fix; None when it is not."""
+    from transformers import AutoConfig
+
+    linear, table = parameter_counts(facts)
+    parameters = linear + table * (1 if AutoConfig.from_pretrained(hf_dir).tie_word_embeddings else 2)
     if parameters <= OPTIMUM_MAX_PARAMETERS:
         return None
     fix = (
@@ -30,10 +36,9 @@ def optimum_too_large(parameters: int, why_not_fused: str | None) -> str | None:
         else "set target.onnx_graph: auto (the fused graph streams)"
     )
     return (
-        f"optimum-onnx's export holds the whole model in memory (about "
-        f"{COEFFICIENTS.optimum_export_bytes_per_parameter:.0f} bytes per "
-        f"parameter), so it is refused above {OPTIMUM_MAX_PARAMETERS / 1e9:g}B parameters; this checkpoint's layers "
-        f"and token table have {parameters / 1e9:.2f}B: {fix}"
+        "optimum-onnx's export holds the whole model in memory (about "
+        f"{COEFFICIENTS.optimum_export_bytes_per_parameter:.0f} bytes per parameter), so it is refused above "
+        f"{OPTIMUM_MAX_PARAMETERS / 1e9:g}B parameters; this checkpoint has {parameters / 1e9:.2f}B: {fix}"
     )
 
 
@@ -52,8 +57,8 @@ def _checkpoint_graph_problems(cfg) -> list:
         out.append((("target", "onnx_graph"), f"'fused' but {why_not}; set target.onnx_graph: auto or optimum"))
     if why_not and cfg.target.onnx_graph == "auto":
         out += _fused_only_problems(cfg, f"this checkpoint gets the optimum graph ({why_not})")
-    if why_not or cfg.target.onnx_graph == "optimum":
-        too_large = optimum_too_large(sum(parameter_counts(cfg.model_facts())), why_not)
+    if cfg.target.onnx_graph == "optimum" or (why_not and cfg.target.onnx_graph == "auto"):
+        too_large = optimum_too_large(hf_dir, cfg.model_facts(), why_not)
         out += [(("target", "onnx_graph"), too_large)] if too_large else []
     limit = fused_onnx.exact_length(hf_dir)
     if limit and cfg.build.max_seq_len > limit:
