@@ -414,9 +414,10 @@ class ChatRequest(Sampling):
     def choice(self) -> ToolChoice:
         return self.tool_choice or ("auto" if self.tools else "none")  # OpenAI's defaults
 
-    @functools.cached_property
+    @property
     def callable_tools(self) -> list[Tool]:
-        """The tools the answer may call (none: the answer is content)."""
+        """The tools the answer may call (none: the answer is content). Worked out at each use, as it costs a pass
+        over the tools: not a functools.cached_property, whose lock on Python 3.11 is shared by every request."""
         if self.choice != "none" and not self.tools:
             raise OpenAIError(400, "tool_choice needs tools", param="tool_choice")
         try:
