@@ -93,11 +93,12 @@ def test_bad_requests_get_clear_errors_and_the_server_stays_healthy(server, body
 def test_a_request_joins_the_running_batch_and_leaves_first(url, runner_text, greedy_gaps):
     """In-flight batching: B arrives while A decodes, is admitted at the next step and finishes first. A is long
     and B is sent at A's first response: on a busy machine the LLM model sends what piled up in one response, so a
-    few of A's responses may hold most of a shorter A (a CI run saw 256 tokens end in 4)."""
+    few of A's responses may hold most of a shorter A (a CI run saw 256 tokens end in 4). A ignores the end token
+    (end_id -1): greedy, PROMPT ends after 29 tokens, which a fast machine finished before B's 6."""
     long_chunks, finished = [], {}
 
     def long_request():
-        for chunk in stream_text(url, "ensemble", PROMPT, 1024):
+        for chunk in stream_text(url, "ensemble", PROMPT, 1024, end_id=-1):
             long_chunks.append(chunk)
         finished["long"] = time.monotonic()
 
