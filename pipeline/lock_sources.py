@@ -6,7 +6,10 @@ every table it loads from its own location (`Path(__file__).parent / "x.json"`, 
 so a module and the tables it executes are hashed together.
 `pipeline.stages` is hashed but not followed: it imports every stage. The target registry and trtllm's backend
 registry load their adapters by entry point, so following imports never reaches another target; a stage executes
-only its own target, which it names as a root (`Target.sources`).
+only its own target, which it names as a root (`Target.sources`). A target's adapter is a facade: every stage
+calls it, but each of its methods imports what it runs inside itself, so it is followed through its module-level
+imports only (`facades`), and each stage names the modules its own methods run (tests/test_lock_per_target.py
+checks that those cover every import in the methods the stage calls).
 Written by hand: import-graph tools (modulefinder, pydeps) execute or over-approximate; this reads the AST.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+from collections.abc import Iterable
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -35,24 +39,64 @@ def module_file(name: str) -> Path | None:
     return Path(spec.origin).resolve() if spec and spec.origin and spec.origin.endswith(".py") else None
 
 
-def imported_modules(path: Path) -> set[str]:
-    """`pipeline` modules a Python file imports anywhere in its body."""
+def imported_modules(path: Path, module_level: bool = False) -> set[str]:
+    """`pipeline` modules a Python file imports anywhere in its body but under `if TYPE_CHECKING:`, which never runs
+    (`module_level`: outside any function too)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return modules_imported_by((_outside_functions if module_level else _executed)(tree))
+
+
+def modules_imported_by(nodes: Iterable[ast.AST]) -> set[str]:
+    """`pipeline` modules the import statements among `nodes` import."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in nodes:
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE}
+            found |= {
+                name
+                for alias in node.names
+                if alias.name.split(".")[0] == PACKAGE
+                for name in _with_parents(alias.name)
+            }
         elif (
             isinstance(node, ast.ImportFrom)
             and node.level == 0
             and node.module
             and node.module.split(".")[0] == PACKAGE
         ):
-            found.add(node.module)
+            found |= _with_parents(node.module)
             # `from pipeline.targets import trtllm` imports the module pipeline.targets.trtllm.adapter
             found |= {
                 f"{node.module}.{alias.name}" for alias in node.names if module_file(f"{node.module}.{alias.name}")
             }
     return found
+
+
+def _with_parents(module: str) -> set[str]:
+    """A module and the packages above it, whose `__init__` an import of it runs first."""
+    parts = module.split(".")
+    return {".".join(parts[:end]) for end in range(1, len(parts) + 1)}
+
+
+def _executed(node: ast.AST):
+    """The nodes under `node` that can run: none under `if TYPE_CHECKING:` (type-only imports)."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if not _type_checking_only(child):
+            yield from _executed(child)
+
+
+def _outside_functions(node: ast.AST):
+    """The nodes under `node` that run when its module is imported: no function's or lambda's body."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) and not _type_checking_only(
+            child
+        ):
+            yield from _outside_functions(child)
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def loaded_tables(path: Path) -> set[Path]:
@@ -86,8 +130,9 @@ def _upstream_table(node: ast.AST) -> Path | None:
     return table.resolve() if reader in UPSTREAM_READERS and table.is_file() else None
 
 
-def source_files(roots: tuple[str | Path, ...]) -> list[Path]:
-    """Every file reached from `roots` (dotted module names or file paths), sorted."""
+def source_files(roots: tuple[str | Path, ...], facades: frozenset[str] = frozenset()) -> list[Path]:
+    """Every file reached from `roots` (dotted module names or file paths), sorted; a module named in `facades` is
+    followed through its module-level imports only."""
     seen: set[Path] = set()
     pending = [(module_file(root) if isinstance(root, str) else Path(root).resolve(), str(root)) for root in roots]
     while pending:
@@ -97,16 +142,16 @@ def source_files(roots: tuple[str | Path, ...]) -> list[Path]:
         seen.add(path)
         if path.suffix != ".py" or name in REGISTRIES:
             continue
-        for module in imported_modules(path):
+        for module in imported_modules(path, module_level=name in facades):
             pending.append((module_file(module), module))
         pending += [(table, str(table)) for table in loaded_tables(path)]
     return sorted(seen)
 
 
-def source_hashes(roots: tuple[str | Path, ...]) -> dict[str, str]:
+def source_hashes(roots: tuple[str | Path, ...], facades: frozenset[str] = frozenset()) -> dict[str, str]:
     """{path relative to the project: sha256 prefix} for every source file reached from `roots`."""
     hashes = {}
-    for path in source_files(roots):
+    for path in source_files(roots, facades):
         key = str(path.relative_to(PACKAGE_ROOT)) if path.is_relative_to(PACKAGE_ROOT) else str(path)
         hashes[key] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     return hashes

@@ -45,13 +45,13 @@ def stage_inputs(stage: ModuleType, cfg: BuildConfig, lock_entry: dict | None, u
     """Everything the stage's output is a function of; its hash is the stage's input hash."""
     cached = (lock_entry or {}).get("deps_files", {})
     dep_files, dep_hash = hash_paths(stage.deps(cfg), cached)
-    roots = (stage.__name__, *stage.SOURCES, *target_of(cfg).sources.get(stage.NAME, ()))
+    target = target_of(cfg)
+    adapter = type(target).__module__  # a facade: each stage names the modules its methods run (lock_sources)
+    roots = (stage.__name__, *stage.SOURCES, adapter, *target.sources.get(stage.NAME, ()))
     inputs = {
-        "params": {
-            path: dump_value(cfg, path) for path in (*stage.READS, *target_of(cfg).stage_reads(stage.NAME, cfg))
-        },
+        "params": {path: dump_value(cfg, path) for path in (*stage.READS, *target.stage_reads(stage.NAME, cfg))},
         "tools": tool_versions(stage, cfg),
-        "code": source_hashes(roots),
+        "code": source_hashes(roots, frozenset({adapter})),
         "deps": dep_hash,
         "upstream": upstream,
     }

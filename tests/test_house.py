@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -199,3 +201,98 @@ def test_no_module_is_over_600_lines():
         if (lines := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+NAME_COLUMN = slice(19, 58)  # the diagram's column of folder and module names (the leaves' lines: all of it)
+
+
+def diagram_layers(text: str) -> list[tuple[set[str], set[tuple[str, str]]]]:
+    """docs/architecture.md's diagram, top line first: each line's nodes (test_house's `folder` names) and the
+    imports its arrows allow within the line (`a -> b`); the leaves' lines are one layer, whose nodes import each
+    other freely."""
+    block = text.split("```\n", 2)[1]
+    layers, leaves = [], None
+    for line in block.splitlines():
+        if line.lstrip().startswith("─"):
+            continue
+        if line[: NAME_COLUMN.start].strip() == "leaves":
+            leaves = set()
+            layers.append((leaves, set()))
+        names = line[NAME_COLUMN.start :] if leaves is not None else line[NAME_COLUMN]
+        words = re.sub(r"\([^)]*\)", "", names).split()
+        nodes = [_node(word) for word in words if word != "->"]
+        arrows = {(_node(a), _node(b)) for a, arrow, b in zip(words, words[1:], words[2:]) if arrow == "->"}
+        if leaves is not None:
+            leaves |= set(nodes)
+            layers[-1] = (leaves, {(a, b) for a in leaves for b in leaves})
+        elif nodes:
+            layers.append((set(nodes), arrows))
+    return layers
+
+
+def _node(word: str) -> str:
+    """A diagram name as a `folder` node: `cli/` -> pipeline.cli, `targets/onnxruntime/` -> pipeline.targets.
+    onnxruntime, `targets/__init__` -> pipeline.targets, `build` -> pipeline.build."""
+    return "pipeline." + word.removesuffix("/").removesuffix("/__init__").replace("/", ".")
+
+
+def layer_violations(package: Path, layers) -> list[str]:
+    """Each import from a node to one on its own or a higher line of the diagram (not allowed by an arrow), and
+    each node the diagram leaves out."""
+    modules = module_names(package)
+    level = {node: index for index, (nodes, _) in enumerate(layers) for node in nodes}
+    allowed = {pair for _, arrows in layers for pair in arrows}
+    problems = set()
+    for name, path in modules.items():
+        if name == package.name:  # the package's own __init__: its version string
+            continue
+        source = _placed(folder(name, modules), level)
+        if source is None:
+            problems.add(f"{folder(name, modules)} is on no line of the diagram")
+            continue
+        for target, line in import_statements(name, path, modules):
+            destination = _placed(folder(target, modules), level)
+            if destination in (None, source) or destination.startswith(f"{source}."):
+                continue
+            if level[destination] <= level[source] and (source, destination) not in allowed:
+                problems.add(f"{name}:{line} imports {target}, on a line not below {source}'s")
+    return sorted(problems)
+
+
+def _placed(node: str, level: dict[str, int]) -> str | None:
+    """The diagram's name for a folder node: itself, or the nearest folder above it that the diagram names
+    (targets/onnxruntime/runtime/ is drawn with targets/onnxruntime/)."""
+    while node and node not in level:
+        node = node.rpartition(".")[0]
+    return node or None
+
+
+def test_every_import_goes_down_the_layers_architecture_md_draws():
+    layers = diagram_layers(ARCHITECTURE.read_text())
+    assert {"pipeline.config", "pipeline.errors", "pipeline.cli"} <= {n for nodes, _ in layers for n in nodes}
+    assert layer_violations(PACKAGE, layers) == []
+
+
+def test_config_imports_only_the_leaves():
+    """The config model is the one source of truth every layer reads: it reads none of them back."""
+    layers = diagram_layers(ARCHITECTURE.read_text())
+    leaves, config = layers[-1][0], "pipeline.config"
+    assert config in layers[-2][0]
+    modules = module_names(PACKAGE)
+    reached = {
+        _placed(folder(target, modules), {n: 0 for n in leaves | {config}}) or folder(target, modules)
+        for name, path in modules.items()
+        if folder(name, modules) == config
+        for target, _ in import_statements(name, path, modules)
+    }
+    assert reached - {config} <= leaves, sorted(reached - {config} - leaves)
+
+
+def test_an_import_up_the_layers_is_found(tmp_path):
+    package = tmp_path / "pipeline"
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    config = package / "config" / "schema.py"
+    config.write_text(config.read_text() + "\n\ndef late():\n    from pipeline import quality  # noqa\n")
+    layers = diagram_layers(ARCHITECTURE.read_text())
+    assert any("pipeline.config.schema" in p and "pipeline.quality" in p for p in layer_violations(package, layers))

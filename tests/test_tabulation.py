@@ -416,6 +416,26 @@ def test_guide_types_per_release_are_the_cpp_backends():
     assert TABLE["0.18"]["guided_decoding_backends"] == [] and TABLE["0.18"]["tokenizer_info"] == {}
 
 
+def test_the_cpu_models_guide_types_are_those_of_the_release_it_mirrors_read_from_the_same_file():
+    interface = facts("cpu_llm_interface")
+    mirrored = TABLE[interface["mirrors"]]
+    assert interface["guide_types"] == mirrored["guide_types"]
+    assert interface["source"] in mirrored["source"]["files"] and interface["source"]["pinned"]
+    parser = """
+    std::optional<GuidedDecodingParams> getGuidedDecodingParamsFromTensors(InputTensors const& inputs)
+    {
+        std::unordered_map<std::string, GuidedDecodingParams::GuideType> byName
+            = {{"regex", GuidedDecodingParams::GuideType::kREGEX}, {"json", GuidedDecodingParams::GuideType::kJSON}};
+    }
+    """
+    upstream = Files({"utils.cc": parser})
+    made = dev_script("tabulate_cpu_llm_interface").tabulate(upstream)
+    assert made["guide_types"] == ["json", "regex"] and made["source"] == interface["source"]
+    assert upstream.read_at == [
+        (interface["source"]["repo"], interface["source"]["path"], interface["source"]["commit"])
+    ]
+
+
 def test_releases_0_20_to_1_1_store_their_templates_once():
     stored = json.loads((TABLES / "tensorrtllm_backend.json").read_text())["releases"]
     assert "models" in stored["0.20"]

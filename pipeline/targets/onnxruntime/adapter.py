@@ -22,8 +22,6 @@ from pipeline import prequantized
 from pipeline.errors import BuildStepError
 from pipeline.targets import COMMON_FIELDS, TRITON_DEPLOY_FIELDS
 from pipeline.targets.onnxruntime import ONNX_NAME
-from pipeline.targets.onnxruntime.config_rules import optimum_too_large
-from pipeline.targets.onnxruntime.quantize import quantize_graph
 
 LLM_MODEL_FILE = Path(__file__).with_name("triton_model.py")
 # Short, varied prompts for the export check: plain prose, code-like text and the chat template's special tokens.
@@ -181,9 +179,21 @@ class OnnxRuntimeTarget:
         *TRITON_DEPLOY_FIELDS,
     }
     sources = {
-        "export": ("pipeline.targets.onnxruntime.adapter", "pipeline.targets.onnxruntime.graph", "pipeline.quality"),
-        "engine": ("pipeline.targets.onnxruntime.adapter", "pipeline.targets.onnxruntime.scoring", "pipeline.quality"),
-        "triton_repo": ("pipeline.targets.onnxruntime.adapter", LLM_MODEL_FILE),
+        "export": (
+            "pipeline.targets.onnxruntime.graph",
+            "pipeline.targets.onnxruntime.config_rules",
+            "pipeline.targets.onnxruntime.scoring",
+            "pipeline.quality",
+        ),
+        "engine": (
+            "pipeline.targets.onnxruntime.quantize",
+            "pipeline.targets.onnxruntime.scoring",
+            "pipeline.targets.onnxruntime.gptq",
+            "pipeline.prequantized_packing",
+            "pipeline.quality",
+        ),
+        "lora": ("pipeline.targets.onnxruntime.scoring", "pipeline.quality"),  # each adapter's quality gate
+        "triton_repo": (LLM_MODEL_FILE, "pipeline.targets.onnxruntime.served_repository"),
         "deploy": ("pipeline.targets.onnxruntime.deployment",),  # its entry point (pyproject.toml)
     }
     gated_stage = "engine"
@@ -229,6 +239,8 @@ class OnnxRuntimeTarget:
         return {}  # the runtime reads PEFT's files (pipeline.targets.onnxruntime.runtime.lora_slots)
 
     def export(self, cfg, ctx) -> dict:
+        from pipeline.targets.onnxruntime.config_rules import optimum_too_large
+
         hf_dir = ctx.upstream("import")
         graph, why_not = choose_graph(hf_dir, cfg.target.onnx_graph)
         facts = cfg.model_facts()
@@ -259,6 +271,7 @@ class OnnxRuntimeTarget:
         import json
 
         from pipeline.config import SmoothQuantSection
+        from pipeline.targets.onnxruntime.quantize import quantize_graph
 
         hf_dir, export_dir = ctx.upstream("import"), ctx.upstream("export")
         q = cfg.quantization

@@ -39,9 +39,8 @@ class TrtllmTarget:
         "model) or a trtllm-build engine (Triton tensorrtllm backend)"
     )
     sources = {
-        "quantize": ("pipeline.targets.trtllm.adapter", "pipeline.fetch"),
+        "quantize": ("pipeline.fetch",),
         "export": (
-            "pipeline.targets.trtllm.adapter",
             "pipeline.targets.trtllm.checkpoint",
             "pipeline.targets.trtllm.torch_checkpoint",
             "pipeline.targets.trtllm.reference",
@@ -56,15 +55,15 @@ class TrtllmTarget:
         ),
         # both backends' modules and tables: a superset of what one build executes
         "engine": (
-            "pipeline.targets.trtllm.adapter",
             "pipeline.targets.trtllm.gpu_memory",
+            "pipeline.targets.trtllm.reference",  # the quality gate, where a target gates its engine
+            "pipeline.torch_models",
             *BACKEND_MODULES,
             *BACKEND_TABLES,
         ),
-        "triton_repo": ("pipeline.targets.trtllm.adapter", *BACKEND_MODULES, *BACKEND_TABLES),
+        "triton_repo": (*BACKEND_MODULES, *BACKEND_TABLES),
         "deploy": ("pipeline.targets.trtllm.deployment",),  # its entry point (pyproject.toml)
         "lora": (
-            "pipeline.targets.trtllm.adapter",
             "pipeline.targets.trtllm.lora_conversion",
             "pipeline.targets.trtllm.reference",  # the adapter's quality gate
             "pipeline.quality",

@@ -36,9 +36,9 @@ from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
 from pipeline.upstream import facts
 
-# The `guided_decoding_guide_type` values of TensorRT-LLM's `tensorrt_llm` model (tensorrtllm_backend v0.19.0, the
-# interface the CPU model mirrors; scripts/dev/tabulate_trtllm_backend.py).
-GUIDE_TYPES: tuple[str, ...] = tuple(facts("tensorrtllm_backend")["releases"]["0.19"]["guide_types"])
+# The `guided_decoding_guide_type` values of TensorRT-LLM's `tensorrt_llm` model in the release the CPU model mirrors
+# (a table of its own, so a new TensorRT-LLM release re-runs no CPU build: scripts/dev/tabulate_cpu_llm_interface.py).
+GUIDE_TYPES: tuple[str, ...] = tuple(facts("cpu_llm_interface")["guide_types"])
 # JSON's layout is the model's, within llama.cpp's bounds: between tokens a space, or one or two newlines and up to 20
 # spaces or tabs (llama-cpp-python 0.3.36's sdist, vendor/llama.cpp/common/json-schema-to-grammar.cpp, SPACE_RULE).
 # Measured on JSONSchemaBench against one line with ", " and ": " (docs/serving.md, "JSON layout"): as many valid
