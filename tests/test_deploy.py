@@ -462,8 +462,8 @@ def test_tabulated_deployment_facts_name_the_upstream_commit_they_were_read_at()
 def test_the_lws_table_holds_what_the_manifests_rely_on():
     """The API, labels and env variables the manifests and the leader's script name, the workers' pod names, and
     pod templates left to the core schema."""
-    from pipeline.k8s import mpi_group_command
     from pipeline.k8s.manifests import LWS_API, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL
+    from pipeline.targets.trtllm.deployment import mpi_group_command
     from pipeline.upstream import facts
 
     lws = facts("leaderworkerset")

@@ -128,36 +128,6 @@ def triton_serve_command(cfg, paths: PodPaths) -> list[str]:
     return command
 
 
-# ---------------------------------------------------------------- multi-node groups (LeaderWorkerSet)
-
-# mpirun's remote shell in a group: `kubectl exec` into the worker pod (the LeaderWorkerSet TensorRT-LLM example's
-# `-mca plm_rsh_agent kubessh` launch; our script ships in both images' scripts/).
-KUBESSH = f"{APP_DIR}/scripts/kubessh"
-
-
-def mpi_group_command(mpirun: str, ranks: list[list[str]], gpus_per_node: int) -> list[str]:
-    """The leader's command: wait until its workers run, then start one rank per GPU of the group with mpirun, one
-    `-n 1` application context per rank (MPMD), in rank order.
-
-    The leader's pod name is the first label of LWS_LEADER_ADDRESS; its workers are that name -1 .. -(size - 1),
-    the names the LeaderWorkerSet controller gives them."""
-    import shlex
-
-    launch = " : ".join(shlex.join(["-n", "1", *rank]) for rank in ranks)
-    script = f"""set -e
-leader="${{LWS_LEADER_ADDRESS%%.*}}"
-hosts="$leader:{gpus_per_node}"
-i=1
-while [ "$i" -lt "$LWS_GROUP_SIZE" ]; do
-  until kubectl wait --for=condition=Ready --timeout=60s "pod/$leader-$i" >/dev/null 2>&1; do sleep 5; done
-  hosts="$hosts,$leader-$i:{gpus_per_node}"
-  i=$((i + 1))
-done
-exec {mpirun} --allow-run-as-root -mca plm_rsh_agent {KUBESSH} --host "$hosts" {launch}
-"""
-    return ["/bin/sh", "-c", script]
-
-
 # ---------------------------------------------------------------- the registry
 
 

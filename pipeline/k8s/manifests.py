@@ -5,7 +5,8 @@ One replica is a Deployment's pod (single node) or a LeaderWorkerSet's group (mu
 metric, and, when the output lives on a claim (artifacts: volume), the claim, a ConfigMap with the build config and a
 Job building it once (with the build's GPUs and memory) while the pods wait for it with a small init container. A
 ConfigMap also carries the runtime options file a server reads. Groups get the ServiceAccount whose pods/exec right
-lets the leader's mpirun start ranks in its workers (the LeaderWorkerSet TensorRT-LLM example's kubessh launch).
+lets the leader's mpirun start ranks in its workers (the LeaderWorkerSet TensorRT-LLM example's kubessh launch; the
+trtllm target's `mpi_group_command`).
 """
 
 from __future__ import annotations
