@@ -184,131 +184,196 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
     """Write the fused graph for the checkpoint in hf_dir to out_path (weights in out_path + '.data'), with a
     multi-LoRA branch on the linears holding `lora_modules` (`runtime.lora_slots`)."""
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
     from transformers import AutoConfig
 
     why_not = supports(hf_dir)
     if why_not:
         raise BuildStepError(f"{hf_dir}: cannot build the fused graph: {why_not}; set target.onnx_graph: optimum")
     config = AutoConfig.from_pretrained(hf_dir)  # with derived fields (layer_types) and the family's defaults
-    family = FAMILIES[next(a for a in config.architectures if a in FAMILIES)]
-    weights = CheckpointTensors(hf_dir)
     facts = ModelFacts.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
-    layers, hidden = facts.num_hidden_layers, facts.hidden_size
-    heads, kv_heads, head_dim = facts.num_attention_heads, facts.num_key_value_heads, facts.head_size
-    eps = float(config.rms_norm_eps)
-    gelu = ACTIVATIONS[activation(config)]
-    scale = float(getattr(config, "query_pre_attn_scalar", None) or head_dim) ** -0.5
-    windows = sliding_windows(config)
-
-    nodes, initializers = [], []
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    data = DataWriter(out_path.with_name(out_path.name + ".data"))
+    graph = FusedGraph(config, facts, CheckpointTensors(hf_dir), out_path.with_name(out_path.name + ".data"))
+    graph.lora_branches = lora.branch_parts(list(lora_modules))
+    x = graph.embeddings()
+    residual = None
+    for layer in range(facts.num_hidden_layers):
+        x, residual = graph.decoder_layer(layer, x, residual)
+    graph.logits(x, residual)
+    inputs, outputs = graph.interface()
+    model = helper.make_model(
+        helper.make_graph(graph.nodes, "fused_gqa", inputs, outputs, graph.initializers),
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="trtllm-pipeline",
+    )
+    graph.data.close()
+    onnx.save(model, str(out_path))  # the weights are in the data file already
+    return {
+        "graph": "fused_gqa",
+        "layers": facts.num_hidden_layers,
+        "opset": OPSET,
+        "nodes": len(graph.nodes),
+        "lora_branches": sum(name.endswith(".a") for name in graph.lora_inputs),
+    }
 
-    def weight(name: str, array: np.ndarray, dtype=np.float32) -> str:
-        initializers.append(data.add(name, np.asarray(array, dtype=dtype)))
+
+class FusedGraph:
+    """The nodes and initializers of one fused graph as they are added, each weight written to the data file as it
+    is read (so the checkpoint is held one tensor at a time), named after the Hugging Face module it computes."""
+
+    def __init__(self, config, facts: ModelFacts, weights: CheckpointTensors, data_path: Path):
+        self.config, self.weights = config, weights
+        self.family = FAMILIES[next(a for a in config.architectures if a in FAMILIES)]
+        self.hidden, self.heads, self.kv_heads = facts.hidden_size, facts.num_attention_heads, facts.num_key_value_heads
+        self.head_dim, self.layers = facts.head_size, facts.num_hidden_layers
+        self.eps = float(config.rms_norm_eps)
+        self.gelu = ACTIVATIONS[activation(config)]
+        self.scale = float(getattr(config, "query_pre_attn_scalar", None) or self.head_dim) ** -0.5
+        self.windows = sliding_windows(config)
+        self.nodes, self.initializers = [], []
+        self.data = DataWriter(data_path)
+        self.lora_branches: dict[str, list[str]] = {}
+        self.lora_inputs = {}  # name -> value info of the graph input (the masks shared by branches of one width: once)
+
+    # ------------------------------------------------------------ building blocks
+
+    def weight(self, name: str, array: np.ndarray, dtype=np.float32) -> str:
+        self.initializers.append(self.data.add(name, np.asarray(array, dtype=dtype)))
         return name
 
-    def node(op: str, inputs: list[str], name: str, outputs: int = 1, domain: str = "", **attrs) -> list[str]:
+    def node(self, op: str, inputs: list[str], name: str, outputs: int = 1, domain: str = "", **attrs) -> list[str]:
+        from onnx import helper
+
         names = [f"{name}/output_{i}" for i in range(outputs)]
-        nodes.append(helper.make_node(op, inputs, names, name=name, domain=domain, **attrs))
+        self.nodes.append(helper.make_node(op, inputs, names, name=name, domain=domain, **attrs))
         return names
 
+    @staticmethod
     def path(module: str) -> str:
         return "/" + module.replace(".", "/")
 
-    def norm_weight(module: str) -> str:
-        return weight(f"{module}.weight", weights[f"{module}.weight"] + family.norm_offset)
+    def norm_weight(self, module: str) -> str:
+        return self.weight(f"{module}.weight", self.weights[f"{module}.weight"] + self.family.norm_offset)
 
-    def rms_norm(x: str, module: str) -> str:
-        return node("RMSNormalization", [x, norm_weight(module)], path(module), axis=-1, epsilon=eps)[0]
+    def rms_norm(self, x: str, module: str) -> str:
+        return self.node(
+            "RMSNormalization", [x, self.norm_weight(module)], self.path(module), axis=-1, epsilon=self.eps
+        )[0]
 
-    def skip_norm(x: str, skip: str, module: str) -> tuple[str, str]:
+    def skip_norm(self, x: str, skip: str, module: str) -> tuple[str, str]:
         """RMSNorm(x + skip) and x + skip, the residual stream."""
-        normed, _, _, total = node(
+        normed, _, _, total = self.node(
             "SkipSimplifiedLayerNormalization",
-            [x, skip, norm_weight(module)],
-            path(module),
+            [x, skip, self.norm_weight(module)],
+            self.path(module),
             outputs=4,
             domain="com.microsoft",
-            epsilon=eps,
+            epsilon=self.eps,
         )
         return normed, total
 
-    lora_branches = lora.branch_parts(list(lora_modules))
-    lora_inputs = {}  # name -> value info of the graph input (the masks shared by branches of one width: once)
-
-    def linear(x: str, module: str, parts: list[str], layer: int) -> str:
+    def linear(self, x: str, module: str, parts: list[str], layer: int) -> str:
         """x @ W for the HF modules `parts` concatenated along the output axis (+ bias when they have one, + the
         rows' LoRA deltas when the engine carries LoRA there); a module the checkpoint already stores fused
         (Phi-3's qkv_proj) is read as it is."""
+        weights, path = self.weights, self.path(module)
         if f"{module}.weight" in weights:
             parts = [module]
         matrix = np.concatenate([weights[f"{p}.weight"] for p in parts], axis=0).T  # HF stores [out, in]
-        out = node("MatMul", [x, weight(f"{module}.weight_t", matrix)], f"{path(module)}/MatMul")[0]
+        out = self.node("MatMul", [x, self.weight(f"{module}.weight_t", matrix)], f"{path}/MatMul")[0]
         if all(f"{p}.bias" in weights for p in parts):
             bias = np.concatenate([weights[f"{p}.bias"] for p in parts])
-            out = node("Add", [out, weight(f"{module}.bias", bias)], f"{path(module)}/Add")[0]
+            out = self.node("Add", [out, self.weight(f"{module}.bias", bias)], f"{path}/Add")[0]
         branch = module.rsplit(".", 1)[1]
-        if branch not in lora_branches:
+        if branch not in self.lora_branches:
             return out
+        return self.lora_delta(x, out, module, branch, layer, matrix.shape)
+
+    def lora_delta(self, x: str, out: str, module: str, branch: str, layer: int, shape: tuple[int, int]) -> str:
+        """out + the rows' LoRA deltas: x @ A, masked to each row's slot, @ B (`runtime.lora_slots`)."""
+        from onnx import TensorProto, helper
+
         a_name, b_name = lora.input_names(layer, branch)
-        fan_in, fan_out = matrix.shape
-        parts_carried = len(lora_branches[branch])
+        fan_in, fan_out = shape
+        parts_carried = len(self.lora_branches[branch])
         width, mask = f"lora_width_{parts_carried}", lora.mask_name(parts_carried)
-        lora_inputs[a_name] = helper.make_tensor_value_info(a_name, TensorProto.FLOAT, [fan_in, width])
-        lora_inputs[b_name] = helper.make_tensor_value_info(b_name, TensorProto.FLOAT, [width, fan_out])
-        lora_inputs[mask] = helper.make_tensor_value_info(mask, TensorProto.BOOL, ["batch", 1, width])
-        if not any(i.name == LORA_ZERO for i in initializers):
-            weight(LORA_ZERO, np.zeros((), np.float32))
-        down = node("MatMul", [x, a_name], f"{path(module)}/lora/MatMul")[0]
+        self.lora_inputs[a_name] = helper.make_tensor_value_info(a_name, TensorProto.FLOAT, [fan_in, width])
+        self.lora_inputs[b_name] = helper.make_tensor_value_info(b_name, TensorProto.FLOAT, [width, fan_out])
+        self.lora_inputs[mask] = helper.make_tensor_value_info(mask, TensorProto.BOOL, ["batch", 1, width])
+        if not any(i.name == LORA_ZERO for i in self.initializers):
+            self.weight(LORA_ZERO, np.zeros((), np.float32))
+        path = self.path(module)
+        down = self.node("MatMul", [x, a_name], f"{path}/lora/MatMul")[0]
         # Where, not a multiply by the mask: another slot's columns become exact zeros even where a row's own
         # adapter overflowed them to inf or NaN (0 x inf is NaN), so no row's values reach another row
-        masked = node("Where", [mask, down, LORA_ZERO], f"{path(module)}/lora/Where")[0]
-        delta = node("MatMul", [masked, b_name], f"{path(module)}/lora/MatMul_1")[0]
-        return node("Add", [out, delta], f"{path(module)}/lora/Add")[0]
+        masked = self.node("Where", [mask, down, LORA_ZERO], f"{path}/lora/Where")[0]
+        delta = self.node("MatMul", [masked, b_name], f"{path}/lora/MatMul_1")[0]
+        return self.node("Add", [out, delta], f"{path}/lora/Add")[0]
 
-    def head_norm(x: str, module: str) -> str:
+    def head_norm(self, x: str, module: str) -> str:
         """RMSNorm over each head of x [batch, seq, n * head_dim] (Qwen3 and Gemma 3 q_norm / k_norm)."""
-        heads_view = node("Reshape", [x, "head_shape"], f"{path(module)}/Reshape")[0]
-        return node("Reshape", [rms_norm(heads_view, module), "flat_shape"], f"{path(module)}/Reshape_1")[0]
+        heads_view = self.node("Reshape", [x, "head_shape"], f"{self.path(module)}/Reshape")[0]
+        return self.node(
+            "Reshape", [self.rms_norm(heads_view, module), "flat_shape"], f"{self.path(module)}/Reshape_1"
+        )[0]
 
-    table = weights["model.embed_tokens.weight"]
-    if family.embed_scale:  # scaled once here, not per token (a new array: the read one may map the file)
-        table = table * np.float32(hidden**0.5)
-    x = node("Gather", [weight("model.embed_tokens.weight", table), "input_ids"], "/model/embed_tokens/Gather")[0]
-    del table
-    caches = {"": rotary_cache(config)}
-    if family.local_rope_base:
-        caches["local_"] = rotary_cache(config, float(getattr(config, family.local_rope_base)))
-    for prefix, (cos, sin) in caches.items():
-        weight(f"{prefix}cos_cache", cos)
-        weight(f"{prefix}sin_cache", sin)
-    if any(name.endswith(".q_norm.weight") for name in weights):
-        weight("head_shape", np.array([0, 0, -1, head_dim]), np.int64)
-        weight("flat_shape", np.array([0, 0, -1]), np.int64)
-    residual = None
-    for i in range(layers):
+    # ------------------------------------------------------------ the model, in order
+
+    def embeddings(self) -> str:
+        """The token embeddings of input_ids, and the tables every layer shares (rotary caches, head shapes)."""
+        table = self.weights["model.embed_tokens.weight"]
+        if self.family.embed_scale:  # scaled once here, not per token (a new array: the read one may map the file)
+            table = table * np.float32(self.hidden**0.5)
+        embedded = self.weight("model.embed_tokens.weight", table)
+        x = self.node("Gather", [embedded, "input_ids"], "/model/embed_tokens/Gather")[0]
+        del table
+        caches = {"": rotary_cache(self.config)}
+        if self.family.local_rope_base:
+            caches["local_"] = rotary_cache(self.config, float(getattr(self.config, self.family.local_rope_base)))
+        for prefix, (cos, sin) in caches.items():
+            self.weight(f"{prefix}cos_cache", cos)
+            self.weight(f"{prefix}sin_cache", sin)
+        if any(name.endswith(".q_norm.weight") for name in self.weights):
+            self.weight("head_shape", np.array([0, 0, -1, self.head_dim]), np.int64)
+            self.weight("flat_shape", np.array([0, 0, -1]), np.int64)
+        return x
+
+    def decoder_layer(self, i: int, x: str, residual: str | None) -> tuple[str, str]:
+        """Layer i on x and the residual stream (None before the first layer): its output and the new stream."""
         prefix = f"model.layers.{i}"
         if residual is None:
-            normed, residual = rms_norm(x, f"{prefix}.input_layernorm"), x
+            normed, residual = self.rms_norm(x, f"{prefix}.input_layernorm"), x
         else:
-            normed, residual = skip_norm(x, residual, f"{prefix}.input_layernorm")
-        attn = f"{prefix}.self_attn"
-        qkv = linear(normed, f"{attn}.qkv_proj", fused_parts(f"{attn}.qkv_proj"), i)
-        if f"{attn}.q_norm.weight" in weights:
-            q, k, v = node(
+            normed, residual = self.skip_norm(x, residual, f"{prefix}.input_layernorm")
+        attn_out = self.attention(i, normed)
+        if f"{prefix}.post_feedforward_layernorm.weight" in self.weights:  # Gemma: norms after attention and MLP too
+            attn_out = self.rms_norm(attn_out, f"{prefix}.post_attention_layernorm")
+            normed, residual = self.skip_norm(attn_out, residual, f"{prefix}.pre_feedforward_layernorm")
+        else:
+            normed, residual = self.skip_norm(attn_out, residual, f"{prefix}.post_attention_layernorm")
+        x = self.mlp(i, normed)
+        if f"{prefix}.post_feedforward_layernorm.weight" in self.weights:
+            x = self.rms_norm(x, f"{prefix}.post_feedforward_layernorm")
+        return x, residual
+
+    def attention(self, i: int, normed: str) -> str:
+        """Layer i's attention: fused QKV, GroupQueryAttention over the in-place KV cache, o_proj."""
+        attn = f"model.layers.{i}.self_attn"
+        qkv = self.linear(normed, f"{attn}.qkv_proj", fused_parts(f"{attn}.qkv_proj"), i)
+        if f"{attn}.q_norm.weight" in self.weights:
+            sizes = np.array([self.heads, self.kv_heads, self.kv_heads]) * self.head_dim
+            q, k, v = self.node(
                 "Split",
-                [qkv, weight(f"{attn}.qkv_split", np.array([heads, kv_heads, kv_heads]) * head_dim, np.int64)],
-                f"{path(attn)}/Split",
+                [qkv, self.weight(f"{attn}.qkv_split", sizes, np.int64)],
+                f"{self.path(attn)}/Split",
                 outputs=3,
                 axis=-1,
             )
-            qkv_inputs = [head_norm(q, f"{attn}.q_norm"), head_norm(k, f"{attn}.k_norm"), v]
+            qkv_inputs = [self.head_norm(q, f"{attn}.q_norm"), self.head_norm(k, f"{attn}.k_norm"), v]
         else:
             qkv_inputs = [qkv, "", ""]
-        rope = "local_" if windows[i] and family.local_rope_base else ""
-        context, _, _ = node(
+        rope = "local_" if self.windows[i] and self.family.local_rope_base else ""
+        context, _, _ = self.node(
             "GroupQueryAttention",
             [
                 *qkv_inputs,
@@ -319,71 +384,62 @@ def build(hf_dir: Path, out_path: Path, lora_modules: Sequence[str] = ()) -> dic
                 f"{rope}cos_cache",
                 f"{rope}sin_cache",
             ],
-            f"{path(attn)}/GroupQueryAttention",
+            f"{self.path(attn)}/GroupQueryAttention",
             outputs=3,
             domain="com.microsoft",
-            num_heads=heads,
-            kv_num_heads=kv_heads,
+            num_heads=self.heads,
+            kv_num_heads=self.kv_heads,
             do_rotary=1,
             rotary_interleaved=0,
-            scale=scale,
-            local_window_size=windows[i] or -1,
+            scale=self.scale,
+            local_window_size=self.windows[i] or -1,
         )
-        nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
-        attn_out = linear(context, f"{attn}.o_proj", [f"{attn}.o_proj"], i)
-        if f"{prefix}.post_feedforward_layernorm.weight" in weights:  # Gemma: norms after attention and MLP too
-            attn_out = rms_norm(attn_out, f"{prefix}.post_attention_layernorm")
-            normed, residual = skip_norm(attn_out, residual, f"{prefix}.pre_feedforward_layernorm")
-        else:
-            normed, residual = skip_norm(attn_out, residual, f"{prefix}.post_attention_layernorm")
-        mlp = f"{prefix}.mlp"
-        gate_up = linear(normed, f"{mlp}.gate_up_proj", fused_parts(f"{mlp}.gate_up_proj"), i)
-        gate, up = node("Split", [gate_up], f"{path(mlp)}/Split", outputs=2, axis=-1, num_outputs=2)
-        if gelu:
-            act = node("Gelu", [gate], f"{path(mlp)}/Gelu", approximate=gelu)[0]
-        else:
-            act = node("Mul", [gate, node("Sigmoid", [gate], f"{path(mlp)}/Sigmoid")[0]], f"{path(mlp)}/SiLU")[0]
-        x = linear(node("Mul", [act, up], f"{path(mlp)}/Mul")[0], f"{mlp}.down_proj", [f"{mlp}.down_proj"], i)
-        if f"{prefix}.post_feedforward_layernorm.weight" in weights:
-            x = rms_norm(x, f"{prefix}.post_feedforward_layernorm")
-    final, _ = skip_norm(x, residual, "model.norm")
-    flat = node("Reshape", [final, weight("hidden_shape", np.array([-1, hidden]), np.int64)], "/model/norm/Reshape")[0]
-    picked = node("Gather", [flat, "logits_index"], "/model/logits_index/Gather", axis=0)[0]
-    # tied embeddings: lm_head gets its own copy, quantizable apart
-    lm_head = weights["lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"]
-    logits = node("MatMul", [picked, weight("lm_head.weight_t", lm_head.T)], "/lm_head/MatMul")[0]
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap:  # Gemma: tanh(logits / cap) * cap
-        capped = node(
-            "Tanh", [node("Div", [logits, weight("final_softcap", np.array(cap))], "/softcap/Div")[0]], "/softcap/Tanh"
-        )[0]
-        node("Mul", [capped, "final_softcap"], "/softcap/Mul")
-    nodes[-1].output[0] = "logits"
+        self.nodes[-1].output[1:] = [f"present.{i}.key", f"present.{i}.value"]
+        return self.linear(context, f"{attn}.o_proj", [f"{attn}.o_proj"], i)
 
-    cache = ["batch", kv_heads, "cache_capacity", head_dim]
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
-        helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
-        helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["tokens"]),
-    ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["tokens", config.vocab_size])]
-    for i in range(layers):
-        for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, cache))
-    graph = helper.make_graph(nodes, "fused_gqa", inputs + list(lora_inputs.values()), outputs, initializers)
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
-        producer_name="trtllm-pipeline",
-    )
-    data.close()
-    onnx.save(model, str(out_path))  # the weights are in the data file already
-    return {
-        "graph": "fused_gqa",
-        "layers": layers,
-        "opset": OPSET,
-        "nodes": len(nodes),
-        "lora_branches": sum(name.endswith(".a") for name in lora_inputs),
-    }
+    def mlp(self, i: int, normed: str) -> str:
+        """Layer i's gated MLP: fused gate/up, SiLU or tanh-GELU, down_proj."""
+        mlp = f"model.layers.{i}.mlp"
+        path = self.path(mlp)
+        gate_up = self.linear(normed, f"{mlp}.gate_up_proj", fused_parts(f"{mlp}.gate_up_proj"), i)
+        gate, up = self.node("Split", [gate_up], f"{path}/Split", outputs=2, axis=-1, num_outputs=2)
+        if self.gelu:
+            act = self.node("Gelu", [gate], f"{path}/Gelu", approximate=self.gelu)[0]
+        else:
+            act = self.node("Mul", [gate, self.node("Sigmoid", [gate], f"{path}/Sigmoid")[0]], f"{path}/SiLU")[0]
+        return self.linear(self.node("Mul", [act, up], f"{path}/Mul")[0], f"{mlp}.down_proj", [f"{mlp}.down_proj"], i)
+
+    def logits(self, x: str, residual: str) -> None:
+        """The final norm and lm_head at the rows logits_index picks, as the graph's `logits` output."""
+        final, _ = self.skip_norm(x, residual, "model.norm")
+        shape = self.weight("hidden_shape", np.array([-1, self.hidden]), np.int64)
+        flat = self.node("Reshape", [final, shape], "/model/norm/Reshape")[0]
+        picked = self.node("Gather", [flat, "logits_index"], "/model/logits_index/Gather", axis=0)[0]
+        # tied embeddings: lm_head gets its own copy, quantizable apart
+        weights = self.weights
+        lm_head = weights["lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"]
+        logits = self.node("MatMul", [picked, self.weight("lm_head.weight_t", lm_head.T)], "/lm_head/MatMul")[0]
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap:  # Gemma: tanh(logits / cap) * cap
+            divided = self.node("Div", [logits, self.weight("final_softcap", np.array(cap))], "/softcap/Div")[0]
+            capped = self.node("Tanh", [divided], "/softcap/Tanh")[0]
+            self.node("Mul", [capped, "final_softcap"], "/softcap/Mul")
+        self.nodes[-1].output[0] = "logits"
+
+    def interface(self) -> tuple[list, list]:
+        """The graph's inputs (ids, positions, the rows to score, the KV cache, the LoRA tables) and outputs."""
+        from onnx import TensorProto, helper
+
+        cache = ["batch", self.kv_heads, "cache_capacity", self.head_dim]
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+            helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["tokens"]),
+        ]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["tokens", self.config.vocab_size])]
+        for i in range(self.layers):
+            for kind in ("key", "value"):
+                inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache))
+                outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, cache))
+        return inputs + list(self.lora_inputs.values()), outputs
