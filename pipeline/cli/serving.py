@@ -176,31 +176,14 @@ def serve(
     curl -s localhost:8000/v2/models/ensemble/generate -d '{"text_input": "The capital of France is", "max_tokens": 16}'
     """
     from pipeline.build import build as run_build
-    from pipeline.build import cache_dir, default_output
-    from pipeline.serving.app import configured_key
-    from pipeline.serving.lifecycle import (
-        FrontedServing,
-        GatewayOptions,
-        Serving,
-        checked_repository,
-        refuse_open_gateway,
-        serve_without_triton,
-        served_name,
-    )
-    from pipeline.triton.server import Ports, host_port
+    from pipeline.build import default_output
+    from pipeline.serving.lifecycle import checked_repository, serve_without_triton
+    from pipeline.triton.server import Ports
 
-    api_key = configured_key(api_key)  # a key of whitespace only fails here, before anything starts
-    missing = [str(d) for d in allow_lora_dir if not d.is_dir()]
-    if missing:
-        raise PipelineError(f"--allow-lora-dir {missing[0]}: not a directory; name a directory holding adapters")
-    gateway = GatewayOptions(openai_port, api_key, openai_max_body_mb, tuple(allow_lora_dir)) if openai else None
-    if gateway and not api_key and os.environ.get("TRTLLM_PIPELINE_API_KEY") == "":
-        console.print(
-            f"[yellow]warning:[/] TRTLLM_PIPELINE_API_KEY is set but empty: the OpenAI gateway on port {openai_port} "
-            "takes no API key, so anyone who can reach it can use it; set a key "
-            "(TRTLLM_PIPELINE_API_KEY=$(openssl rand -hex 16)) or unset the variable if none is intended"
-        )
+    gateway = _gateway_options(openai, openai_port, api_key, openai_max_body_mb, allow_lora_dir, host)
     if gateway:
+        from pipeline.serving.lifecycle import refuse_open_gateway
+
         refuse_open_gateway(gateway, host, allow_unauthenticated)
     if build_first:
         if source.is_dir():
@@ -210,25 +193,64 @@ def serve(
     report = checked_repository(repo, source)
     own = serve_without_triton(repo, host, http_port, gateway)
     if own is not None:  # the gateway in front of the target's own server (without it, this process became that)
-        with FrontedServing(repo, own, host, gateway, log=lambda m: console.print(f"[dim]{m}[/]")) as fronted:
-            try:
-                fronted.start()
-                console.print(
-                    f"[green]serving[/] {repo} with {own.description} on {own.url} (loopback)\n"
-                    f"  OpenAI  http://{host_port(host, openai_port)}/v1 (model '{served_name(repo)}'"
-                    f"{', API key required' if api_key else ''}; 503 until {own.description} is ready)\n"
-                    "Ctrl-C stops the server.",
-                    highlight=False,
-                )
-                fronted.wait()
-            except KeyboardInterrupt:
-                console.print(f"stopping the gateway and {own.description}")
-        return
+        _serve_fronted(repo, own, host, gateway)
+    else:
+        _serve_tritonserver(
+            repo, report, host, Ports(http_port, grpc_port, metrics_port), gateway, log_file, ready_timeout
+        )
+
+
+def _gateway_options(openai: bool, port: int, api_key, max_body_mb: float, allow_lora_dir: list[Path], host: str):
+    """serve's --openai options checked (a blank key, a LoRA directory that is not one), or None without --openai."""
+    from pipeline.serving.app import configured_key
+    from pipeline.serving.lifecycle import GatewayOptions
+
+    api_key = configured_key(api_key)  # a key of whitespace only fails here, before anything starts
+    missing = [str(d) for d in allow_lora_dir if not d.is_dir()]
+    if missing:
+        raise PipelineError(f"--allow-lora-dir {missing[0]}: not a directory; name a directory holding adapters")
+    if not openai:
+        return None
+    if not api_key and os.environ.get("TRTLLM_PIPELINE_API_KEY") == "":
+        console.print(
+            f"[yellow]warning:[/] TRTLLM_PIPELINE_API_KEY is set but empty: the OpenAI gateway on port {port} "
+            "takes no API key, so anyone who can reach it can use it; set a key "
+            "(TRTLLM_PIPELINE_API_KEY=$(openssl rand -hex 16)) or unset the variable if none is intended"
+        )
+    return GatewayOptions(port, api_key, max_body_mb, tuple(allow_lora_dir))
+
+
+def _serve_fronted(repo: Path, own, host: str, gateway) -> None:
+    """The OpenAI gateway in front of the target's own server (trtllm-serve), until Ctrl-C."""
+    from pipeline.serving.lifecycle import FrontedServing, served_name
+    from pipeline.triton.server import host_port
+
+    with FrontedServing(repo, own, host, gateway, log=lambda m: console.print(f"[dim]{m}[/]")) as fronted:
+        try:
+            fronted.start()
+            console.print(
+                f"[green]serving[/] {repo} with {own.description} on {own.url} (loopback)\n"
+                f"  OpenAI  http://{host_port(host, gateway.port)}/v1 (model '{served_name(repo)}'"
+                f"{', API key required' if gateway.api_key else ''}; 503 until {own.description} is ready)\n"
+                "Ctrl-C stops the server.",
+                highlight=False,
+            )
+            fronted.wait()
+        except KeyboardInterrupt:
+            console.print(f"stopping the gateway and {own.description}")
+
+
+def _serve_tritonserver(repo: Path, report, host: str, ports, gateway, log_file, ready_timeout: float) -> None:
+    """tritonserver on the checked repository (and the gateway, with --openai), until Ctrl-C or a model dies."""
+    from pipeline.build import cache_dir
+    from pipeline.serving.lifecycle import Serving, served_name
+    from pipeline.triton.server import host_port
+
     serving = Serving(
         repo,
         report,
         cache_dir(),
-        ports=Ports(http_port, grpc_port, metrics_port),
+        ports=ports,
         host=host,
         log_file=log_file,
         gateway=gateway,
@@ -240,12 +262,12 @@ def serve(
                 serving.start(ready_timeout)
             console.print(
                 f"[green]serving[/] {repo} ({', '.join(sorted(report.models))})\n"
-                f"  HTTP    http://{host_port(host, http_port)}   e.g. POST /v2/models/ensemble/generate_stream\n"
-                f"  gRPC    {host_port(host, grpc_port)}\n  metrics http://{host_port(host, metrics_port)}/metrics\n"
+                f"  HTTP    http://{host_port(host, ports.http)}   e.g. POST /v2/models/ensemble/generate_stream\n"
+                f"  gRPC    {host_port(host, ports.grpc)}\n  metrics http://{host_port(host, ports.metrics)}/metrics\n"
                 f"  log     {serving.server.log_file}"
                 + (
-                    f"\n  OpenAI  http://{host_port(host, openai_port)}/v1 (model '{served_name(repo)}'"
-                    f"{', API key required' if api_key else ''})"
+                    f"\n  OpenAI  http://{host_port(host, gateway.port)}/v1 (model '{served_name(repo)}'"
+                    f"{', API key required' if gateway.api_key else ''})"
                     if gateway
                     else ""
                 )
