@@ -281,3 +281,28 @@ def test_ort_logits_fn_feeds_zero_length_float_past(exported):
     assert not math.isnan(
         perplexity(scoring.ort_logits_fn(out / "model.onnx", 1), np.arange(3, 50, dtype=np.int64), 16)
     )
+
+
+def test_the_cpu_serving_plan_counts_each_llm_instance_its_weights_kv_rows_store_and_activations():
+    """deploy's memory request (`serving_memory.plan_cpu_serving`): the processes once, and per LLM instance the
+    engine's weights, every row's float32 KV at max_seq_len, the prefix store where reuse is on, activations."""
+    from pipeline.targets.onnxruntime.serving_memory import plan_cpu_serving
+    from pipeline.validation import load_config
+
+    default = Path(__file__).resolve().parents[2] / "build_configs" / "smollm2-135m-cpu.yaml"
+    one = load_config(default, ["triton.llm_instance_count=1", "runtime.enable_kv_cache_reuse=true"])
+    facts = one.model_facts()
+    plan = plan_cpu_serving(one, facts)
+    per_token = facts.num_hidden_layers * 2 * facts.num_key_value_heads * facts.head_size * 4
+    assert per_token == 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: 30 layers, 3 KV heads of 64
+    assert plan.kv_rows_bytes == one.build.max_batch_size * one.build.max_seq_len * per_token
+    assert plan.kv_store_bytes > 0
+    per_instance = plan.weights_bytes + plan.kv_rows_bytes + plan.kv_store_bytes + plan.activation_bytes
+    assert plan.total_bytes == plan.runtime_bytes + per_instance
+    two = plan_cpu_serving(
+        load_config(default, ["triton.llm_instance_count=2", "runtime.enable_kv_cache_reuse=true"]), facts
+    )
+    assert two.total_bytes == two.runtime_bytes + 2 * per_instance and two.runtime_bytes > plan.runtime_bytes
+    without_reuse = plan_cpu_serving(load_config(default, ["runtime.enable_kv_cache_reuse=false"]), facts)
+    assert without_reuse.kv_store_bytes == 0
+    assert "host memory per replica" in plan.lines()[0]
