@@ -5,6 +5,10 @@ The stages stream (issue #46): import, the ONNX export, quantization and ModelOp
 time; only the parts that run a model hold one, and one at a time (the quality gate's reference, released before the
 engine runs). A stage's peak is then its libraries, plus the largest of its phases: a few float32 copies of the
 largest tensor while converting, or the one model it runs with that run's activations and logits.
+
+What is shared lives here: the checkpoint's shape, the fitted coefficients, the import (the same for every target)
+and the pieces each target's phases are made of. A target's own stages are its `build_phases` (the onnxruntime
+target's `build_memory.py`, the trtllm target's), so this module branches on no target.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from pathlib import Path
 
 from pipeline import prequantized
 from pipeline.errors import CheckpointError, NotEnoughMemory, PipelineError
-from pipeline.memory import DTYPE_BYTES, GiB, MiB, cpu_engine_weight_bytes, parameter_counts, weight_bytes_per_param
+from pipeline.memory import DTYPE_BYTES, GiB, MiB, parameter_counts
 from pipeline.models import ModelFacts, path_problem, read_gguf
 from pipeline.quality import WINDOW as SCORED_WINDOW  # tokens the quality gate and the export's check run at once
 from pipeline.safetensors_files import read_header
 from pipeline.stages import STAGES
+from pipeline.targets import target_of
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,7 @@ def checkpoint_shape(cfg) -> CheckpointShape | None:
     return CheckpointShape(parameters, largest, checkpoint, compute, own_bytes, embedding, tied, facts)
 
 
-def _forward_bytes(shape: CheckpointShape, tokens: int) -> int:
+def forward_bytes(shape: CheckpointShape, tokens: int) -> int:
     """Live float32 activations of one forward over `tokens` tokens: the layer's hidden states and MLP intermediates,
     one head's attention scores at a time being a fraction of these, plus the logits."""
     f, c = shape.facts, COEFFICIENTS
@@ -151,118 +156,57 @@ def _forward_bytes(shape: CheckpointShape, tokens: int) -> int:
     return int(tokens * (per_token + c.logits_copies * f.vocab_size) * 4)
 
 
-def _streamed_bytes(shape: CheckpointShape) -> int:
+def streamed_bytes(shape: CheckpointShape) -> int:
     return int(COEFFICIENTS.streamed_tensor_copies * shape.largest_tensor * 4)
 
 
 Phases = dict[str, tuple[int, str]]  # what a stage holds at a time -> (its bytes, the setting lowering it, or "")
 
 
-def _onnx_graph_bytes(shape: CheckpointShape) -> int:
-    """What ONNX Runtime holds of the exported float32 graph: every matmul's weight (the graph's lm_head is a matmul
-    of its own, tied or not), but not the token table, which a Gather reads where the data file is mapped (measured:
-    Llama-3.1-8B's widths, an untied 0.4B-parameter table, held 4.1 B/param less the table)."""
-    return 4 * (shape.parameters - (0 if shape.tied else shape.embedding))
-
-
-def _gate_phases(cfg, shape: CheckpointShape) -> Phases:
-    """The quality gate's two models, one at a time: the reference, released, then what was built (onnxruntime: the
-    engine with its runtime's buffers; trtllm: the checkpoint dequantized for a forward in the reference's dtype)."""
+def reference_phase(cfg, shape: CheckpointShape, float32_held: int | None = None) -> Phases:
+    """The quality gate's first model, the reference, with one scored window's forward: `float32_held` where the
+    target runs a float32 reference holding less than 4 B/param (the onnxruntime target's float32 graph)."""
     reference = REFERENCE_DTYPES[cfg.verify.reference_dtype]
-    window = _forward_bytes(shape, SCORED_WINDOW)
-    held = _onnx_graph_bytes(shape) if reference == 4 and cfg.target.name == "onnxruntime" else None
-    phases = {
+    held = float32_held if reference == 4 and float32_held is not None else reference * shape.parameters
+    return {
         f"the quality gate's {'float32' if reference == 4 else 'bfloat16'} reference ({reference} B/param)": (
-            (held or reference * shape.parameters) + window,
+            held + forward_bytes(shape, SCORED_WINDOW),
             "verify.reference_dtype=bfloat16" if reference == 4 else "",
         )
     }
-    if cfg.target.name != "onnxruntime":  # trtllm's reference forward of the checkpoint (targets/trtllm/reference.py)
-        matmuls = shape.parameters - (0 if shape.tied else shape.embedding)
-        checkpoint_run = int(4 * shape.parameters + COEFFICIENTS.trtllm_export_unexplained * matmuls + window)
-        return phases | {"the quality gate's run of the checkpoint, dequantized to float32": (checkpoint_run, "")}
-    f, b = shape.facts, cfg.build
-    weights = cpu_engine_weight_bytes(cfg.quantization, f)
-    # the engine's runner prefills at most max_num_tokens at once, and the gate gives it at most a window
-    run = _forward_bytes(shape, min(b.max_num_tokens, SCORED_WINDOW))
-    kv_one_row = b.max_seq_len * f.num_hidden_layers * 2 * f.num_key_value_heads * f.head_size * 4
-    setting = "a smaller build.max_num_tokens" if run > weights else ""
-    return phases | {"the quality gate's run of the engine": (weights + run + kv_one_row, setting)}
 
 
-def _cpu_engine_phases(cfg, shape: CheckpointShape) -> Phases:
-    q, f = cfg.quantization, shape.facts
-    phases = {"quantization, one weight at a time": (_streamed_bytes(shape), "")}
-    if q.calibration is not None and q.method in ("smoothquant", "gptq"):
-        hessian = 2 * f.intermediate_size**2 * 4 if q.method == "gptq" else 0  # the widest layer's, and its inverse
-        model = _onnx_graph_bytes(shape) if q.method == "smoothquant" else 4 * shape.parameters  # gptq: transformers
-        held, setting = _calibration_phase(shape, model, q.calibration.seq_len, "")
-        phases[f"{q.method} calibration over the float32 graph"] = (held + hessian, setting)
-    return phases | _gate_phases(cfg, shape)
-
-
-def _calibration_phase(shape: CheckpointShape, model_bytes: int, seq_len: int, model_setting: str) -> tuple[int, str]:
+def calibration_phase(shape: CheckpointShape, model_bytes: int, seq_len: int, model_setting: str) -> tuple[int, str]:
     """A calibration's model and the forward of one calibration sequence (pipeline.fetch.calibration_windows: batches
     of one, so num_samples changes the time, not the memory), with the setting lowering the larger of the two."""
-    forward = _forward_bytes(shape, seq_len)
+    forward = forward_bytes(shape, seq_len)
     return (
         model_bytes + forward,
         "a smaller quantization.calibration.seq_len" if forward > model_bytes else model_setting,
     )
 
 
+def _import_phases(cfg, shape: CheckpointShape) -> tuple[Phases, int]:
+    """(the import's phases beside its libraries; the bytes it writes): the same for every target."""
+    if isinstance(prequantized.of_config(cfg), prequantized.CheckpointQuantization):
+        # each tensor read in its dtype and made float32 beside it (a 0.28B GPTQ checkpoint with float16
+        # tables: 0.57 GiB measured, 2026-11-29); the import writes the float32 weights it stands for
+        copying = (shape.stored_bytes + 4) * shape.largest_tensor
+        return {"one tensor at a time, dequantized": (copying, "")}, 4 * shape.parameters
+    if cfg.model.source == "hf":
+        copying = int(COEFFICIENTS.imported_tensor_bytes * shape.largest_tensor)
+        return {"one tensor at a time": (copying, "")}, shape.checkpoint_bytes
+    # transformers dequantizes a GGUF whole (measured: SmolLM2's import held 973 MiB, 0.4 GiB + 4.4 B/param)
+    whole = shape.parameters * shape.compute_bytes
+    return {"the GGUF dequantized whole by transformers": (int(1.1 * whole), "")}, whole
+
+
 def _stage_phases(name: str, cfg, shape: CheckpointShape) -> tuple[Phases, int]:
-    """(the stage's phases beside its libraries; the bytes it writes)."""
-    q, target = cfg.quantization, cfg.target.name
-    streamed = {"one tensor at a time": (_streamed_bytes(shape), "")}
-    table_copies = 1 if shape.tied else 2
+    """(the stage's phases beside its libraries; the bytes it writes): the import's, or the target's own; a stage
+    the target plans nothing for writes configs and tokenizer files only."""
     if name == "import":
-        if isinstance(prequantized.of_config(cfg), prequantized.CheckpointQuantization):
-            # each tensor read in its dtype and made float32 beside it (a 0.28B GPTQ checkpoint with float16
-            # tables: 0.57 GiB measured, 2026-11-29); the import writes the float32 weights it stands for
-            copying = (shape.stored_bytes + 4) * shape.largest_tensor
-            return {"one tensor at a time, dequantized": (copying, "")}, 4 * shape.parameters
-        if cfg.model.source == "hf":
-            copying = int(COEFFICIENTS.imported_tensor_bytes * shape.largest_tensor)
-            return {"one tensor at a time": (copying, "")}, shape.checkpoint_bytes
-        # transformers dequantizes a GGUF whole (measured: SmolLM2's import held 973 MiB, 0.4 GiB + 4.4 B/param)
-        whole = shape.parameters * shape.compute_bytes
-        return {"the GGUF dequantized whole by transformers": (int(1.1 * whole), "")}, whole
-    if name == "export" and target == "onnxruntime":
-        if cfg.target.onnx_graph == "optimum":  # it holds the traced model and its proto (validate refuses > 1B)
-            whole = int(COEFFICIENTS.optimum_export_bytes_per_parameter * shape.parameters)
-            return {"optimum-onnx's export of the whole model": (whole, "target.onnx_graph=auto")}, 4 * shape.parameters
-        check = "the export's logits check on the float32 graph (4 B/param)"
-        phases = streamed | {check: (4 * shape.parameters + _forward_bytes(shape, COEFFICIENTS.check_tokens), "")}
-        # the fused graph holds the table and the lm_head apart, tied or not
-        return phases, 4 * (shape.parameters + (shape.embedding if shape.tied else 0))
-    if name == "engine" and target == "onnxruntime":
-        built = cpu_engine_weight_bytes(cfg.quantization, shape.facts) + COEFFICIENTS.side_files_bytes
-        return _cpu_engine_phases(cfg, shape), built
-    if name == "lora":  # each adapter gated as the base model is: its merged reference, then the engine with it
-        return _gate_phases(cfg, shape), COEFFICIENTS.side_files_bytes
-    linear = shape.parameters - table_copies * shape.embedding
-    checkpoint = int(
-        linear * weight_bytes_per_param(q.weights, q.group_size, shape.compute_bytes)
-        + table_copies * shape.embedding * shape.compute_bytes
-    )
-    if name == "quantize":  # writes ModelOpt's quantizer state: a float32 amax per output channel of every linear
-        seq_len = q.calibration.seq_len if q.calibration else SCORED_WINDOW
-        calibration = {  # modelopt.calibrate: float32 forward passes, whatever the checkpoint's dtype
-            "ModelOpt calibration of the float32 model": _calibration_phase(shape, 4 * shape.parameters, seq_len, "")
-        }
-        return calibration, linear // shape.facts.hidden_size * 4
-    if name == "export":  # trtllm: the unified export, tensor by tensor, of the model with its quantizers restored
-        export = {
-            "the export of the model in its dtype": (
-                shape.compute_bytes * shape.parameters + _streamed_bytes(shape),
-                "",
-            )
-        }
-        return export | _gate_phases(cfg, shape), checkpoint
-    if name == "engine" and cfg.target.trtllm_backend == "tensorrt":  # trtllm-build stages the checkpoint on the host
-        return {"trtllm-build reading the checkpoint": (checkpoint, "")}, checkpoint
-    return {}, COEFFICIENTS.side_files_bytes  # configs and tokenizer files only
+        return _import_phases(cfg, shape)
+    return target_of(cfg).build_phases(name, cfg, shape) or ({}, COEFFICIENTS.side_files_bytes)
 
 
 def predict(cfg) -> dict[str, Prediction]:
@@ -278,8 +222,6 @@ def predict(cfg) -> dict[str, Prediction]:
         phases, disk = _stage_phases(name, cfg, shape)
         light = not phases or (name == "import" and cfg.model.source == "hf")  # no model code runs there
         libraries = COEFFICIENTS.light_libraries_bytes if light else COEFFICIENTS.libraries_bytes
-        if cfg.target.name == "trtllm" and name in ("quantize", "export"):
-            libraries += COEFFICIENTS.modelopt_bytes
         peak, (held, lowered_by) = max(phases.items(), key=lambda item: item[1][0], default=("libraries", (0, "")))
         predictions[name] = Prediction(libraries + held, disk, lowered_by, peak)
     return predictions

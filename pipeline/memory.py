@@ -1,7 +1,8 @@
-"""Sizes the memory plans share: the GPUs users target, bytes per parameter of each weight format, and the parameter
-counts of a checkpoint's shape. The plans themselves are their targets' (`pipeline.targets.trtllm.gpu_memory`: does a
-build fit its GPU; `pipeline.targets.onnxruntime.serving_memory`: a CPU server's host memory) and the builds'
-(`pipeline.host_memory`)."""
+"""Sizes the memory plans share: the GPUs users target (the config offers them), bytes per element of the float
+dtypes, and the parameter counts of a checkpoint's shape. The plans themselves, with the bytes per parameter of their
+weight formats, are their targets' (`pipeline.targets.trtllm.gpu_memory`: does a build fit its GPU;
+`pipeline.targets.onnxruntime.serving_memory`: a CPU server's host memory; each target's `build_memory`: its stages'
+part of the build's plan) and the builds' (`pipeline.host_memory`)."""
 
 from __future__ import annotations
 
@@ -30,22 +31,3 @@ def parameter_counts(f) -> tuple[int, int]:
         + 3 * f.hidden_size * f.intermediate_size
     )  # fc, gate, proj
     return per_layer * f.num_hidden_layers, f.vocab_size * f.hidden_size
-
-
-def weight_bytes_per_param(weights: str, group_size: int, dtype_bytes: int) -> float:
-    return {"none": dtype_bytes, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / group_size, "nvfp4": 0.5 + 1 / 16}[
-        weights
-    ]  # + scales
-
-
-def cpu_weight_bytes_per_param(weights: str, group_size: int) -> float:
-    """MatMulNBits: packed weights plus one float32 scale per block (int4 adds a 4-bit zero point per block)."""
-    return {"none": 4.0, "int8": 1 + 4 / group_size, "int4": 0.5 + 4.5 / group_size}[weights]
-
-
-def cpu_engine_weight_bytes(quantization, facts) -> int:
-    """The weights of an onnxruntime engine (MatMulNBits); the lm_head is a quantized linear, tied or not."""
-    linear, embedding = parameter_counts(facts)
-    per_param = cpu_weight_bytes_per_param(quantization.weights, quantization.group_size)
-    table = embedding * (per_param if quantization.quantize_embedding else 4.0)
-    return int((linear + embedding) * per_param + table)

@@ -105,6 +105,11 @@ class Target(Protocol):
         """(what `gated_stage` built in `built`, its fp32 reference) as this machine runs them for the quality gate;
         `output` holds the build's other stages. Raises PipelineError naming the build step when `built` lacks it."""
 
+    def build_phases(self, stage: str, cfg: BuildConfig, shape: Any) -> tuple[dict, int] | None:
+        """What stage `stage` holds at a time, {phase: (bytes, the setting lowering them)}, and the bytes it writes,
+        for the build's memory plan (`pipeline.host_memory`, whose CheckpointShape `shape` is: the registry sits
+        below it); None for a stage writing configs and tokenizer files."""
+
     def plan_notes(self, cfg: BuildConfig, output: Path) -> list[str]:
         """Extra lines for `plan` (e.g. the exact engine command, a memory plan)."""
 

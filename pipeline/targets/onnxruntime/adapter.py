@@ -443,5 +443,10 @@ class OnnxRuntimeTarget:
 
         return served_adapters(report)
 
+    def build_phases(self, stage: str, cfg, shape):
+        from pipeline.targets.onnxruntime.build_memory import build_phases
+
+        return build_phases(stage, cfg, shape)
+
     def plan_notes(self, cfg, output: Path) -> list[str]:
         return []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.memory import MiB, cpu_engine_weight_bytes
+from pipeline.memory import MiB, parameter_counts
 
 # What the serving processes of an onnxruntime build hold besides the engine (PSS, which counts a shared page once
 # across processes, as a container's memory cgroup does), measured on the default config's idle server (`serve
@@ -16,6 +16,19 @@ CPU_TRITONSERVER_BYTES = 37 * MiB
 CPU_TOKENIZER_INSTANCE_BYTES = 293 * MiB
 CPU_BLS_INSTANCE_BYTES = 21 * MiB
 CPU_LLM_RUNTIME_BYTES = 270 * MiB
+
+
+def weight_bytes_per_param(weights: str, group_size: int) -> float:
+    """MatMulNBits: packed weights plus one float32 scale per block (int4 adds a 4-bit zero point per block)."""
+    return {"none": 4.0, "int8": 1 + 4 / group_size, "int4": 0.5 + 4.5 / group_size}[weights]
+
+
+def engine_weight_bytes(quantization, facts) -> int:
+    """The weights of an onnxruntime engine (MatMulNBits); the lm_head is a quantized linear, tied or not."""
+    linear, embedding = parameter_counts(facts)
+    per_param = weight_bytes_per_param(quantization.weights, quantization.group_size)
+    table = embedding * (per_param if quantization.quantize_embedding else 4.0)
+    return int((linear + embedding) * per_param + table)
 
 
 @dataclass
@@ -46,7 +59,7 @@ class HostMemoryPlan:
 def plan_cpu_serving(cfg, facts) -> HostMemoryPlan:
     """The worst case of one onnxruntime replica serving `cfg` (its runtime keeps KV rows and store in float32)."""
     q, b, r, t = cfg.quantization, cfg.build, cfg.runtime, cfg.triton
-    weights = cpu_engine_weight_bytes(q, facts)
+    weights = engine_weight_bytes(q, facts)
     kv_per_token = facts.num_hidden_layers * 2 * facts.num_key_value_heads * facts.head_size * 4
     pool = r.max_tokens_in_paged_kv_cache or b.max_batch_size * b.max_seq_len
     activations = b.max_num_tokens * (4 * facts.hidden_size + 3 * facts.intermediate_size) * 4

@@ -357,6 +357,11 @@ class TrtllmTarget:
     def served_adapters(self, report):
         return None  # its engines take adapters only from the build (the lora stage)
 
+    def build_phases(self, stage: str, cfg, shape):
+        from pipeline.targets.trtllm.build_memory import build_phases
+
+        return build_phases(stage, cfg, shape)
+
     def plan_notes(self, cfg, output: Path) -> list[str]:
         import shlex
 

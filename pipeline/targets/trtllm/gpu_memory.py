@@ -13,9 +13,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.memory import DTYPE_BYTES, GPUS, GiB, parameter_counts, weight_bytes_per_param
+from pipeline.memory import DTYPE_BYTES, GPUS, GiB, parameter_counts
 
 CUDA_CONTEXT_BYTES = int(1.5 * GiB)  # context, cuBLAS/TensorRT workspace, runtime buffers
+
+
+def weight_bytes_per_param(weights: str, group_size: int, dtype_bytes: int) -> float:
+    """A TensorRT-LLM checkpoint's bytes per linear parameter in each weight format, its scales included."""
+    return {"none": dtype_bytes, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / group_size, "nvfp4": 0.5 + 1 / 16}[weights]
 
 
 @dataclass
