@@ -30,6 +30,15 @@ def read_header(file: Path) -> tuple[dict[str, dict], int]:
     return header, 8 + size
 
 
+def tensor_headers(directory: Path) -> dict[str, tuple[str, list[int]]]:
+    """{name: (safetensors dtype, shape)} over every *.safetensors file of `directory`, from the headers only."""
+    return {
+        name: (entry["dtype"], list(entry["shape"]))
+        for file in sorted(directory.glob("*.safetensors"))
+        for name, entry in read_header(file)[0].items()
+    }
+
+
 # bytes per element of each safetensors dtype: also the alignment its data gets
 ELEMENT_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
 ELEMENT_BYTES |= {"I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}

@@ -41,7 +41,7 @@ def export(hf: Path, name: str, out: Path, exclude: list[str] = ()) -> tuple[lis
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.targets.trtllm.modelopt import calibrate, quiet_modelopt
-    from pipeline.targets.trtllm.torch_checkpoint import export_unified
+    from pipeline.targets.trtllm.unified_export import export_unified
 
     q = SimpleNamespace(
         **QUANT[name],

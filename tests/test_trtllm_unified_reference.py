@@ -16,7 +16,8 @@ from pipeline import quality, torch_models
 from pipeline.build import cache_dir
 from pipeline.targets.trtllm.reference import checkpoint_model, load_unified_reference
 from pipeline.targets.trtllm.torch_checkpoint import RELEASES as TORCH_RELEASES
-from pipeline.targets.trtllm.torch_checkpoint import export_unified, torch_loader_problems
+from pipeline.targets.trtllm.torch_checkpoint import torch_loader_problems
+from pipeline.targets.trtllm.unified_export import export_unified
 from pipeline.validation import load_config
 from tests.conftest import run_cli, slow_fixture
 from tests.targets.test_trtllm import gpu_config

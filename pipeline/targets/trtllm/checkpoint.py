@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.models import ModelFacts
+from pipeline.safetensors_files import read_header, tensor_headers
 from pipeline.upstream import facts
 
 # tensorrt_llm/quantization/mode.py QuantAlgo values this pipeline produces, and the KV-cache ones.
@@ -168,12 +169,7 @@ def family_values(family: EngineFamily, hf: dict) -> dict:
 def hf_biases(hf_dir: Path) -> dict[str, bool]:
     """Which HF linears of the model carry a bias, from its own checkpoint (Qwen2 has q/k/v biases and no
     config key saying so)."""
-    from safetensors import safe_open
-
-    names = set()
-    for file in sorted(hf_dir.glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            names |= set(f.keys())
+    names = set(tensor_headers(hf_dir))
     return {
         "attn": any(n.endswith("self_attn.q_proj.bias") for n in names),
         "dense": any(n.endswith("self_attn.o_proj.bias") for n in names),
@@ -441,8 +437,6 @@ def hf_config(hf_dir: Path) -> dict:
 
 def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
     """All problems found (empty when the checkpoint conforms)."""
-    from safetensors import safe_open
-
     ckpt = json.loads((checkpoint / "config.json").read_text())
     hf = hf_config(hf_dir)
     try:
@@ -463,8 +457,7 @@ def check_checkpoint(checkpoint: Path, hf_dir: Path, cfg) -> list[str]:
         if not file.is_file():
             continue
         want = expected_tensors(ckpt, hf, rank, family)
-        with safe_open(file, "pt") as f:
-            have = {name: (f.get_slice(name).get_dtype(), list(f.get_slice(name).get_shape())) for name in f.keys()}
+        have = {name: (entry["dtype"], list(entry["shape"])) for name, entry in read_header(file)[0].items()}
         optional = {name for name, spec in want.items() if len(spec) == 3}
         want = {name: spec[:2] for name, spec in want.items()}
         for name in sorted(set(want) - set(have) - optional):

@@ -13,6 +13,8 @@ from collections import Counter
 from math import prod
 from pathlib import Path
 
+from pipeline.safetensors_files import tensor_headers
+
 SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 # a stored dtype -> the dtype `auto` deploys it in
 AUTO = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float16"}
@@ -21,14 +23,9 @@ AUTO = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float16"}
 def checkpoint_dtype(hf_dir: Path) -> str:
     """The torch dtype most of the checkpoint's floating-point values are stored in, read from the safetensors
     headers (config.json's dtype may name the dtype the pipeline computes in rather than the one on disk)."""
-    from safetensors import safe_open
-
     stored = Counter()
-    for file in sorted(Path(hf_dir).glob("*.safetensors")):
-        with safe_open(file, "pt") as f:
-            for name in f.keys():
-                piece = f.get_slice(name)
-                stored[piece.get_dtype()] += prod(piece.get_shape())
+    for dtype, shape in tensor_headers(Path(hf_dir)).values():
+        stored[dtype] += prod(shape)
     floats = {dtype: count for dtype, count in stored.items() if dtype in SAFETENSORS_FLOATS}
     return SAFETENSORS_FLOATS[max(floats, key=floats.get)]
 

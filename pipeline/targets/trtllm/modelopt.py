@@ -336,7 +336,7 @@ def export_checkpoints(
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
     from pipeline.targets.trtllm.checkpoint import engine_family
-    from pipeline.targets.trtllm.torch_checkpoint import export_unified
+    from pipeline.targets.trtllm.unified_export import export_unified
 
     torch_dtype = getattr(torch, dtype)
     checkpoint = out_dir / "trtllm_checkpoint"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline.errors import BuildStepError
 from pipeline.prequantized import QUANTIZED_DIR, CheckpointQuantization, kept, of_config
+from pipeline.safetensors_files import tensor_headers
 from pipeline.targets.trtllm.dtypes import deployed_dtype
 from pipeline.upstream import facts
 
@@ -110,19 +111,6 @@ def config_problems(cfg, detected=_UNSET) -> list[tuple[tuple[str, ...], str]]:
 
 
 # ---------------------------------------------------------------- the tensors the loader reads
-
-
-def tensor_headers(hf_dir: Path) -> dict[str, tuple[str, list[int]]]:
-    """{name: (safetensors dtype, shape)} over every *.safetensors file, from the headers only."""
-    from safetensors import safe_open
-
-    out = {}
-    for path in sorted(hf_dir.glob("*.safetensors")):
-        with safe_open(path, framework="numpy") as handle:
-            for name in handle.keys():
-                part = handle.get_slice(name)
-                out[name] = (part.get_dtype(), list(part.get_shape()))
-    return out
 
 
 def _linear_shapes(detected: CheckpointQuantization, qweight: list[int]) -> tuple[int, int]:
