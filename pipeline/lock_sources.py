@@ -9,7 +9,8 @@ registry load their adapters by entry point, so following imports never reaches 
 only its own target, which it names as a root (`Target.sources`). A target's adapter is a facade: every stage
 calls it, but each of its methods imports what it runs inside itself, so it is followed through its module-level
 imports only (`facades`), and each stage names the modules its own methods run (tests/test_lock_per_target.py
-checks that those cover every import in the methods the stage calls).
+checks that those cover every import in the methods the stage module calls, and in those deploy asks through
+`host_memory` and `validation`).
 Written by hand: import-graph tools (modulefinder, pydeps) execute or over-approximate; this reads the AST.
 """
 
@@ -43,7 +44,7 @@ def imported_modules(path: Path, module_level: bool = False) -> set[str]:
     """`pipeline` modules a Python file imports anywhere in its body but under `if TYPE_CHECKING:`, which never runs
     (`module_level`: outside any function too)."""
     tree = ast.parse(path.read_text(), str(path))
-    return modules_imported_by((_outside_functions if module_level else _executed)(tree))
+    return modules_imported_by(_executed(tree, functions=not module_level))
 
 
 def modules_imported_by(nodes: Iterable[ast.AST]) -> set[str]:
@@ -77,26 +78,16 @@ def _with_parents(module: str) -> set[str]:
     return {".".join(parts[:end]) for end in range(1, len(parts) + 1)}
 
 
-def _executed(node: ast.AST):
-    """The nodes under `node` that can run: none under `if TYPE_CHECKING:` (type-only imports)."""
+def _executed(node: ast.AST, functions: bool = True):
+    """The nodes under `node` that can run: none in the body of `if TYPE_CHECKING:` (type-only imports; its `else`
+    runs), and, without `functions`, none in a function's or lambda's body (what importing the module runs)."""
     yield node
     for child in ast.iter_child_nodes(node):
-        if not _type_checking_only(child):
-            yield from _executed(child)
-
-
-def _outside_functions(node: ast.AST):
-    """The nodes under `node` that run when its module is imported: no function's or lambda's body."""
-    yield node
-    for child in ast.iter_child_nodes(node):
-        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) and not _type_checking_only(
-            child
-        ):
-            yield from _outside_functions(child)
-
-
-def _type_checking_only(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for statement in child.orelse:
+                yield from _executed(statement, functions)
+        elif functions or not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            yield from _executed(child, functions)
 
 
 def loaded_tables(path: Path) -> set[Path]:

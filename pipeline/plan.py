@@ -46,8 +46,10 @@ def stage_inputs(stage: ModuleType, cfg: BuildConfig, lock_entry: dict | None, u
     cached = (lock_entry or {}).get("deps_files", {})
     dep_files, dep_hash = hash_paths(stage.deps(cfg), cached)
     target = target_of(cfg)
-    adapter = type(target).__module__  # a facade: each stage names the modules its methods run (lock_sources)
-    roots = (stage.__name__, *stage.SOURCES, adapter, *target.sources.get(stage.NAME, ()))
+    # the adapter is a facade, hashed where the target takes part in the stage, with the modules its methods run there
+    adapter = type(target).__module__
+    own = (adapter, *target.sources[stage.NAME]) if stage.NAME in target.sources else ()
+    roots = (stage.__name__, *stage.SOURCES, *own)
     inputs = {
         "params": {path: dump_value(cfg, path) for path in (*stage.READS, *target.stage_reads(stage.NAME, cfg))},
         "tools": tool_versions(stage, cfg),

@@ -20,13 +20,17 @@ _COPY_CHUNK = 64 << 20
 
 def read_header(file: Path) -> tuple[dict[str, dict], int]:
     """(each tensor's header entry by name, the file offset its data offsets count from); ValueError for a header
-    longer than the file."""
+    longer than the file, or tensors that do not end where the file does (a truncated or padded file)."""
     with open(file, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
-        if size > file.stat().st_size - 8:
+        length = file.stat().st_size
+        if size > length - 8:
             raise ValueError(f"{file}: its header is longer than the file")
         header = json.loads(f.read(size))
     header.pop("__metadata__", None)
+    end = max((entry["data_offsets"][1] for entry in header.values()), default=0)
+    if 8 + size + end != length:  # as safetensors' own reader refuses it: "file not fully covered"
+        raise ValueError(f"{file}: its tensors end at byte {8 + size + end:,} of a {length:,}-byte file (truncated?)")
     return header, 8 + size
 
 

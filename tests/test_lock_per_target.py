@@ -78,10 +78,10 @@ def code_of(stage, cfg) -> dict[str, str]:
     return stage_inputs(stage, cfg, None, {})["code"]
 
 
-def called_on_the_target(stage_module) -> set[str]:
-    """The target's methods a stage module calls (`target.x(...)`, `target_of(cfg).x(...)`)."""
+def called_on_the_target(module: Path) -> set[str]:
+    """The target's methods a module calls (`target.x(...)`, `target_of(cfg).x(...)`)."""
     called = set()
-    for node in ast.walk(ast.parse(Path(stage_module.__file__).read_text())):
+    for node in ast.walk(ast.parse(module.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner = node.func.value
             if (isinstance(owner, ast.Name) and owner.id == "target") or (
@@ -125,13 +125,28 @@ def imports_run_by(adapter: type, methods: set[str]) -> set[str]:
 @pytest.mark.parametrize("target_name", sorted(TARGETS))
 def test_each_stage_hashes_every_module_the_target_methods_it_calls_import(target_name):
     """The adapter is hashed as a facade (its module-level imports): the modules its methods import inside
-    themselves reach a stage's lock only through the target's `sources` for that stage, so those must cover them."""
+    themselves reach a stage's lock only through the target's `sources` for that stage, so those must cover them.
+    Read statically from the stage module's calls; a call from deeper down is tested on its own (deploy's below)."""
     target = TARGETS[target_name]
     adapter = type(target).__module__
     missing = {}
     for name, stage in STAGES.items():
-        roots = (stage.__name__, *stage.SOURCES, adapter, *target.sources.get(name, ()))
-        hashed = set(source_files(roots, frozenset({adapter})))
-        run = imports_run_by(type(target), called_on_the_target(stage))
+        own = (adapter, *target.sources[name]) if name in target.sources else ()
+        hashed = set(source_files((stage.__name__, *stage.SOURCES, *own), frozenset({adapter})))
+        run = imports_run_by(type(target), called_on_the_target(Path(stage.__file__)))
         missing[name] = sorted(m for m in run if module_file(m) and module_file(m) not in hashed)
     assert not any(missing.values()), f"add to {type(target).__name__}.sources: {missing}"
+
+
+def test_the_import_stage_hashes_no_target_and_deploy_hashes_what_it_asks_the_target_through_shared_code(
+    smollm2_gguf,
+):
+    """deploy's manifests carry the build Job's memory request (`host_memory` asks the target's `build_phases`) and
+    are validated by `validation.load_config` (the target's `config_problems`, `architecture_support`, ...)."""
+    asked = called_on_the_target(PACKAGE / "host_memory.py") | called_on_the_target(PACKAGE / "validation.py")
+    assert {"build_phases", "config_problems", "architecture_support"} <= asked
+    for cfg in (load_config(REPO / path) for path in CONFIGS.values()):
+        assert [path for path in code_of(STAGES["import"], cfg) if path.startswith("pipeline/targets/")] == []
+        deployed = {REPO / path for path in code_of(STAGES["deploy"], cfg)}
+        run = imports_run_by(type(TARGETS[cfg.target.name]), asked)
+        assert sorted(m for m in run if module_file(m) and module_file(m) not in deployed) == [], cfg.target.name

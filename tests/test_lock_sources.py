@@ -125,3 +125,19 @@ def test_every_table_a_hashed_module_loads_is_hashed():
     assert not missing, missing
     export = {f.name for f in source_files(("pipeline.stages.export", *TARGETS["trtllm"].sources["export"]))}
     assert {"trtllm_engine_models.json", "trtllm_checkpoint.json"} <= export
+
+
+def test_type_only_imports_are_not_followed_but_their_else_and_function_imports_are(tmp_path):
+    from pipeline.lock_sources import imported_modules
+
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pipeline import quality\nelse:\n    from pipeline import errors\n"
+        "def later():\n    from pipeline.targets.onnxruntime import graph\n"
+    )
+    everything = imported_modules(module)
+    assert {"pipeline.errors", "pipeline.targets.onnxruntime.graph"} <= everything
+    assert {"pipeline.targets", "pipeline.targets.onnxruntime"} <= everything  # the packages an import runs first
+    assert "pipeline.quality" not in everything
+    assert imported_modules(module, module_level=True) == {"pipeline", "pipeline.errors"}  # a facade's

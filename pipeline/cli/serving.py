@@ -180,7 +180,7 @@ def serve(
     from pipeline.serving.lifecycle import checked_repository, serve_without_triton
     from pipeline.triton.server import Ports
 
-    gateway = _gateway_options(openai, openai_port, api_key, openai_max_body_mb, allow_lora_dir, host)
+    gateway = _gateway_options(openai, openai_port, api_key, openai_max_body_mb, allow_lora_dir)
     if gateway:
         from pipeline.serving.lifecycle import refuse_open_gateway
 
@@ -200,7 +200,7 @@ def serve(
         )
 
 
-def _gateway_options(openai: bool, port: int, api_key, max_body_mb: float, allow_lora_dir: list[Path], host: str):
+def _gateway_options(openai: bool, port: int, api_key, max_body_mb: float, allow_lora_dir: list[Path]):
     """serve's --openai options checked (a blank key, a LoRA directory that is not one), or None without --openai."""
     from pipeline.serving.app import configured_key
     from pipeline.serving.lifecycle import GatewayOptions

@@ -39,7 +39,9 @@ class Target(Protocol):
     # is a `validate` error naming the field and the target.
     honours: ClassVar[frozenset[str]]
     # Per stage: the Python modules (dotted) and copied files (paths) the target executes there, and the
-    # distributions whose versions shape the output. Both are hashed into the stage's lock entry.
+    # distributions whose versions shape the output. Both are hashed into the stage's lock entry. The adapter's
+    # module is hashed through its module-level imports only (`pipeline.lock_sources`), so `sources` names every
+    # module its methods import inside themselves for the stage (tests/test_lock_per_target.py checks it).
     sources: ClassVar[dict[str, tuple[str | Path, ...]]]
     tools: ClassVar[dict[str, tuple[str, ...]]]
     # The stage whose output the quality gate (`pipeline.quality`) scores, in that stage and in `verify`: the

@@ -194,7 +194,13 @@ class OnnxRuntimeTarget:
         ),
         "lora": ("pipeline.targets.onnxruntime.scoring", "pipeline.quality"),  # each adapter's quality gate
         "triton_repo": (LLM_MODEL_FILE, "pipeline.targets.onnxruntime.served_repository"),
-        "deploy": ("pipeline.targets.onnxruntime.deployment",),  # its entry point (pyproject.toml)
+        # its entry point (pyproject.toml); the build Job's memory request and the config's checks it runs
+        "deploy": (
+            "pipeline.targets.onnxruntime.deployment",
+            "pipeline.targets.onnxruntime.build_memory",
+            "pipeline.targets.onnxruntime.config_rules",
+            "pipeline.targets.onnxruntime.graph",
+        ),
     }
     gated_stage = "engine"
     tools = {

@@ -18,7 +18,7 @@ CPU_BLS_INSTANCE_BYTES = 21 * MiB
 CPU_LLM_RUNTIME_BYTES = 270 * MiB
 
 
-def weight_bytes_per_param(weights: str, group_size: int) -> float:
+def matmul_nbits_bytes_per_param(weights: str, group_size: int) -> float:
     """MatMulNBits: packed weights plus one float32 scale per block (int4 adds a 4-bit zero point per block)."""
     return {"none": 4.0, "int8": 1 + 4 / group_size, "int4": 0.5 + 4.5 / group_size}[weights]
 
@@ -26,7 +26,7 @@ def weight_bytes_per_param(weights: str, group_size: int) -> float:
 def engine_weight_bytes(quantization, facts) -> int:
     """The weights of an onnxruntime engine (MatMulNBits); the lm_head is a quantized linear, tied or not."""
     linear, embedding = parameter_counts(facts)
-    per_param = weight_bytes_per_param(quantization.weights, quantization.group_size)
+    per_param = matmul_nbits_bytes_per_param(quantization.weights, quantization.group_size)
     table = embedding * (per_param if quantization.quantize_embedding else 4.0)
     return int((linear + embedding) * per_param + table)
 

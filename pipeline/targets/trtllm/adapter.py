@@ -56,13 +56,14 @@ class TrtllmTarget:
         # both backends' modules and tables: a superset of what one build executes
         "engine": (
             "pipeline.targets.trtllm.gpu_memory",
-            "pipeline.targets.trtllm.reference",  # the quality gate, where a target gates its engine
+            "pipeline.targets.trtllm.reference",  # `scored`, which the engine stage calls where a target gates it
             "pipeline.torch_models",
             *BACKEND_MODULES,
             *BACKEND_TABLES,
         ),
         "triton_repo": (*BACKEND_MODULES, *BACKEND_TABLES),
-        "deploy": ("pipeline.targets.trtllm.deployment",),  # its entry point (pyproject.toml)
+        # its entry point (pyproject.toml) and the build Job's memory request
+        "deploy": ("pipeline.targets.trtllm.deployment", "pipeline.targets.trtllm.build_memory"),
         "lora": (
             "pipeline.targets.trtllm.lora_conversion",
             "pipeline.targets.trtllm.reference",  # the adapter's quality gate
