@@ -432,6 +432,17 @@ def test_a_release_whose_serving_is_not_tabulated_is_refused_by_name(tmp_path):
     assert result.returncode == 1 and said in " ".join(result.stderr.split())
 
 
+@pytest.mark.parametrize("config", ["build_configs/smollm2-135m-fp8.yaml", "build_configs/smollm2-135m-int4-awq.yaml"])
+def test_a_release_no_image_of_ours_holds_is_refused_before_a_manifest_names_that_image(tmp_path, config):
+    """TensorRT-LLM 1.0's container pins a transformers below ours, so its Dockerfile stage only exits 1: manifests
+    whose pods and build Job ran `trtllm-pipeline:gpu-1.0` would never start. deploy says why and what to target."""
+    result = run_cli("deploy", config, 'target.trtllm_version="1.0"', "-o", str(tmp_path))
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 1 and "target.trtllm_version: deploy runs our GPU image" in said
+    assert "holds transformers 4.53.1" in said and "target 1.1 or 1.2" in said
+    assert not (tmp_path / "deploy" / "k8s").exists()
+
+
 @pytest.mark.parametrize("config", [CPU_CONFIG, "build_configs/smollm2-135m-int4-awq.yaml"])
 def test_only_the_deploy_stage_hashes_the_deployment_code(config):
     """Editing how an output is deployed must not re-run the stages that built it."""

@@ -28,7 +28,7 @@ from pipeline.k8s import (
 from pipeline.memory import GiB
 from pipeline.targets.trtllm.backend import BACKENDS, backend_of, multi_node
 from pipeline.targets.trtllm.gpu_memory import GPU_RANK_HOST_BYTES, gpu_pod_host_bytes, rank_weight_bytes
-from pipeline.targets.trtllm.image import gpu_image_build, image_tag
+from pipeline.targets.trtllm.image import gpu_image_build, image_tag, transformers_conflict
 from pipeline.targets.trtllm.llm_api_serving import MODEL_DIR, OPTIONS_FILE, trtllm_serve_command
 from pipeline.targets.trtllm.pytorch_backend import options_yaml, release_options
 from pipeline.targets.trtllm.triton_launch import tritonserver_ranks
@@ -52,7 +52,11 @@ def serving_facts(release: str) -> dict:
 
 def gpu_serving(cfg, **backend_parts):
     """What both backends' deployments share: our GPU image of the release (NVIDIA's container holding it, plus the
-    pipeline), the output built once onto the claim by the build Job, tp x pp GPUs per replica, host memory per pod."""
+    pipeline), the output built once onto the claim by the build Job, tp x pp GPUs per replica, host memory per pod.
+    A release no image of ours holds is refused: its pods and build Job would run an image that cannot be built."""
+    conflict = transformers_conflict(cfg.target.trtllm_version)
+    if conflict:
+        raise PipelineError(f"target.trtllm_version: deploy runs our GPU image of the release, but {conflict}")
     facts = cfg.model_facts()
     gpus = cfg.parallel.tp_size * cfg.parallel.pp_size
     per_pod, _ = group_shape(gpus, cfg.deploy.gpus_per_node)
