@@ -3,6 +3,8 @@
 release notes, requirements.txt, xgrammar's tokenizer_info.cc / .h and TensorRT-LLM's guidedDecoder.cpp), and the
 committed trtllm_pytorch_features table the PyTorch backend and the guided-decoding checks read."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from pipeline.upstream import facts, releases
@@ -259,6 +261,43 @@ std::string TokenizerInfo::Impl::DetectMetadataFromHF(const std::string& backend
 """
 
 
+LINE_NOTES = """## TensorRT-LLM Release 2.1
+
+- The dependent NVIDIA ModelOpt version is updated to 0.40.
+
+## TensorRT-LLM Release 2.0.0
+
+- The dependent TensorRT version is updated to 11.2.0
+- The dependent NVIDIA ModelOpt version is updated to 0.39.0
+"""
+
+
+def test_a_requirements_copy_is_placed_on_a_release_line_by_the_versions_the_notes_carry_forward():
+    assert tab.noted(LINE_NOTES, tab.RELEASE_LINE["tensorrt"][0]) == {"2.0": "11.2", "2.1": "11.2"}
+    copy = "tensorrt~=11.2.0\nnvidia-modelopt[torch]~=0.40.0\nxgrammar==0.3.1\n"
+    assert tab.release_line(copy, LINE_NOTES, "2.1") == {"tensorrt": "11.2", "modelopt": "0.40"}
+    with pytest.raises(UnrecognizedSource, match=r"pins modelopt \['0.40'\], the notes give 2.0 0.39"):
+        tab.release_line(copy, LINE_NOTES, "2.0")  # a copy of the next release's line
+    with pytest.raises(UnrecognizedSource, match=r"pins tensorrt \[\]"):
+        tab.release_line("nvidia-modelopt~=0.40.0\n", LINE_NOTES, "2.1")
+
+
+def test_a_release_without_a_copy_lies_between_the_tabulated_versions_around_it():
+    tags = {"0.3.0": "", "0.3.2": "", "0.3.10": "", "0.4.0": ""}
+    assert tab.xgrammar_between("0.3.2", "0.4.0", tags) == ["0.3.2", "0.3.10", "0.4.0"]
+    with pytest.raises(UnrecognizedSource, match="tabulate both tags"):
+        tab.xgrammar_between("0.3.1", "0.4.0", tags)
+    with pytest.raises(UnrecognizedSource, match="the lower first"):
+        tab.xgrammar_between("0.4.0", "0.3.0", tags)
+
+
+def test_an_xgrammar_that_lacks_what_the_cpp_decoder_calls_is_refused():
+    files = SimpleNamespace(read=lambda repo, path, commit: CC if path.endswith(".cc") else HEADER)
+    assert tab.xgrammar_facts(files, "0.1.16", [])["metadata_requires"] == ["kind", "stops"]
+    with pytest.raises(UnrecognizedSource, match=r"defines no \['DetectMetadataFromHF'\]"):
+        tab.xgrammar_facts(files, "0.1.16", ["DetectMetadataFromHF"])  # only the Impl's is defined here
+
+
 def test_what_xgrammar_reads_of_a_tokenizer_is_read_from_its_cpp():
     assert tab.xgrammar_reads(CC, HEADER) == {
         "vocab_types": {"PLAIN": 0, "BYTES": 7},
@@ -329,3 +368,24 @@ def test_guided_decoding_with_ngram_drafts_is_refused_by_1_0_only_and_lora_runs_
     for release in ("1.0", "1.1", "1.2"):
         lora = TABLE["releases"][release]["lora_with_cuda_graph"]
         assert not lora["supported"] and "input_ids" in lora["inputs_refreshed"], release
+
+
+def test_the_cpp_backends_releases_are_tabulated_apart_with_an_xgrammar_each_that_reads_as_the_pytorch_ones():
+    """0.19-0.21 (Triton's C++ tensorrtllm backend) have no PyTorch-backend facts: their xgrammar is kept apart.
+    0.19 and 0.20 pin 0.1.16, each in a copy placed on its line by the notes' TensorRT and ModelOpt versions; 0.21
+    lies between 0.20's and 1.0's. Every xgrammar from 0.1.16 to 0.1.25 reads a tokenizer as 0.1.21 does."""
+    cpp = TABLE["cpp_backend_xgrammar"]["releases"]
+    assert list(cpp) == ["0.19", "0.20", "0.21"] and not set(cpp) & set(TABLE["releases"])
+    assert [cpp[r]["xgrammar"]["version"] for r in cpp] == ["0.1.16", "0.1.16", None]
+    assert [cpp[r]["release_line"] for r in ("0.19", "0.20")] == [
+        {"tensorrt": "10.9", "modelopt": "0.27"},
+        {"tensorrt": "10.10", "modelopt": "0.29"},
+    ]
+    assert cpp["0.21"]["xgrammar"]["versions"] == ["0.1.16", "0.1.17", "0.1.18", "0.1.19", "0.1.20", "0.1.21"]
+    assert all(
+        f["release_commit"] == cpp[r]["source"]["release_commit"] for r in cpp for f in cpp[r]["source"]["files"]
+    )
+    reads = {v: {k: x for k, x in read.items() if k != "source"} for v, read in TABLE["xgrammar"].items()}
+    assert list(reads) == ["0.1.16", "0.1.17", "0.1.18", "0.1.19", "0.1.20", "0.1.21", "0.1.25"]
+    assert all(read == reads["0.1.21"] for read in reads.values())
+    assert "DetectMetadataFromHF" in TABLE["tokenizer_info_consumer"]["xgrammar_calls"]

@@ -1,5 +1,5 @@
 """Tabulate, per TensorRT-LLM release 1.0-1.2, what the PyTorch backend does with two pairs of features a build config
-can combine, and which xgrammar each release depends on with what that xgrammar reads of a tokenizer
+can combine, and which xgrammar each release (0.19-1.2) depends on with what that xgrammar reads of a tokenizer
 (pipeline/upstream/trtllm_pytorch_features.json, issue #48).
 
 Maintainer tool, run by scripts/dev/tabulate_all.py. Per release:
@@ -19,6 +19,13 @@ Maintainer tool, run by scripts/dev/tabulate_all.py. Per release:
   release updated to, carried forward to a release that names none, and the requirement's form in the release's
   requirements.txt copy.
 
+Per C++-backend release 0.19-0.21 (`cpp_backend_xgrammar`; no PyTorch-backend facts): the xgrammar its Triton
+`tensorrtllm` backend hands the tokenizer to. The C++ guided decoder compiles xgrammar from the 3rdparty/xgrammar
+submodule, whose commit no copy read here gives, so the version is the pin of a requirements.txt copy of the
+release's line: a copy whose TensorRT and ModelOpt pins are those the release notes give that release (carried
+forward), else refused. A release with no such copy is bounded by the release before it and 1.0's noted xgrammar,
+and tabulated only when every xgrammar version between reads a tokenizer alike.
+
 Once per xgrammar version (`xgrammar`, tag commits of mlc-ai/xgrammar): what cpp/tokenizer_info.cc's
 DetectMetadataFromHF reads of a Hugging Face tokenizer JSON (the vocabulary type from `decoder`, add_prefix_space from
 `normalizer` / `pre_tokenizer`), the VocabType values, and the metadata keys FromVocabAndMetadata requires. Once
@@ -35,6 +42,7 @@ from __future__ import annotations
 import __future__
 
 import ast
+import json
 import re
 import textwrap
 from enum import IntEnum, auto
@@ -54,6 +62,11 @@ XGRAMMAR_REPO = "mlc-ai/xgrammar"
 XGRAMMAR_CC = "cpp/tokenizer_info.cc"
 XGRAMMAR_H = "include/xgrammar/tokenizer_info.h"
 XGRAMMAR_TAGS = {  # tag v<version> -> its commit
+    "0.1.16": "989222175c2a30fb7987d8bcce35bec1bf6817f2",
+    "0.1.17": "4d442e64b705941cf0c41c62fb74b9ace90960a9",
+    "0.1.18": "8062becde6678f9944f4c0c1f0f88c638dcfb566",
+    "0.1.19": "742a3809b2081c7b8e9ca4d2270ab3c511a3470d",
+    "0.1.20": "f5181ac818607a7aaff81030aba6e0c511dc988a",
     "0.1.21": "774867ce410ce1c5c7c10011cc0a9e20bd7894e2",
     "0.1.25": "e4e816f5f0fe39f5b1601a17a4552307fa3b70ff",
 }
@@ -90,10 +103,52 @@ RELEASES = {
         "at); requirements.txt from the CUDA 13 / torch 2.9 line.",
     },
 }
+BACKEND_REPO = "triton-inference-server/tensorrtllm_backend"
+SUBMODULE = "tensorrt_llm"  # its submodule pointing to the NVIDIA/TensorRT-LLM release commit
+# Per C++-backend release: its release commit, the tensorrtllm_backend release commit whose submodule names it, and
+# the (repository, commit) of the requirements.txt copy of its line read (None: no copy found).
+CPP_RELEASES = {
+    "0.19": {
+        "release_commit": "c6f7d423354214df818e206e87680fb2d513a718",
+        "release_commit_from": "c1e19638304d287f554f738c1411746555ed348c",  # tag v0.19.0
+        REQUIREMENTS: ("jellysnack/TensorRT-LLM", "4f188e92006dfe09def47b1062997160658d81f7"),
+        "note": "A fork's copy of the 0.19 line (no NVIDIA copy of it is readable).",
+    },
+    "0.20": {
+        "release_commit": "7965842954628b0b5456a2f7d59786d3dcd41647",
+        "release_commit_from": "40ab7b32e539d410cf29bc3f0463cb17be3fe50b",  # tag v0.20.0
+        REQUIREMENTS: ("nv-auto-deploy/TensorRT-LLM", "70340ef0a183e48c2503c3a0a6b1a0d9bdd93148"),
+        "note": "A fork's copy of the 0.20 line (no NVIDIA copy of it is readable).",
+    },
+    "0.21": {
+        "release_commit": "b4b1185af320f109f4cb73b1505832dbc63042d7",
+        "release_commit_from": "2710a1ff62a700dbe01ae67f56d200102c249c46",  # tag v0.21.0
+        REQUIREMENTS: None,
+        "note": "No copy of the 0.21 line's requirements.txt was found: its xgrammar is taken to lie between 0.20's "
+        "and 1.0's (the pin rising along main, from which each release branches), every version of which reads a "
+        "tokenizer alike.",
+    },
+}
+CPP_NOTE = (
+    "The C++ guided decoder compiles xgrammar from the 3rdparty/xgrammar submodule, whose commit no copy read here "
+    "gives: the version is the pin of a requirements.txt copy of the release's line (its TensorRT and ModelOpt pins "
+    "those the release notes give the release), or bounded by the releases around it."
+)
 NOTES_HEADING = re.compile(r"^## TensorRT-LLM Release (\d+\.\d+)(?:\.\d+)?[ \t]*$", re.M)
 XGRAMMAR_NOTE = re.compile(r"\bxgrammar version is updated to (\d+\.\d+\.\d+)\b")
 GUIDED_SPECULATIVE_NOTE = re.compile(r"guided decoding[^\n]*\bspeculative decoding", re.I)
 XGRAMMAR_PIN = re.compile(r"^xgrammar\s*(==|~=|>=)\s*(\d+\.\d+\.\d+)\s*$", re.M)
+# What places a requirements.txt copy on a release's line: (the notes' update line, the copy's pin), by dependency.
+RELEASE_LINE = {
+    "tensorrt": (
+        re.compile(r"\bdependent TensorRT version is updated to (\d+\.\d+)"),
+        re.compile(r"^tensorrt\s*~=\s*(\d+\.\d+)", re.M),
+    ),
+    "modelopt": (
+        re.compile(r"\bdependent NVIDIA ModelOpt version is updated to (\d+\.\d+)"),
+        re.compile(r"^nvidia-modelopt(?:\[\w+\])?\s*~=\s*(\d+\.\d+)", re.M),
+    ),
+}
 
 
 # ---------------------------------------------------------------- blocks out of files or slices
@@ -269,15 +324,24 @@ def notes_sections(notes: str) -> dict[str, str]:
     }
 
 
-def xgrammar_versions(notes: str, releases) -> dict[str, str]:
-    """The xgrammar each release depends on: the last version the notes say a release up to it updated to."""
+def _order(version: str) -> tuple[int, ...]:
+    return tuple(map(int, version.split(".")))
+
+
+def noted(notes: str, pattern: re.Pattern) -> dict[str, str | None]:
+    """Per release of the notes, the last version `pattern` finds in its section or an older one's (None: none)."""
     sections = notes_sections(notes)
-    ordered = sorted(sections, key=lambda v: tuple(map(int, v.split("."))))
     versions, current = {}, None
-    for release in ordered:
-        named = XGRAMMAR_NOTE.findall(sections[release])
+    for release in sorted(sections, key=_order):
+        named = pattern.findall(sections[release])
         current = named[-1] if named else current
         versions[release] = current
+    return versions
+
+
+def xgrammar_versions(notes: str, releases) -> dict[str, str]:
+    """The xgrammar each release depends on: the last version the notes say a release up to it updated to."""
+    versions = noted(notes, XGRAMMAR_NOTE)
     missing = [r for r in releases if not versions.get(r)]
     if missing:
         raise UnrecognizedSource(f"the notes name no xgrammar version up to {missing}")
@@ -288,7 +352,7 @@ def first_noted(notes: str, pattern: re.Pattern) -> str | None:
     """The oldest release whose notes section has a line matching `pattern`."""
     sections = notes_sections(notes)
     hits = [r for r in sections if pattern.search(sections[r])]
-    return min(hits, key=lambda v: tuple(map(int, v.split(".")))) if hits else None
+    return min(hits, key=_order) if hits else None
 
 
 def requirement_pin(requirements: str) -> dict:
@@ -296,6 +360,25 @@ def requirement_pin(requirements: str) -> dict:
     if len(found) != 1:
         raise UnrecognizedSource(f"requirements.txt pins xgrammar {len(found)} times")
     return {"operator": found[0][0], "version": found[0][1]}
+
+
+def release_line(requirements: str, notes: str, release: str) -> dict:
+    """The TensorRT and ModelOpt versions (major.minor) a requirements.txt copy pins, which must be those the notes
+    give `release` (carried forward): the copy is of that release's line, else it is refused."""
+    line = {}
+    for name, (update, pin) in RELEASE_LINE.items():
+        pinned, given = pin.findall(requirements), noted(notes, update).get(release)
+        if pinned != [given]:
+            raise UnrecognizedSource(f"requirements.txt pins {name} {pinned}, the notes give {release} {given}")
+        line[name] = given
+    return line
+
+
+def xgrammar_between(low: str, high: str, tags) -> list[str]:
+    """The tabulated xgrammar versions from `low` to `high`, both named and both included, in order."""
+    if low not in tags or high not in tags or _order(low) > _order(high):
+        raise UnrecognizedSource(f"xgrammar {low} to {high}: tabulate both tags, the lower first")
+    return sorted((v for v in tags if _order(low) <= _order(v) <= _order(high)), key=_order)
 
 
 def _cpp_body(text: str, signature: str) -> str:
@@ -409,6 +492,53 @@ def release_entry(upstream: Upstream, release: str, xgrammar: str) -> dict:
     }
 
 
+def cpp_release_entry(upstream: Upstream, notes: str, release: str, bounds: tuple[str, str]) -> dict:
+    """A C++-backend release's xgrammar: its requirements.txt copy's pin, the copy checked to be of its line; without
+    a copy, every tabulated version within `bounds` (the versions of the releases around it)."""
+    spec = CPP_RELEASES[release]
+    source = {
+        "files": [],
+        "release_commit": spec["release_commit"],
+        "release_commit_from": cite(BACKEND_REPO, SUBMODULE, spec["release_commit_from"]),
+        "note": spec["note"],
+    }
+    if spec[REQUIREMENTS] is None:
+        versions = xgrammar_between(*bounds, XGRAMMAR_TAGS)
+        return {"source": source, "release_line": None, "xgrammar": {"version": None, "versions": versions}}
+    repo, commit = spec[REQUIREMENTS]
+    requirements = upstream.read(repo, REQUIREMENTS, commit)
+    pin = requirement_pin(requirements)
+    source["files"].append(cite(repo, REQUIREMENTS, commit, pinned=False) | {"release_commit": spec["release_commit"]})
+    return {
+        "source": source,
+        "release_line": release_line(requirements, notes, release),
+        "xgrammar": {"version": pin["version"], "requirement": f"{pin['operator']}{pin['version']}"},
+    }
+
+
+def cpp_backend_xgrammar(upstream: Upstream, notes: str, after: str) -> dict:
+    """Per C++-backend release, oldest first, its xgrammar; `after` is the version of the first PyTorch release,
+    the upper bound of a release with no requirements.txt copy (the lower: the version of the release before)."""
+    releases, previous = {}, None
+    for release in sorted(CPP_RELEASES, key=_order):
+        entry = cpp_release_entry(upstream, notes, release, (previous, after))
+        releases[release] = entry
+        previous = entry["xgrammar"]["version"] or entry["xgrammar"]["versions"][-1]
+    return {"note": CPP_NOTE, "releases": releases}
+
+
+def xgrammar_facts(upstream: Upstream, version: str, calls: list[str]) -> dict:
+    """What xgrammar `version` (its tag's files) reads of a tokenizer; it must define what the C++ decoder calls."""
+    commit = XGRAMMAR_TAGS[version]
+    cc, header = (upstream.read(XGRAMMAR_REPO, path, commit) for path in (XGRAMMAR_CC, XGRAMMAR_H))
+    missing = [call for call in calls if f"TokenizerInfo::{call}(" not in cc]
+    if missing:
+        raise UnrecognizedSource(f"xgrammar {version} defines no {missing}, which guidedDecoder.cpp calls")
+    return {"source": [cite(XGRAMMAR_REPO, path, commit) for path in (XGRAMMAR_CC, XGRAMMAR_H)]} | xgrammar_reads(
+        cc, header
+    )
+
+
 def tabulate(upstream: Upstream) -> dict:
     notes = upstream.read(REPO, NOTES, NOTES_COMMIT)
     versions = xgrammar_versions(notes, RELEASES)
@@ -417,24 +547,25 @@ def tabulate(upstream: Upstream) -> dict:
     allowing = [r for r, e in releases.items() if "NGRAM" in e["guided_with_speculative"]["allowed_modes"]]
     if enabling and allowing and allowing[0] != enabling:  # the code read and the notes must agree
         raise UnrecognizedSource(f"guided + speculative: the notes say {enabling}, the code read {allowing[0]}")
-    xgrammar = {}
-    for version in sorted(set(versions.values())):
-        commit = XGRAMMAR_TAGS[version]
-        xgrammar[version] = {
-            "source": [cite(XGRAMMAR_REPO, path, commit) for path in (XGRAMMAR_CC, XGRAMMAR_H)],
-            **xgrammar_reads(
-                upstream.read(XGRAMMAR_REPO, XGRAMMAR_CC, commit), upstream.read(XGRAMMAR_REPO, XGRAMMAR_H, commit)
-            ),
-        }
+    consumer = tokenizer_info_consumer(upstream.read(REPO, GUIDED_DECODER_CPP, GUIDED_DECODER_COMMIT))
+    cpp = cpp_backend_xgrammar(upstream, notes, versions[min(RELEASES, key=_order)])
+    needed = set(versions.values())
+    for entry in cpp["releases"].values():
+        needed |= {entry["xgrammar"]["version"]} if entry["xgrammar"]["version"] else set(entry["xgrammar"]["versions"])
+    xgrammar = {v: xgrammar_facts(upstream, v, consumer["xgrammar_calls"]) for v in sorted(needed, key=_order)}
+    for release, entry in cpp["releases"].items():  # a release known only within bounds: all of them read alike
+        reads = {json.dumps({**xgrammar[v], "source": None}) for v in entry["xgrammar"].get("versions", [])}
+        if len(reads) > 1:
+            raise UnrecognizedSource(f"{release}: the xgrammar versions it lies between read a tokenizer differently")
     return {
         "note": "Per release, what the PyTorch backend does with guided decoding plus speculative decoding and with "
-        "LoRA under CUDA graphs, and the xgrammar it depends on; xgrammar: what each version reads of a tokenizer.",
+        "LoRA under CUDA graphs, and the xgrammar it depends on; per C++-backend release 0.19-0.21, the xgrammar "
+        "its tensorrtllm backend reads tokenizers with; xgrammar: what each version reads of a tokenizer.",
         "notes_source": cite(REPO, NOTES, NOTES_COMMIT, pinned=False),
         "guided_with_speculative_noted_in": enabling,
-        "tokenizer_info_consumer": {
-            "source": cite(REPO, GUIDED_DECODER_CPP, GUIDED_DECODER_COMMIT, pinned=False),
-            **tokenizer_info_consumer(upstream.read(REPO, GUIDED_DECODER_CPP, GUIDED_DECODER_COMMIT)),
-        },
+        "tokenizer_info_consumer": {"source": cite(REPO, GUIDED_DECODER_CPP, GUIDED_DECODER_COMMIT, pinned=False)}
+        | consumer,
         "xgrammar": xgrammar,
+        "cpp_backend_xgrammar": cpp,
         "releases": stored_releases(releases),
     }

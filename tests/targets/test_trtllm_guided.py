@@ -4,6 +4,7 @@ against what each release's backend reads (upstream/tensorrtllm_backend.json), a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -195,16 +196,15 @@ def test_the_tokenizer_info_reads_right_in_the_xgrammar_the_release_depends_on(t
         "add_prefix_space": False,
     }
     assert not tokenizer_info_problems(tmp_path / TOKENIZER_INFO_FILE, release)
-    assert xgrammar_facts("0.19") is None  # the table starts at 1.0
 
 
-def byte_level_tokenizer(out: Path, decoder) -> Path:
+def byte_level_tokenizer(out: Path, decoder, byte_fallback: bool = False) -> Path:
     """A byte-level BPE tokenizer (its tokens spell bytes, as GPT-2's do) with the given decoder, saved as HF does."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {token: i for i, token in enumerate(["a", "b", "\u0120", "\u0120a", "</s>"])}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("\u0120", "a")]))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("\u0120", "a")], byte_fallback=byte_fallback))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoder
     PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>").save_pretrained(out)
@@ -221,7 +221,6 @@ def test_a_byte_level_tokenizer_the_releases_xgrammar_would_take_for_another_typ
     (problem,) = tokenizer_info_problems(path, "1.2")
     assert "makes xgrammar 0.1.25 (TensorRT-LLM 1.2's) take the vocabulary for BYTE_FALLBACK" in problem
     assert "give tokenizer.json a ByteLevel decoder" in problem and "rebuild the engine" in problem
-    assert tokenizer_info_problems(path, "0.19") == []  # no xgrammar tabulated for 0.19
     right = byte_level_tokenizer(tmp_path / "right", decoders.ByteLevel())
     info = json.loads(write_tokenizer_info(right, tmp_path / "right").read_text())
     detected = detected_metadata(json.loads(info["tokenizer_str"]), xgrammar_facts("1.0")["detect_from_hf"])
@@ -249,3 +248,86 @@ def test_a_tokenizer_str_that_is_no_json_object_is_refused_with_the_xgrammar_tha
     path.write_text(json.dumps({"encoded_vocab": ["a"], "tokenizer_str": "[1, 2]", "stop_token_ids": [0]}))
     (problem,) = tokenizer_info_problems(path, "1.0")
     assert "'tokenizer_str' is not a JSON object, which xgrammar 0.1.21 (TensorRT-LLM 1.0's) requires" in problem
+
+
+# ---------------------------------------------------------------- the C++ backend's releases 0.19-0.21
+
+CPP_XGRAMMAR = {"0.19": "0.1.16", "0.20": "0.1.16", "0.21": "0.1.16 to 0.1.21"}
+
+
+@pytest.mark.parametrize("release", sorted(CPP_XGRAMMAR))
+def test_the_table_names_each_cpp_backend_releases_xgrammar_with_its_source(release):
+    """0.19 and 0.20: the xgrammar pin of a requirements.txt copy of the release's line (a fork's copy, not at the
+    release commit, so not pinned; its TensorRT and ModelOpt pins place it); 0.21, of which no copy was found: every
+    version from 0.20's to 1.0's, each read from its tag, all reading a tokenizer alike. Not PyTorch releases."""
+    table = facts("trtllm_pytorch_features")
+    entry = table["cpp_backend_xgrammar"]["releases"][release]
+    assert release not in table["releases"] and xgrammar_facts(release)["version"] == CPP_XGRAMMAR[release]
+    source = entry["source"]
+    assert re.fullmatch(r"[0-9a-f]{40}", source["release_commit"])
+    assert source["release_commit_from"]["repo"] == "triton-inference-server/tensorrtllm_backend"
+    named = entry["xgrammar"]["version"]
+    if named:
+        (copy,) = source["files"]
+        assert (copy["path"], copy["pinned"], copy["release_commit"]) == (
+            "requirements.txt",
+            False,
+            source["release_commit"],
+        )
+        assert entry["xgrammar"]["requirement"] == f"=={named}" and set(entry["release_line"]) == {
+            "tensorrt",
+            "modelopt",
+        }
+        versions = [named]
+    else:
+        versions = entry["xgrammar"]["versions"]
+        assert source["files"] == [] and entry["release_line"] is None
+        assert (versions[0], versions[-1]) == (xgrammar_facts("0.20")["version"], xgrammar_facts("1.0")["version"])
+    for version in versions:
+        cited = table["xgrammar"][version]["source"]
+        assert all(f["repo"] == "mlc-ai/xgrammar" and f["pinned"] for f in cited), version
+        assert {k: v for k, v in table["xgrammar"][version].items() if k != "source"} == {
+            k: v for k, v in xgrammar_facts(release).items() if k != "version"
+        }
+
+
+@pytest.mark.parametrize("release", sorted(CPP_XGRAMMAR))
+def test_a_byte_level_tokenizer_reads_right_in_a_cpp_backend_releases_xgrammar_and_a_misread_one_is_refused(
+    tmp_path, release
+):
+    """SmolLM2-like byte-level BPE as transformers' GGUF loader leaves it (byte_fallback, a ByteFallback-first
+    decoder) is taken for BYTE_FALLBACK by the release's xgrammar and refused; as `import` writes it (a ByteLevel
+    decoder) it is detected BYTE_LEVEL and loads. A hand-written byte-level tokenizer whose decoder names neither type
+    reads as RAW: refused too."""
+    from tokenizers import decoders
+    from transformers import AutoTokenizer
+
+    from pipeline.stages.import_model import _byte_level_as_shipped
+
+    fuse = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    gguf_born = byte_level_tokenizer(tmp_path / "gguf", fuse, byte_fallback=True)
+    (problem,) = tokenizer_info_problems(write_tokenizer_info(gguf_born, gguf_born), release)
+    named = f"xgrammar {CPP_XGRAMMAR[release]} (TensorRT-LLM {release}'s)"
+    assert f"makes {named} take the vocabulary for BYTE_FALLBACK" in problem and "ByteLevel decoder" in problem
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_born)
+    assert _byte_level_as_shipped(tokenizer)  # what the import stage does to it
+    tokenizer.save_pretrained(tmp_path / "imported")
+    path = write_tokenizer_info(tmp_path / "imported", tmp_path / "imported")
+    tokenizer_str = json.loads(path.read_text())["tokenizer_str"]
+    detected = detected_metadata(json.loads(tokenizer_str), xgrammar_facts(release)["detect_from_hf"])
+    assert detected == {"vocab_type": "BYTE_LEVEL", "add_prefix_space": False}
+    assert tokenizer_info_problems(path, release) == []
+    on = {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(path)}
+    assert config_problems(on, release) == []
+
+    handmade = {
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits"}, {"type": "ByteLevel"}]},
+        "decoder": {"type": "Sequence", "decoders": [{"type": "Replace"}, {"type": "Strip"}]},
+    }
+    raw = tmp_path / TOKENIZER_INFO_FILE
+    raw.write_text(
+        json.dumps({"encoded_vocab": ["a", "\u0120a"], "tokenizer_str": json.dumps(handmade), "stop_token_ids": [0]})
+    )
+    (problem,) = tokenizer_info_problems(raw, release)
+    assert f"makes {named} take the vocabulary for RAW" in problem

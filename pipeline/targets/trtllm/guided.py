@@ -11,9 +11,11 @@ The file is ours: xgrammar's tokenizer description as TensorRT-LLM's own generat
 token id order, the fast tokenizer's serialized JSON, the end-of-sequence id as the stop token), made from the
 engine directory's tokenizer files with `transformers`, so no TensorRT-LLM install is needed to make it.
 
-The backend hands `tokenizer_str` to the xgrammar its release depends on (1.0: 0.1.21, 1.1 and 1.2: 0.1.25), whose
-DetectMetadataFromHF takes the vocabulary type from the tokenizer JSON's `decoder` and add_prefix_space from its
-`normalizer` / `pre_tokenizer` (upstream/trtllm_pytorch_features.json, `xgrammar`, read from that version's source).
+The backend hands `tokenizer_str` to the xgrammar its release depends on (0.19 and 0.20: 0.1.16, 0.21: one of 0.1.16 to
+0.1.21, 1.0: 0.1.21, 1.1 and 1.2: 0.1.25), whose DetectMetadataFromHF takes the vocabulary type from the tokenizer
+JSON's `decoder` and add_prefix_space from its `normalizer` / `pre_tokenizer` (upstream/trtllm_pytorch_features.json:
+`xgrammar`, read from each version's source; the version per release in `releases` and, for 0.19-0.21,
+`cpp_backend_xgrammar`). Every one of those versions reads a tokenizer alike.
 `tokenizer_info_problems` applies those rules: the string must be a JSON object, and a byte-level tokenizer must be
 detected as such, or every grammar is matched against the wrong token text.
 """
@@ -90,13 +92,19 @@ def _holds(value, cpp_type: str) -> bool:
 
 
 def xgrammar_facts(version: str) -> dict | None:
-    """What the xgrammar TensorRT-LLM `version` depends on reads of a tokenizer, with that xgrammar's `version`;
-    None for a release the table does not hold (0.19-0.21)."""
+    """What the xgrammar TensorRT-LLM `version` depends on reads of a tokenizer, with that xgrammar's `version` (a
+    range where the table bounds the release's xgrammar, all of whose versions read alike); None for a release the
+    table does not hold."""
     table = upstream.facts("trtllm_pytorch_features")  # per release its xgrammar, per xgrammar what it reads
-    release = table["releases"].get(version)
+    release = table["releases"].get(version) or table["cpp_backend_xgrammar"]["releases"].get(version)
     if release is None:
         return None
-    return table["xgrammar"][release["xgrammar"]["version"]] | {"version": release["xgrammar"]["version"]}
+    named = release["xgrammar"]["version"]
+    versions = [named] if named else release["xgrammar"]["versions"]
+    reads = [{key: value for key, value in table["xgrammar"][v].items() if key != "source"} for v in versions]
+    if any(read != reads[0] for read in reads):  # the tabulator refuses such a table
+        raise ValueError(f"TensorRT-LLM {version}: the xgrammar versions it may use read a tokenizer differently")
+    return reads[0] | {"version": named or f"{versions[0]} to {versions[-1]}"}
 
 
 def _listed(node: dict, sequence: dict | None) -> list:
