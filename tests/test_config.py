@@ -382,6 +382,16 @@ def test_a_triton_model_name_must_be_one_plain_directory_name(tmp_path, name):
     assert "use 1 to 128 letters, digits" in problem
 
 
+def test_a_problem_with_a_section_the_command_line_filled_key_by_key_points_at_the_command_line(tmp_path):
+    """runtime.speculative set through its keys and refused as a whole is the command line's, not a default."""
+    path = REPO / "build_configs/smollm2-135m-fp8.yaml"
+    overrides = ["runtime.speculative.type=ngram", "runtime.speculative.max_draft_len=4", 'target.trtllm_version="1.0"']
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{path} (overridden on the command line): runtime.speculative: TensorRT-LLM 1.0's")
+
+
 def test_triton_model_names_may_use_dots_dashes_and_underscores_and_must_differ(tmp_path):
     path = write_config(tmp_path / "c.yaml", "triton:\n  ensemble_name: llm-v1.2\n  bls_name: _bls\n")
     assert load_config(path).triton.ensemble_name == "llm-v1.2"
