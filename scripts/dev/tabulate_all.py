@@ -48,6 +48,7 @@ TABULATORS = {
     "prometheus_adapter": "tabulate_prometheus_adapter",
     "triton_trtllm_images": "tabulate_triton_trtllm_images",
     "trtllm_pytorch_features": "tabulate_trtllm_pytorch_features",
+    "trtllm_dtype": "tabulate_trtllm_dtype",
 }
 
 

@@ -45,10 +45,9 @@ def repair_config(unified_dir: Path) -> list[str]:
     (Gemma 3 before 1.2 reads it; the period of layer_types). Returns `config.json:<key>` per key written.
 
     Also `torch_dtype` beside the `dtype` transformers 4.56+ writes: the containers' older transformers read only
-    `torch_dtype`, and the PyTorch backend's model dtype is `pretrained_config.torch_dtype or torch.bfloat16`
-    (ModelConfig.torch_dtype, NVIDIA/TensorRT-LLM tensorrt_llm/_torch/model_config.py at
-    008e0af8980fc560003631ba4ac37828836a91c8, a main-line commit): without it a float16 checkpoint would run in
-    bfloat16."""
+    `torch_dtype`, and the PyTorch backend's model dtype is the pretrained config's `torch_dtype`, bfloat16 where
+    that is None (ModelConfig.torch_dtype per release: upstream/trtllm_dtype.json `pytorch`): without it a float16
+    checkpoint would run in bfloat16."""
     from transformers import AutoConfig
 
     file = unified_dir / "config.json"
