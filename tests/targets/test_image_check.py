@@ -125,8 +125,10 @@ def stand_ins(root: Path, modelopt: str, quant_cfg: str, quantize: str = "return
 
 
 def check_with(root: Path, *args: str) -> subprocess.CompletedProcess:
-    """image_check with `root` first on sys.path (as a module: -I would drop PYTHONPATH)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)]), "PYTHONWARNINGS": "ignore"}
+    """image_check with `root` first on sys.path (as a module: -I would drop PYTHONPATH), then what this process
+    was given on PYTHONPATH (a transformers under test, say)."""
+    paths = [str(root), str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONWARNINGS": "ignore"}
     command = [sys.executable, "-m", "pipeline.targets.trtllm.image_check", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 

@@ -40,22 +40,21 @@ def period(layer_types: list[str]) -> int | None:
 
 def repair_config(unified_dir: Path) -> list[str]:
     """Write the config.json keys a tabulated release's model reads without a fallback (upstream/trtllm_torch_models
-    config_required) that this transformers neither writes nor defaults, from what the checkpoint itself says:
-    attention_bias (Phi-3's attention reads it; whether q/k/v biases are present) and sliding_window_pattern
-    (Gemma 3 before 1.2 reads it; the period of layer_types). Returns `config.json:<key>` per key written.
+    config_required) that config.json lacks, from what the checkpoint itself says: attention_bias (Phi-3's attention
+    reads it; whether q/k/v biases are present) and sliding_window_pattern (Gemma 3 before 1.2 reads it; the period
+    of layer_types). Whether this process's transformers would default a key does not matter: the release's own
+    transformers parses the file (4.56 answers sliding_window_pattern from layer_types, while 1.0's 4.53.1 has the
+    attribute only where config.json holds it). Returns `config.json:<key>` per key written.
 
     Also `torch_dtype` beside the `dtype` transformers 4.56+ writes: the containers' older transformers read only
     `torch_dtype`, and the PyTorch backend's model dtype is the pretrained config's `torch_dtype`, bfloat16 where
     that is None (ModelConfig.torch_dtype per release: upstream/trtllm_dtype.json `pytorch`): without it a float16
     checkpoint would run in bfloat16."""
-    from transformers import AutoConfig
-
     file = unified_dir / "config.json"
     config = json.loads(file.read_text())
     arch = (config.get("architectures") or [""])[0]
     required = {key for r in MODELS.values() if (m := r["architectures"].get(arch)) for key in m["config_required"]}
-    loaded = AutoConfig.from_pretrained(unified_dir)
-    absent = {key for key in required if key not in config and not hasattr(loaded, key)}
+    absent = required - set(config)
     added = {}
     if "attention_bias" in absent:
         added["attention_bias"] = any(n.endswith(("q_proj.bias", "qkv_proj.bias")) for n in tensor_headers(unified_dir))
