@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -130,7 +131,10 @@ def test_the_engine_backends_triton_ports_leave_the_service_unless_opted_in_and_
     assert "lora_weights" in said and "every later request" in said
 
 
-def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
+def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set_with_the_gateway_on_the_leader(tmp_path):
+    """The leader runs `serve --openai` as on one node, handing it the mpirun that starts trtllm-serve's four ranks
+    over the group (rank 0 on the leader's loopback) as --launcher: a group serves the same OpenAI surface, key and
+    probes as one pod."""
     _, out, objects = deploy_llama(tmp_path, "llama-3.1-70b-fp8-tp4", "70b")
     assert "2 pods of 2 GPUs per replica" in " ".join(out.split())
     assert {"LeaderWorkerSet", "ServiceAccount", "Role", "RoleBinding", "Service"} <= set(objects)
@@ -142,12 +146,18 @@ def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
         "2",
     ]
     script = server_of(leader)["command"][2]
-    assert script.count("-n 1 ") == 4 and "plm_rsh_agent /opt/trtllm-pipeline/scripts/kubessh" in script
-    assert script.count("trtllm-llmapi-launch trtllm-serve") == 4  # a group runs trtllm-serve alone
-    assert f"--extra_llm_api_options={CONFIG_DIR}/llm_api_options.yaml" in script
-    options = yaml.safe_load(objects["ConfigMap"]["data"]["llm_api_options.yaml"])
-    assert options["kv_cache_config"]["dtype"] == "fp8" and options["tensor_parallel_size"] == 4
-    assert [p["name"] for p in server_of(leader)["ports"]] == ["http"]
+    *wait, last = script.strip().splitlines()
+    assert 'kubectl wait --for=condition=Ready --timeout=60s "pod/$leader-$i"' in "\n".join(wait)
+    serve = shlex.split(last)  # the shell expands $hosts inside the quoted launcher
+    assert serve[:3] == ["exec", CLI, "serve"] and serve[serve.index("--launcher") + 1] == (
+        "/opt/hpcx/ompi/bin/mpirun --allow-run-as-root -mca plm_rsh_agent /opt/trtllm-pipeline/scripts/kubessh "
+        "--host $hosts -n 4 trtllm-llmapi-launch"
+    )
+    assert ["--http-port", "8000", "--openai", "--openai-port", "9000"] == serve[8:13]
+    assert sorted(objects["ConfigMap"]["data"]) == ["llama-3.1-70b-fp8-tp4.yaml"]  # serve reads the build's options
+    assert [p["name"] for p in server_of(leader)["ports"]] == ["openai"]
+    assert server_of(leader)["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
+    assert [p["targetPort"] for p in objects["Service"]["spec"]["ports"]] == ["openai"]
     assert objects["Service"]["spec"]["selector"] == {  # the leaders; the group's own headless Service is the LWS's
         "leaderworkerset.sigs.k8s.io/name": "llama-3-1-70b-fp8-tp4-group",
         "leaderworkerset.sigs.k8s.io/worker-index": "0",
@@ -155,6 +165,16 @@ def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set(tmp_path):
     assert objects["Service"]["metadata"]["name"] == "llama-3-1-70b-fp8-tp4"
     rules = objects["Role"]["rules"]
     assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]} in rules
+
+
+def test_an_engine_group_asked_for_the_gateway_is_refused_naming_the_backend_whose_group_has_it():
+    from pipeline.errors import ConfigError
+
+    group = ["parallel.tp_size=2", "deploy.gpus_per_node=1", "deploy.openai_gateway=true"]
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "build_configs/smollm2-135m-int4-awq.yaml", group)
+    (problem,) = [p for p in info.value.problems if ": deploy.openai_gateway: " in p]
+    assert "tritonserver's ranks under mpirun" in problem and "target.trtllm_backend: pytorch" in problem
 
 
 def test_engine_group_autoscales_on_the_backends_waiting_requests(tmp_path):

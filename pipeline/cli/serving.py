@@ -4,6 +4,7 @@ serve it (`serve`)."""
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Optional
@@ -148,6 +149,15 @@ def serve(
         "symbolic links are resolved first). Without it the route loads nothing: adapters come from the build's "
         "lora.adapters. Example: --allow-lora-dir /models/adapters.",
     ),
+    launcher: Optional[str] = typer.Option(
+        None,
+        "--launcher",
+        show_default=False,
+        help="PyTorch-backend builds: the command that starts trtllm-serve's ranks, put before trtllm-serve's own "
+        "arguments, for a tp x pp that spans nodes. Rank 0 runs on the first host, where the gateway (--openai) "
+        "reaches trtllm-serve on loopback --http-port. Example: --launcher 'mpirun --host node0:4,node1:4 -n 8 "
+        "trtllm-llmapi-launch'.",
+    ),
     log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository)."),
     ready_timeout: float = typer.Option(
         120.0, min=1, help="Seconds tritonserver may take to load the models before serve gives up."
@@ -164,13 +174,13 @@ def serve(
     onnxruntime builds: tritonserver 2.51 on CPU, from PyPI's nvidia-pytriton wheel. trtllm builds with the
     PyTorch backend: trtllm-serve (OpenAI-compatible) on a GPU machine with TensorRT-LLM, on --http-port; with
     --openai, trtllm-serve on loopback --http-port and the gateway in front of it on --openai-port (the same routes,
-    API key and structured outputs as in front of tritonserver); else exit 4 with the exact `docker run` commands
-    (the gateway in front of trtllm-serve, or trtllm-serve alone, or tritonserver with the llmapi model). trtllm
-    engine builds: the tritonserver of NVIDIA's TensorRT-LLM container, under mpirun with one rank per GPU when
-    tp x pp > 1. Validates the repository first, then runs until Ctrl-C or SIGTERM. Clients call the `ensemble` (or
-    `tensorrt_llm_bls`) model exactly as they would a TensorRT-LLM deployment. Should a model process die, serve
-    stops tritonserver at once (in-flight requests fail) and exits 1 naming the model, for its supervisor to restart;
-    killed itself, it takes tritonserver along.
+    API key and structured outputs as in front of tritonserver), over several nodes with --launcher; else exit 4
+    with the exact `docker run` commands (the gateway in front of trtllm-serve, or trtllm-serve alone, or
+    tritonserver with the llmapi model). trtllm engine builds: the tritonserver of NVIDIA's TensorRT-LLM container,
+    under mpirun with one rank per GPU when tp x pp > 1. Validates the repository first, then runs until Ctrl-C or
+    SIGTERM. Clients call the `ensemble` (or `tensorrt_llm_bls`) model exactly as they would a TensorRT-LLM
+    deployment. Should a model process die, serve stops tritonserver at once (in-flight requests fail) and exits 1
+    naming the model, for its supervisor to restart; killed itself, it takes tritonserver along.
 
     Example: trtllm-pipeline serve build_configs/smollm2-135m-cpu.yaml, then
     curl -s localhost:8000/v2/models/ensemble/generate -d '{"text_input": "The capital of France is", "max_tokens": 16}'
@@ -191,7 +201,13 @@ def serve(
         run_build(load(source, None), output or default_output(source), console, until="triton_repo", wait=True)
     repo = source if source.is_dir() else (output or default_output(source)) / "triton_repo"
     report = checked_repository(repo, source)
-    own = serve_without_triton(repo, host, http_port, gateway)
+    launch = tuple(shlex.split(launcher or ""))
+    own = serve_without_triton(repo, host, http_port, gateway, launch)
+    if own is None and launch:
+        raise PipelineError(
+            f"--launcher: {repo} is served by tritonserver, which `serve` starts itself (under mpirun for an engine "
+            "of several GPUs); only a PyTorch-backend build's trtllm-serve takes a launcher"
+        )
     if own is not None:  # the gateway in front of the target's own server (without it, this process became that)
         _serve_fronted(repo, own, host, gateway)
     else:

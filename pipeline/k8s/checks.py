@@ -272,9 +272,11 @@ def _gpu_problems(obj: dict, dep: Deployment) -> list[str]:
 
 
 def _rank_problems(obj: dict, dep: Deployment) -> list[str]:
-    """The leader's mpirun starts one rank per GPU of the group: its `-n K` application contexts add up to tp x pp."""
+    """The leader's mpirun starts one rank per GPU of the group: its `-n K` application contexts add up to tp x pp
+    (mpirun run directly, or handed to `serve` as one quoted --launcher word)."""
     path, leader = _templates(obj)[0]
-    tokens = _tokens(leader["spec"]["containers"][0]["command"])
+    words = _tokens(leader["spec"]["containers"][0]["command"])
+    tokens = [token for word in words for token in (shlex.split(word) if " " in word else [word])]
     ranks = sum(int(tokens[i + 1]) for i, token in enumerate(tokens[:-1]) if token in ("-n", "-np"))
     if ranks == dep.serving.gpus:
         return []

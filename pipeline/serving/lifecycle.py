@@ -68,12 +68,15 @@ def checked_repository(repo: Path, source: Path) -> RepoReport:
     return report
 
 
-def serve_without_triton(repo: Path, host: str, port: int, gateway: GatewayOptions | None) -> OwnServer | None:
+def serve_without_triton(
+    repo: Path, host: str, port: int, gateway: GatewayOptions | None, launcher: tuple[str, ...] = ()
+) -> OwnServer | None:
     """Where a target serves such a repository with a server of its own (TensorRT-LLM's PyTorch backend:
-    trtllm-serve): without the gateway this process becomes it on host:port; with the gateway, that server as it
-    runs on loopback port `port` behind the gateway (`FrontedServing` runs both). None for any other repository."""
+    trtllm-serve, after `launcher`): without the gateway this process becomes it on host:port; with the gateway,
+    that server as it runs on loopback port `port` behind the gateway (`FrontedServing` runs both). None for any
+    other repository."""
     for target in TARGETS.values():
-        own = target.serve_without_triton(repo, host, port, gateway.port if gateway else None)
+        own = target.serve_without_triton(repo, host, port, gateway.port if gateway else None, launcher)
         if own is not None:
             return own
     return None

@@ -121,12 +121,15 @@ class Target(Protocol):
         """Checks of this target's models in any Triton repository (`pipeline.triton.validate`), given the `target`
         settings the repository was built for (e.g. `trtllm_version`; absent when unknown)."""
 
-    def serve_without_triton(self, repo: Path, host: str, port: int, openai_port: int | None) -> OwnServer | None:
+    def serve_without_triton(
+        self, repo: Path, host: str, port: int, openai_port: int | None, launcher: tuple[str, ...] = ()
+    ) -> OwnServer | None:
         """Where this target serves such a repository with a server of its own (trtllm's PyTorch backend:
         trtllm-serve): without the OpenAI gateway (`openai_port` None) become that server on host:port; with it,
         return how that server runs on loopback port `port` behind the gateway on `openai_port` (which `serve`
-        runs: `pipeline.serving.lifecycle.FrontedServing`). Where this machine lacks what the server
-        needs, raise TargetUnavailable with the exact commands for one that has it. None for any other repository."""
+        runs: `pipeline.serving.lifecycle.FrontedServing`). `launcher` goes before the server's command (mpirun
+        starting its ranks over several nodes). Where this machine lacks what the server needs, raise
+        TargetUnavailable with the exact commands for one that has it. None for any other repository."""
 
     def triton_launch(self, repo: Path, report: RepoReport) -> Callable[[list[str]], list[str]] | None:
         """The tritonserver command serving `repo` (given its address arguments) where this target's models need a

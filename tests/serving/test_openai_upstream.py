@@ -26,6 +26,7 @@ from pipeline.errors import TargetUnavailable
 from pipeline.serving.openai_upstream import GATEWAY, Dialect, OpenAIUpstream, OwnServer
 from pipeline.targets.trtllm.openai_dialect import response_format
 from pipeline.triton.server import free_port
+from tests.conftest import run_cli
 from tests.serving.test_openai import MODEL, PERSON, QUESTION, running, serving_app
 from tests.serving.test_serving import metric
 
@@ -268,6 +269,15 @@ def test_the_gateway_command_needs_a_key_off_loopback(tmp_path):
     assert "--host=127.0.0.1" in own.command and "--port=8123" in own.command
     assert own.dialect.server == "trtllm-serve of TensorRT-LLM 1.1" and own.dialect.chosen_logprobs is None
     assert own.tokenizer_dir == str(deployment.model_dir) and own.limits_dir == str(deployment.model_dir.parent)
+    launcher = ("mpirun", "--host", "node0:2,node1:2", "-n", "4", "trtllm-llmapi-launch")
+    spread = deployment.own_server(8123, launcher)  # a group: mpirun starts the ranks, rank 0 on this host
+    assert spread.command == [*launcher, *own.command] and spread.url == own.url
+
+
+def test_a_launcher_is_refused_for_a_repository_tritonserver_serves(smollm2_build):
+    result = run_cli("serve", str(smollm2_build / "triton_repo"), "--launcher", "mpirun -n 2")
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 1 and "--launcher:" in said and "only a PyTorch-backend build's trtllm-serve" in said
 
 
 # ---------------------------------------------------------------- LoRA adapters of the server behind the gateway

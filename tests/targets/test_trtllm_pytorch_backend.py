@@ -299,20 +299,16 @@ def test_guided_decoding_with_ngram_drafts_is_refused_where_the_release_refuses_
     assert options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
 
 
-def test_lora_on_a_multi_node_group_is_refused_since_no_gateway_stands_in_front_of_trtllm_serve():
-    from types import SimpleNamespace
-
-    from pipeline.targets.trtllm.backend import gateway_problems
-
-    def cfg(lora, gpus_per_node, backend="pytorch"):
-        return SimpleNamespace(
-            lora=lora,
-            parallel=SimpleNamespace(tp_size=2, pp_size=1),
-            deploy=SimpleNamespace(gpus_per_node=gpus_per_node, openai_gateway=True, model_fields_set=set()),
-            target=SimpleNamespace(trtllm_backend=backend),
-        )
-
-    (refused,) = gateway_problems(cfg(object(), 1))
-    assert refused[0] == ("lora",) and "loads whatever lora_path a request names" in refused[1]
-    assert gateway_problems(cfg(object(), 2)) == []  # one node: the gateway sends only the build's adapters
-    assert gateway_problems(cfg(None, 1)) == gateway_problems(cfg(object(), 1, "tensorrt")) == []
+def test_lora_on_a_multi_node_group_is_refused_only_without_the_gateway_in_front_of_trtllm_serve(
+    tmp_path, tiny_llama, adapter
+):
+    """A group's leader runs the gateway in front of trtllm-serve as one pod does; without it trtllm-serve alone
+    would load whatever lora_path a request names, so LoRA there is refused, naming the fix."""
+    path = feature_config(tmp_path, tiny_llama, "1.2", lora=adapter)
+    group = ["parallel.tp_size=2", "deploy.gpus_per_node=1"]
+    assert load_config(path, group).lora is not None  # the gateway (deploy.openai_gateway's default) in front
+    with pytest.raises(ConfigError) as info:
+        load_config(path, [*group, "deploy.openai_gateway=false"])
+    (problem,) = [p for p in info.value.problems if ": lora: " in p]
+    assert "loads whatever lora_path a request names" in problem and "deploy.openai_gateway: true" in problem
+    load_config(path, ["deploy.openai_gateway=false"])  # one node: trtllm-serve alone is refused off loopback by serve

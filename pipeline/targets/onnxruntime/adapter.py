@@ -438,7 +438,7 @@ class OnnxRuntimeTarget:
 
         return [check_llm_model]
 
-    def serve_without_triton(self, repo: Path, host: str, port: int, openai_gateway: bool) -> None:
+    def serve_without_triton(self, repo: Path, host: str, port: int, openai_port, launcher=()) -> None:
         return None  # always served by tritonserver
 
     def triton_launch(self, repo: Path, report):

@@ -340,15 +340,15 @@ class TrtllmTarget:
 
         return model_checks(options.get("trtllm_version"))
 
-    def serve_without_triton(self, repo: Path, host: str, port: int, openai_port: int | None):
-        """A repository of the PyTorch backend is served by trtllm-serve: this process becomes it, or with the OpenAI
-        gateway (`openai_port`) it runs on loopback port `port` behind the gateway (or `serve` stops with the
-        container commands)."""
+    def serve_without_triton(self, repo: Path, host: str, port: int, openai_port: int | None, launcher=()):
+        """A repository of the PyTorch backend is served by trtllm-serve (after `launcher`, e.g. mpirun with
+        trtllm-llmapi-launch over several nodes): this process becomes it, or with the OpenAI gateway (`openai_port`)
+        it runs on loopback port `port` behind the gateway (or `serve` stops with the container commands)."""
         from pipeline.targets.trtllm.llm_api_serving import llmapi_model_name, serve_llm_api
 
         if not llmapi_model_name(repo):
             return None
-        return serve_llm_api(repo, host, port, openai_port)
+        return serve_llm_api(repo, host, port, openai_port, launcher)
 
     def triton_launch(self, repo: Path, report):
         from pipeline.targets.trtllm.triton_launch import container_launch

@@ -119,35 +119,8 @@ CHECKPOINT_FIELDS = (
     | VERIFY_FIELDS
 )
 GPU_DEPLOY_FIELDS = DEPLOY_FIELDS | {"deploy.gpus_per_node"}
-# The OpenAI gateway `serve --openai` runs on one node, in front of tritonserver or trtllm-serve.
+# The OpenAI gateway `serve --openai` runs in front of tritonserver (one node) or trtllm-serve.
 GATEWAY_DEPLOY_FIELDS = frozenset({"deploy.ports.openai", "deploy.openai_gateway", "deploy.api_key_secret"})
-
-
-def gateway_problems(cfg) -> list[Problem]:
-    """A multi-node group's leader runs mpirun or trtllm-llmapi-launch, not `serve`: no gateway runs beside it, so
-    nothing stands between a client and a server that loads the adapter files a request names (trtllm-serve's
-    lora_request)."""
-    if not multi_node(cfg):
-        return []
-    out: list[Problem] = []
-    if cfg.deploy.openai_gateway and "openai_gateway" in cfg.deploy.model_fields_set:
-        out.append(
-            (
-                ("deploy", "openai_gateway"),
-                "a multi-node group's leader runs the release's launcher, not `serve`, so no gateway runs beside it: "
-                "set it false, or deploy.gpus_per_node to tp x pp (one node)",
-            )
-        )
-    if cfg.lora is not None and cfg.target.trtllm_backend == "pytorch":
-        out.append(
-            (
-                ("lora",),
-                "a multi-node group serves trtllm-serve without the gateway, and trtllm-serve loads whatever "
-                "lora_path a request names: deploy LoRA on one node (deploy.gpus_per_node: tp x pp), where the "
-                "gateway sends only the build's adapters",
-            )
-        )
-    return out
 
 
 # The backends declared under the `trtllm_pipeline.trtllm_backends` entry points (pyproject.toml), loaded on first use:

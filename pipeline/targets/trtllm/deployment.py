@@ -136,20 +136,26 @@ def gateway_command(cfg, paths) -> list[str]:
 
 
 def llm_api_serving(cfg) -> Serving:
-    """One node: the OpenAI gateway in front of trtllm-serve, which reads the build's options, both run by
-    `trtllm-pipeline serve --openai` in our GPU image (deploy.openai_gateway; trtllm-serve alone without it). A group
-    runs trtllm-serve alone on every rank under trtllm-llmapi-launch (rank 0 the others work for it), reading the
-    options from the ConfigMap: its leader runs mpirun, with no gateway beside it."""
+    """The OpenAI gateway in front of trtllm-serve, which reads the build's options, both run by
+    `trtllm-pipeline serve --openai` in our GPU image (deploy.openai_gateway; trtllm-serve alone without it). A
+    group's leader runs that `serve` with mpirun as its --launcher: trtllm-serve on every rank of the group under
+    trtllm-llmapi-launch (rank 0, on the leader, the one the others work for), the gateway beside rank 0. Without
+    the gateway the leader's mpirun runs trtllm-serve alone, reading the options from the ConfigMap."""
     release, gpus = cfg.target.trtllm_version, cfg.parallel.tp_size * cfg.parallel.pp_size
     routes = {route.get("path") for route in serving_facts(release)["trtllm_serve"]["routes"]["register_routes"]}
     if HEALTH_ROUTE not in routes:  # the gateway's readiness, and the probes, would fail forever
         raise PipelineError(f"trtllm-serve of TensorRT-LLM {release} registers no {HEALTH_ROUTE} route")
     options, _ = release_options(cfg)
-    gateway = cfg.deploy.openai_gateway and not multi_node(cfg)
+    gateway = cfg.deploy.openai_gateway
 
     def command(paths) -> list[str]:
         model, options_file = f"{paths.output}/engine/{MODEL_DIR}", f"{paths.config_dir}/{OPTIONS_FILE}"
         return trtllm_serve_command(release, model, options_file, "0.0.0.0", cfg.deploy.ports.http)
+
+    def group(paths, per_node: int) -> list[str]:
+        if gateway:
+            return gateway_group_command(gateway_command(cfg, paths), CONTAINER_MPIRUN, gpus, per_node)
+        return mpi_group_command(CONTAINER_MPIRUN, [["trtllm-llmapi-launch", *command(paths)]] * gpus, per_node)
 
     bare = "trtllm-serve's OpenAI API, which has no API key: generate, and name a LoRA adapter directory of the "
     bare += "server's in a request's lora_request (TensorRT-LLM loads it)"
@@ -165,9 +171,7 @@ def llm_api_serving(cfg) -> Serving:
         "set deploy.replicas, or use target.trtllm_backend: tensorrt, whose queue the autoscaler reads",
         command=(lambda paths: gateway_command(cfg, paths)) if gateway else command,
         config_files={} if gateway else {OPTIONS_FILE: options_yaml(cfg, options)},
-        group_command=lambda paths, per_node: mpi_group_command(
-            CONTAINER_MPIRUN, [["trtllm-llmapi-launch", *command(paths)]] * gpus, per_node
-        ),
+        group_command=group,
     )
 
 
@@ -186,15 +190,30 @@ def serving(cfg) -> Serving:
 # mpirun's remote shell in a group: `kubectl exec` into the worker pod (the LeaderWorkerSet TensorRT-LLM example's
 # `-mca plm_rsh_agent kubessh` launch; our script ships in both images' scripts/).
 KUBESSH = f"{APP_DIR}/scripts/kubessh"
+MPIRUN_GROUP_OPTIONS = f"--allow-run-as-root -mca plm_rsh_agent {KUBESSH}"  # as root; remote shell: kubessh
 
 
 def mpi_group_command(mpirun: str, ranks: list[list[str]], gpus_per_node: int) -> list[str]:
     """The leader's command: wait until its workers run, then start one rank per GPU of the group with mpirun, one
-    `-n 1` application context per rank (MPMD), in rank order.
+    `-n 1` application context per rank (MPMD), in rank order."""
+    launch = " : ".join(shlex.join(["-n", "1", *rank]) for rank in ranks)
+    return _group_script(gpus_per_node, f'exec {mpirun} {MPIRUN_GROUP_OPTIONS} --host "$hosts" {launch}')
+
+
+def gateway_group_command(serve: list[str], mpirun: str, gpus: int, gpus_per_node: int) -> list[str]:
+    """The leader's command in front of trtllm-serve: wait until its workers run, then `serve` (the gateway, with
+    trtllm-serve behind it on the leader's loopback) given as --launcher the mpirun that starts trtllm-serve's
+    `gpus` ranks over the group under trtllm-llmapi-launch, rank 0 on the leader."""
+    launcher = f"{mpirun} {MPIRUN_GROUP_OPTIONS} --host $hosts -n {gpus} trtllm-llmapi-launch"
+    return _group_script(gpus_per_node, f'exec {shlex.join(serve)} --launcher "{launcher}"')
+
+
+def _group_script(gpus_per_node: int, last_line: str) -> list[str]:
+    """A leader's `sh -c` script: the group's hosts (leader first, `gpus_per_node` slots each) in $hosts once every
+    worker is Ready, then `last_line`.
 
     The leader's pod name is the first label of LWS_LEADER_ADDRESS; its workers are that name -1 .. -(size - 1),
     the names the LeaderWorkerSet controller gives them."""
-    launch = " : ".join(shlex.join(["-n", "1", *rank]) for rank in ranks)
     script = f"""set -e
 leader="${{LWS_LEADER_ADDRESS%%.*}}"
 hosts="$leader:{gpus_per_node}"
@@ -204,6 +223,6 @@ while [ "$i" -lt "$LWS_GROUP_SIZE" ]; do
   hosts="$hosts,$leader-$i:{gpus_per_node}"
   i=$((i + 1))
 done
-exec {mpirun} --allow-run-as-root -mca plm_rsh_agent {KUBESSH} --host "$hosts" {launch}
+{last_line}
 """
     return ["/bin/sh", "-c", script]

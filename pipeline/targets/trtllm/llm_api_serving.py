@@ -142,8 +142,9 @@ class Deployment:
             ) from None
         return cls(model_dir, model_dir.parent / OPTIONS_FILE, release, repo, name)
 
-    def trtllm_serve(self, host: str, port: int) -> list[str]:
-        return trtllm_serve_command(self.release, str(self.model_dir), str(self.options), host, port)
+    def trtllm_serve(self, host: str, port: int, launcher: tuple[str, ...] = ()) -> list[str]:
+        """trtllm-serve's command, after `launcher` (mpirun starting its ranks, trtllm-llmapi-launch on each)."""
+        return [*launcher, *trtllm_serve_command(self.release, str(self.model_dir), str(self.options), host, port)]
 
     @property
     def lora_dir(self) -> Path:
@@ -176,10 +177,11 @@ class Deployment:
                 raise PipelineError(f"adapter {name}: {exc}") from None
         return adapters
 
-    def own_server(self, port: int) -> OwnServer:
-        """trtllm-serve on loopback port `port`, as the OpenAI gateway in front of it sees it."""
+    def own_server(self, port: int, launcher: tuple[str, ...] = ()) -> OwnServer:
+        """trtllm-serve on loopback port `port` (rank 0's host: the launcher's first), as the OpenAI gateway in front
+        of it sees it."""
         return OwnServer(
-            command=self.trtllm_serve("127.0.0.1", port),
+            command=self.trtllm_serve("127.0.0.1", port, launcher),
             url=f"http://127.0.0.1:{port}",
             model=self.model_dir.name,
             tokenizer_dir=str(self.model_dir),
@@ -237,7 +239,9 @@ def llmapi_model_name(repo: Path) -> str | None:
     return found[0] if found else None
 
 
-def serve_llm_api(repo: Path, host: str, port: int, openai_port: int | None = None) -> OwnServer:
+def serve_llm_api(
+    repo: Path, host: str, port: int, openai_port: int | None = None, launcher: tuple[str, ...] = ()
+) -> OwnServer:
     """Serve a pytorch-backend repository with trtllm-serve where TensorRT-LLM and a GPU are: without the gateway
     (`openai_port` None) the process becomes trtllm-serve on host:port; with it, trtllm-serve as it runs on loopback
     port `port` behind the gateway. Elsewhere stop with exit 4 and the exact container commands."""
@@ -264,8 +268,8 @@ def serve_llm_api(repo: Path, host: str, port: int, openai_port: int | None = No
             f"{triton}"
         )
     if openai_port is not None:
-        return deployment.own_server(port)
-    command = deployment.trtllm_serve(host, port)
+        return deployment.own_server(port, launcher)
+    command = deployment.trtllm_serve(host, port, launcher)
     os.execvp(command[0], command)
 
 

@@ -35,8 +35,8 @@ from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GATEWAY_DEPLOY_FIELDS,
     GPU_DEPLOY_FIELDS,
-    gateway_problems,
     link_or_copy,
+    multi_node,
 )
 from pipeline.targets.trtllm.guided import GUIDED_DECODING_BACKEND
 from pipeline.targets.trtllm.image import transformers_conflict, whole_config_commands
@@ -401,7 +401,16 @@ class PytorchBackend:
     def config_problems(self, cfg) -> list[Problem]:
         b, r, q = cfg.build, cfg.runtime, cfg.quantization
         release = cfg.target.trtllm_version
-        out: list[Problem] = gateway_problems(cfg)
+        out: list[Problem] = []
+        if cfg.lora is not None and multi_node(cfg) and not cfg.deploy.openai_gateway:
+            out.append(
+                (
+                    ("lora",),
+                    "without deploy.openai_gateway a multi-node group serves trtllm-serve alone, which loads whatever "
+                    "lora_path a request names: keep the gateway (deploy.openai_gateway: true), which sends only the "
+                    "build's adapters",
+                )
+            )
         if b.kv_cache_type != "paged":
             out.append((("build", "kv_cache_type"), "the PyTorch backend's KV cache is always paged; remove it"))
         if r.batching_strategy != "inflight_fused_batching":
