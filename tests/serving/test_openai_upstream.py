@@ -256,6 +256,11 @@ def test_serve_openai_of_a_pytorch_build_stops_with_the_gateway_in_front_of_trtl
         and f"trtllm-serve {(repo.parent / 'engine' / 'model').resolve()}" in served
     )
     assert TARGETS["onnxruntime"].serve_without_triton(repo, "127.0.0.1", 8000, 9000) is None
+    # with a launcher, trtllm-serve runs where it takes it (NVIDIA's container here, mpirun's hosts): nothing is
+    # asked of this machine, and the gateway gets the server as the launcher starts it
+    docker = ("docker", "run", "--rm", "--gpus=all", "--network=host", "nvcr.io/nvidia/tritonserver:25.10-trtllm")
+    own = TARGETS["trtllm"].serve_without_triton(repo, "127.0.0.1", 8000, 9000, docker)
+    assert own.command[: len(docker) + 1] == [*docker, "trtllm-serve"] and own.url == "http://127.0.0.1:8000"
 
 
 def test_the_gateway_command_needs_a_key_off_loopback(tmp_path):

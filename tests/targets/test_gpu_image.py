@@ -268,16 +268,19 @@ def test_deploy_prints_the_cpu_image_command_with_the_config_as_the_image_has_it
     ]
 
 
-def test_serving_a_release_no_image_of_ours_holds_falls_back_to_trtllm_serve_alone(tmp_path):
+def test_serving_a_release_no_image_of_ours_holds_puts_the_gateway_in_front_of_nvidias_container(tmp_path):
     """The gateway in front of trtllm-serve runs in our image; for 1.0, which none holds, the printed command is
-    trtllm-serve alone in NVIDIA's container, and for 1.2 our image with the gateway."""
+    `serve --openai` on the GPU machine itself with NVIDIA's container (on the host's network) as its launcher, and
+    for 1.2 our image with the gateway."""
     from pipeline.targets.trtllm.llm_api_serving import Deployment
 
     def commands(release):
         deployment = Deployment(tmp_path / "engine/model", tmp_path / "engine/o.yaml", release, tmp_path / "repo", "m")
         return deployment.container_commands("127.0.0.1", 8000, 9000)
 
-    old, _ = commands("1.0")
-    assert f" {nvidia_image('1.0')} trtllm-serve " in old and "--openai" not in old
+    old = shlex.split(commands("1.0")[0])
+    assert old[:3] == ["trtllm-pipeline", "serve", str(tmp_path / "repo")] and "--openai" in old
+    launcher = shlex.split(old[old.index("--launcher") + 1])
+    assert launcher[:2] == ["docker", "run"] and launcher[-2:] == ["--network=host", nvidia_image("1.0")]
     new, _ = commands("1.2")
     assert f" {image_tag('1.2')} " in new and "--openai --openai-port 9000" in new

@@ -192,14 +192,14 @@ class Deployment:
         )
 
     def container_commands(self, host: str, port: int, openai_port: int | None = OPENAI_PORT) -> list[str]:
-        """`docker run` lines, publishing on `host`: the OpenAI gateway on `openai_port` in front of trtllm-serve on
-        loopback port `port` (`trtllm-pipeline serve --openai` in our GPU image of the release), or with
-        `openai_port` None trtllm-serve itself on `port` (NVIDIA's container); then tritonserver on `port` in NVIDIA's
-        container, once its llmapi model.py is copied beside our model.yaml."""
+        """The commands for a GPU machine, publishing on `host`: the OpenAI gateway on `openai_port` in front of
+        trtllm-serve on loopback port `port` (`trtllm-pipeline serve --openai` in our GPU image of the release; where
+        no image of ours holds the release, `serve --openai` run on the machine itself with NVIDIA's container as its
+        --launcher, on the host's network), or with `openai_port` None trtllm-serve itself on `port` (NVIDIA's
+        container); then tritonserver on `port` in NVIDIA's container, once its llmapi model.py is copied beside our
+        model.yaml."""
         import shlex
 
-        if transformers_conflict(self.release):  # no image of ours holds the release: trtllm-serve alone
-            openai_port = None
         image = nvidia_image(self.release)
         mounts = sorted({str(self.model_dir.parent.parent), str(self.repo.parent)})
         docker = ["docker", "run", "--rm", "--gpus=all", "--ipc=host", *(f"--volume={m}:{m}" for m in mounts)]
@@ -209,6 +209,10 @@ class Deployment:
         triton += f"--model-repository={self.repo} --http-port={port}"
         if openai_port is None:  # 0.0.0.0 inside: --publish binds
             first = [*published, image, *self.trtllm_serve("0.0.0.0", port)]
+        elif transformers_conflict(self.release):  # the gateway here, trtllm-serve in NVIDIA's container behind it
+            launcher = shlex.join([*docker, "--network=host", image])
+            first = ["trtllm-pipeline", "serve", str(self.repo), "--host", host, "--http-port", str(port)]
+            first += ["--openai", "--openai-port", str(openai_port), "--launcher", launcher]
         else:
             first = [*docker, f"--publish={host}:{openai_port}:{openai_port}", "--env=TRTLLM_PIPELINE_API_KEY"]
             first += [image_tag(self.release), *gateway_serve_command(self.repo, port, openai_port, _loopback(host))]
@@ -252,16 +256,23 @@ def serve_llm_api(
             f"names, while {host} carries no authentication: serve it behind the gateway (--openai, which sends only "
             "the build's adapters), or on 127.0.0.1"
         )
-    missing = missing_for_llm_api()
+    missing = [] if launcher else missing_for_llm_api()  # a launcher brings trtllm-serve's machines (mpirun, docker)
     if missing:
         served, triton = deployment.container_commands(host, port, openai_port)
         no_image = transformers_conflict(deployment.release)
-        how = (
-            f"our GPU image of TensorRT-LLM {deployment.release} (NVIDIA's container with trtllm-pipeline: "
-            "`trtllm-pipeline plan CONFIG` prints its docker build), the OpenAI gateway in front of trtllm-serve"
-            if openai_port is not None and not no_image
-            else "NVIDIA's container" + (f" (trtllm-serve alone, without the gateway: {no_image})" if no_image else "")
-        )
+        if openai_port is None:
+            how = "NVIDIA's container"
+        elif no_image:
+            how = (
+                f"the OpenAI gateway of trtllm-pipeline installed there, with NVIDIA's container as its launcher "
+                f"(trtllm-serve on the host's network; no image of ours holds TensorRT-LLM {deployment.release}: "
+                f"{no_image})"
+            )
+        else:
+            how = (
+                f"our GPU image of TensorRT-LLM {deployment.release} (NVIDIA's container with trtllm-pipeline: "
+                "`trtllm-pipeline plan CONFIG` prints its docker build), the OpenAI gateway in front of trtllm-serve"
+            )
         raise TargetUnavailable(
             f"{deployment.repo} is served by TensorRT-LLM {deployment.release}'s PyTorch backend, which needs "
             f"{' and '.join(missing)}. On a GPU machine run {how}:\n  {served}\nor, for Triton's llmapi model:\n  "

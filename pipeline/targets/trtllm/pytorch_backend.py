@@ -518,8 +518,8 @@ class PytorchBackend:
         release = cfg.target.trtllm_version
         trtllm_serve, triton = deployment.container_commands("127.0.0.1", 8000)
         served = (
-            f"serve with trtllm-serve alone (TensorRT-LLM {release}, NVIDIA's container: no image of ours holds the "
-            "release, see below)"
+            f"serve with the OpenAI gateway (trtllm-pipeline on the GPU machine) in front of trtllm-serve in NVIDIA's "
+            f"container (TensorRT-LLM {release}: no image of ours holds the release, see below)"
             if transformers_conflict(release)
             else f"serve with the OpenAI gateway in front of trtllm-serve (TensorRT-LLM {release}, our GPU image)"
         )
