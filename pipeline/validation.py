@@ -74,8 +74,7 @@ def _deploy_problems(cfg: BuildConfig) -> list[tuple[tuple, str]]:
             )
         )
     fields = target_of(cfg).fields_read(cfg)
-    one_node = d.gpus_per_node is None or d.gpus_per_node >= gpus
-    gateway = d.openai_gateway and honoured("deploy.openai_gateway", fields) and one_node
+    gateway = d.openai_gateway and honoured("deploy.openai_gateway", fields)
     used = {
         name: getattr(d.ports, name) for name in ("http", "grpc", "metrics") if honoured(f"deploy.ports.{name}", fields)
     }

@@ -168,13 +168,27 @@ def test_70b_tp4_spreads_over_two_nodes_as_a_leader_worker_set_with_the_gateway_
 
 
 def test_an_engine_group_asked_for_the_gateway_is_refused_naming_the_backend_whose_group_has_it():
+    """An engine group's leader runs tritonserver's ranks under mpirun, not `serve`: its gateway fields are not read."""
     from pipeline.errors import ConfigError
 
     group = ["parallel.tp_size=2", "deploy.gpus_per_node=1", "deploy.openai_gateway=true"]
     with pytest.raises(ConfigError) as info:
         load_config(REPO / "build_configs/smollm2-135m-int4-awq.yaml", group)
     (problem,) = [p for p in info.value.problems if ": deploy.openai_gateway: " in p]
-    assert "tritonserver's ranks under mpirun" in problem and "target.trtllm_backend: pytorch" in problem
+    assert "is not honoured by target trtllm" in problem and "target.trtllm_backend: pytorch" in problem
+
+
+def test_a_groups_gateway_is_checked_as_one_pods_is(tmp_path):
+    """The 70B group's leader runs the gateway: exposed without a key, or on trtllm-serve's port, it is refused."""
+    from pipeline.errors import ConfigError
+
+    model = llama_shape(tmp_path, "70b")
+    exposed = [f"model.path={model}", "deploy.service_type=LoadBalancer", "deploy.ports.openai=8000"]
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "build_configs/llama-3.1-70b-fp8-tp4.yaml", exposed)
+    said = "\n".join(info.value.problems)
+    assert "deploy.ports.openai: 8000 is also deploy.ports.http" in said
+    assert "deploy.api_key_secret: service_type LoadBalancer exposes the OpenAI gateway" in said
 
 
 def test_engine_group_autoscales_on_the_backends_waiting_requests(tmp_path):

@@ -153,10 +153,11 @@ def serve(
         None,
         "--launcher",
         show_default=False,
-        help="PyTorch-backend builds: the command that starts trtllm-serve's ranks, put before trtllm-serve's own "
-        "arguments, for a tp x pp that spans nodes. Rank 0 runs on the first host, where the gateway (--openai) "
-        "reaches trtllm-serve on loopback --http-port. Example: --launcher 'mpirun --host node0:4,node1:4 -n 8 "
-        "trtllm-llmapi-launch'.",
+        help="PyTorch-backend builds: a command put before the trtllm-serve command, which starts it where it runs: "
+        "mpirun over several nodes (the first host must be this machine, where rank 0 serves and the gateway of "
+        "--openai reaches it on loopback --http-port; the output must sit at the same path on every host), or "
+        "`docker run --network=host` of NVIDIA's container. This machine then needs no TensorRT-LLM. Example: "
+        "--launcher 'mpirun --host node0:4,node1:4 -n 8 trtllm-llmapi-launch'.",
     ),
     log_file: Optional[Path] = typer.Option(None, help="tritonserver log (default: next to the repository)."),
     ready_timeout: float = typer.Option(
@@ -175,8 +176,9 @@ def serve(
     PyTorch backend: trtllm-serve (OpenAI-compatible) on a GPU machine with TensorRT-LLM, on --http-port; with
     --openai, trtllm-serve on loopback --http-port and the gateway in front of it on --openai-port (the same routes,
     API key and structured outputs as in front of tritonserver), over several nodes with --launcher; else exit 4
-    with the exact `docker run` commands (the gateway in front of trtllm-serve, or trtllm-serve alone, or
-    tritonserver with the llmapi model). trtllm engine builds: the tritonserver of NVIDIA's TensorRT-LLM container,
+    with the exact commands for a GPU machine (the gateway in front of trtllm-serve in our image, or in front of
+    NVIDIA's container for a release no image of ours holds, or trtllm-serve alone, or tritonserver with the llmapi
+    model). trtllm engine builds: the tritonserver of NVIDIA's TensorRT-LLM container,
     under mpirun with one rank per GPU when tp x pp > 1. Validates the repository first, then runs until Ctrl-C or
     SIGTERM. Clients call the `ensemble` (or `tensorrt_llm_bls`) model exactly as they would a TensorRT-LLM
     deployment. Should a model process die, serve stops tritonserver at once (in-flight requests fail) and exits 1
@@ -201,7 +203,10 @@ def serve(
         run_build(load(source, None), output or default_output(source), console, until="triton_repo", wait=True)
     repo = source if source.is_dir() else (output or default_output(source)) / "triton_repo"
     report = checked_repository(repo, source)
-    launch = tuple(shlex.split(launcher or ""))
+    try:
+        launch = tuple(shlex.split(launcher or ""))
+    except ValueError as error:  # an unbalanced quote
+        raise PipelineError(f"--launcher {launcher!r}: {error}; quote it as a shell would") from None
     own = serve_without_triton(repo, host, http_port, gateway, launch)
     if own is None and launch:
         raise PipelineError(

@@ -139,8 +139,8 @@ class DeploySection(Section):
     ports: PortsSection = Field(default_factory=PortsSection)
     openai_gateway: bool = Field(
         True,
-        description="Also serve the OpenAI gateway: in front of tritonserver (one node), or of trtllm-serve (a "
-        "multi-node group: on its leader, beside rank 0).",
+        description="Also serve the OpenAI gateway: in front of tritonserver (one pod), or of trtllm-serve (one pod, "
+        "or a multi-node group's leader, beside rank 0).",
     )
     expose_triton_ports: bool = Field(
         False,

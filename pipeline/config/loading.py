@@ -125,8 +125,8 @@ class _Locator:
     def where(self, loc: tuple, given: bool) -> str:
         """The file and line of `loc`, else of the nearest section above it that the file sets. `given`: the value
         is the file's (a field error), even where the index has no line for it (a mapping key, a union member)."""
-        if any(key[: len(loc)] == tuple(loc) for key in self.overridden):  # `loc` itself or a key inside it
-            return f"{self.path} (overridden on the command line)"
+        if loc and tuple(loc) not in self.lines and any(key[: len(loc)] == tuple(loc) for key in self.overridden):
+            return f"{self.path} (overridden on the command line)"  # a section only the command line's keys set
         for depth in range(len(loc), 0, -1):
             if tuple(loc[:depth]) in self.overridden:
                 return f"{self.path} (overridden on the command line)"

@@ -76,7 +76,8 @@ def serve_without_triton(
     that server as it runs on loopback port `port` behind the gateway (`FrontedServing` runs both). None for any
     other repository."""
     for target in TARGETS.values():
-        own = target.serve_without_triton(repo, host, port, gateway.port if gateway else None, launcher)
+        launch = {"launcher": launcher} if launcher else {}  # a target written before launchers takes none
+        own = target.serve_without_triton(repo, host, port, gateway.port if gateway else None, **launch)
         if own is not None:
             return own
     return None

@@ -43,7 +43,8 @@ READ_FOR = {
     LLM_ARGS: ["validate_dtype"],
     REQUIREMENTS: ["transformers"],
 }
-# (repository, commit) of each copy read. The engine workflow's files: one set for every release.
+# (repository, commit) of each copy read. The engine workflow's files: one main-line reading, applied to every release
+# (no copy of a release's own engine files was readable; the notes say so).
 ENGINE = {
     CONVERT_UTILS: [
         (REPO, "7ed07f0691dff2c1c89196adee670ce9f4f15f67"),
@@ -55,8 +56,8 @@ ENGINE = {
 ENGINE_NOTE = (
     "Engine workflow: convert_utils.py from a recent main-line commit (the torch 2.9 era) and from an older fork copy "
     "(without that commit's safetensors loading fallback), whose infer_dtype read alike; _utils.py from main at "
-    "1.2.0rc2; llama/config.py from a main-line copy that reads the mistral3 text config. None is a release's own "
-    "file: medium confidence."
+    "1.2.0rc2; llama/config.py from a main-line copy that reads the mistral3 text config. One reading applied to "
+    "every release from 0.21 to 1.2, none of them a release's own file: medium confidence."
 )
 LLM_API = {LLM_ARGS: (REPO, "1a0dc5f70054f66d892df6a964996fc5ead6f81e")}
 RELEASES = {
@@ -87,9 +88,8 @@ RELEASES = {
             MODEL_CONFIG: (REPO, "b35ac1b64368513d215c57d2ed01d62d910df8da"),
             REQUIREMENTS: (REPO, "000867d9b1ad62f3de1e54e111c094da492a5626"),
         },
-        "note": ENGINE_NOTE + " model_config.py: main at 1.2.0rc2; a later main-line copy (not cited: its commit "
-        "was not readable) also sets the pretrained config's torch_dtype from its `dtype` in from_pretrained. "
-        "requirements.txt: the CUDA 13 / torch 2.9 line. llm_args.py: the 1.1 copy.",
+        "note": ENGINE_NOTE + " model_config.py: main at 1.2.0rc2. requirements.txt: the CUDA 13 / torch 2.9 line. "
+        "llm_args.py: the 1.1 copy.",
     },
 }
 # The HF config dtypes `auto` is run with (config.json's torch_dtype; None where it names none).

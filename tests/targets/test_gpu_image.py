@@ -281,6 +281,6 @@ def test_serving_a_release_no_image_of_ours_holds_puts_the_gateway_in_front_of_n
     old = shlex.split(commands("1.0")[0])
     assert old[:3] == ["trtllm-pipeline", "serve", str(tmp_path / "repo")] and "--openai" in old
     launcher = shlex.split(old[old.index("--launcher") + 1])
-    assert launcher[:2] == ["docker", "run"] and launcher[-2:] == ["--network=host", nvidia_image("1.0")]
+    assert launcher[:2] == ["docker", "run"] and launcher[-3:] == ["--network=host", "--init", nvidia_image("1.0")]
     new, _ = commands("1.2")
     assert f" {image_tag('1.2')} " in new and "--openai --openai-port 9000" in new

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline.targets.trtllm.dtypes import AUTO, SAFETENSORS_FLOATS, checkpoint_dtype, deployed_dtype
+from pipeline.targets.trtllm.unified_export import repair_config
 from pipeline.upstream import facts, releases
 
 
@@ -95,8 +96,13 @@ def test_the_pytorch_backend_runs_the_deployed_checkpoint_in_the_deployed_dtype(
     hf = hf_checkpoint(tmp_path / "hf", stored)
     deployed = deployed_dtype(config(backend="pytorch"), hf)
     assert deployed == AUTO[stored]
-    # the unified checkpoint is exported in the deployed dtype and names it in config.json
-    assert pytorch_model_dtype({"torch_dtype": deployed}, release) == deployed
+    # the unified checkpoint is exported in the deployed dtype; transformers 4.57 names it `dtype` alone, and
+    # repair_config adds the `torch_dtype` the backend reads
+    unified = tmp_path / "unified"
+    checkpoint(unified, TORCH[deployed])
+    (unified / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "dtype": deployed}))
+    assert "config.json:torch_dtype" in repair_config(unified)
+    assert pytorch_model_dtype(json.loads((unified / "config.json").read_text()), release) == deployed
     # the backend maps no dtype itself: it would run the imported float32 checkpoint as float32
     assert pytorch_model_dtype(json.loads((hf / "config.json").read_text()), release) == stored
 

@@ -299,16 +299,14 @@ def test_guided_decoding_with_ngram_drafts_is_refused_where_the_release_refuses_
     assert options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
 
 
-def test_lora_on_a_multi_node_group_is_refused_only_without_the_gateway_in_front_of_trtllm_serve(
-    tmp_path, tiny_llama, adapter
-):
-    """A group's leader runs the gateway in front of trtllm-serve as one pod does; without it trtllm-serve alone
-    would load whatever lora_path a request names, so LoRA there is refused, naming the fix."""
+def test_lora_is_deployed_only_behind_the_gateway_on_one_node_and_on_a_group(tmp_path, tiny_llama, adapter):
+    """A deployment's pod (a group's leader as one pod) runs the gateway in front of trtllm-serve; without it
+    trtllm-serve alone would face clients and load whatever lora_path a request names, so LoRA is refused there,
+    naming the fix."""
     path = feature_config(tmp_path, tiny_llama, "1.2", lora=adapter)
-    group = ["parallel.tp_size=2", "deploy.gpus_per_node=1"]
-    assert load_config(path, group).lora is not None  # the gateway (deploy.openai_gateway's default) in front
-    with pytest.raises(ConfigError) as info:
-        load_config(path, [*group, "deploy.openai_gateway=false"])
-    (problem,) = [p for p in info.value.problems if ": lora: " in p]
-    assert "loads whatever lora_path a request names" in problem and "deploy.openai_gateway: true" in problem
-    load_config(path, ["deploy.openai_gateway=false"])  # one node: trtllm-serve alone is refused off loopback by serve
+    for shape in ([], ["parallel.tp_size=2", "deploy.gpus_per_node=1"]):
+        assert load_config(path, shape).lora is not None  # the gateway (deploy.openai_gateway's default) in front
+        with pytest.raises(ConfigError) as info:
+            load_config(path, [*shape, "deploy.openai_gateway=false"])
+        (problem,) = [p for p in info.value.problems if ": lora: " in p]
+        assert "loads whatever lora_path a request names" in problem and "deploy.openai_gateway: true" in problem

@@ -17,7 +17,14 @@ from pathlib import Path
 from pipeline.errors import BuildStepError, PipelineError
 from pipeline.prequantized import kept
 from pipeline.targets.trtllm import lora_conversion, prequantized
-from pipeline.targets.trtllm.backend import BACKEND_MODULES, BACKEND_TABLES, BACKENDS, backend_of, engine_backend
+from pipeline.targets.trtllm.backend import (
+    BACKEND_MODULES,
+    BACKEND_TABLES,
+    BACKENDS,
+    backend_of,
+    engine_backend,
+    fields_for,
+)
 from pipeline.targets.trtllm.dtypes import deployed_dtype
 from pipeline.targets.trtllm.modelopt import (
     LOADER_QUANTIZED,
@@ -87,12 +94,12 @@ class TrtllmTarget:
         return frozenset().union(*(backend.honours for backend in BACKENDS.values()))
 
     def fields_read(self, cfg) -> frozenset[str]:
-        return backend_of(cfg).honours
+        return fields_for(backend_of(cfg), cfg)
 
     def option_reading(self, cfg, field: str) -> str | None:
         from pipeline.targets import honoured
 
-        others = [name for name, backend in BACKENDS.items() if honoured(field, backend.honours)]
+        others = [name for name, backend in BACKENDS.items() if honoured(field, fields_for(backend, cfg))]
         return f"target.trtllm_backend: {' or '.join(others)}" if others else None
 
     def stage_reads(self, stage: str, cfg) -> tuple[str, ...]:

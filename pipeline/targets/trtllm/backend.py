@@ -33,6 +33,7 @@ class TrtllmBackend(Protocol):
     summary: ClassVar[str]
     releases: ClassVar[tuple[str, ...]]  # the TensorRT-LLM releases whose facts are tabulated for this backend
     honours: ClassVar[frozenset[str]]  # every config field a build with this backend reads
+    group_gateway: ClassVar[bool]  # whether a multi-node group's leader runs the OpenAI gateway (`serve --openai`)
 
     def engine_reads(self, cfg) -> tuple[str, ...]:
         """Config paths its engine stage reads for `cfg` beyond the stage's READS (hashed into the lock)."""
@@ -121,6 +122,14 @@ CHECKPOINT_FIELDS = (
 GPU_DEPLOY_FIELDS = DEPLOY_FIELDS | {"deploy.gpus_per_node"}
 # The OpenAI gateway `serve --openai` runs in front of tritonserver (one node) or trtllm-serve.
 GATEWAY_DEPLOY_FIELDS = frozenset({"deploy.ports.openai", "deploy.openai_gateway", "deploy.api_key_secret"})
+
+
+def fields_for(backend, cfg) -> frozenset[str]:
+    """The fields a build of `cfg` with `backend` reads: its own, less the gateway's where the config's group
+    (deploy.gpus_per_node below tp x pp) runs no gateway with that backend."""
+    if multi_node(cfg) and not backend.group_gateway:
+        return backend.honours - GATEWAY_DEPLOY_FIELDS
+    return backend.honours
 
 
 # The backends declared under the `trtllm_pipeline.trtllm_backends` entry points (pyproject.toml), loaded on first use:

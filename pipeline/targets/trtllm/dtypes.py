@@ -1,16 +1,16 @@
 """The dtype the trtllm target deploys a model in: `model.dtype`, or with `auto` the checkpoint's own.
 
 `auto` follows the imported checkpoint as TensorRT-LLM's engine workflow follows a Hugging Face checkpoint's
-`torch_dtype` (its converters' `infer_dtype`; upstream/trtllm_dtype.json `engine`, tabulated per release): bfloat16
-stays bfloat16 (a model trained in it can overflow float16's range), float16 stays float16, and float32 (a GGUF's
-dequantized weights, a float32 checkpoint) becomes float16, the GPU's half precision. The PyTorch backend maps no
-dtype: its model runs in the pretrained config's `torch_dtype`, bfloat16 where that is None (`pytorch`), so it runs in
-the dtype the pipeline exports the unified checkpoint in and names in its config.json (unified_export.repair_config
-writes `torch_dtype` for the containers' older transformers); a float32 checkpoint runs in float16 there too.
-tests/targets/test_trtllm_dtypes.py checks AUTO against every tabulated release; it stays a constant because the
-releases targeted before 0.21 are not tabulated. One feature needs float16 whatever the checkpoint: the engine
-workflow's LoRA, whose `tensorrt_llm` model declares its LoRA weights TYPE_FP16 and whose .npy loader reads no
-bfloat16 (lora_conversion._engine_problems).
+`torch_dtype` (its converters' `infer_dtype`; upstream/trtllm_dtype.json `engine`, one main-line reading applied to
+0.21-1.2): bfloat16 stays bfloat16 (a model trained in it can overflow float16's range), float16 stays float16,
+and float32 (a GGUF's dequantized weights, a float32 checkpoint) becomes float16, the GPU's half precision. The
+PyTorch backend maps no dtype: its model runs in the pretrained config's `torch_dtype`, bfloat16 where that is None
+(`pytorch`), so it runs in the dtype the pipeline exports the unified checkpoint in and names in its config.json
+(unified_export.repair_config writes `torch_dtype` for the containers' older transformers); a float32 checkpoint
+runs in float16 there too. tests/targets/test_trtllm_dtypes.py checks AUTO against every tabulated release; it stays
+a constant because the releases targeted before 0.21 are not tabulated. One feature needs float16 whatever the
+checkpoint: the engine workflow's LoRA, whose `tensorrt_llm` model declares its LoRA weights TYPE_FP16 and whose
+.npy loader reads no bfloat16 (lora_conversion._engine_problems).
 """
 
 from __future__ import annotations

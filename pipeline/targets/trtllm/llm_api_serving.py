@@ -210,7 +210,7 @@ class Deployment:
         if openai_port is None:  # 0.0.0.0 inside: --publish binds
             first = [*published, image, *self.trtllm_serve("0.0.0.0", port)]
         elif transformers_conflict(self.release):  # the gateway here, trtllm-serve in NVIDIA's container behind it
-            launcher = shlex.join([*docker, "--network=host", image])
+            launcher = shlex.join([*docker, "--network=host", "--init", image])  # --init: stops with the gateway
             first = ["trtllm-pipeline", "serve", str(self.repo), "--host", host, "--http-port", str(port)]
             first += ["--openai", "--openai-port", str(openai_port), "--launcher", launcher]
         else:

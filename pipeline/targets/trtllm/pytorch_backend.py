@@ -36,7 +36,6 @@ from pipeline.targets.trtllm.backend import (
     GATEWAY_DEPLOY_FIELDS,
     GPU_DEPLOY_FIELDS,
     link_or_copy,
-    multi_node,
 )
 from pipeline.targets.trtllm.guided import GUIDED_DECODING_BACKEND
 from pipeline.targets.trtllm.image import transformers_conflict, whole_config_commands
@@ -340,6 +339,7 @@ class PytorchBackend:
     name = "pytorch"
     summary = "the PyTorch backend (unified checkpoint + LLM-API options: trtllm-serve, Triton llmapi model)"
     releases = RELEASES
+    group_gateway = True  # a group's leader runs `serve --openai` with mpirun as its --launcher
     honours = (
         CHECKPOINT_FIELDS
         | GPU_DEPLOY_FIELDS
@@ -402,13 +402,13 @@ class PytorchBackend:
         b, r, q = cfg.build, cfg.runtime, cfg.quantization
         release = cfg.target.trtllm_version
         out: list[Problem] = []
-        if cfg.lora is not None and multi_node(cfg) and not cfg.deploy.openai_gateway:
+        if cfg.lora is not None and not cfg.deploy.openai_gateway:
             out.append(
                 (
                     ("lora",),
-                    "without deploy.openai_gateway a multi-node group serves trtllm-serve alone, which loads whatever "
-                    "lora_path a request names: keep the gateway (deploy.openai_gateway: true), which sends only the "
-                    "build's adapters",
+                    "without deploy.openai_gateway the deployment serves trtllm-serve alone on the pod's address, and "
+                    "trtllm-serve loads whatever lora_path a request names: keep the gateway (deploy.openai_gateway: "
+                    "true), which sends only the build's adapters",
                 )
             )
         if b.kv_cache_type != "paged":

@@ -32,7 +32,6 @@ from pipeline.targets.trtllm.backend import (
     CHECKPOINT_FIELDS,
     GPU_DEPLOY_FIELDS,
     lacking,
-    multi_node,
 )
 from pipeline.targets.trtllm.checkpoint import EXPECTED_ALGO, padding_problems
 from pipeline.targets.trtllm.guided import (
@@ -274,6 +273,7 @@ class TensorrtBackend:
     name = "tensorrt"
     summary = "TensorRT engines (trtllm-build, Triton tensorrtllm backend)"
     releases = SUPPORTED_VERSIONS
+    group_gateway = False  # a group's leader runs tritonserver's ranks under mpirun, not `serve`
     honours = (
         COMMON_FIELDS
         | CHECKPOINT_FIELDS
@@ -320,15 +320,6 @@ class TensorrtBackend:
     def config_problems(self, cfg) -> list[Problem]:
         q, b, r = cfg.quantization, cfg.build, cfg.runtime
         out: list[Problem] = []
-        if multi_node(cfg) and cfg.deploy.openai_gateway and "openai_gateway" in cfg.deploy.model_fields_set:
-            out.append(  # its leader runs tritonserver's ranks under mpirun, not `serve`
-                (
-                    ("deploy", "openai_gateway"),
-                    "a multi-node engine group's leader runs tritonserver's ranks under mpirun, not `serve`, so no "
-                    "gateway runs beside it: set it false, deploy.gpus_per_node to tp x pp (one node), or "
-                    "target.trtllm_backend: pytorch, whose group serves the gateway in front of trtllm-serve",
-                )
-            )
         fp8 = q.weights == "fp8" or q.kv_cache == "fp8"
         if b.use_fp8_context_fmha and not fp8:
             out.append(
