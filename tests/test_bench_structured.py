@@ -101,6 +101,16 @@ def test_the_request_asks_for_the_schema_without_strict():
     assert body["temperature"] == 0 and body["max_tokens"] == 384 and "stream" not in body
 
 
+def test_strict_and_the_compact_layout_are_asked_as_openai_and_llguidance_spell_them():
+    """--strict is OpenAI's `strict: true` beside the schema; --whitespace compact is llguidance's own extension in the
+    schema (`x-guidance`), which llama-server ignores; neither touches the schema drawn."""
+    body = chat_request("m", OBJECT, 384, layout=structured.WHITESPACE["compact"], strict=True)
+    asked = body["response_format"]["json_schema"]
+    assert asked["strict"] is True and asked["schema"]["x-guidance"]["whitespace_flexible"] is False
+    assert {k: v for k, v in asked["schema"].items() if k != "x-guidance"} == OBJECT and "x-guidance" not in OBJECT
+    assert chat_request("m", OBJECT, 384, layout=structured.WHITESPACE["engine"]) == chat_request("m", OBJECT, 384)
+
+
 def test_answers_are_judged_by_jsonschema_in_the_schemas_own_draft_with_formats():
     assert judge(OBJECT, '{"n": 3}') == (True, None)
     assert judge(OBJECT, '{"n": "3"}') == (False, "$.n: '3' is not of type 'integer'")
@@ -116,6 +126,8 @@ def test_answers_are_judged_by_jsonschema_in_the_schemas_own_draft_with_formats(
     unusable = judge({"type": "object", "properties": {"a": {"$ref": "#/missing"}}}, '{"a": 1}')
     assert unusable[0] is None and "PointerToNowhere" in unusable[1]
     assert judge({"type": 12}, "1")[0] is None  # not a schema of its draft
+    older = {"properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}}  # draft 7's keyword, no $schema
+    assert judge(older, '{"a": 1}') == (False, "$: 'b' is a dependency of 'a'") and judge(older, "{}")[0] is True
 
 
 def row(set_name: str, file: str, *, status=200, finish="stop", valid=True, seconds=1.0, reported=None) -> dict:

@@ -45,6 +45,7 @@ from pipeline.build import cache_dir, default_output
 from pipeline.errors import PipelineError
 from pipeline.serving.app import DEFAULT_MAX_BODY_BYTES
 from pipeline.serving.lifecycle import GatewayOptions, Serving, checked_repository, served_name
+from pipeline.serving.schemas import validator_class
 from pipeline.triton.server import Ports, free_ports
 from pipeline.triton.validate import RepoReport
 from pipeline.validation import load_config
@@ -174,10 +175,16 @@ def draw(root: Path, sets: list[str], per_set: int, seed: int) -> list[Drawn]:
 
 # --whitespace: how our engine's grammar lays JSON out, set per schema by llguidance's own schema extension
 # (`x-guidance`), which other servers ignore: "engine" leaves it to the engine (pipeline/targets/onnxruntime/runtime/
-# guided.py JSON_OPTIONS: llama.cpp's whitespace), "compact" asks for one line with ", " and ": "
+# guided.py JSON_OPTIONS: llama.cpp's whitespace), "compact" asks for one line with ", " and ": " (no whitespace
+# pattern: the engine's own would still allow newlines)
 WHITESPACE = {
     "engine": None,
-    "compact": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+    "compact": {
+        "whitespace_flexible": False,
+        "whitespace_pattern": None,
+        "item_separator": ", ",
+        "key_separator": ": ",
+    },
 }
 
 
@@ -264,13 +271,14 @@ async def ask_all(
 
 
 def judge(schema: dict, content: str | None) -> tuple[bool | None, str | None]:
-    """(whether the answer is valid for the schema, why not): jsonschema in the schema's own draft, with every format
-    it checks; None when jsonschema cannot use the schema (the answer is unjudgeable), with the reason."""
+    """(whether the answer is valid for the schema, why not): jsonschema in the schema's own draft (as the gateway
+    reads it: `validator_class`), with every format it checks; None when jsonschema cannot use the schema (the answer
+    is unjudgeable), with the reason."""
     try:
         instance = json.loads(content or "")
     except json.JSONDecodeError as exc:
         return False, f"not JSON: {exc}"[:MESSAGE_CHARS]
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = validator_class(schema)
     try:
         cls.check_schema(schema)
         error = jsonschema.exceptions.best_match(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(instance))

@@ -228,6 +228,14 @@ def drop_keywords(root: dict, keywords: set[str]) -> None:
             del schema[keyword]
 
 
+def drop_property_counts(root: dict) -> list[str]:
+    """min/maxProperties left out, which llguidance counts only where every named property is required; the ones
+    the schema has, for the client."""
+    found = [k for k in ("minProperties", "maxProperties") if any(k in schema for schema in every_schema(root))]
+    drop_keywords(root, set(found))
+    return found
+
+
 def drop_format(root: dict, name: str) -> None:
     for schema in every_schema(root):
         if schema.get("format") == name:
@@ -329,10 +337,7 @@ RELAXATIONS = (
     Relaxation(
         r"oneOf constraints are not supported", _with_name(lambda m: "oneOf", lambda root, m: one_of_as_any_of(root))
     ),
-    Relaxation(
-        r"min/maxProperties only supported",
-        _dropping(lambda m: ["minProperties", "maxProperties"]),
-    ),
+    Relaxation(r"min/maxProperties only supported", lambda root, m: drop_property_counts(root)),
     Relaxation(
         r"circular references with sibling keys are not supported: \S*?(#\S*)",
         _with_name(lambda m: f"$ref {m[1]} (recursive, beside other keys)", lambda root, m: drop_ref(root, m[1])),
@@ -390,10 +395,25 @@ class PreparedSchema:
         return report
 
 
+@functools.cache
+def with_dependencies(cls):
+    """`cls` with draft 4-7's `dependencies` where its draft has none: 2019-09 split the keyword in two and its
+    meta-schema keeps it as deprecated, and schemas written for the older drafts use it without naming a draft. Unread,
+    an answer the grammar was not asked to hold to it (it cannot) would be reported valid whatever it held."""
+    if "dependencies" in cls.VALIDATORS:
+        return cls
+    return jsonschema.validators.extend(cls, {"dependencies": jsonschema.Draft7Validator.VALIDATORS["dependencies"]})
+
+
+def validator_class(schema: dict):
+    """The jsonschema validator of the schema's own `$schema` (draft 2020-12 without one), reading `dependencies`."""
+    return with_dependencies(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator))
+
+
 def validator(schema: dict, relaxed: tuple[str, ...]):
-    """jsonschema's validator for the schema's own `$schema` (draft 2020-12 without one), asserting the formats
-    the grammar enforced; SchemaError when `schema` is not a schema of its draft."""
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    """jsonschema's validator for the schema (`validator_class`), asserting the formats the grammar enforced;
+    SchemaError when `schema` is not a schema of its draft."""
+    cls = validator_class(schema)
     cls.check_schema(schema)
     formats = enforced_formats() - {name.removeprefix("format ") for name in relaxed}
     return cls(schema, format_checker=jsonschema.FormatChecker(formats))

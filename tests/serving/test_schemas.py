@@ -11,6 +11,7 @@ import json
 import llguidance
 import pytest
 
+from pipeline.bench.structured import WHITESPACE
 from pipeline.serving.schemas import prepare
 from pipeline.targets.onnxruntime.runtime.guided import Guide, grammar
 
@@ -31,14 +32,18 @@ def byte_tokenizer() -> llguidance.LLTokenizer:
     return llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=END_OF_TEXT + 1, eos_token=END_OF_TEXT)
 
 
-def grammar_accepts(schema: dict, instance, **options) -> bool:
-    """Whether the engine's grammar for `schema` (as the gateway prepares it) takes `instance`, written as the
-    engine writes JSON."""
+def grammar_takes(schema: dict, text: str, **options) -> bool:
+    """Whether the engine's grammar for `schema` (as the gateway prepares it) takes `text`, token by token."""
     prepared = prepare(schema, strict=False, **options)
     tokenizer = byte_tokenizer()
     matcher = llguidance.LLMatcher(tokenizer, grammar(Guide("json_schema", json.dumps(prepared.grammar_schema))))
     assert not matcher.is_error(), matcher.get_error()
-    return matcher.consume_tokens(tokenizer.tokenize_str(json.dumps(instance))) and matcher.is_accepting()
+    return matcher.consume_tokens(tokenizer.tokenize_str(text)) and matcher.is_accepting()
+
+
+def grammar_accepts(schema: dict, instance, **options) -> bool:
+    """Whether the engine's grammar takes `instance` written as json.dumps writes it (", " and ": ")."""
+    return grammar_takes(schema, json.dumps(instance), **options)
 
 
 def verdict(schema: dict, instance) -> dict:
@@ -59,6 +64,11 @@ RELAXED = {
         {"a": "x"},
         ["dependencies"],
     ),
+    "dependencies without $schema": (  # read as draft 7 reads it: 2020-12's meta-schema keeps it, deprecated
+        {"type": "object", "properties": PAIR, "dependencies": {"a": {"required": ["b"]}}},
+        {"a": "x"},
+        ["dependencies"],
+    ),
     "dependentRequired": (
         {"type": "object", "properties": PAIR, "dependentRequired": {"a": ["b"]}},
         {"a": "x"},
@@ -70,10 +80,15 @@ RELAXED = {
         ["dependentSchemas"],
     ),
     "not": ({"type": "string", "not": {"const": "no"}}, "no", ["not"]),
-    "minProperties": (  # of an open object (of a closed one, the grammar counts its named properties)
+    "minProperties": (  # of an object the grammar cannot count (open, or with three optional properties or more)
         {"type": "object", "properties": PAIR, "additionalProperties": True, "minProperties": 1},
         {},
-        ["minProperties", "maxProperties"],
+        ["minProperties"],
+    ),
+    "maxProperties": (
+        {"type": "object", "properties": {**PAIR, "c": {}}, "maxProperties": 2},
+        {"a": "x", "b": "y", "c": 1},
+        ["maxProperties"],
     ),
     "if/then": (
         {"type": "object", "properties": PAIR, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
@@ -117,10 +132,12 @@ REFUSED_AS = {
     "uniqueItems": '"uniqueItems"',
     "oneOf": "oneOf",
     "dependencies": '"dependencies"',
+    "dependencies without $schema": '"dependencies"',
     "dependentRequired": '"dependentRequired"',
     "dependentSchemas": '"dependentSchemas"',
     "not": '"not"',
     "minProperties": "min/maxProperties",
+    "maxProperties": "min/maxProperties",
     "if/then": '"if", "then"',
     "recursive $ref beside keys": "#/$defs/node",
     "overlapping patternProperties": "patternProperty regexes",
@@ -140,6 +157,36 @@ def test_one_of_whose_branches_exclude_each_other_is_enforced_exactly():
     schema = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
     assert prepare(schema, strict=True).relaxed == ()
     assert grammar_accepts(schema, "x") and grammar_accepts(schema, 3) and not grammar_accepts(schema, [])
+
+
+def test_min_and_max_properties_are_enforced_by_the_grammar_where_it_can_count_the_properties():
+    two_optional = {"type": "object", "properties": PAIR, "minProperties": 1, "maxProperties": 1}  # closed
+    assert prepare(two_optional, strict=True).relaxed == ()
+    assert grammar_accepts(two_optional, {"b": "y"})
+    assert not grammar_accepts(two_optional, {}) and not grammar_accepts(two_optional, {"a": "x", "b": "y"})
+    pair = {"type": "object", "properties": PAIR, "required": ["a", "b"], "additionalProperties": {"type": "integer"}}
+    three = {**pair, "minProperties": 3, "maxProperties": 3}
+    assert prepare(three, strict=True).relaxed == ()
+    assert grammar_accepts(three, {"a": "x", "b": "y", "c": 1})
+    assert not grammar_accepts(three, {"a": "x", "b": "y"}) and not grammar_accepts(
+        three, {"a": "x", "b": "y", "c": 1, "d": 2}
+    )
+    counted = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2}
+    assert grammar_accepts(counted, {"c": 1}) and not grammar_accepts(counted, {})
+    assert not grammar_accepts(counted, {"c": 1, "d": 2, "e": 3})
+
+
+def test_the_json_layout_is_the_models_within_llama_cpps_bounds_or_one_line_as_the_schema_asks():
+    """Between tokens a space, or one or two newlines and up to 20 spaces or tabs (`JSON_OPTIONS`); a schema's own
+    `x-guidance` asks llguidance for one line instead, as `bench structured --whitespace compact` does."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    assert grammar_takes(schema, '{"a":1,"b":2}') and grammar_takes(schema, '{"a": 1, "b": 2}')
+    assert grammar_takes(schema, '{\n  "a": 1,\n\t"b": 2\n}') and grammar_takes(schema, "{\n\n" + " " * 20 + '"a": 1}')
+    assert not grammar_takes(schema, "{\n" + " " * 21 + '"a": 1}') and not grammar_takes(schema, '{\n\n\n"a": 1}')
+    assert not grammar_takes(schema, '{  "a": 1}')  # one space at most on a line
+    one_line = {**schema, "x-guidance": WHITESPACE["compact"]}  # whitespace_pattern null: the engine's is dropped
+    assert grammar_takes(one_line, '{"a": 1, "b": 2}') and not grammar_takes(one_line, '{\n  "a": 1}')
+    assert not grammar_takes(one_line, '{"a":1}')
 
 
 def test_an_unknown_format_is_an_annotation_a_known_one_is_enforced_and_asserted():
