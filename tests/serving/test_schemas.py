@@ -80,7 +80,7 @@ RELAXED = {
         ["dependentSchemas"],
     ),
     "not": ({"type": "string", "not": {"const": "no"}}, "no", ["not"]),
-    "minProperties": (  # of an object the grammar cannot count (open, or with three optional properties or more)
+    "minProperties": (  # of an open object; of a closed one, above 1 beside optional properties (see below)
         {"type": "object", "properties": PAIR, "additionalProperties": True, "minProperties": 1},
         {},
         ["minProperties"],
@@ -160,6 +160,8 @@ def test_one_of_whose_branches_exclude_each_other_is_enforced_exactly():
 
 
 def test_min_and_max_properties_are_enforced_by_the_grammar_where_it_can_count_the_properties():
+    """llguidance counts the properties of a closed object where every named one is required, or where the bound
+    is 0 or 1."""
     two_optional = {"type": "object", "properties": PAIR, "minProperties": 1, "maxProperties": 1}  # closed
     assert prepare(two_optional, strict=True).relaxed == ()
     assert grammar_accepts(two_optional, {"b": "y"})
