@@ -199,3 +199,15 @@ def test_without_a_peer_the_ratio_reads_n_a():
     drawn = [Drawn("A", "a.json", OBJECT)]
     summary = summaries(drawn, {"ours": [row("A", "a.json")]}, [])
     assert summary["A"]["valid_ratio"] is None and "| n/a |" in table(summary)
+
+
+def test_compile_times_are_of_the_guides_the_requests_ask_for_strict_or_not(smollm2_build):
+    """The compile column times what the gateway compiles for the benchmark's own requests: under --strict a schema the
+    grammar cannot wholly enforce is refused, as the gateway refuses it; without, it compiles relaxed."""
+    unique = Drawn("A", "unique.json", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
+    drawn = [unique, Drawn("A", "object.json", OBJECT)]
+    compact = structured.WHITESPACE["compact"]
+    strict = structured.compile_times(smollm2_build / "engine", drawn, lambda _: None, compact, strict=True)
+    assert "uniqueItems" in strict[0]["refused"] and strict[1]["compile_ms"] > 0 and strict[1]["relaxed"] == []
+    relaxed = structured.compile_times(smollm2_build / "engine", drawn, lambda _: None)
+    assert relaxed[0]["relaxed"] == ["uniqueItems"] and relaxed[0]["compile_ms"] > 0

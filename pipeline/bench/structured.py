@@ -188,12 +188,15 @@ WHITESPACE = {
 }
 
 
+def asked_schema(schema: dict, layout: dict | None) -> dict:
+    """The schema as both servers are sent it: with `layout`, our grammar's JSON layout in llguidance's extension."""
+    return schema if layout is None else {**schema, "x-guidance": layout}
+
+
 def chat_request(model: str, schema: dict, max_tokens: int, layout: dict | None = None, strict: bool = False) -> dict:
     """What both servers are asked for `schema` (with `layout`, our grammar's JSON layout; with `strict`, OpenAI's
     `strict: true`, which llama-server ignores)."""
-    if layout is not None:
-        schema = {**schema, "x-guidance": layout}
-    json_schema = {"name": "schema", "schema": schema, **({"strict": True} if strict else {})}
+    json_schema = {"name": "schema", "schema": asked_schema(schema, layout), **({"strict": True} if strict else {})}
     return {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
@@ -339,8 +342,10 @@ def measure_llama_server(output: Path, report: RepoReport, schemas: list[Drawn],
     return {"model": str(model), "build_info": build, "command": server.command, "rows": judged(rows, schemas)}
 
 
-def compile_times(engine_dir: Path, schemas: list[Drawn], log) -> list[dict]:
-    """Per schema, the guide our gateway makes of it (`prepare`, as for a request without `strict`) compiled for the
+def compile_times(
+    engine_dir: Path, schemas: list[Drawn], log, layout: dict | None = None, strict: bool = False
+) -> list[dict]:
+    """Per schema, the guide our gateway makes of it (`prepare`, as for the benchmark's requests) compiled for the
     engine's tokenizer by the CPU runtime's grammar compiler: its milliseconds, or why prepare refused the schema or
     the guide did not compile."""
     from pipeline.serving.schemas import prepare
@@ -354,7 +359,7 @@ def compile_times(engine_dir: Path, schemas: list[Drawn], log) -> list[dict]:
     for drawn in schemas:
         entry = {"set": drawn.set, "file": drawn.file}
         try:
-            prepared = prepare(drawn.schema, strict=False)
+            prepared = prepare(asked_schema(drawn.schema, layout), strict=strict)
         except ValueError as exc:
             entries.append(entry | {"refused": str(exc)[:MESSAGE_CHARS]})
             continue
@@ -527,7 +532,7 @@ def benchmark_structured(
     servers = {"ours": measure_ours(repo, report, schemas, settings, WHITESPACE[whitespace], log, server_log)}
     if peer != "none":
         servers[PEER] = measure_llama_server(output, report, schemas, settings, log)
-    compiles = compile_times(engine, schemas, log)
+    compiles = compile_times(engine, schemas, log, WHITESPACE[whitespace], strict)
     answered = {name: server["rows"] for name, server in servers.items() if "rows" in server}
     return {
         "name": config.stem,
