@@ -45,7 +45,7 @@ from pipeline.build import cache_dir, default_output
 from pipeline.errors import PipelineError
 from pipeline.serving.app import DEFAULT_MAX_BODY_BYTES
 from pipeline.serving.lifecycle import GatewayOptions, Serving, checked_repository, served_name
-from pipeline.serving.schemas import validator_class
+from pipeline.serving.schemas import check_schema, validator_class
 from pipeline.triton.server import Ports, free_ports
 from pipeline.triton.validate import RepoReport
 from pipeline.validation import load_config
@@ -283,7 +283,7 @@ def judge(schema: dict, content: str | None) -> tuple[bool | None, str | None]:
         return False, f"not JSON: {exc}"[:MESSAGE_CHARS]
     cls = validator_class(schema)
     try:
-        cls.check_schema(schema)
+        check_schema(cls, schema)
         error = jsonschema.exceptions.best_match(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(instance))
     except Exception as exc:  # noqa: BLE001 -- SchemaError, an unresolvable $ref, a pattern Python's re cannot read
         return None, f"{type(exc).__name__}: {exc}"[:MESSAGE_CHARS]

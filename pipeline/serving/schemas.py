@@ -65,6 +65,10 @@ INTERACTING = (
     ),
     frozenset({"if", "then", "else"}),
 )
+# Keywords whose value is a non-negative integer, which JSON Schema lets be written 2.0
+COUNTS = frozenset(
+    {"minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains", "maxContains"}
+)
 RELAX_ROUNDS = 16  # each round leaves out what one compile named; real schemas need two or three
 ERRORS_SHOWN = 3
 ERROR_CHARS = 240
@@ -220,6 +224,16 @@ def bound_strings(root: dict) -> None:
         textual = types == "string" or (isinstance(types, list) and "string" in types)
         if textual and not {"maxLength", "enum", "const", "format", "pattern"} & schema.keys():
             schema["maxLength"] = STRING_BOUND
+
+
+def whole_counts(root: dict) -> None:
+    """In place: a count written as a decimal (`"maxItems": 2.0`) as the integer it is, which JSON Schema allows
+    and llguidance refuses."""
+    for schema in every_schema(root):
+        for keyword in COUNTS & schema.keys():
+            value = schema[keyword]
+            if isinstance(value, float) and value.is_integer():
+                schema[keyword] = int(value)
 
 
 def drop_keywords(root: dict, keywords: set[str]) -> None:
@@ -410,11 +424,19 @@ def validator_class(schema: dict):
     return with_dependencies(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator))
 
 
+def check_schema(cls, schema: dict) -> None:
+    """SchemaError when `schema` is not a schema of `cls`'s draft. A `pattern` is not held to Python's `re`: JSON
+    Schema's regexes are ECMA-262's (`\\p{Letter}` is one, which llguidance compiles and `re` refuses); an answer
+    jsonschema then cannot check is reported unchecked (`PreparedSchema.check`)."""
+    formats = cls.FORMAT_CHECKER.checkers.keys() - {"regex"}
+    cls.check_schema(schema, format_checker=jsonschema.FormatChecker(formats))
+
+
 def validator(schema: dict, relaxed: tuple[str, ...]):
     """jsonschema's validator for the schema (`validator_class`), asserting the formats the grammar enforced;
     SchemaError when `schema` is not a schema of its draft."""
     cls = validator_class(schema)
-    cls.check_schema(schema)
+    check_schema(cls, schema)
     formats = enforced_formats() - {name.removeprefix("format ") for name in relaxed}
     return cls(schema, format_checker=jsonschema.FormatChecker(formats))
 
@@ -428,6 +450,7 @@ def _prepare(text: str, strict: bool, additional_properties_default: bool) -> Pr
         where = "/".join(str(p) for p in exc.path) or "the top level"
         raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}"[:400]) from None
     grammar_schema = copy.deepcopy(schema)
+    whole_counts(grammar_schema)
     if not additional_properties_default:
         merge_all_of(grammar_schema)
         close_objects(grammar_schema)

@@ -307,6 +307,25 @@ def test_the_schemas_own_draft_is_used_and_a_schema_that_is_none_is_refused():
         prepare({"type": "integr"}, strict=False)
 
 
+def test_a_count_written_as_a_decimal_is_the_integer_it_is():
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 2.0, "minItems": 1.0}
+    assert prepare(schema, strict=True).relaxed == ()
+    assert (
+        grammar_accepts(schema, [1, 2]) and not grammar_accepts(schema, [1, 2, 3]) and not grammar_accepts(schema, [])
+    )
+    assert verdict(schema, [1, 2, 3])["valid"] is False
+
+
+def test_a_pattern_is_ecma_262s_not_pythons():
+    """`\\p{Letter}` is an ECMA-262 regex (JSON Schema's dialect) that Python's `re` refuses: the schema is taken,
+    the grammar enforces the pattern, and an answer jsonschema cannot check is said to be unchecked."""
+    schema = {"type": "string", "pattern": "^\\p{Letter}+$"}
+    assert prepare(schema, strict=True).relaxed == ()
+    assert grammar_takes(schema, '"Ωmega"') and not grammar_takes(schema, '"a1"')
+    report = verdict(schema, "Ωmega")
+    assert report["valid"] is None and report["errors"][0].startswith("not checked")
+
+
 def test_key_order_is_the_clients():
     schema = {"type": "object", "properties": {"z": {"const": 1}, "a": {"const": 2}}, "required": ["z", "a"]}
     assert list(prepare(schema, strict=False).grammar_schema["properties"]) == ["z", "a"]
