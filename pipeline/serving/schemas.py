@@ -9,8 +9,13 @@ grammar can enforce is what llguidance, the CPU engine's grammar compiler (and o
 the schema is compiled here without a tokenizer, and each keyword it names as unimplemented is left out in turn.
 
 An object schema that names its properties and does not say whether others are allowed is closed
-(`additionalProperties: false`), as OpenAI's strict mode requires, xgrammar's strict mode and llama.cpp's converter
-assume: with JSON Schema's own default (open) a small model invents properties until `max_tokens`.
+(`additionalProperties: false`), as OpenAI's strict mode requires (platform.openai.com/docs/guides/structured-outputs,
+"additionalProperties: false must always be set"), xgrammar's strict mode assumes (mlc-ai/xgrammar
+python/xgrammar/grammar.py at 53da3ff8c0db359ecb6d4b41f154308c82a89aaf: `strict_mode`, default true, allows no
+property the schema does not name) and llama.cpp's converter assumes (ggml-org/llama.cpp
+common/json-schema-to-grammar.cpp at 011c6c3c305634c65886cf7f32805907f667590c: `_build_object_rule` adds unnamed
+properties only for `additionalProperties` true or a schema): with JSON Schema's own default (open) a small model
+invents properties until `max_tokens`.
 `additional_properties_default=True` keeps JSON Schema's default. Strings and numbers the schema does not bound are
 bounded in the grammar (`bound_strings`, `bound_numbers`) for the same reason. Each of these narrows the grammar
 only: answers are always checked against the schema as the client wrote it.
@@ -50,8 +55,8 @@ SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depen
 OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 # Keywords about an object's properties: beside anyOf / oneOf, they meet each branch's in one object.
 OBJECT_KEYWORDS = ("properties", "required", *OPEN_KEYWORDS, "minProperties", "maxProperties", "propertyNames")
-# 16 digits at most, as llama.cpp's `integral-part`; the largest integer a float holds exactly with its neighbours
-# (I-JSON, RFC 7493 section 2.2), since llguidance reads bounds as floats
+# 16 digits at most, as llama.cpp's `integral-part` (its converter, at the commit above); the largest integer a float
+# holds exactly with its neighbours (I-JSON, RFC 7493 section 2.2), since llguidance reads bounds as floats
 NUMBER_BOUND = 2**53 - 1
 STRING_BOUND = 256  # characters
 HUGE_BOUND = 1e300  # a number bound at least this far from 0 stands for no bound

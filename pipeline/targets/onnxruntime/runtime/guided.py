@@ -40,7 +40,8 @@ from pipeline.upstream import facts
 # (a table of its own, so a new TensorRT-LLM release re-runs no CPU build: scripts/dev/tabulate_cpu_llm_interface.py).
 GUIDE_TYPES: tuple[str, ...] = tuple(facts("cpu_llm_interface")["guide_types"])
 # JSON's layout is the model's, within llama.cpp's bounds: between tokens a space, or one or two newlines and up to 20
-# spaces or tabs (llama-cpp-python 0.3.36's sdist, vendor/llama.cpp/common/json-schema-to-grammar.cpp, SPACE_RULE).
+# spaces or tabs (SPACE_RULE in ggml-org/llama.cpp common/json-schema-to-grammar.cpp at
+# 011c6c3c305634c65886cf7f32805907f667590c, and in the copy llama-cpp-python 0.3.36's sdist vendors, the peer we run).
 # Measured on JSONSchemaBench against one line with ", " and ": " (docs/serving.md, "JSON layout"): as many valid
 # answers or more.
 JSON_OPTIONS = {
