@@ -211,3 +211,5 @@ def test_compile_times_are_of_the_guides_the_requests_ask_for_strict_or_not(smol
     assert "uniqueItems" in strict[0]["refused"] and strict[1]["compile_ms"] > 0 and strict[1]["relaxed"] == []
     relaxed = structured.compile_times(smollm2_build / "engine", drawn, lambda _: None)
     assert relaxed[0]["relaxed"] == ["uniqueItems"] and relaxed[0]["compile_ms"] > 0
+    laid_out = structured.compile_times(smollm2_build / "engine", drawn[1:], lambda _: None, {"lenient": True})
+    assert "x-guidance" in laid_out[0]["refused"]  # the layout reaches the gateway's prepare, as the requests' does

@@ -12,6 +12,7 @@ functions' own parameter schemas.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import re
@@ -22,7 +23,7 @@ from typing import Annotated, Literal
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
-from pipeline.serving.schemas import PreparedSchema, prepare
+from pipeline.serving.schemas import PreparedSchema, every_schema, prepare
 
 Guide = tuple[str, str]  # (guided_decoding_guide_type, guided_decoding_guide)
 
@@ -141,17 +142,33 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 def calls_schema(tools: list[Tool]) -> dict:
-    """The generic format: one or more calls, each naming a function and giving arguments valid for it."""
+    """The generic format: one or more calls, each naming a function and giving arguments valid for it. Each
+    function's parameters move inside it, so their local references (`#/$defs/...`, as pydantic writes them) are
+    rewritten to where they now are."""
+    places = ["#/items"] if len(tools) == 1 else [f"#/items/anyOf/{index}" for index in range(len(tools))]
     call = [
         {
             "type": "object",
-            "properties": {"name": {"const": tool.function.name}, "arguments": tool.function.parameters},
+            "properties": {
+                "name": {"const": tool.function.name},
+                "arguments": moved(tool.function.parameters, f"{place}/properties/arguments"),
+            },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for tool in tools
+        for tool, place in zip(tools, places)
     ]
     return {"type": "array", "minItems": 1, "items": call[0] if len(call) == 1 else {"anyOf": call}}
+
+
+def moved(schema: dict, place: str) -> dict:
+    """A copy of `schema` whose local references point where it is put (`place`, a JSON pointer of the new root)."""
+    copied = copy.deepcopy(schema)
+    for part in list(every_schema(copied)):  # all found before any reference changes
+        ref = part.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            part["$ref"] = place + ref[1:]
+    return copied
 
 
 def chosen_tools(tools: list[Tool], choice: ToolChoice) -> list[Tool]:

@@ -27,6 +27,7 @@ import copy
 import functools
 import json
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -59,7 +60,6 @@ OBJECT_KEYWORDS = ("properties", "required", *OPEN_KEYWORDS, "minProperties", "m
 # holds exactly with its neighbours (I-JSON, RFC 7493 section 2.2), since llguidance reads bounds as floats
 NUMBER_BOUND = 2**53 - 1
 STRING_BOUND = 256  # characters
-HUGE_BOUND = 1e300  # a number bound at least this far from 0 stands for no bound
 # Keywords that say nothing of an instance's validity, and groups of keywords that read each other (an allOf member
 # moves into its parent only where no group has keywords on both sides)
 ANNOTATIONS = frozenset({"title", "description", "$comment", "examples", "default", "$schema", "deprecated"})
@@ -74,6 +74,8 @@ INTERACTING = (
 COUNTS = frozenset(
     {"minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains", "maxContains"}
 )
+# The llguidance options (`x-guidance`) a client may set: how JSON is laid out, nothing of what is enforced
+LAYOUT_OPTIONS = frozenset({"whitespace_flexible", "whitespace_pattern", "item_separator", "key_separator"})
 RELAX_ROUNDS = 16  # each round leaves out what one compile named; real schemas need two or three
 ERRORS_SHOWN = 3
 ERROR_CHARS = 240
@@ -113,7 +115,7 @@ def local_target(root: dict, ref: str) -> dict | None:
     if not isinstance(ref, str) or not ref.startswith("#"):
         return None
     target: Any = root
-    for part in filter(None, ref[1:].split("/")):
+    for part in filter(None, urllib.parse.unquote(ref[1:]).split("/")):
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(target, dict) and part in target:
             target = target[part]
@@ -128,15 +130,15 @@ def members(schema: dict, keywords=("allOf", "anyOf", "oneOf")) -> list[dict]:
     return [m for k in keywords if isinstance(schema.get(k), list) for m in schema[k] if isinstance(m, dict)]
 
 
-def targets(root: dict, ref) -> list[dict]:
+def targets(root: dict, ref, named: list[dict]) -> list[dict]:
     """What a `$ref` may point at: the schema at its JSON pointer, or, for one by `$anchor` or `$id` (resolved
-    against base URIs this does not follow), every schema that has one."""
+    against base URIs this does not follow), every schema that has one (`named`)."""
     if not isinstance(ref, str):
         return []
     if ref.startswith("#/") or ref == "#":
         target = local_target(root, ref)
         return [target] if target is not None else []
-    return [schema for schema in every_schema(root) if "$anchor" in schema or "$id" in schema]
+    return named
 
 
 def intersected(root: dict) -> set[int]:
@@ -144,6 +146,7 @@ def intersected(root: dict) -> set[int]:
     keys, anyOf / oneOf branches beside properties, and, from each, everything inside it (the same property of two
     members meets too) and what it refers to. Closing one of them could forbid what the other allows."""
     pending: list[dict] = []
+    named = [schema for schema in every_schema(root) if "$anchor" in schema or "$id" in schema]
     for schema in every_schema(root):
         beside_branches = members(schema, ("anyOf", "oneOf")) and any(k in schema for k in OBJECT_KEYWORDS)
         if "allOf" in schema or ("$ref" in schema and len(schema) > 1) or beside_branches:
@@ -155,7 +158,7 @@ def intersected(root: dict) -> set[int]:
             continue
         combined.add(id(schema))
         pending.extend(subschemas(schema))
-        pending.extend(targets(root, schema.get("$ref")))
+        pending.extend(targets(root, schema.get("$ref"), named))
     return combined
 
 
@@ -228,7 +231,20 @@ def bound_strings(root: dict) -> None:
         types = schema.get("type")
         textual = types == "string" or (isinstance(types, list) and "string" in types)
         if textual and not {"maxLength", "enum", "const", "format", "pattern"} & schema.keys():
-            schema["maxLength"] = STRING_BOUND
+            least = schema.get("minLength")
+            schema["maxLength"] = max(STRING_BOUND, least if isinstance(least, int) else 0)
+
+
+def grammar_options(root: dict) -> None:
+    """In place: a `$schema` llguidance does not know (it would try to fetch it) left out of the grammar, which reads
+    JSON Schema alike in every draft; ValueError for llguidance options (`x-guidance`) other than the JSON layout,
+    such as `lenient`, which would let it leave out what `strict` and `relaxed` are meant to account for."""
+    if isinstance(root.get("$schema"), str) and grammar_refusal({"$schema": root["$schema"]}):
+        del root["$schema"]
+    options = root.get("x-guidance", {})
+    others = sorted(options.keys() - LAYOUT_OPTIONS) if isinstance(options, dict) else ["(not an object)"]
+    if others:
+        raise ValueError(f"x-guidance: only {', '.join(sorted(LAYOUT_OPTIONS))} are taken, not {', '.join(others)}")
 
 
 def whole_counts(root: dict) -> None:
@@ -247,18 +263,38 @@ def drop_keywords(root: dict, keywords: set[str]) -> None:
             del schema[keyword]
 
 
+def uncountable(schema: dict) -> bool:
+    """Whether llguidance may refuse to count this object's properties: it counts where every named property is
+    required, or a closed object's up to 1."""
+    named = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    if all(name in required for name in named):
+        return False
+    bounds = [schema.get(k, 0) for k in ("minProperties", "maxProperties")]
+    return schema.get("additionalProperties") is not False or any(b > 1 for b in bounds if isinstance(b, int))
+
+
 def drop_property_counts(root: dict) -> list[str]:
-    """min/maxProperties left out, which llguidance counts only where every named property is required; the ones
-    the schema has, for the client."""
-    found = [k for k in ("minProperties", "maxProperties") if any(k in schema for schema in every_schema(root))]
-    drop_keywords(root, set(found))
+    """min/maxProperties left out of the objects llguidance may not count (`uncountable`; of every object where
+    none is), the ones left out named for the client."""
+    counted = [schema for schema in every_schema(root) if {"minProperties", "maxProperties"} & schema.keys()]
+    dropped = [schema for schema in counted if uncountable(schema)] or counted
+    found = [k for k in ("minProperties", "maxProperties") if any(k in schema for schema in dropped)]
+    for schema in dropped:
+        schema.pop("minProperties", None)
+        schema.pop("maxProperties", None)
     return found
 
 
-def drop_format(root: dict, name: str) -> None:
+def drop_unknown_formats(root: dict) -> list[str]:
+    """Every `format` llguidance does not know left out at once (a schema may use many), named for the client."""
+    dropped = []
     for schema in every_schema(root):
-        if schema.get("format") == name:
+        name = schema.get("format")
+        if isinstance(name, str) and grammar_refusal({"type": "string", "format": name}):
             del schema["format"]
+            dropped += [f"format {name}"] if f"format {name}" not in dropped else []
+    return dropped
 
 
 def one_of_as_any_of(root: dict) -> None:
@@ -290,13 +326,13 @@ def drop_overlapping_patterns(root: dict) -> None:
 
 
 def drop_unbounded_bounds(root: dict) -> list[str]:
-    """Number bounds near float's limit (1.8e308 standing for "none") left out: llguidance builds a regular
-    expression of every number in range and cannot for those."""
+    """Number bounds beyond NUMBER_BOUND (1.8e308 often standing for "none") left out: llguidance builds a regular
+    expression of every number in range and cannot for some of those."""
     dropped = []
     for schema in every_schema(root):
         for keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             value = schema.get(keyword)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= HUGE_BOUND:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > NUMBER_BOUND:
                 dropped.append(f"{keyword} {schema.pop(keyword)}")
     return dropped
 
@@ -350,9 +386,7 @@ def _with_name(name: Callable[[re.Match], str], relax: Callable[[dict, re.Match]
 # holds one schema per refusal, so a release that words them otherwise fails there, not in production).
 RELAXATIONS = (
     Relaxation(r"Unimplemented keys: \[(.*?)\]", _dropping(listed_keywords)),
-    Relaxation(
-        r"Unknown format: (\S+)", _with_name(lambda m: f"format {m[1]}", lambda root, m: drop_format(root, m[1]))
-    ),
+    Relaxation(r"Unknown format: (\S+)", lambda root, m: drop_unknown_formats(root)),
     Relaxation(
         r"oneOf constraints are not supported", _with_name(lambda m: "oneOf", lambda root, m: one_of_as_any_of(root))
     ),
@@ -402,11 +436,12 @@ class PreparedSchema:
         report: dict[str, Any] = {"valid": False, "relaxed": list(self.relaxed)}
         try:
             instance = json.loads(text)
+            errors = sorted(self.validator.iter_errors(instance), key=relevance)
         except json.JSONDecodeError as exc:
             return {**report, "errors": [f"not JSON ({exc.msg} at character {exc.pos}): unfinished at max_tokens?"]}
-        try:
-            errors = sorted(self.validator.iter_errors(instance), key=relevance)
-        except Exception as exc:  # noqa: BLE001 -- a reference jsonschema cannot follow: say so, do not fail the answer
+        except RecursionError:
+            return {**report, "valid": None, "errors": ["not checked: nested deeper than the checker reads"]}
+        except Exception as exc:  # noqa: BLE001 -- a reference or pattern jsonschema cannot read: say so, do not fail
             return {**report, "valid": None, "errors": [f"not checked: {exc}"[:ERROR_CHARS]]}
         if errors:
             report["errors"] = [f"{e.json_path}: {e.message}"[:ERROR_CHARS] for e in errors[:ERRORS_SHOWN]]
@@ -430,11 +465,12 @@ def validator_class(schema: dict):
 
 
 def check_schema(cls, schema: dict) -> None:
-    """SchemaError when `schema` is not a schema of `cls`'s draft. A `pattern` is not held to Python's `re`: JSON
-    Schema's regexes are ECMA-262's (`\\p{Letter}` is one, which llguidance compiles and `re` refuses); an answer
-    jsonschema then cannot check is reported unchecked (`PreparedSchema.check`)."""
-    formats = cls.FORMAT_CHECKER.checkers.keys() - {"regex"}
-    cls.check_schema(schema, format_checker=jsonschema.FormatChecker(formats))
+    """SchemaError when `schema` is not a schema of `cls`'s draft. Its regexes are not held to Python's `re`: JSON
+    Schema's are ECMA-262's (`\\p{Letter}` is one, which llguidance compiles and `re` refuses); an answer jsonschema
+    then cannot check is reported unchecked (`PreparedSchema.check`)."""
+    formats = jsonschema.FormatChecker(())
+    formats.checkers = {name: check for name, check in cls.FORMAT_CHECKER.checkers.items() if name != "regex"}
+    cls.check_schema(schema, format_checker=formats)
 
 
 def validator(schema: dict, relaxed: tuple[str, ...]):
@@ -455,6 +491,7 @@ def _prepare(text: str, strict: bool, additional_properties_default: bool) -> Pr
         where = "/".join(str(p) for p in exc.path) or "the top level"
         raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}"[:400]) from None
     grammar_schema = copy.deepcopy(schema)
+    grammar_options(grammar_schema)
     whole_counts(grammar_schema)
     if not additional_properties_default:
         merge_all_of(grammar_schema)
@@ -480,7 +517,7 @@ def _prepare(text: str, strict: bool, additional_properties_default: bool) -> Pr
             raise ValueError(f"the grammar cannot be built: {' '.join(refusal.split())}"[:400])
         relaxed += [name for name in names if name not in relaxed]
     else:
-        raise ValueError(f"the grammar cannot be built after leaving out {', '.join(relaxed)}")
+        raise ValueError(f"the grammar cannot be built after leaving out {', '.join(relaxed)}"[:400])
     checker = validator(schema, tuple(relaxed)) if relaxed else check_first
     return PreparedSchema(schema, grammar_schema, tuple(relaxed), checker)
 
@@ -488,4 +525,7 @@ def _prepare(text: str, strict: bool, additional_properties_default: bool) -> Pr
 def prepare(schema: dict, *, strict: bool, additional_properties_default: bool = False) -> PreparedSchema:
     """`schema` made ready for the grammar and for checking answers (the last 64 kept); ValueError, its message for
     the client, for a schema that is not one or, with `strict`, one the grammar cannot wholly enforce."""
-    return _prepare(json.dumps(schema), strict, additional_properties_default)  # key order: the order written
+    try:
+        return _prepare(json.dumps(schema), strict, additional_properties_default)  # key order: the order written
+    except RecursionError:
+        raise ValueError("the schema is nested deeper than it can be read") from None

@@ -114,6 +114,11 @@ RELAXED = {
         "xy",
         ["pattern ^(?!x)[a-z]+$"],
     ),
+    "number bound llguidance cannot range": (
+        {"type": "number", "minimum": 0, "maximum": 1e30},
+        10**31,
+        ["maximum 1e+30"],
+    ),
 }
 
 
@@ -142,6 +147,7 @@ REFUSED_AS = {
     "recursive $ref beside keys": "#/$defs/node",
     "overlapping patternProperties": "patternProperty regexes",
     "pattern with a lookahead": "regex parse error",
+    "number bound llguidance cannot range": "float range",
 }
 
 
@@ -243,6 +249,13 @@ def test_objects_are_closed_unless_the_schema_or_the_request_opens_them():
             },
             {"f": {"a": 1, "b": 2}},
         ),
+        (  # a $ref whose pointer is percent-encoded, as JSON Schema's URIs are
+            {
+                "properties": {"p": {"allOf": [{"$ref": "#/$defs/a%20b"}, {"properties": {"y": {}}}]}},
+                "$defs": {"a b": {"properties": {"x": {}}}},
+            },
+            {"p": {"x": 1, "y": 2}},
+        ),
         (  # a required property the object does not name
             {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
             {"a": 1, "b": 2},
@@ -305,6 +318,70 @@ def test_the_schemas_own_draft_is_used_and_a_schema_that_is_none_is_refused():
     assert verdict(draft4, 3)["valid"] is False  # draft 4's boolean exclusiveMaximum
     with pytest.raises(ValueError, match="not a valid JSON Schema at type"):
         prepare({"type": "integr"}, strict=False)
+
+
+def test_only_the_objects_whose_properties_llguidance_cannot_count_lose_their_counts():
+    counted = {"type": "object", "properties": PAIR, "maxProperties": 1}  # closed, a bound of 1: counted
+    uncounted = {"type": "object", "properties": {"e": {}}, "additionalProperties": True, "minProperties": 1}
+    schema = {"type": "object", "properties": {"c": counted, "d": uncounted}}
+    prepared = prepare(schema, strict=False)
+    assert prepared.relaxed == ("minProperties",)
+    assert prepared.grammar_schema["properties"]["c"]["maxProperties"] == 1
+    assert not grammar_accepts(schema, {"c": {"a": "x", "b": "y"}})
+
+
+def test_every_unknown_format_is_left_out_at_once():
+    schema = {"type": "object", "properties": {f"f{i}": {"type": "string", "format": f"fmt{i}"} for i in range(20)}}
+    assert len(prepare(schema, strict=False).relaxed) == 20  # more than a round per format would allow
+
+
+def test_a_string_bound_never_undercuts_the_schemas_min_length():
+    schema = {"type": "string", "minLength": 300}
+    assert grammar_accepts(schema, "x" * 300) and not grammar_accepts(schema, "x" * 301)
+
+
+def test_a_schema_in_draft_3_or_naming_a_draft_llguidance_does_not_know_is_taken():
+    draft3 = {"$schema": "http://json-schema.org/draft-03/schema#", "type": "string", "format": "ip-address"}
+    assert verdict(draft3, "x")["relaxed"] == ["format ip-address"]
+    https = {"$schema": "https://json-schema.org/draft-07/schema#", "type": "integer"}  # not fetched: left out
+    assert prepare(https, strict=True).relaxed == () and grammar_accepts(https, 3) and not grammar_accepts(https, "3")
+
+
+def test_a_schema_or_an_answer_nested_too_deep_is_refused_or_unchecked_never_a_server_error():
+    deep = {"type": "integer"}
+    for _ in range(300):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(ValueError, match="nested deeper"):
+        prepare(deep, strict=False)
+    recursive = prepare({"type": "array", "items": {"$ref": "#"}}, strict=False)
+    report = recursive.check("[" * 1200 + "]" * 1200)
+    assert report["valid"] is None and "nested deeper" in report["errors"][0]
+
+
+@pytest.mark.parametrize("options", [{"lenient": True}, {"coerce_one_of": True}, []])
+def test_llguidance_options_other_than_the_layout_are_refused(options):
+    """`lenient` would let llguidance leave out what it cannot enforce unannounced (past `strict`), `coerce_one_of`
+    enforce oneOf as anyOf: the client may set how JSON is laid out, not what is enforced."""
+    schema = {"type": "array", "uniqueItems": True, "x-guidance": options}
+    for strict in (True, False):
+        with pytest.raises(ValueError, match="x-guidance: only item_separator"):
+            prepare(schema, strict=strict)
+
+
+def test_a_tools_parameters_keep_their_local_references():
+    """pydantic writes `$defs` and `#/$defs/...` references; the calls' format puts each function's parameters
+    inside it, where those references are rewritten to point."""
+    from pipeline.serving.protocol import Tool, tool_constraint
+
+    def tool(name: str, kind: str) -> Tool:
+        parameters = {"$defs": {"T": {"type": kind}}, "type": "object", "properties": {"v": {"$ref": "#/$defs/T"}}}
+        return Tool.model_validate({"type": "function", "function": {"name": name, "parameters": parameters}})
+
+    for tools in ([tool("f", "integer")], [tool("f", "integer"), tool("g", "string")]):
+        prepared = tool_constraint(tools, "required", False).schema
+        assert prepared.check(json.dumps([{"name": "f", "arguments": {"v": 1}}]))["valid"] is True
+        assert prepared.check(json.dumps([{"name": "f", "arguments": {"v": "1"}}]))["valid"] is False
+        assert tools[0].function.parameters["properties"]["v"]["$ref"] == "#/$defs/T"  # the client's, untouched
 
 
 def test_a_count_written_as_a_decimal_is_the_integer_it_is():
