@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
-from pipeline.serving.schemas import PreparedSchema, every_schema, prepare
+from pipeline.serving.schemas import PreparedSchema, local_target, prepare, subschemas
 
 Guide = tuple[str, str]  # (guided_decoding_guide_type, guided_decoding_guide)
 
@@ -162,12 +162,25 @@ def calls_schema(tools: list[Tool]) -> dict:
 
 
 def moved(schema: dict, place: str) -> dict:
-    """A copy of `schema` whose local references point where it is put (`place`, a JSON pointer of the new root)."""
+    """A copy of `schema` whose local references point where it is put (`place`, a JSON pointer of the new root).
+    Those under a `$id` stay: they are relative to that schema, which stays their base wherever it is put."""
     copied = copy.deepcopy(schema)
-    for part in list(every_schema(copied)):  # all found before any reference changes
+    if "$id" in copied:
+        return copied
+    found, seen, stack = [], set(), [copied]
+    while stack:
+        part = stack.pop()
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
         ref = part.get("$ref")
         if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-            part["$ref"] = place + ref[1:]
+            found.append(part)
+            target = local_target(copied, ref)
+            stack.extend([target] if target is not None and "$id" not in target else [])
+        stack.extend(sub for sub in subschemas(part) if "$id" not in sub)
+    for part in found:  # rewritten once all are found: a pointer is followed as the client wrote it
+        part["$ref"] = place + part["$ref"][1:]
     return copied
 
 
@@ -364,6 +377,8 @@ class Sampling(BaseModel):
                 guide = constraint_of()
             except ValueError as exc:
                 raise OpenAIError(400, f"{name}: {exc}", param=name) from None
+            except RecursionError:
+                raise OpenAIError(400, f"{name}: nested deeper than it can be read", param=name) from None
             if guide is not None:
                 guides[name] = guide
         if len(guides) > 1:

@@ -74,8 +74,20 @@ INTERACTING = (
 COUNTS = frozenset(
     {"minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties", "minContains", "maxContains"}
 )
-# The llguidance options (`x-guidance`) a client may set: how JSON is laid out, nothing of what is enforced
-LAYOUT_OPTIONS = frozenset({"whitespace_flexible", "whitespace_pattern", "item_separator", "key_separator"})
+# The llguidance options (`x-guidance`) a client may set, and the values that keep the answer JSON: how it is laid out,
+# nothing of what is enforced. A whitespace pattern of the client's own could admit any text between tokens.
+LAYOUT_OPTIONS: dict[str, Callable[[Any], bool]] = {
+    "whitespace_flexible": lambda value: isinstance(value, bool),
+    "whitespace_pattern": lambda value: value is None,
+    "item_separator": lambda value: isinstance(value, str) and re.fullmatch(r"[ \t\n\r]*,[ \t\n\r]*", value),
+    "key_separator": lambda value: isinstance(value, str) and re.fullmatch(r"[ \t\n\r]*:[ \t\n\r]*", value),
+}
+LAYOUT_RULES = {
+    "whitespace_flexible": "true or false",
+    "whitespace_pattern": "null only: it drops the engine's own",
+    "item_separator": "a comma within JSON whitespace",
+    "key_separator": "a colon within JSON whitespace",
+}
 RELAX_ROUNDS = 16  # each round leaves out what one compile named; real schemas need two or three
 ERRORS_SHOWN = 3
 ERROR_CHARS = 240
@@ -232,19 +244,27 @@ def bound_strings(root: dict) -> None:
         textual = types == "string" or (isinstance(types, list) and "string" in types)
         if textual and not {"maxLength", "enum", "const", "format", "pattern"} & schema.keys():
             least = schema.get("minLength")
-            schema["maxLength"] = max(STRING_BOUND, least if isinstance(least, int) else 0)
+            schema["maxLength"] = STRING_BOUND + (least if isinstance(least, int) else 0)
 
 
 def grammar_options(root: dict) -> None:
-    """In place: a `$schema` llguidance does not know (it would try to fetch it) left out of the grammar, which reads
-    JSON Schema alike in every draft; ValueError for llguidance options (`x-guidance`) other than the JSON layout,
-    such as `lenient`, which would let it leave out what `strict` and `relaxed` are meant to account for."""
-    if isinstance(root.get("$schema"), str) and grammar_refusal({"$schema": root["$schema"]}):
-        del root["$schema"]
+    """In place: each `$schema` llguidance does not know (it would try to fetch it) left out of the grammar, which
+    reads JSON Schema alike in every draft; ValueError for llguidance options (`x-guidance`) other than a JSON layout,
+    such as `lenient`, which would let it leave out what `strict` and `relaxed` are meant to account for, or a
+    separator or whitespace pattern that would make the answer something other than JSON."""
+    for schema in every_schema(root):
+        if isinstance(schema.get("$schema"), str) and grammar_refusal({"$schema": schema["$schema"]}):
+            del schema["$schema"]
     options = root.get("x-guidance", {})
-    others = sorted(options.keys() - LAYOUT_OPTIONS) if isinstance(options, dict) else ["(not an object)"]
+    if not isinstance(options, dict):
+        raise ValueError("x-guidance: an object of llguidance's layout options")
+    taken = ", ".join(sorted(LAYOUT_OPTIONS))
+    others = sorted(options.keys() - LAYOUT_OPTIONS)
     if others:
-        raise ValueError(f"x-guidance: only {', '.join(sorted(LAYOUT_OPTIONS))} are taken, not {', '.join(others)}")
+        raise ValueError(f"x-guidance: only {taken} are taken, not {', '.join(others)}")
+    for name, value in options.items():
+        if not LAYOUT_OPTIONS[name](value):
+            raise ValueError(f"x-guidance: {name} {json.dumps(value)[:80]} is not taken ({LAYOUT_RULES[name]})")
 
 
 def whole_counts(root: dict) -> None:
@@ -298,7 +318,17 @@ def drop_unknown_formats(root: dict) -> list[str]:
 
 
 def one_of_as_any_of(root: dict) -> None:
-    """oneOf as anyOf: exact where the branches exclude each other, the output validated where they do not."""
+    """oneOf as anyOf: exact where the branches exclude each other, the output validated where they do not. A `$ref`
+    that points inside a oneOf is pointed first at a copy of its target in `$defs`, which the change cannot move."""
+    pinned = root.setdefault("$defs", {}) if isinstance(root.get("$defs", {}), dict) else None
+    for schema in list(every_schema(root)):
+        ref = schema.get("$ref")
+        if pinned is not None and isinstance(ref, str) and "/oneOf/" in ref and local_target(root, ref) is not None:
+            name = f"oneOf-branch-{len(pinned)}"
+            pinned[name] = copy.deepcopy(local_target(root, ref))
+            schema["$ref"] = f"#/$defs/{name}"
+    if pinned == {}:
+        del root["$defs"]
     for schema in every_schema(root):
         if "oneOf" in schema:
             branches = schema.pop("oneOf")
@@ -328,13 +358,14 @@ def drop_overlapping_patterns(root: dict) -> None:
 def drop_unbounded_bounds(root: dict) -> list[str]:
     """Number bounds beyond NUMBER_BOUND (1.8e308 often standing for "none") left out: llguidance builds a regular
     expression of every number in range and cannot for some of those."""
-    dropped = []
-    for schema in every_schema(root):
-        for keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            value = schema.get(keyword)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > NUMBER_BOUND:
-                dropped.append(f"{keyword} {schema.pop(keyword)}")
-    return dropped
+    bounds = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+    def beyond(schema: dict) -> list[str]:
+        return [k for k in bounds if isinstance(schema.get(k), (int, float)) and abs(schema[k]) > NUMBER_BOUND]
+
+    wide = [schema for schema in every_schema(root) if beyond(schema)]
+    unranged = [s for s in wide if grammar_refusal({k: s[k] for k in ("type", *bounds) if k in s})] or wide
+    return [f"{keyword} {schema.pop(keyword)}" for schema in unranged for keyword in beyond(schema)]
 
 
 def pattern_refusal(pattern: str) -> str:
@@ -386,7 +417,7 @@ def _with_name(name: Callable[[re.Match], str], relax: Callable[[dict, re.Match]
 # holds one schema per refusal, so a release that words them otherwise fails there, not in production).
 RELAXATIONS = (
     Relaxation(r"Unimplemented keys: \[(.*?)\]", _dropping(listed_keywords)),
-    Relaxation(r"Unknown format: (\S+)", lambda root, m: drop_unknown_formats(root)),
+    Relaxation(r"Unknown format", lambda root, m: drop_unknown_formats(root)),
     Relaxation(
         r"oneOf constraints are not supported", _with_name(lambda m: "oneOf", lambda root, m: one_of_as_any_of(root))
     ),
@@ -482,6 +513,21 @@ def validator(schema: dict, relaxed: tuple[str, ...]):
     return cls(schema, format_checker=jsonschema.FormatChecker(formats))
 
 
+def grammar_copy(schema: dict, additional_properties_default: bool, bounded: bool) -> dict:
+    """The client's schema as the grammar is first given it: objects closed (unless the request keeps JSON Schema's
+    default) and, when `bounded`, strings and numbers bounded."""
+    grammar_schema = copy.deepcopy(schema)
+    grammar_options(grammar_schema)
+    whole_counts(grammar_schema)
+    if not additional_properties_default:
+        merge_all_of(grammar_schema)
+        close_objects(grammar_schema)
+    if bounded:
+        bound_numbers(grammar_schema)
+        bound_strings(grammar_schema)
+    return grammar_schema
+
+
 @functools.lru_cache(maxsize=64)
 def _prepare(text: str, strict: bool, additional_properties_default: bool) -> PreparedSchema:
     schema = json.loads(text)
@@ -490,19 +536,17 @@ def _prepare(text: str, strict: bool, additional_properties_default: bool) -> Pr
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path) or "the top level"
         raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}"[:400]) from None
-    grammar_schema = copy.deepcopy(schema)
-    grammar_options(grammar_schema)
-    whole_counts(grammar_schema)
-    if not additional_properties_default:
-        merge_all_of(grammar_schema)
-        close_objects(grammar_schema)
-    bound_numbers(grammar_schema)
-    bound_strings(grammar_schema)
+    bounded = True
+    grammar_schema = grammar_copy(schema, additional_properties_default, bounded)
     relaxed: list[str] = []
     for _ in range(RELAX_ROUNDS):
         refusal = grammar_refusal(grammar_schema)
         if not refusal:
             break
+        if bounded and "Unsatisfiable schema" in refusal:  # our bounds may meet the schema's beside a $ref or allOf
+            bounded, relaxed = False, []
+            grammar_schema = grammar_copy(schema, additional_properties_default, bounded)
+            continue
         found = next(((r, m) for r in RELAXATIONS if (m := re.search(r.pattern, refusal))), None)
         if found is None:
             raise ValueError(f"the grammar cannot be built: {' '.join(refusal.split())}"[:400])

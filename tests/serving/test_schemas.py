@@ -333,11 +333,12 @@ def test_only_the_objects_whose_properties_llguidance_cannot_count_lose_their_co
 def test_every_unknown_format_is_left_out_at_once():
     schema = {"type": "object", "properties": {f"f{i}": {"type": "string", "format": f"fmt{i}"} for i in range(20)}}
     assert len(prepare(schema, strict=False).relaxed) == 20  # more than a round per format would allow
+    assert prepare({"type": "string", "format": ""}, strict=False).relaxed == ("format ",)
 
 
 def test_a_string_bound_never_undercuts_the_schemas_min_length():
-    schema = {"type": "string", "minLength": 300}
-    assert grammar_accepts(schema, "x" * 300) and not grammar_accepts(schema, "x" * 301)
+    schema = {"type": "string", "minLength": 300}  # 256 characters beyond it
+    assert grammar_accepts(schema, "x" * 556) and not grammar_accepts(schema, "x" * 557)
 
 
 def test_a_schema_in_draft_3_or_naming_a_draft_llguidance_does_not_know_is_taken():
@@ -358,14 +359,21 @@ def test_a_schema_or_an_answer_nested_too_deep_is_refused_or_unchecked_never_a_s
     assert report["valid"] is None and "nested deeper" in report["errors"][0]
 
 
-@pytest.mark.parametrize("options", [{"lenient": True}, {"coerce_one_of": True}, []])
-def test_llguidance_options_other_than_the_layout_are_refused(options):
+@pytest.mark.parametrize(
+    "options",
+    [{"lenient": True}, {"coerce_one_of": True}, [], {"item_separator": "X"}, {"whitespace_pattern": "[a-z]*"}],
+    ids=["lenient", "coerce_one_of", "not an object", "a separator not a comma", "a pattern of the client's"],
+)
+def test_llguidance_options_other_than_a_json_layout_are_refused(options):
     """`lenient` would let llguidance leave out what it cannot enforce unannounced (past `strict`), `coerce_one_of`
-    enforce oneOf as anyOf: the client may set how JSON is laid out, not what is enforced."""
+    enforce oneOf as anyOf, a separator or whitespace pattern of the client's admit text that is not JSON: the client
+    may set how JSON is laid out, not what is enforced."""
     schema = {"type": "array", "uniqueItems": True, "x-guidance": options}
     for strict in (True, False):
-        with pytest.raises(ValueError, match="x-guidance: only item_separator"):
+        with pytest.raises(ValueError, match="x-guidance: "):
             prepare(schema, strict=strict)
+    layout = {"type": "array", "x-guidance": {"item_separator": " , ", "whitespace_pattern": None}}
+    assert grammar_takes(layout, "[1 , 2]") and not grammar_takes(layout, "[1,2]")
 
 
 def test_a_tools_parameters_keep_their_local_references():
@@ -377,11 +385,70 @@ def test_a_tools_parameters_keep_their_local_references():
         parameters = {"$defs": {"T": {"type": kind}}, "type": "object", "properties": {"v": {"$ref": "#/$defs/T"}}}
         return Tool.model_validate({"type": "function", "function": {"name": name, "parameters": parameters}})
 
-    for tools in ([tool("f", "integer")], [tool("f", "integer"), tool("g", "string")]):
+    def own_base(name: str, kind: str) -> Tool:  # references under a $id are the $id's: they stay as written
+        return tool(name, kind).model_copy(
+            update={
+                "function": tool(name, kind).function.model_copy(
+                    update={
+                        "parameters": {
+                            "$id": "https://example.com/p.json",
+                            **tool(name, kind).function.parameters,
+                            "$schema": "https://json-schema.org/draft-07/schema#",  # not one llguidance knows: left out
+                        }
+                    }
+                )
+            }
+        )
+
+    for tools in ([tool("f", "integer")], [tool("f", "integer"), tool("g", "string")], [own_base("f", "integer")]):
         prepared = tool_constraint(tools, "required", False).schema
         assert prepared.check(json.dumps([{"name": "f", "arguments": {"v": 1}}]))["valid"] is True
         assert prepared.check(json.dumps([{"name": "f", "arguments": {"v": "1"}}]))["valid"] is False
         assert tools[0].function.parameters["properties"]["v"]["$ref"] == "#/$defs/T"  # the client's, untouched
+
+
+def test_tool_parameters_nested_too_deep_are_a_400_naming_the_field():
+    from pipeline.serving.protocol import ChatRequest, OpenAIError
+
+    deep = {"type": "integer"}
+    for _ in range(500):
+        deep = {"type": "array", "items": deep}
+    request = ChatRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": deep}}],
+            "tool_choice": "required",
+        }
+    )
+    with pytest.raises(OpenAIError, match="nested deeper") as refused:
+        request.constraint
+    assert refused.value.status == 400 and refused.value.param == "tool_choice"
+
+
+def test_a_ref_into_a_one_of_still_points_at_its_branch_once_one_of_is_any_of():
+    schema = {
+        "properties": {
+            "a": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+            "b": {"$ref": "#/properties/a/oneOf/0"},
+        }
+    }
+    assert prepare(schema, strict=False).relaxed == ("oneOf",)
+    assert grammar_accepts(schema, {"b": 1}) and not grammar_accepts(schema, {"b": 1.5})
+
+
+@pytest.mark.parametrize(
+    "schema, instance",
+    [
+        ({"type": "string", "allOf": [{"minLength": 300}]}, "x" * 400),
+        ({"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s", "minLength": 300}, "x" * 400),
+        ({"$defs": {"n": {"type": "number"}}, "$ref": "#/$defs/n", "minimum": 1e16}, 10**17),
+    ],
+    ids=["minLength in an allOf", "minLength beside a $ref", "minimum beside a $ref"],
+)
+def test_bounds_of_ours_that_meet_the_schemas_own_elsewhere_are_left_out(schema, instance):
+    assert prepare(schema, strict=True).relaxed == ()
+    assert grammar_accepts(schema, instance)
 
 
 def test_a_count_written_as_a_decimal_is_the_integer_it_is():
@@ -471,3 +538,14 @@ def test_a_schema_being_prepared_holds_up_no_other_requests_constraint(monkeypat
     release.set()
     worker.join(30)
     assert slow.constraint.schema.schema["title"] == "slow" and other.constraint.guide[0] == "json_schema"
+
+
+def test_only_the_number_bounds_llguidance_cannot_range_are_left_out():
+    schema = {
+        "properties": {
+            "a": {"type": "number", "minimum": 0, "maximum": 1e30},
+            "b": {"type": "integer", "minimum": 10**16},  # beyond ours, but llguidance ranges it
+        }
+    }
+    prepared = prepare(schema, strict=False)
+    assert prepared.relaxed == ("maximum 1e+30",) and prepared.grammar_schema["properties"]["b"]["minimum"] == 10**16
