@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
-from pipeline.serving.schemas import PreparedSchema, local_target, prepare, subschemas
+from pipeline.serving.schemas import PreparedSchema, every_schema, prepare
 
 Guide = tuple[str, str]  # (guided_decoding_guide_type, guided_decoding_guide)
 
@@ -167,18 +167,11 @@ def moved(schema: dict, place: str) -> dict:
     copied = copy.deepcopy(schema)
     if "$id" in copied:
         return copied
-    found, seen, stack = [], set(), [copied]
-    while stack:
-        part = stack.pop()
-        if id(part) in seen:
-            continue
-        seen.add(id(part))
-        ref = part.get("$ref")
-        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-            found.append(part)
-            target = local_target(copied, ref)
-            stack.extend([target] if target is not None and "$id" not in target else [])
-        stack.extend(sub for sub in subschemas(part) if "$id" not in sub)
+    found = [
+        part
+        for part in every_schema(copied, enter=lambda sub: "$id" not in sub)
+        if isinstance(part.get("$ref"), str) and (part["$ref"] == "#" or part["$ref"].startswith("#/"))
+    ]
     for part in found:  # rewritten once all are found: a pointer is followed as the client wrote it
         part["$ref"] = place + part["$ref"][1:]
     return copied

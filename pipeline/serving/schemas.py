@@ -106,9 +106,10 @@ def subschemas(schema: dict) -> Iterator[dict]:
             yield from (item for item in schema[keyword].values() if isinstance(item, dict))
 
 
-def every_schema(root: dict) -> Iterator[dict]:
+def every_schema(root: dict, enter: Callable[[dict], bool] = lambda schema: True) -> Iterator[dict]:
     """`root` and every schema object inside it, each once: those at the keywords' places, and those a local `$ref`
-    points at wherever they are (a `$defs` entry, or any place in the document)."""
+    points at wherever they are (a `$defs` entry, or any place in the document); none that `enter` refuses, nor
+    what is inside it."""
     seen, stack = set(), [root]
     while stack:
         current = stack.pop()
@@ -116,9 +117,9 @@ def every_schema(root: dict) -> Iterator[dict]:
             continue
         seen.add(id(current))
         yield current
-        stack.extend(subschemas(current))
+        stack.extend(sub for sub in subschemas(current) if enter(sub))
         target = local_target(root, current.get("$ref"))
-        if target is not None:
+        if target is not None and enter(target):
             stack.append(target)
 
 
@@ -309,9 +310,10 @@ def drop_property_counts(root: dict) -> list[str]:
 def drop_unknown_formats(root: dict) -> list[str]:
     """Every `format` llguidance does not know left out at once (a schema may use many), named for the client."""
     dropped = []
+    unknown = functools.cache(lambda name: bool(grammar_refusal({"type": "string", "format": name})))
     for schema in every_schema(root):
         name = schema.get("format")
-        if isinstance(name, str) and grammar_refusal({"type": "string", "format": name}):
+        if isinstance(name, str) and unknown(name):
             del schema["format"]
             dropped += [f"format {name}"] if f"format {name}" not in dropped else []
     return dropped
