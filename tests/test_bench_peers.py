@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from pipeline.bench.peers import EngineSpec, PeerManifest
-from pipeline.bench.peers.build import build_peers, failure
+from pipeline.bench.peers.build import build_peers, failure, runs_natively
 from pipeline.errors import PipelineError
 
 
@@ -67,6 +67,16 @@ def test_a_failed_step_reports_its_error_line_not_its_last_lines():
     ]
     assert failure(output).startswith("nncf.errors.InvalidGroupSizeError: no | Ensure")
     assert failure(["a", "b"]) == "a | b"
+
+
+@pytest.mark.parametrize(("exit", "runs"), [("kill -SEGV $$", False), ("kill -ILL $$", False), ("exit 1", True)])
+def test_llama_cpp_is_compiled_again_only_where_its_tools_die_by_a_signal(tmp_path, exit, runs):
+    """A probe that dies by a signal (ggml's AMX kernels faulting) calls for the compile without AMX; an error
+    exit is the tool's own answer, reported when it is used."""
+    tool = tmp_path / "llama-bench"
+    tool.write_text(f"#!/bin/sh\n{exit}\n")
+    tool.chmod(0o755)
+    assert runs_natively(tmp_path, tmp_path / "model.gguf") is runs
 
 
 def test_bench_peers_needs_a_build_and_known_peer_names(tmp_path):

@@ -1,7 +1,7 @@
 """Where a served load's CPU time goes: seconds of CPU per process of the server `bench serve` started (tritonserver,
-each model's python-backend process) and of the benchmark process itself (the load generator and, for protocol
-openai, the gateway's thread), read from the kernel's counters around each level. `bench profile` splits the engine's
-decode step inside its process; this splits the machine between the processes around it."""
+each model's python-backend process), of the benchmark process itself (for protocol openai, the gateway's thread)
+and of the load generator's process, read from the kernel's counters around each level. `bench profile` splits the
+engine's decode step inside its process; this splits the machine between the processes around it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import os
 
 import psutil
 
-BENCH_PROCESS = "bench process (load generator, OpenAI gateway)"
+BENCH_PROCESS = "bench process (OpenAI gateway)"
+LOAD_GENERATOR = "load generator"  # a process of its own (pipeline.bench.serve.load_generator), which counts itself
 
 
 def usable_cpus() -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.batch_generation import read_prompts
-from pipeline.bench.cpu import cpu_seconds, cpu_split
+from pipeline.bench.cpu import LOAD_GENERATOR, cpu_seconds, cpu_split
 from pipeline.bench.report import build_info, serve_versus
 from pipeline.bench.serve_peer import LLAMA_SERVER_FIELDS, PEERS, LlamaServer, llama_server_files
 from pipeline.bench.stats import summarize
@@ -236,6 +236,37 @@ async def openai_request(base: str, model: str, fields: dict, prompt: str, max_t
     except Exception as exc:
         timeline.fail(repr(exc))
     return timeline.done()
+
+
+@dataclass(frozen=True)
+class Send:
+    """One request of a level, as the load generator's process calls it: `request` is grpc_request, http_request or
+    openai_request with its server's arguments bound (functools.partial of module functions: it is pickled)."""
+
+    request: functools.partial
+    output_len: int
+    ignore_eos: bool
+
+    def __call__(self, prompt: str):
+        return self.request(prompt, self.output_len, self.ignore_eos)
+
+
+def level_in_process(send: Send, prompts: list[str], **level) -> tuple[list[dict], float, float]:
+    """`run_level` in the load generator's own process: (samples, duration, the CPU seconds it used)."""
+    started = time.process_time()
+    samples, duration = asyncio.run(run_level(send, prompts, **level))
+    return samples, duration, time.process_time() - started
+
+
+@contextlib.contextmanager
+def load_generator():
+    """A process of its own for the load generator, for the whole sweep (spawned: the parent runs gRPC's threads),
+    so that it shares no interpreter lock with a gateway this process serves, as a client elsewhere would not."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield lambda send, prompts, **level: pool.submit(level_in_process, send, prompts, **level).result()
 
 
 async def run_level(
@@ -451,29 +482,29 @@ def benchmark_serving(
     workload_sets = prompt_sets(tokenizer, settings, workloads, prompts_file, requests * len(loads), cfg)
     repo = source if is_repo else output / "triton_repo"
 
-    def sweep(send, metrics_url: str | None, server=None) -> list[dict]:
+    def sweep(request: functools.partial, metrics_url: str | None, server=None) -> list[dict]:
         levels = []
+        send = Send(request, settings.output_len, settings.ignore_eos)
         for name, prompts in workload_sets.items():
             for index, level in enumerate(loads):
                 label = f"{level} req/s" if by_rate else f"concurrency {level}"
                 log(f"{name}, {label}: {requests} requests")
                 before, cpu_before = scrape_metrics(metrics_url), server and cpu_seconds(server)
-                samples, duration = asyncio.run(
-                    run_level(
-                        lambda p: send(p, settings.output_len, settings.ignore_eos),
-                        prompts[index * requests : (index + 1) * requests],
-                        concurrency=None if by_rate else level,
-                        rate=level if by_rate else None,
-                        time_limit_s=time_limit_s,
-                    )
+                samples, duration, generator_cpu_s = generate(
+                    send,
+                    prompts[index * requests : (index + 1) * requests],
+                    concurrency=None if by_rate else level,
+                    rate=level if by_rate else None,
+                    time_limit_s=time_limit_s,
                 )
+                cpu_after = server and {**cpu_seconds(server), LOAD_GENERATOR: generator_cpu_s}
                 levels.append(
                     {
                         "workload": name,
                         "label": label,
                         "summary": summarize(samples, duration, slo_ttft_ms, slo_itl_ms),
                         "server": server_deltas(before, scrape_metrics(metrics_url)),
-                        "cpu": server and cpu_split(cpu_before, cpu_seconds(server), duration),
+                        "cpu": server and cpu_split(cpu_before, cpu_after, duration),
                         "samples": samples,
                     }
                 )
@@ -486,39 +517,40 @@ def benchmark_serving(
             return functools.partial(http_request, http_url, settings.model)
         return functools.partial(openai_request, http_url, settings.model, GATEWAY_FIELDS)
 
-    report = None
-    if grpc or http:
-        if settings.protocol == "openai":
-            http = http.rstrip("/") if http.rstrip("/").endswith("/v1") else f"{http.rstrip('/')}/v1"
-            settings = replace(settings, model=openai_model(http))
-        levels = sweep(sender(grpc, http), metrics)
-    else:
-        report = checked_repository(repo, source)
-        gateway = settings.protocol == "openai"
-        if gateway:  # the gateway always calls the BLS; requests name the model it serves
-            settings = replace(settings, model=served_name(repo))
-        *ports, gateway_port = free_ports(4)
-        serving = Serving(
-            repo,
-            report,
-            cache_dir(),
-            ports=Ports(*ports),
-            host="127.0.0.1",
-            log_file=None,
-            gateway=GatewayOptions(gateway_port, None, DEFAULT_MAX_BODY_BYTES / 1e6) if gateway else None,
-            log=server_log,
-        )
-        with serving:
-            serving.start(READY_TIMEOUT_S)
-            server = serving.server
-            http_url = serving.openai_url if gateway else f"http://{server.dial(server.ports.http)}"
-            levels = sweep(
-                sender(server.dial(server.ports.grpc), http_url),
-                metrics or f"http://{server.dial(server.ports.metrics)}/metrics",
-                server,
+    with load_generator() as generate:
+        report = None
+        if grpc or http:
+            if settings.protocol == "openai":
+                http = http.rstrip("/") if http.rstrip("/").endswith("/v1") else f"{http.rstrip('/')}/v1"
+                settings = replace(settings, model=openai_model(http))
+            levels = sweep(sender(grpc, http), metrics)
+        else:
+            report = checked_repository(repo, source)
+            gateway = settings.protocol == "openai"
+            if gateway:  # the gateway always calls the BLS; requests name the model it serves
+                settings = replace(settings, model=served_name(repo))
+            *ports, gateway_port = free_ports(4)
+            serving = Serving(
+                repo,
+                report,
+                cache_dir(),
+                ports=Ports(*ports),
+                host="127.0.0.1",
+                log_file=None,
+                gateway=GatewayOptions(gateway_port, None, DEFAULT_MAX_BODY_BYTES / 1e6) if gateway else None,
+                log=server_log,
             )
-    results = {"name": source.stem, "build": build_info(output), "levels": levels, "settings": asdict(settings)}
-    if peer:
-        results["peer"] = measure_llama_server(output, report, tokenizer, workload_sets, sweep, log)
-        results["versus"] = serve_versus(levels, results["peer"].get("levels", []))
+            with serving:
+                serving.start(READY_TIMEOUT_S)
+                server = serving.server
+                http_url = serving.openai_url if gateway else f"http://{server.dial(server.ports.http)}"
+                levels = sweep(
+                    sender(server.dial(server.ports.grpc), http_url),
+                    metrics or f"http://{server.dial(server.ports.metrics)}/metrics",
+                    server,
+                )
+        results = {"name": source.stem, "build": build_info(output), "levels": levels, "settings": asdict(settings)}
+        if peer:
+            results["peer"] = measure_llama_server(output, report, tokenizer, workload_sets, sweep, log)
+            results["versus"] = serve_versus(levels, results["peer"].get("levels", []))
     return results

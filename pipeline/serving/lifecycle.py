@@ -129,7 +129,8 @@ def start_gateway(app, host: str, port: int):
     """uvicorn serving the gateway `app` on a thread, once it listens; returns (its Server, the thread)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", loop="uvloop", http="httptools")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="openai-gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -390,10 +390,18 @@ class Sampling(BaseModel):
     def token_limit(self) -> int | None:
         return self.max_tokens
 
+    def shows_tokens(self) -> bool:
+        """Whether the answer shows each token on its own (log-probabilities asked for); if not, the tokens of one
+        upstream response may be streamed as one piece."""
+        return False
+
 
 class CompletionRequest(Sampling):
     prompt: Text
     logprobs: ChosenOnly = Field(None, ge=0, le=5)  # OpenAI allows up to 5 alternatives
+
+    def shows_tokens(self) -> bool:
+        return self.logprobs is not None
 
 
 def _json_or_text(function: dict):
@@ -434,6 +442,9 @@ class ChatRequest(Sampling):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def shows_tokens(self) -> bool:
+        return self.logprobs
 
     @property
     def choice(self) -> ToolChoice:

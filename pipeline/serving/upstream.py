@@ -197,7 +197,8 @@ class TritonUpstream:
                             texts = [t.decode("utf-8") for t in result.as_numpy("text_output").reshape(-1)]
                             log_probs = np.asarray(result.as_numpy("output_log_probs")).reshape(-1).tolist()
                             started = True
-                            if len(texts) == len(log_probs) > 1:  # the LLM model's text, one string per token
+                            # the LLM model's text is one string per token: shown one by one where asked for
+                            if len(texts) == len(log_probs) > 1 and body.shows_tokens():
                                 for text, log_prob in zip(texts, log_probs):
                                     yield text, [log_prob]
                             else:

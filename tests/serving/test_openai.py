@@ -284,6 +284,17 @@ def test_a_body_that_is_not_utf8_gets_an_openai_error_body(gateway):
     assert reply.status_code == 400 and "utf-8" in reply.json()["error"]["message"], reply.text
 
 
+def test_only_a_request_for_log_probabilities_is_streamed_token_by_token():
+    """The LLM model merges the tokens that piled up while a response was being sent; the gateway streams them as one
+    piece unless the client asked for each token's log-probability (logprobs 0 asks for the chosen token's)."""
+    from pipeline.serving.protocol import ChatRequest, CompletionRequest
+
+    assert CompletionRequest(model=MODEL, prompt="p", logprobs=0).shows_tokens()
+    assert not CompletionRequest(model=MODEL, prompt="p").shows_tokens()
+    assert ChatRequest(model=MODEL, messages=QUESTION, logprobs=True).shows_tokens()
+    assert not ChatRequest(model=MODEL, messages=QUESTION).shows_tokens()
+
+
 def test_chosen_token_logprobs_add_up_to_the_text(client):
     chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, logprobs=True)
     entries = chat.choices[0].logprobs.content

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.bench.peers import EngineSpec, PeerManifest
+from pipeline.bench.peers import EngineSpec, PeerManifest, peer_environment
 from pipeline.errors import PipelineError
 
 Log = Callable[[str], None]
@@ -33,6 +33,8 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 # and llama-batched-bench time it as its maintainers do (pipeline.bench.peers.native)
 LLAMA_CPP_TOOLS = ("llama-server", "llama-bench", "llama-batched-bench")
 LLAMA_CPP_TARGETS = ("llama", "llama-quantize", *LLAMA_CPP_TOOLS)
+# compiler flags that leave out AMX's instructions (`runs_natively` says when they are needed)
+WITHOUT_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 LLAMA_CPP_PRECISIONS = ("F16", "Q8_0", "Q4_K_M")  # F16 is the converter's output; the others llama-quantize's
 OPENVINO_PACKAGES = ("openvino-genai==2026.4.1.0", "optimum-intel[openvino]==2.2.0")
 OPENVINO_EXPORTS = {"int8": [], "int4": ["--group-size", "64"]}  # --weight-format -> its options (build_openvino)
@@ -118,6 +120,62 @@ class PeerContext:
         (folder / ".made-from.json").write_text(json.dumps({"import": self.import_hash, **key}))
 
 
+def compile_llamacpp(ctx: PeerContext, llama_cpp: Path, build: Path, flags: str) -> None:
+    """llama.cpp's library and tools for this CPU (`-march=native`, its own default), with extra compiler `flags`."""
+    run(
+        [
+            "cmake",
+            "-S",
+            llama_cpp,
+            "-B",
+            build,
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DBUILD_SHARED_LIBS=ON",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            f"-DCMAKE_C_FLAGS={flags}",
+            f"-DCMAKE_CXX_FLAGS={flags}",
+        ],
+        ctx.log,
+        "configuring llama.cpp",
+    )
+    shown = {"step": 0}
+
+    def progress(line: str) -> None:  # ninja prints [done/total] per compiled file
+        if line.startswith("[") and "/" in line.split("]")[0]:
+            done, total = (int(x) for x in line[1:].split("]")[0].split("/"))
+            if done * 10 // total > shown["step"]:
+                shown["step"] = done * 10 // total
+                ctx.log(f"compiling llama.cpp: {done}/{total}")
+
+    run(
+        ["ninja", "-C", build, *LLAMA_CPP_TARGETS],
+        ctx.log,
+        "compiling llama.cpp (~10 min on 2 cores, once)",
+        progress=progress,
+    )
+    (build / ".complete").write_text(json.dumps({"targets": list(LLAMA_CPP_TARGETS), "flags": flags}))
+
+
+def runs_natively(bin_dir: Path, model: Path) -> bool:
+    """Whether llama-bench decodes two tokens of `model` without dying by a signal: ggml's AMX kernels, which
+    `-march=native` compiles in on a CPU with AMX, stopped at their first `ldtilecfg` with a general-protection fault
+    on this project's 2-core virtual machine (2026-11-29: llama-bench SIGSEGV, llama-server SIGILL), though the
+    kernel granted AMX's state (ARCH_REQ_XCOMP_PERM) and a tile configuration of our own loaded."""
+    probe = subprocess.run(
+        [bin_dir / "llama-bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-t", "1"],
+        capture_output=True,
+        env=peer_environment(),
+    )
+    return probe.returncode >= 0
+
+
 def build_llamacpp(ctx: PeerContext) -> Built:
     """llama.cpp from the llama-cpp-python sdist's vendored tree (its library and tools, compiled here with cmake
     for this CPU, as its own build does), the bindings installed over that library, and GGUFs of the checkpoint by
@@ -155,45 +213,10 @@ def build_llamacpp(ctx: PeerContext) -> Built:
     llama_cpp = source / "vendor" / "llama.cpp"
     build = root / "build"
     bin_dir = build / "bin"
-    complete = build / ".complete"  # names the targets compiled: a new one is compiled into the same tree
-    if not complete.is_file() or complete.read_text() != json.dumps(LLAMA_CPP_TARGETS):
-        run(
-            [
-                "cmake",
-                "-S",
-                llama_cpp,
-                "-B",
-                build,
-                "-G",
-                "Ninja",
-                "-DCMAKE_BUILD_TYPE=Release",
-                "-DBUILD_SHARED_LIBS=ON",
-                "-DLLAMA_BUILD_TESTS=OFF",
-                "-DLLAMA_BUILD_EXAMPLES=OFF",
-                "-DLLAMA_OPENSSL=OFF",
-                "-DLLAMA_CURL=OFF",
-                "-DLLAMA_BUILD_UI=OFF",
-                "-DLLAMA_USE_PREBUILT_UI=OFF",
-            ],
-            ctx.log,
-            "configuring llama.cpp",
-        )
-        shown = {"step": 0}
-
-        def progress(line: str) -> None:  # ninja prints [done/total] per compiled file
-            if line.startswith("[") and "/" in line.split("]")[0]:
-                done, total = (int(x) for x in line[1:].split("]")[0].split("/"))
-                if done * 10 // total > shown["step"]:
-                    shown["step"] = done * 10 // total
-                    ctx.log(f"compiling llama.cpp: {done}/{total}")
-
-        run(
-            ["ninja", "-C", build, *LLAMA_CPP_TARGETS],
-            ctx.log,
-            "compiling llama.cpp (~10 min on 2 cores, once)",
-            progress=progress,
-        )
-        complete.write_text(json.dumps(LLAMA_CPP_TARGETS))
+    complete = build / ".complete"  # the targets and flags compiled: new ones are compiled into the same tree
+    compiled = json.loads(complete.read_text()) if complete.is_file() else None
+    if not isinstance(compiled, dict) or compiled.get("targets") != list(LLAMA_CPP_TARGETS):
+        compile_llamacpp(ctx, llama_cpp, build, "")
     # the bindings alone (LLAMA_BUILD=OFF), loading the library compiled above through LLAMA_CPP_LIB_PATH
     python = environment(
         root / "venv", [str(sdist)], ctx.log, env={"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}, torch=False
@@ -218,6 +241,11 @@ def build_llamacpp(ctx: PeerContext) -> Built:
                 f"quantizing to {precision}",
             )
         ctx.made(folder, key)
+    if json.loads(complete.read_text())["flags"] != WITHOUT_AMX and not runs_natively(bin_dir, models["Q8_0"]):
+        ctx.log("llama.cpp's AMX kernels fault on this host (a tool died by a signal): compiling it without them")
+        compile_llamacpp(ctx, llama_cpp, build, WITHOUT_AMX)
+        if not runs_natively(bin_dir, models["Q8_0"]):
+            raise PeerUnavailable(f"llama.cpp's tools die by a signal on this host, with and without AMX: {bin_dir}")
     env = {"LLAMA_CPP_LIB_PATH": str(bin_dir)}
     engines = [
         EngineSpec(f"llama.cpp {p}", "llama.cpp", p, str(python), "pipeline.bench.peers.llamacpp", str(m), env)
