@@ -258,6 +258,13 @@ def level_in_process(send: Send, prompts: list[str], **level) -> tuple[list[dict
     return samples, duration, time.process_time() - started
 
 
+def import_clients() -> None:
+    """The request functions' clients, imported when the load generator's process starts, so that the CPU seconds
+    of its first level are the requests' alone."""
+    import aiohttp  # noqa: F401
+    import tritonclient.grpc.aio  # noqa: F401
+
+
 @contextlib.contextmanager
 def load_generator():
     """A process of its own for the load generator, for the whole sweep (spawned: the parent runs gRPC's threads),
@@ -265,7 +272,8 @@ def load_generator():
     import concurrent.futures
     import multiprocessing
 
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn, initializer=import_clients) as pool:
         yield lambda send, prompts, **level: pool.submit(level_in_process, send, prompts, **level).result()
 
 

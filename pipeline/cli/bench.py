@@ -314,9 +314,9 @@ def bench_serve(
     """Load a served repository: per workload, a concurrency sweep (or Poisson rates) of streaming requests, with
     TTFT, inter-token and end-to-end latency percentiles, request and token throughput, errors, goodput, and the
     server's prefix-cache hit rate, reused tokens and draft acceptance over each level (n/a when not exported). A
-    server it starts also gets the CPU seconds of each of its processes (tritonserver, every model) and of the
-    benchmark process (load generator and OpenAI gateway) per level. With --peer llama-server, llama-server then gets
-    the same load and both are reported side by side, with our ratios.
+    server it starts also gets the CPU seconds of each of its processes (tritonserver, every model), of the
+    benchmark process (the OpenAI gateway) and of the load generator (a process of its own) per level. With --peer
+    llama-server, llama-server then gets the same load and both are reported side by side, with our ratios.
 
     Example: trtllm-pipeline bench serve build_configs/smollm2-135m-cpu.yaml --protocol openai --peer llama-server
     --concurrency 1 --concurrency 8 --concurrency 16 --requests 16 --output-len 64

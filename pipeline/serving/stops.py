@@ -34,7 +34,9 @@ def stop_prefix_len(text: str, stops: list[str]) -> int:
 class Generation:
     """One choice as the upstream streams it, cut at the first stop string: `pieces` is what the streamed and the
     collected answer are both made of, so the two cannot differ. A piece is one streamed response (one token,
-    or several that make one character together) with its log-probability."""
+    several that make one character together, or the tokens the LLM model merged into one response when they piled
+    up and no log-probability per token was asked for) with its log-probability. `tokens` counts whole pieces: where
+    a stop string ends inside a merged piece, the piece's tokens after it count too."""
 
     stops: list[str]
     text: str = ""  # the visible text so far

@@ -284,7 +284,7 @@ def test_a_body_that_is_not_utf8_gets_an_openai_error_body(gateway):
     assert reply.status_code == 400 and "utf-8" in reply.json()["error"]["message"], reply.text
 
 
-def test_only_a_request_for_log_probabilities_is_streamed_token_by_token():
+def test_only_a_request_for_log_probabilities_asks_to_see_each_token():
     """The LLM model merges the tokens that piled up while a response was being sent; the gateway streams them as one
     piece unless the client asked for each token's log-probability (logprobs 0 asks for the chosen token's)."""
     from pipeline.serving.protocol import ChatRequest, CompletionRequest

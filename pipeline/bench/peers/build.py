@@ -35,6 +35,7 @@ LLAMA_CPP_TOOLS = ("llama-server", "llama-bench", "llama-batched-bench")
 LLAMA_CPP_TARGETS = ("llama", "llama-quantize", *LLAMA_CPP_TOOLS)
 # compiler flags that leave out AMX's instructions (`runs_natively` says when they are needed)
 WITHOUT_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+PROBE_TIMEOUT_S = 120  # a two-token llama-bench takes about a second; one that hangs counts as failed
 LLAMA_CPP_PRECISIONS = ("F16", "Q8_0", "Q4_K_M")  # F16 is the converter's output; the others llama-quantize's
 OPENVINO_PACKAGES = ("openvino-genai==2026.4.1.0", "optimum-intel[openvino]==2.2.0")
 OPENVINO_EXPORTS = {"int8": [], "int4": ["--group-size", "64"]}  # --weight-format -> its options (build_openvino)
@@ -121,7 +122,9 @@ class PeerContext:
 
 
 def compile_llamacpp(ctx: PeerContext, llama_cpp: Path, build: Path, flags: str) -> None:
-    """llama.cpp's library and tools for this CPU (`-march=native`, its own default), with extra compiler `flags`."""
+    """llama.cpp's library and tools for this CPU (`-march=native`, its own default), with extra compiler `flags`;
+    the stamp saying what was compiled goes only when the compile is whole."""
+    (build / ".complete").unlink(missing_ok=True)
     run(
         [
             "cmake",
@@ -168,11 +171,15 @@ def runs_natively(bin_dir: Path, model: Path) -> bool:
     `-march=native` compiles in on a CPU with AMX, stopped at their first `ldtilecfg` with a general-protection fault
     on this project's 2-core virtual machine (2026-11-29: llama-bench SIGSEGV, llama-server SIGILL), though the
     kernel granted AMX's state (ARCH_REQ_XCOMP_PERM) and a tile configuration of our own loaded."""
-    probe = subprocess.run(
-        [bin_dir / "llama-bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-t", "1"],
-        capture_output=True,
-        env=peer_environment(),
-    )
+    try:
+        probe = subprocess.run(
+            [bin_dir / "llama-bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-t", "1"],
+            capture_output=True,
+            env=peer_environment(),
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return False
     return probe.returncode >= 0
 
 
@@ -214,9 +221,11 @@ def build_llamacpp(ctx: PeerContext) -> Built:
     build = root / "build"
     bin_dir = build / "bin"
     complete = build / ".complete"  # the targets and flags compiled: new ones are compiled into the same tree
-    compiled = json.loads(complete.read_text()) if complete.is_file() else None
-    if not isinstance(compiled, dict) or compiled.get("targets") != list(LLAMA_CPP_TARGETS):
-        compile_llamacpp(ctx, llama_cpp, build, "")
+    compiled = json.loads(complete.read_text()) if complete.is_file() else {}
+    if isinstance(compiled, list):  # stamps before 2026-11-29 named the targets alone, compiled without flags
+        compiled = {"targets": compiled, "flags": ""}
+    if compiled.get("targets") != list(LLAMA_CPP_TARGETS):
+        compile_llamacpp(ctx, llama_cpp, build, compiled.get("flags", ""))
     # the bindings alone (LLAMA_BUILD=OFF), loading the library compiled above through LLAMA_CPP_LIB_PATH
     python = environment(
         root / "venv", [str(sdist)], ctx.log, env={"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}, torch=False
@@ -245,6 +254,7 @@ def build_llamacpp(ctx: PeerContext) -> Built:
         ctx.log("llama.cpp's AMX kernels fault on this host (a tool died by a signal): compiling it without them")
         compile_llamacpp(ctx, llama_cpp, build, WITHOUT_AMX)
         if not runs_natively(bin_dir, models["Q8_0"]):
+            complete.unlink()  # not trusted as built: the next run compiles and probes again
             raise PeerUnavailable(f"llama.cpp's tools die by a signal on this host, with and without AMX: {bin_dir}")
     env = {"LLAMA_CPP_LIB_PATH": str(bin_dir)}
     engines = [
