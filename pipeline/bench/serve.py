@@ -406,6 +406,22 @@ def llm_model(report: RepoReport):
     return next(config for config in report.models.values() if "engine_dir" in config.parameters)
 
 
+def loopback_serving(repo: Path, report: RepoReport, gateway: bool, server_log) -> Serving:
+    """Our server on a checked repository, on free loopback ports, as `serve` starts it (with the OpenAI gateway in
+    front when `gateway`): what the serving benchmarks measure; enter it, then `start` it."""
+    *ports, gateway_port = free_ports(4)
+    return Serving(
+        repo,
+        report,
+        cache_dir(),
+        ports=Ports(*ports),
+        host="127.0.0.1",
+        log_file=None,
+        gateway=GatewayOptions(gateway_port, None, DEFAULT_MAX_BODY_BYTES / 1e6) if gateway else None,
+        log=server_log,
+    )
+
+
 def llama_server_sizing(report: RepoReport) -> dict:
     """How llama-server is sized like our server (pipeline.bench.serve_peer): our max_batch_size as slots, our LLM
     model's thread count, a whole max_seq_len per slot."""
@@ -537,17 +553,7 @@ def benchmark_serving(
             gateway = settings.protocol == "openai"
             if gateway:  # the gateway always calls the BLS; requests name the model it serves
                 settings = replace(settings, model=served_name(repo))
-            *ports, gateway_port = free_ports(4)
-            serving = Serving(
-                repo,
-                report,
-                cache_dir(),
-                ports=Ports(*ports),
-                host="127.0.0.1",
-                log_file=None,
-                gateway=GatewayOptions(gateway_port, None, DEFAULT_MAX_BODY_BYTES / 1e6) if gateway else None,
-                log=server_log,
-            )
+            serving = loopback_serving(repo, report, gateway, server_log)
             with serving:
                 serving.start(READY_TIMEOUT_S)
                 server = serving.server

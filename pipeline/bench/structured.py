@@ -38,15 +38,13 @@ import jsonschema
 
 from pipeline.bench.peers import CHECKOUT
 from pipeline.bench.report import build_info, markdown_table
-from pipeline.bench.serve import READY_TIMEOUT_S, llama_server_sizing, sized_llama_server
+from pipeline.bench.serve import READY_TIMEOUT_S, llama_server_sizing, loopback_serving, sized_llama_server
 from pipeline.bench.serve_peer import PEERS, llama_server_files
 from pipeline.bench.stats import percentiles
 from pipeline.build import cache_dir, default_output
 from pipeline.errors import PipelineError
-from pipeline.serving.app import DEFAULT_MAX_BODY_BYTES
-from pipeline.serving.lifecycle import GatewayOptions, Serving, checked_repository, served_name
+from pipeline.serving.lifecycle import checked_repository, served_name
 from pipeline.serving.schemas import check_schema, validator_class
-from pipeline.triton.server import Ports, free_ports
 from pipeline.triton.validate import RepoReport
 from pipeline.validation import load_config
 
@@ -303,17 +301,7 @@ def measure_ours(
 ) -> dict:
     """Our server and its OpenAI gateway started as `bench serve --protocol openai` starts them, asked every schema;
     with why the server died, when it did during the run (the requests after that were refused)."""
-    *ports, gateway_port = free_ports(4)
-    serving = Serving(
-        repo,
-        report,
-        cache_dir(),
-        ports=Ports(*ports),
-        host="127.0.0.1",
-        log_file=None,
-        gateway=GatewayOptions(gateway_port, None, DEFAULT_MAX_BODY_BYTES / 1e6),
-        log=server_log,
-    )
+    serving = loopback_serving(repo, report, True, server_log)
     with serving:
         serving.start(READY_TIMEOUT_S)
         log(f"ours: {len(schemas)} requests, {settings['concurrency']} in flight")
